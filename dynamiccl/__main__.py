@@ -1,0 +1,5 @@
+import sys
+
+from dynamiccl.cli import main
+
+sys.exit(main())

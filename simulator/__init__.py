@@ -1,0 +1,1 @@
+"""Placeholder package: see the open issue for this pipeline role."""
