@@ -2,7 +2,7 @@
 
 The C header ``nccl_profiler_plugin/include/dynamiccl_record.h`` is *generated* from this
 file (``python -m collector.wire_format > nccl_profiler_plugin/include/dynamiccl_record.h``);
-``tests/test_wire_format.py`` checks that the committed header is up to date and that a
+``tests/nccl_profiler_plugin/test_record_layout.py`` checks that the committed header is up to date and that a
 compiled C program reports the same offsets and sizes as the numpy dtypes below.
 
 Stream layout (all integers little-endian)::
@@ -23,7 +23,7 @@ import numpy as np
 
 __all__ = [
     "MAGIC", "VERSION", "RECORD_SIZE", "HEADER_DTYPE", "EVENT_DTYPE", "COMM_DTYPE",
-    "PROCESS_DTYPE", "STATS_DTYPE", "Kind", "TimingSource", "FUNCS", "DATATYPES",
+    "PROCESS_DTYPE", "STATS_DTYPE", "Kind", "TimingSource", "EventFlags", "FUNCS", "DATATYPES",
     "DATATYPE_SIZES", "ALGOS", "PROTOS", "UNKNOWN", "MAX_RECORDS_PER_FRAME", "c_header",
 ]
 
@@ -46,6 +46,12 @@ class TimingSource:
     NONE = 0        # only the CPU enqueue time is known (KernelCh disabled or lost)
     KERNEL_GPU = 1  # GPU %globaltimer start/stop from KernelCh events (accurate)
     KERNEL_CPU = 2  # host clock at KernelCh start/stop (late by the proxy polling delay)
+
+
+class EventFlags:
+    """Bits of the COLL/P2P record's ``flags`` field."""
+    STALE = 1  # emitted by the plugin's stale-slot reaper or at finalize: KernelCh children were
+               # lost; timing_source is NONE and gpu_*/channels_seen hold what had been seen
 
 
 # Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6).
@@ -98,7 +104,8 @@ STATS_DTYPE = np.dtype([
     ("records_undelivered", "<u8"),       # records taken from the ring but not sent (no collector)
     ("records_sent", "<u8"), ("records_emitted", "<u8"), ("events_stale", "<u8"),
     ("reconnects", "<u8"), ("sampled_out", "<u8"),
-    ("reserved", "<u8", (5,)),
+    ("kernel_ch_rejected", "<u8"),       # KernelCh starts refused (bad or duplicate channel id)
+    ("reserved", "<u8", (4,)),
 ])
 
 for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE):
@@ -145,6 +152,7 @@ def c_header() -> str:
         f"#define DCCL_UNKNOWN {UNKNOWN}", "",
         *(f"#define DCCL_KIND_{k} {getattr(Kind, k)}" for k in ("COLL", "P2P", "COMM", "PROCESS", "STATS")),
         *(f"#define DCCL_TIMING_{k} {getattr(TimingSource, k)}" for k in ("NONE", "KERNEL_GPU", "KERNEL_CPU")),
+        "#define DCCL_FLAG_STALE " + str(EventFlags.STALE),
         "",
         _c_enum("FUNC", FUNCS), _c_enum("DTYPE", DATATYPES),
         "static const uint8_t dccl_dtype_sizes[] = {" + ", ".join(map(str, DATATYPE_SIZES)) + "};",

@@ -18,6 +18,7 @@
 #define DCCL_TIMING_NONE 0
 #define DCCL_TIMING_KERNEL_GPU 1
 #define DCCL_TIMING_KERNEL_CPU 2
+#define DCCL_FLAG_STALE 1
 
 enum {
   DCCL_FUNC_ALLGATHER = 0,
@@ -154,7 +155,8 @@ typedef struct dccl_stats_record_t {
   uint64_t events_stale;
   uint64_t reconnects;
   uint64_t sampled_out;
-  uint64_t reserved[5];
+  uint64_t kernel_ch_rejected;
+  uint64_t reserved[4];
 } dccl_stats_record_t;
 _Static_assert(sizeof(dccl_stats_record_t) == 128, "dccl_stats_record_t size");
 

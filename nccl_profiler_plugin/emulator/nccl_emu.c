@@ -1,0 +1,531 @@
+/* GPU-free emulator of NCCL's profiler call sequence. See nccl_emu.h. */
+#define _GNU_SOURCE
+#include "nccl_emu.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dynamiccl_record.h"
+#include "nccl_profiler_abi.h"
+
+#define EMU_EXPORT __attribute__((visibility("default")))
+#define EMU_MAX_COMMS 256
+#define EMU_QUEUE_SIZE 512 /* app -> proxy hand-off, per communicator (power of two) */
+#define EMU_PROXY_STEPS 2   /* ProxyStep events per ProxyOp when crossing nodes */
+#define EMU_FOREIGN_PARENT ((void*)(uintptr_t)0xdead0000) /* a pointer from another process */
+
+static char g_err[1024];
+static pthread_mutex_t g_err_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static void set_err(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pthread_mutex_lock(&g_err_mutex);
+  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  pthread_mutex_unlock(&g_err_mutex);
+  va_end(ap);
+}
+
+EMU_EXPORT const char* emu_error(void) { return g_err; }
+
+/* NCCL's logger stand-in: WARN goes to stderr and is kept for emu_error(); INFO only with
+   NCCL_DEBUG=INFO. */
+static char g_last_warn[1024];
+static void emu_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt,
+                       ...) {
+  (void)flags;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (level == NCCL_LOG_WARN) {
+    pthread_mutex_lock(&g_err_mutex);
+    snprintf(g_last_warn, sizeof g_last_warn, "%s", msg);
+    pthread_mutex_unlock(&g_err_mutex);
+    fprintf(stderr, "NCCL WARN %s:%d %s\n", file, line, msg);
+  } else {
+    const char* d = getenv("NCCL_DEBUG");
+    if (d && (strcasecmp(d, "INFO") == 0 || strcasecmp(d, "TRACE") == 0))
+      fprintf(stderr, "NCCL INFO %s\n", msg);
+  }
+}
+
+typedef struct {
+  void* coll; /* Coll/P2p handle (may be NULL) */
+  emu_coll_t op;
+} emu_item_t;
+
+typedef struct emu_comm {
+  struct emu* emu;
+  void* ctx;
+  int threads;
+  int rank;
+  int nranks;
+  int nnodes;
+  pid_t pid;
+  uint64_t calls_app;
+  /* proxy hand-off (SPSC) */
+  pthread_t proxy;
+  emu_item_t* items;
+  _Atomic uint64_t head __attribute__((aligned(64))); /* written by app */
+  _Atomic uint64_t tail __attribute__((aligned(64))); /* written by proxy */
+  _Atomic int stop;
+  uint64_t calls_proxy __attribute__((aligned(64)));
+} emu_comm_t;
+
+struct emu {
+  void* dl;
+  int version;
+  const ncclProfiler_v4_t* t4;
+  const ncclProfiler_v5_t* t5; /* v6 table has the same function-pointer layout, but we keep both typed */
+  const ncclProfiler_v6_t* t6;
+  void (*stats)(void*);
+  int mask; /* NCCL's process-global ncclProfilerEventMask */
+  emu_comm_t* comms[EMU_MAX_COMMS];
+  uint64_t calls_closed;
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* strings as NCCL passes them (static storage, like NCCL's)                                    */
+
+static const char* const k_unknown = "Unknown";
+static inline const char* s_func(int c) { return (c >= 0 && c < DCCL_FUNC_COUNT) ? dccl_func_names[c] : k_unknown; }
+static inline const char* s_dtype(int c) {
+  return (c >= 0 && c < DCCL_DTYPE_COUNT) ? dccl_dtype_names[c] : k_unknown;
+}
+static inline const char* s_algo(int c) { return (c >= 0 && c < DCCL_ALGO_COUNT) ? dccl_algo_names[c] : k_unknown; }
+static inline const char* s_proto(int c) {
+  return (c >= 0 && c < DCCL_PROTO_COUNT) ? dccl_proto_names[c] : k_unknown;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* plugin calls, one descriptor type per ABI version (zero-initialised, as NCCL does)           */
+
+#define EMU_START(c, hp, TYPE, PARENT, FILL)                                 \
+  do {                                                                       \
+    struct emu* e_ = (c)->emu;                                               \
+    *(hp) = NULL;                                                            \
+    if (e_->version == 4) {                                                  \
+      ncclProfilerEventDescr_v4_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (uint8_t)(TYPE);                                              \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t4->startEvent((c)->ctx, (hp), &d);                                \
+    } else if (e_->version == 5) {                                           \
+      ncclProfilerEventDescr_v5_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (TYPE);                                                       \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t5->startEvent((c)->ctx, (hp), &d);                                \
+    } else {                                                                 \
+      ncclProfilerEventDescr_v6_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (TYPE);                                                       \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t6->startEvent((c)->ctx, (hp), &d);                                \
+    }                                                                        \
+  } while (0)
+
+/* v5/v6-only events (API level). */
+#define EMU_START56(c, hp, TYPE, PARENT, FILL)                               \
+  do {                                                                       \
+    struct emu* e_ = (c)->emu;                                               \
+    *(hp) = NULL;                                                            \
+    if (e_->version == 5) {                                                  \
+      ncclProfilerEventDescr_v5_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (TYPE);                                                       \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t5->startEvent((c)->ctx, (hp), &d);                                \
+    } else if (e_->version == 6) {                                           \
+      ncclProfilerEventDescr_v6_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (TYPE);                                                       \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t6->startEvent((c)->ctx, (hp), &d);                                \
+    }                                                                        \
+  } while (0)
+
+static inline void ev_stop(const struct emu* e, void* h) {
+  if (h == NULL) return; /* NCCL skips stop/record for a NULL handle */
+  if (e->version == 4)
+    e->t4->stopEvent(h);
+  else if (e->version == 5)
+    e->t5->stopEvent(h);
+  else
+    e->t6->stopEvent(h);
+}
+
+static inline void ev_record(const struct emu* e, void* h, ncclProfilerEventState_t st, uint64_t ptimer) {
+  if (h == NULL) return;
+  ncclProfilerEventStateArgs_v4_t a;
+  memset(&a, 0, sizeof a);
+  a.kernelCh.pTimer = ptimer;
+  if (e->version == 4)
+    e->t4->recordEventState(h, st, &a);
+  else if (e->version == 5)
+    e->t5->recordEventState(h, st, &a);
+  else
+    e->t6->recordEventState(h, st, &a);
+}
+
+static inline int is_p2p(const emu_coll_t* op) { return op->func == DCCL_FUNC_SEND || op->func == DCCL_FUNC_RECV; }
+
+/* The proxy-thread part of one operation: KernelCh per channel, plus proxy ops across nodes. */
+static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64_t* calls) {
+  struct emu* e = c->emu;
+  int mask = __atomic_load_n(&e->mask, __ATOMIC_RELAXED);
+  void* kparent = (op->flags & EMU_F_NULL_KCH_PARENT) ? NULL : coll;
+  uint64_t n = 0;
+  int nch = op->n_channels < 0 ? 0 : (op->n_channels > 64 ? 64 : op->n_channels);
+  if ((op->flags & EMU_F_CROSS_NODE) && (mask & (ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileNetPlugin))) {
+    for (int ch = 0; ch < nch; ch++) {
+      void* pop;
+      EMU_START(c, &pop, ncclProfileProxyOp, coll, {
+        d.proxyOp.pid = c->pid;
+        d.proxyOp.channelId = (uint8_t)ch;
+        d.proxyOp.peer = (c->rank + 1) % (c->nranks > 0 ? c->nranks : 1);
+        d.proxyOp.nSteps = EMU_PROXY_STEPS;
+        d.proxyOp.chunkSize = 1 << 17;
+        d.proxyOp.isSend = 1;
+      });
+      n++;
+      for (int s = 0; s < EMU_PROXY_STEPS && (mask & ncclProfileProxyStep); s++) {
+        void* step;
+        EMU_START(c, &step, ncclProfileProxyStep, pop, d.proxyStep.step = s);
+        ev_record(e, step, ncclProfilerProxyStepSendGPUWait, 0);
+        ev_record(e, step, ncclProfilerProxyStepSendWait, 0);
+        ev_stop(e, step);
+        n += 1 + 2 * (step != NULL) + (step != NULL);
+      }
+      ev_record(e, pop, ncclProfilerProxyOpInProgress_v4, 0);
+      ev_stop(e, pop);
+      n += 2 * (pop != NULL);
+    }
+    if (op->flags & EMU_F_PXN) {
+      void* pop;
+      EMU_START(c, &pop, ncclProfileProxyOp, EMU_FOREIGN_PARENT, {
+        d.proxyOp.pid = c->pid + 100000; /* another process's proxy op (PXN) */
+        d.proxyOp.channelId = 0;
+        d.proxyOp.peer = 0;
+        d.proxyOp.nSteps = 1;
+        d.proxyOp.isSend = 0;
+      });
+      ev_stop(e, pop);
+      n += 1 + (pop != NULL);
+    }
+  }
+  if ((mask & ncclProfileKernelCh) && !(op->flags & EMU_F_NO_KERNEL)) {
+    int gpu = !(op->flags & EMU_F_NO_GPU_TIMER);
+    for (int ch = 0; ch < nch; ch++) {
+      void* k;
+      uint64_t t0 = gpu ? op->gpu_start_ns + (uint64_t)ch : 0;
+      uint64_t t1 = gpu ? op->gpu_end_ns - (uint64_t)ch : 0;
+      EMU_START(c, &k, ncclProfileKernelCh, kparent, {
+        d.kernelCh.channelId = (uint8_t)ch;
+        d.kernelCh.pTimer = t0;
+      });
+      ev_record(e, k, ncclProfilerKernelChStop, t1);
+      ev_stop(e, k);
+      n += 1 + 2 * (k != NULL);
+    }
+  }
+  *calls += n;
+}
+
+/* The application-thread part of one operation. Returns the Coll/P2p handle. */
+static void* replay_app(emu_comm_t* c, const emu_coll_t* op) {
+  struct emu* e = c->emu;
+  int mask = __atomic_load_n(&e->mask, __ATOMIC_RELAXED);
+  int p2p = is_p2p(op);
+  int opBit = p2p ? ncclProfileP2p : ncclProfileColl;
+  int childBits = ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin;
+  void *group = NULL, *api = NULL, *coll = NULL, *kl = NULL;
+  uint64_t n = 0;
+  if (e->version >= 5) {
+    if (mask) {
+      EMU_START56(c, &group, ncclProfileGroupApi, NULL, {
+        d.groupApi.graphCaptured = false;
+        d.groupApi.groupDepth = 1;
+      });
+      n++;
+    }
+    int apiBit = p2p ? ncclProfileP2pApi : ncclProfileCollApi;
+    if (mask & (apiBit | opBit | childBits)) {
+      if (p2p) {
+        EMU_START56(c, &api, ncclProfileP2pApi, group, {
+          d.p2pApi.func = s_func(op->func);
+          d.p2pApi.count = op->count;
+          d.p2pApi.datatype = s_dtype(op->datatype);
+        });
+      } else {
+        EMU_START56(c, &api, ncclProfileCollApi, group, {
+          d.collApi.func = s_func(op->func);
+          d.collApi.count = op->count;
+          d.collApi.datatype = s_dtype(op->datatype);
+          d.collApi.root = op->root;
+        });
+      }
+      ev_stop(e, api);
+      n += 1 + (api != NULL);
+    }
+    ev_record(e, group, ncclProfilerGroupEndApiStart, 0);
+    n += (group != NULL);
+    if (mask & ncclProfileKernelLaunch) {
+      EMU_START56(c, &kl, ncclProfileKernelLaunch, group, d.kernelLaunch.stream = NULL);
+      ev_stop(e, kl);
+      n += 1 + (kl != NULL);
+    }
+  } else if (mask & (ncclProfileGroup | ncclProfileColl | ncclProfileP2p | childBits)) {
+    EMU_START(c, &group, ncclProfileGroup, NULL, (void)0);
+    n++;
+  }
+  void* parent = (op->flags & EMU_F_NULL_PARENT) ? NULL : (e->version >= 5 ? api : group);
+  if (mask & (opBit | childBits)) {
+    if (p2p) {
+      EMU_START(c, &coll, ncclProfileP2p, parent, {
+        d.p2p.func = s_func(op->func);
+        d.p2p.datatype = s_dtype(op->datatype);
+        d.p2p.count = op->count;
+        d.p2p.peer = op->root;
+        d.p2p.nChannels = (uint8_t)op->n_channels;
+      });
+    } else {
+      EMU_START(c, &coll, ncclProfileColl, parent, {
+        d.coll.seqNumber = op->seq_number;
+        d.coll.func = s_func(op->func);
+        d.coll.count = op->count;
+        d.coll.root = op->root;
+        d.coll.datatype = s_dtype(op->datatype);
+        d.coll.nChannels = (uint8_t)op->n_channels;
+        d.coll.nWarps = (uint8_t)op->n_warps;
+        d.coll.algo = s_algo(op->algo);
+        d.coll.proto = s_proto(op->proto);
+      });
+    }
+    ev_stop(e, coll); /* "enqueued" */
+    n += 1 + (coll != NULL);
+  }
+  ev_stop(e, group);
+  n += (group != NULL);
+  c->calls_app += n;
+  return coll;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* proxy thread                                                                                */
+
+static void* proxy_main(void* arg) {
+  emu_comm_t* c = arg;
+  uint64_t tail = atomic_load_explicit(&c->tail, memory_order_relaxed);
+  unsigned idle = 0;
+  for (;;) {
+    uint64_t head = atomic_load_explicit(&c->head, memory_order_acquire);
+    if (tail == head) {
+      if (atomic_load_explicit(&c->stop, memory_order_acquire)) break;
+      if (++idle < 2000) {
+        sched_yield();
+      } else {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+      }
+      continue;
+    }
+    idle = 0;
+    while (tail != head) {
+      emu_item_t* it = &c->items[tail & (EMU_QUEUE_SIZE - 1)];
+      replay_proxy(c, it->coll, &it->op, &c->calls_proxy);
+      tail++;
+      atomic_store_explicit(&c->tail, tail, memory_order_release);
+    }
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* public API                                                                                  */
+
+EMU_EXPORT emu_t* emu_open(const char* plugin_path, int abi_version) {
+  if (abi_version < 4 || abi_version > 6) {
+    set_err("unsupported profiler ABI version %d (this emulator speaks 4, 5, 6)", abi_version);
+    return NULL;
+  }
+  void* dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
+  if (dl == NULL) {
+    set_err("cannot load profiler plugin %s: %s", plugin_path, dlerror());
+    return NULL;
+  }
+  char sym[32];
+  snprintf(sym, sizeof sym, "ncclProfiler_v%d", abi_version);
+  void* table = dlsym(dl, sym);
+  if (table == NULL) {
+    set_err("profiler plugin %s does not export %s", plugin_path, sym);
+    dlclose(dl);
+    return NULL;
+  }
+  emu_t* e = calloc(1, sizeof *e);
+  if (e == NULL) {
+    dlclose(dl);
+    set_err("out of memory");
+    return NULL;
+  }
+  e->dl = dl;
+  e->version = abi_version;
+  if (abi_version == 4) e->t4 = table;
+  if (abi_version == 5) e->t5 = table;
+  if (abi_version == 6) e->t6 = table;
+  *(void**)&e->stats = dlsym(dl, "dynamicclProfilerStats");
+  return e;
+}
+
+EMU_EXPORT int emu_comm_init(emu_t* e, uint64_t comm_hash, const char* name, int nnodes, int nranks, int rank,
+                             int threads) {
+  int id = -1;
+  for (int i = 0; i < EMU_MAX_COMMS; i++) {
+    if (e->comms[i] == NULL) {
+      id = i;
+      break;
+    }
+  }
+  if (id < 0) {
+    set_err("too many communicators (max %d)", EMU_MAX_COMMS);
+    return -1;
+  }
+  emu_comm_t* c = aligned_alloc(64, (sizeof *c + 63) & ~(size_t)63);
+  if (c == NULL) return -1;
+  memset(c, 0, sizeof *c);
+  c->emu = e;
+  c->threads = threads == 2 ? 2 : 1;
+  c->rank = rank;
+  c->nranks = nranks;
+  c->nnodes = nnodes;
+  c->pid = getpid();
+  g_last_warn[0] = '\0';
+  ncclResult_t r;
+  if (e->version == 4)
+    r = e->t4->init(&c->ctx, &e->mask, name, comm_hash, nnodes, nranks, rank, emu_logger);
+  else if (e->version == 5)
+    r = e->t5->init(&c->ctx, comm_hash, &e->mask, name, nnodes, nranks, rank, emu_logger);
+  else
+    r = e->t6->init(&c->ctx, comm_hash, &e->mask, name, nnodes, nranks, rank, emu_logger);
+  if (r != ncclSuccess) {
+    set_err("profiler init failed (ncclResult %d): %s", (int)r, g_last_warn[0] ? g_last_warn : "(no message)");
+    free(c);
+    return -1;
+  }
+  if (c->threads == 2) {
+    c->items = calloc(EMU_QUEUE_SIZE, sizeof(emu_item_t));
+    if (c->items == NULL || pthread_create(&c->proxy, NULL, proxy_main, c) != 0) {
+      set_err("cannot start the proxy thread");
+      free(c->items);
+      if (e->version == 4) e->t4->finalize(c->ctx);
+      else if (e->version == 5) e->t5->finalize(c->ctx);
+      else e->t6->finalize(c->ctx);
+      free(c);
+      return -1;
+    }
+  }
+  e->comms[id] = c;
+  return id;
+}
+
+static emu_comm_t* get_comm(emu_t* e, int comm) {
+  if (e == NULL || comm < 0 || comm >= EMU_MAX_COMMS) return NULL;
+  return e->comms[comm];
+}
+
+EMU_EXPORT int emu_run_colls(emu_t* e, int comm, const emu_coll_t* ops, int n) {
+  emu_comm_t* c = get_comm(e, comm);
+  if (c == NULL) return -1;
+  for (int i = 0; i < n; i++) {
+    void* coll = replay_app(c, &ops[i]);
+    if (c->threads == 1) {
+      replay_proxy(c, coll, &ops[i], &c->calls_app);
+      continue;
+    }
+    uint64_t head = atomic_load_explicit(&c->head, memory_order_relaxed);
+    while (head - atomic_load_explicit(&c->tail, memory_order_acquire) >= EMU_QUEUE_SIZE) sched_yield();
+    emu_item_t* it = &c->items[head & (EMU_QUEUE_SIZE - 1)];
+    it->coll = coll;
+    it->op = ops[i];
+    atomic_store_explicit(&c->head, head + 1, memory_order_release);
+  }
+  return 0;
+}
+
+EMU_EXPORT int emu_sync(emu_t* e, int comm) {
+  emu_comm_t* c = get_comm(e, comm);
+  if (c == NULL) return -1;
+  if (c->threads == 2) {
+    uint64_t head = atomic_load_explicit(&c->head, memory_order_relaxed);
+    while (atomic_load_explicit(&c->tail, memory_order_acquire) != head) sched_yield();
+  }
+  return 0;
+}
+
+EMU_EXPORT int emu_comm_finalize(emu_t* e, int comm) {
+  emu_comm_t* c = get_comm(e, comm);
+  if (c == NULL) return -1;
+  if (c->threads == 2) {
+    emu_sync(e, comm);
+    atomic_store_explicit(&c->stop, 1, memory_order_release);
+    pthread_join(c->proxy, NULL);
+    free(c->items);
+  }
+  if (e->version == 4)
+    e->t4->finalize(c->ctx);
+  else if (e->version == 5)
+    e->t5->finalize(c->ctx);
+  else
+    e->t6->finalize(c->ctx);
+  e->calls_closed += c->calls_app + c->calls_proxy + 2;
+  e->comms[comm] = NULL;
+  free(c);
+  return 0;
+}
+
+EMU_EXPORT void emu_close(emu_t* e) {
+  if (e == NULL) return;
+  for (int i = 0; i < EMU_MAX_COMMS; i++)
+    if (e->comms[i]) emu_comm_finalize(e, i);
+  dlclose(e->dl);
+  free(e);
+}
+
+EMU_EXPORT int emu_mask(const emu_t* e) { return __atomic_load_n(&e->mask, __ATOMIC_RELAXED); }
+
+EMU_EXPORT const char* emu_plugin_name(const emu_t* e) {
+  return e->version == 4 ? e->t4->name : e->version == 5 ? e->t5->name : e->t6->name;
+}
+
+EMU_EXPORT int emu_plugin_stats(emu_t* e, void* out) {
+  if (e == NULL || e->stats == NULL) return -1;
+  e->stats(out);
+  return 0;
+}
+
+EMU_EXPORT uint64_t emu_plugin_calls(const emu_t* e) {
+  uint64_t n = e->calls_closed;
+  for (int i = 0; i < EMU_MAX_COMMS; i++)
+    if (e->comms[i]) n += e->comms[i]->calls_app + 1 + __atomic_load_n(&e->comms[i]->calls_proxy, __ATOMIC_RELAXED);
+  return n;
+}

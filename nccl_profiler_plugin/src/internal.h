@@ -1,0 +1,175 @@
+/* DynamICCL profiler plugin: shared internal declarations (not part of any ABI). */
+#ifndef DYNAMICCL_INTERNAL_H_
+#define DYNAMICCL_INTERNAL_H_
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "dynamiccl_record.h"
+#include "nccl_profiler_abi.h"
+
+#define DCCL_PLUGIN_NAME "dynamiccl"
+#define DCCL_EXPORT __attribute__((visibility("default")))
+
+/* ---- configuration defaults (documented in README.md; a test compares the two) ---- */
+#define DCCL_DEFAULT_COLLECTOR "unix:/tmp/dynamiccl.sock"
+#define DCCL_DEFAULT_EVENT_MASK (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh) /* 70 */
+#define DCCL_DEFAULT_POOL_SIZE 1024
+#define DCCL_DEFAULT_RING_SIZE 65536
+#define DCCL_DEFAULT_MIN_BYTES 0
+#define DCCL_DEFAULT_SAMPLE 1
+#define DCCL_DEFAULT_FLUSH_MS 100
+#define DCCL_DEFAULT_STALE_MS 10000
+
+/* ---- limits ---- */
+#define DCCL_MAX_CHANNELS 64           /* NCCL MAXCHANNELS: KernelCh channelId < 64 */
+#define DCCL_MAX_POOL_SIZE (1 << 20)
+#define DCCL_MIN_RING_SIZE 2
+#define DCCL_MAX_RING_SIZE (1 << 24)
+#define DCCL_MAX_FLUSH_MS 60000
+#define DCCL_MAX_STALE_MS (24 * 3600 * 1000)
+#define DCCL_MAX_SAMPLE 1000000000
+#define DCCL_EVENT_MASK_ALL ((1 << 15) - 1)
+#define DCCL_ADDR_MAX 256
+
+/* ---- background sender timing ---- */
+#define DCCL_RECONNECT_MIN_MS 100
+#define DCCL_RECONNECT_MAX_MS 5000
+#define DCCL_SEND_TIMEOUT_MS 1000   /* one frame may take at most this long to write */
+#define DCCL_FINAL_FLUSH_MS 500     /* bounded final flush at the last finalize */
+#define DCCL_STATS_INTERVAL_MS 1000
+#define DCCL_CONNECT_TIMEOUT_MS 200
+
+typedef struct dccl_config {
+  char collector[DCCL_ADDR_MAX];
+  int event_mask;
+  uint32_t pool_size;
+  uint32_t ring_size;
+  uint64_t min_bytes;
+  uint32_t sample;
+  uint32_t flush_ms;
+  uint32_t stale_ms;
+} dccl_config_t;
+
+/* Parse DYNAMICCL_* from the environment into *cfg. Returns 0, or -1 with a message in err. */
+int dccl_config_load(dccl_config_t* cfg, char* err, size_t errlen);
+/* Same, with an injected getenv (tests). */
+int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), char* err, size_t errlen);
+
+/* ---- events ---- */
+struct dccl_ctx;
+struct dccl_slot;
+
+/* One KernelCh child. `owner` is fixed when the pool is built, so a KernelCh handle (a tagged
+   pointer to this entry) leads back to its Coll/P2p slot without a lookup. */
+typedef struct dccl_kch {
+  struct dccl_slot* owner;
+  uint64_t start_ptimer;
+  uint64_t stop_ptimer;
+} dccl_kch_t;
+
+/* One in-flight Coll or P2p operation. Written by the starting thread, completed by whichever
+   thread (proxy thread, application thread, reaper) makes the completion condition true. */
+typedef struct dccl_slot {
+  dccl_event_record_t rec;      /* prebuilt at start; timing fields filled at completion */
+  struct dccl_ctx* ctx;
+  _Atomic uint32_t busy;        /* 0 free, 1 allocated */
+  _Atomic uint32_t stopped;     /* Coll/P2p stopEvent seen */
+  _Atomic uint64_t ctl;         /* (generation << 1) | finished */
+  _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c stopped */
+  _Atomic uint64_t armed_ns;    /* enqueue time once fully built, 0 when free (for the reaper) */
+  uint32_t expect_kch;          /* nChannels KernelCh stops expected (0: complete at stopEvent) */
+  uint32_t pad_;
+  dccl_kch_t ch[DCCL_MAX_CHANNELS];
+} __attribute__((aligned(64))) dccl_slot_t;
+
+typedef struct dccl_ctx {
+  /* read-mostly */
+  dccl_slot_t* slots;
+  uint32_t pool_size;
+  uint64_t comm_hash;
+  int rank, nranks, nnodes;
+  uint32_t pid;
+  int* mask_ptr;                 /* NCCL's process-global activation mask */
+  int record_mask;               /* which of Coll/P2p/KernelCh we record */
+  int local_mask;                /* used when NCCL passes no mask pointer */
+  uint64_t min_bytes;
+  uint32_t sample;
+  int abi_version;
+  char name[88];
+  uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
+  struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
+  uint64_t announced_conn;       /* sender: connection on which the COMM record was sent (registry lock) */
+  /* written on the hot path */
+  _Atomic uint64_t cursor __attribute__((aligned(64)));
+  _Atomic uint64_t dropped_pool_full;
+  _Atomic uint64_t sampled_out;
+} dccl_ctx_t;
+
+/* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer) ---- */
+typedef struct dccl_ring {
+  uint64_t mask;
+  _Atomic uint64_t* seq;         /* per-cell sequence */
+  dccl_event_record_t* recs;
+  _Atomic uint64_t enqueue_pos __attribute__((aligned(64)));
+  uint64_t dequeue_pos __attribute__((aligned(64)));  /* consumer only */
+} dccl_ring_t;
+
+int dccl_ring_init(dccl_ring_t* r, uint32_t size);
+void dccl_ring_free(dccl_ring_t* r);
+/* Copies *rec into the ring, setting rec->record_seq. Returns 0, or -1 if full. */
+int dccl_ring_push(dccl_ring_t* r, const dccl_event_record_t* rec);
+/* Pops up to max records into out. Single consumer. */
+uint32_t dccl_ring_pop(dccl_ring_t* r, dccl_event_record_t* out, uint32_t max);
+
+/* ---- process-global state ---- */
+typedef struct dccl_global {
+  pthread_mutex_t lifecycle;     /* init/finalize */
+  pthread_mutex_t registry;      /* ctx list; shared with the sender thread */
+  int refcount;
+  dccl_ctx_t* ctxs;
+  dccl_config_t cfg;             /* from the first init of this lifetime */
+  dccl_ring_t ring;
+  int abi_version;
+  uint64_t start_ns;
+  ncclDebugLogger_t logfn;
+  /* sender thread */
+  pthread_t thread;
+  int thread_running;
+  pthread_mutex_t wake_mutex;
+  pthread_cond_t wake_cond;
+  int stop_requested;
+  /* counters (STATS record); hot-path ones are per ctx and folded in at finalize */
+  _Atomic uint64_t events_dropped_pool_full;
+  _Atomic uint64_t records_dropped_ring_full;
+  _Atomic uint64_t records_undelivered;
+  _Atomic uint64_t records_sent;
+  _Atomic uint64_t events_stale;
+  _Atomic uint64_t reconnects;
+  _Atomic uint64_t sampled_out;
+  _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
+} dccl_global_t;
+
+extern dccl_global_t dccl_g;
+
+uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME */
+uint64_t dccl_monotonic_ms(void);
+void dccl_stats_snapshot(dccl_stats_record_t* out);
+/* Reap slots older than stale_ms (stale_ms 0: every busy slot). Caller holds the registry lock. */
+void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns);
+
+/* sender thread (sender.c) */
+int dccl_sender_start(void);
+void dccl_sender_stop(void);
+
+#define DCCL_LOG(level, ...)                                                                  \
+  do {                                                                                         \
+    if (dccl_g.logfn) dccl_g.logfn(level, NCCL_PROFILE, __FILE__, __LINE__, __VA_ARGS__);     \
+  } while (0)
+#define DCCL_WARN(...) DCCL_LOG(NCCL_LOG_WARN, __VA_ARGS__)
+#define DCCL_INFO(...) DCCL_LOG(NCCL_LOG_INFO, __VA_ARGS__)
+
+#endif /* DYNAMICCL_INTERNAL_H_ */

@@ -1,0 +1,345 @@
+/* DynamICCL profiler plugin: the per-process sender thread.
+ *
+ * Drains the record ring every DYNAMICCL_FLUSH_MS, batches records into frames and writes them
+ * to the collector over a non-blocking Unix or TCP socket with bounded send time. Reconnects
+ * with exponential backoff; every (re)connect starts with a PROCESS record and one COMM record
+ * per live communicator. Also reaps stale slots and sends a STATS record about once a second.
+ * NCCL threads never wait for it: when it cannot keep up, the ring fills and records are
+ * dropped and counted on the producer side.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+typedef struct {
+  int fd;
+  int ever_connected;
+  uint64_t next_connect_ms;
+  uint64_t backoff_ms;
+  uint64_t last_stats_ms;
+  uint64_t conn_id; /* 1, 2, ... per successful connect */
+  uint8_t* buf; /* frame header + DCCL_MAX_RECORDS_PER_FRAME records */
+  uint32_t n;       /* records in the frame being built */
+  uint32_t n_data;  /* of which COLL/P2P records from the ring */
+} sender_t;
+
+static void sender_close(sender_t* s) {
+  if (s->fd >= 0) close(s->fd);
+  s->fd = -1;
+  s->backoff_ms = DCCL_RECONNECT_MIN_MS;
+  s->next_connect_ms = dccl_monotonic_ms() + s->backoff_ms;
+}
+
+static int wait_fd(int fd, short events, int timeout_ms) {
+  struct pollfd p = {.fd = fd, .events = events};
+  for (;;) {
+    int r = poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    return r > 0 ? 0 : -1;
+  }
+}
+
+static int connect_unix(const char* path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  size_t n = strnlen(path, sizeof a.sun_path - 1); /* validated < 108 at init */
+  memcpy(a.sun_path, path, n);
+  if (connect(fd, (struct sockaddr*)&a, sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int connect_tcp(const char* hostport) {
+  char host[DCCL_ADDR_MAX] = {0};
+  memcpy(host, hostport, strnlen(hostport, sizeof host - 1));
+  char* colon = strrchr(host, ':');
+  if (colon == NULL) return -1;
+  *colon = '\0';
+  const char* port = colon + 1;
+  char* h = host;
+  if (h[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6addr]:port */
+    h++;
+    colon[-1] = '\0';
+  }
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(h, port, &hints, &res) != 0) return -1;
+  int fd = -1;
+  for (struct addrinfo* ai = res; ai; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int ok = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    if (!ok && errno == EINPROGRESS && wait_fd(fd, POLLOUT, DCCL_CONNECT_TIMEOUT_MS) == 0) {
+      int soerr = 0;
+      socklen_t len = sizeof soerr;
+      ok = getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) == 0 && soerr == 0;
+    }
+    if (ok) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      break;
+    }
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  return fd;
+}
+
+/* Write all of buf within timeout_ms. MSG_NOSIGNAL: a closed peer gives EPIPE, not SIGPIPE. */
+static int send_all(int fd, const uint8_t* buf, size_t len, int timeout_ms) {
+  uint64_t deadline = dccl_monotonic_ms() + (uint64_t)timeout_ms;
+  while (len > 0) {
+    ssize_t w = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      buf += w;
+      len -= (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      uint64_t now = dccl_monotonic_ms();
+      if (now >= deadline || wait_fd(fd, POLLOUT, (int)(deadline - now)) != 0) return -1;
+      continue;
+    }
+    return -1;
+  }
+  return 0;
+}
+
+static void frame_flush(sender_t* s, int timeout_ms) {
+  if (s->n == 0) return;
+  if (s->fd >= 0) {
+    dccl_frame_header_t* h = (dccl_frame_header_t*)s->buf;
+    *h = (dccl_frame_header_t){.magic = DCCL_WIRE_MAGIC, .version = DCCL_WIRE_VERSION,
+                               .record_size = DCCL_RECORD_SIZE, .n_records = s->n, .flags = 0};
+    if (send_all(s->fd, s->buf, sizeof *h + (size_t)s->n * DCCL_RECORD_SIZE, timeout_ms) == 0) {
+      atomic_fetch_add(&dccl_g.records_sent, s->n_data);
+    } else {
+      DCCL_INFO("DynamICCL profiler: lost the collector connection (%s); reconnecting", strerror(errno));
+      sender_close(s);
+      atomic_fetch_add(&dccl_g.records_undelivered, s->n_data);
+    }
+  } else {
+    atomic_fetch_add(&dccl_g.records_undelivered, s->n_data);
+  }
+  s->n = 0;
+  s->n_data = 0;
+}
+
+static inline void* frame_slot(sender_t* s, int timeout_ms) {
+  if (s->n == DCCL_MAX_RECORDS_PER_FRAME) frame_flush(s, timeout_ms);
+  void* p = s->buf + sizeof(dccl_frame_header_t) + (size_t)s->n * DCCL_RECORD_SIZE;
+  s->n++;
+  memset(p, 0, DCCL_RECORD_SIZE);
+  return p;
+}
+
+static void copy_str(char* dst, size_t cap, const char* src) {
+  memset(dst, 0, cap); /* NUL padded; a value of exactly `cap` bytes has no terminator */
+  if (src) memcpy(dst, src, strnlen(src, cap));
+}
+
+static const char* job_id(void) {
+  static const char* const vars[] = {"DYNAMICCL_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char* v = getenv(vars[i]);
+    if (v && *v) return v;
+  }
+  return "unknown";
+}
+
+/* A COMM record for every live communicator not yet announced on this connection (all of them
+   right after a connect; a new one after its init). Goes before the data it describes. */
+static void announce_comms(sender_t* s) {
+  if (s->fd < 0) return;
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) {
+    if (c->announced_conn == s->conn_id) continue;
+    c->announced_conn = s->conn_id;
+    dccl_comm_record_t* r = frame_slot(s, DCCL_SEND_TIMEOUT_MS);
+    r->kind = DCCL_KIND_COMM;
+    r->pid = c->pid;
+    r->comm_hash = c->comm_hash;
+    r->rank = c->rank;
+    r->nranks = c->nranks;
+    r->nnodes = c->nnodes;
+    copy_str(r->comm_name, sizeof r->comm_name, c->name);
+  }
+  pthread_mutex_unlock(&dccl_g.registry);
+}
+
+/* PROCESS then one COMM per live communicator: the first frame of every connection. */
+static void send_hello(sender_t* s) {
+  dccl_process_record_t* p = frame_slot(s, DCCL_SEND_TIMEOUT_MS);
+  p->kind = DCCL_KIND_PROCESS;
+  p->abi_version = (uint8_t)dccl_g.abi_version;
+  p->pid = (uint32_t)getpid();
+  p->start_ns = dccl_g.start_ns;
+  char host[256] = {0};
+  const char* host_override = getenv("DYNAMICCL_HOST"); /* containers, simulated nodes */
+  if (host_override && *host_override) copy_str(host, sizeof host - 1, host_override);
+  else gethostname(host, sizeof host - 1);
+  copy_str(p->host, sizeof p->host, host);
+  copy_str(p->job_id, sizeof p->job_id, job_id());
+  announce_comms(s);
+  frame_flush(s, DCCL_SEND_TIMEOUT_MS);
+}
+
+static void try_connect(sender_t* s) {
+  const char* a = dccl_g.cfg.collector;
+  int fd = strncmp(a, "unix:", 5) == 0 ? connect_unix(a + 5) : connect_tcp(a + 4);
+  if (fd < 0) {
+    s->next_connect_ms = dccl_monotonic_ms() + s->backoff_ms;
+    s->backoff_ms = s->backoff_ms * 2 > DCCL_RECONNECT_MAX_MS ? DCCL_RECONNECT_MAX_MS : s->backoff_ms * 2;
+    return;
+  }
+  s->fd = fd;
+  s->conn_id++;
+  s->backoff_ms = DCCL_RECONNECT_MIN_MS;
+  if (s->ever_connected) atomic_fetch_add(&dccl_g.reconnects, 1);
+  s->ever_connected = 1;
+  DCCL_INFO("DynamICCL profiler: connected to %s", a);
+  send_hello(s);
+}
+
+/* The collector never writes to us: readable means EOF (collector gone) or junk to discard. */
+static void check_peer(sender_t* s) {
+  if (s->fd < 0) return;
+  char junk[256];
+  ssize_t r = recv(s->fd, junk, sizeof junk, MSG_DONTWAIT);
+  if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) sender_close(s);
+}
+
+static void add_stats(sender_t* s, int timeout_ms) {
+  dccl_stats_record_t st;
+  dccl_stats_snapshot(&st);
+  memcpy(frame_slot(s, timeout_ms), &st, sizeof st);
+}
+
+/* Move everything in the ring into frames. Returns the number of ring records taken. */
+static uint64_t drain(sender_t* s, int timeout_ms) {
+  uint64_t total = 0;
+  for (;;) {
+    if (s->n == DCCL_MAX_RECORDS_PER_FRAME) frame_flush(s, timeout_ms);
+    dccl_event_record_t* dst =
+        (dccl_event_record_t*)(s->buf + sizeof(dccl_frame_header_t) + (size_t)s->n * DCCL_RECORD_SIZE);
+    uint32_t got = dccl_ring_pop(&dccl_g.ring, dst, DCCL_MAX_RECORDS_PER_FRAME - s->n);
+    if (got == 0) break;
+    s->n += got;
+    s->n_data += got;
+    total += got;
+  }
+  return total;
+}
+
+static void reap_all(void) {
+  uint64_t stale_ns = (uint64_t)dccl_g.cfg.stale_ms * 1000000ull;
+  uint64_t now = dccl_now_ns();
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) dccl_reap_ctx(c, now, stale_ns);
+  pthread_mutex_unlock(&dccl_g.registry);
+}
+
+static void* sender_main(void* arg) {
+  (void)arg;
+  sender_t s = {.fd = -1, .backoff_ms = DCCL_RECONNECT_MIN_MS, .last_stats_ms = dccl_monotonic_ms()};
+  s.buf = malloc(sizeof(dccl_frame_header_t) + (size_t)DCCL_MAX_RECORDS_PER_FRAME * DCCL_RECORD_SIZE);
+  if (s.buf == NULL) return NULL; /* records then pile up in the ring and are counted as ring-full drops */
+  int stop = 0;
+  uint64_t wait_ms = 0;
+  for (;;) {
+    pthread_mutex_lock(&dccl_g.wake_mutex);
+    if (!dccl_g.stop_requested && wait_ms > 0) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      uint64_t ns = (uint64_t)ts.tv_nsec + wait_ms * 1000000ull;
+      ts.tv_sec += (time_t)(ns / 1000000000ull);
+      ts.tv_nsec = (long)(ns % 1000000000ull);
+      pthread_cond_timedwait(&dccl_g.wake_cond, &dccl_g.wake_mutex, &ts);
+    }
+    stop = dccl_g.stop_requested;
+    pthread_mutex_unlock(&dccl_g.wake_mutex);
+    if (stop) break;
+
+    check_peer(&s);
+    if (s.fd < 0 && dccl_monotonic_ms() >= s.next_connect_ms) try_connect(&s);
+    reap_all();
+    announce_comms(&s);
+    uint64_t taken = drain(&s, DCCL_SEND_TIMEOUT_MS);
+    uint64_t now_ms = dccl_monotonic_ms();
+    if (now_ms - s.last_stats_ms >= DCCL_STATS_INTERVAL_MS) {
+      s.last_stats_ms = now_ms;
+      if (s.fd >= 0) add_stats(&s, DCCL_SEND_TIMEOUT_MS);
+    }
+    frame_flush(&s, DCCL_SEND_TIMEOUT_MS);
+    /* A ring more than a quarter full after one interval: come back soon instead of dropping. */
+    wait_ms = taken > (dccl_g.ring.mask + 1) / 4 ? 1 : dccl_g.cfg.flush_ms;
+  }
+
+  /* Final flush at the last finalize: bounded, then exit. */
+  uint64_t deadline = dccl_monotonic_ms() + DCCL_FINAL_FLUSH_MS;
+  check_peer(&s);
+  if (s.fd < 0) try_connect(&s);
+  announce_comms(&s);
+  for (;;) {
+    uint64_t now = dccl_monotonic_ms();
+    int left = now >= deadline ? 1 : (int)(deadline - now);
+    uint64_t taken = drain(&s, left);
+    if (taken == 0) {
+      if (s.fd >= 0) add_stats(&s, left);
+      frame_flush(&s, left);
+      break;
+    }
+    frame_flush(&s, left);
+  }
+  if (s.fd >= 0) close(s.fd);
+  free(s.buf);
+  return NULL;
+}
+
+int dccl_sender_start(void) {
+#ifdef DCCL_TESTING_NO_SENDER
+  return 0; /* unit tests drain the ring themselves */
+#endif
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* the thread inherits "all blocked": signals go to NCCL's threads */
+  dccl_g.stop_requested = 0;
+  int rc = pthread_create(&dccl_g.thread, NULL, sender_main, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  dccl_g.thread_running = (rc == 0);
+  return rc == 0 ? 0 : -1;
+}
+
+void dccl_sender_stop(void) {
+  if (!dccl_g.thread_running) return;
+  pthread_mutex_lock(&dccl_g.wake_mutex);
+  dccl_g.stop_requested = 1;
+  pthread_cond_signal(&dccl_g.wake_cond);
+  pthread_mutex_unlock(&dccl_g.wake_mutex);
+  pthread_join(dccl_g.thread, NULL);
+  dccl_g.thread_running = 0;
+  dccl_g.stop_requested = 0;
+}

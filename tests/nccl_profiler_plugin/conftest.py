@@ -1,0 +1,201 @@
+"""Fixtures for the profiler plugin tests: build with make, a fake collector that decodes
+frames with the wire-format dtypes, and a runner for emulator scenarios (emu_driver.py)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_DIR = REPO / "nccl_profiler_plugin"
+BUILD = PLUGIN_DIR / "test" / "build"
+sys.path.insert(0, str(REPO))
+
+from collector import wire_format as wf  # noqa: E402
+
+KIND_DTYPES = {wf.Kind.COLL: wf.EVENT_DTYPE, wf.Kind.P2P: wf.EVENT_DTYPE, wf.Kind.COMM: wf.COMM_DTYPE,
+               wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE}
+
+
+@pytest.fixture(scope="session")
+def built() -> dict[str, Path]:
+    """Build the plugin, the emulator and the unit tests once per session."""
+    subprocess.run(["make", "-s", "-C", str(PLUGIN_DIR), "libnccl-profiler-dynamiccl.so", "emulator",
+                    "test/build/test_plugin"], check=True, capture_output=True, text=True)
+    return {
+        "plugin": PLUGIN_DIR / "libnccl-profiler-dynamiccl.so",
+        "noop": BUILD / "libnccl-profiler-noop.so",
+        "emulate": BUILD / "emulate",
+        "emu_lib": BUILD / "libdccl-nccl-emu.so",
+        "test_plugin": BUILD / "test_plugin",
+    }
+
+
+class FakeCollector:
+    """Accepts plugin connections on a Unix or TCP socket and decodes every frame.
+
+    ``connections`` is a list (one per accepted connection) of lists of decoded records
+    (numpy records of the dtype their kind selects). ``kill()`` closes everything abruptly, as a
+    crashed collector would."""
+
+    def __init__(self, addr: str):
+        self.addr = addr
+        self.connections: list[list[np.void]] = []
+        self.bad_frames = 0
+        self._socks: list[socket.socket] = []
+        self._lock = threading.Lock()
+        if addr.startswith("unix:"):
+            path = addr[5:]
+            if os.path.exists(path):
+                os.unlink(path)
+            self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._srv.bind(path)
+        else:
+            host, port = addr[4:].rsplit(":", 1)
+            self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._srv.bind((host, int(port)))
+        self._srv.listen(16)
+        self._stop = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            with self._lock:
+                recs: list[np.void] = []
+                self.connections.append(recs)
+                self._socks.append(conn)
+            threading.Thread(target=self._read, args=(conn, recs), daemon=True).start()
+
+    def _read(self, conn: socket.socket, recs: list) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = conn.recv(1 << 20)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            while len(buf) >= 16:
+                hdr = np.frombuffer(buf[:16], dtype=wf.HEADER_DTYPE)[0]
+                if hdr["magic"] != wf.MAGIC or hdr["version"] != wf.VERSION or hdr["record_size"] != wf.RECORD_SIZE \
+                        or not 0 < hdr["n_records"] <= wf.MAX_RECORDS_PER_FRAME:
+                    self.bad_frames += 1
+                    return
+                need = 16 + int(hdr["n_records"]) * wf.RECORD_SIZE
+                if len(buf) < need:
+                    break
+                raw = np.frombuffer(buf[16:need], dtype=np.uint8).reshape(-1, wf.RECORD_SIZE)
+                with self._lock:
+                    for row in raw:
+                        recs.append(row.view(KIND_DTYPES.get(int(row[0]), wf.EVENT_DTYPE))[0].copy())
+                buf = buf[need:]
+
+    def records(self, kind: int | None = None, conn: int | None = None) -> list[np.void]:
+        with self._lock:
+            conns = self.connections if conn is None else [self.connections[conn]]
+            return [r for c in conns for r in c if kind is None or int(r["kind"]) == kind]
+
+    def events(self, conn: int | None = None) -> np.ndarray:
+        recs = [r for r in self.records(conn=conn) if int(r["kind"]) in (wf.Kind.COLL, wf.Kind.P2P)]
+        return np.array(recs, dtype=wf.EVENT_DTYPE)
+
+    def wait_for(self, pred, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            time.sleep(0.01)
+        return pred()
+
+    def kill(self) -> None:
+        self._stop = True
+        try:
+            self._srv.close()
+        except OSError:
+            pass
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+        if self.addr.startswith("unix:") and os.path.exists(self.addr[5:]):
+            os.unlink(self.addr[5:])
+
+
+@pytest.fixture
+def sock_addr(tmp_path) -> str:
+    return f"unix:{tmp_path}/c.sock"
+
+
+@pytest.fixture
+def collector_factory():
+    made: list[FakeCollector] = []
+
+    def make(addr: str) -> FakeCollector:
+        c = FakeCollector(addr)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.kill()
+
+
+def _base_env(addr: str, extra: dict | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNAMICCL_")}
+    env["DYNAMICCL_COLLECTOR"] = addr
+    env["DYNAMICCL_JOB_ID"] = "job-test"
+    env.update(extra or {})
+    return env
+
+
+def _spawn(built, tmp_path, steps, addr, abi, env):
+    spec = {"plugin": str(built["plugin"]), "abi": abi, "steps": steps}
+    path = tmp_path / f"spec{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(spec))
+    return subprocess.Popen([sys.executable, str(Path(__file__).with_name("emu_driver.py")), str(path)],
+                            env=_base_env(addr, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc, timeout=60) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"driver exited {proc.returncode}\nstdout:{out}\nstderr:{err}"
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    assert lines, f"no result\nstdout:{out}\nstderr:{err}"
+    res = json.loads(lines[-1])
+    res["stderr"] = err
+    return res
+
+
+@pytest.fixture
+def run_scenario(built, tmp_path):
+    """run_scenario(steps, addr, abi=6, env=None) -> result dict (blocking)."""
+    def run(steps, addr, abi=6, env=None, timeout=60):
+        return _finish(_spawn(built, tmp_path, steps, addr, abi, env), timeout)
+    return run
+
+
+@pytest.fixture
+def start_scenario(built, tmp_path):
+    """start_scenario(...) -> (proc, finish) for scenarios the test interacts with while they run."""
+    def start(steps, addr, abi=6, env=None):
+        proc = _spawn(built, tmp_path, steps, addr, abi, env)
+        return proc, (lambda timeout=60: _finish(proc, timeout))
+    return start
