@@ -1,0 +1,264 @@
+"""CUSUM / CUSUMBank: exact detection indices on seeded streams, delay vs the CUSUM bound,
+bad-input handling, scale invariance and scalar/vectorised equivalence."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from detector import CUSUM, CUSUMBank
+from detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_estimated,
+                          siegmund_arl)
+
+
+def _step_stream(seed, n_before=1000, n_after=1000, mu=2e-3, sd=1e-4, shift=2e-4):
+    rng = random.Random(seed)
+    return ([rng.gauss(mu, sd) for _ in range(n_before)]
+            + [rng.gauss(mu + shift, sd) for _ in range(n_after)])
+
+
+def _alarms(det, stream):
+    out = []
+    for i, x in enumerate(stream):
+        det.update(x)
+        if det.drift_detected:
+            out.append((i, det.change_start, det.direction))
+    return out
+
+
+# ----------------------------------------------------------------------------- exact indices
+@pytest.mark.parametrize("seed, expected", [
+    (6, [(1006, 1000, "up")]),
+    (7, [(1007, 1000, "up")]),
+    (13, [(1004, 1000, "up")]),
+])
+def test_exact_detection_indices_up(seed, expected):
+    assert _alarms(CUSUM(), _step_stream(seed)) == expected
+
+
+def test_exact_detection_indices_down_then_recovery():
+    # 2 ms -> 1.8 ms at 1000 (a decrease), then back to 2 ms at 2000
+    rng = random.Random(3)
+    stream = ([rng.gauss(2e-3, 1e-4) for _ in range(1000)]
+              + [rng.gauss(1.8e-3, 1e-4) for _ in range(1000)]
+              + [rng.gauss(2e-3, 1e-4) for _ in range(1000)])
+    alarms = _alarms(CUSUM(), stream)
+    assert [a[2] for a in alarms] == ["down", "up"]
+    assert 1000 <= alarms[0][0] <= 1015 and 990 <= alarms[0][1] <= 1000
+    # Page's start estimate can precede the change when the statistic was already positive
+    assert 2000 <= alarms[1][0] <= 2015 and 1970 <= alarms[1][1] <= 2000
+    assert alarms == EXPECTED_DOWN_UP
+
+
+EXPECTED_DOWN_UP = [(1009, 1000, "down"), (2009, 1979, "up")]
+
+
+def test_mode_up_ignores_decreases():
+    stream = _step_stream(6, shift=-3e-4)
+    assert _alarms(CUSUM(mode="up"), stream) == []
+    assert _alarms(CUSUM(mode="down"), stream)[0][2] == "down"
+
+
+def test_alarm_resets_and_relearns_baseline():
+    det = CUSUM()
+    stream = _step_stream(6)
+    for x in stream[:1007]:
+        det.update(x)
+    assert det.drift_detected and det.baseline is not None
+    det.update(stream[1007])
+    assert not det.drift_detected and det.warming_up and det.baseline is None
+    for x in stream[1008:]:
+        det.update(x)
+    med, scale = det.baseline
+    assert abs(med - 2.2e-3) < 3e-5 and 0.7e-4 < scale < 1.3e-4  # the new regime
+    assert det.n_detections == 1
+
+
+def test_magnitude_estimate():
+    det = CUSUM()
+    alarms = _alarms(det, _step_stream(6, shift=3e-4))
+    assert len(alarms) == 1
+    assert 1.5 < det.magnitude < 6.0  # true shift: 3 sigma
+    assert 1.5e-4 < det.shift < 6e-4  # true shift: 3e-4 s
+
+
+def test_scale_invariance():
+    """Same stream in seconds, nanoseconds and bytes/s-like magnitudes: same alarms."""
+    base = _step_stream(7)
+    ref = _alarms(CUSUM(), base)
+    for factor in (1e-6, 1e9, 1e15):
+        assert _alarms(CUSUM(), [x * factor for x in base]) == ref
+
+
+# ----------------------------------------------------------------------------- threshold / ARL
+def test_siegmund_matches_reference_table():
+    # detection-background.md section 3 table: (delta, gamma) -> (H, minimal delay)
+    table = {(0.5, 1e4): (13.1, 49), (1.0, 1e4): (7.35, 15.0), (2.0, 1e5): (4.94, 5.6),
+             (1.0, 1e6): (11.96, 24.2)}
+    for (delta, gamma), (h, delay) in table.items():
+        assert cusum_threshold(gamma, delta / 2) == pytest.approx(h, abs=0.02)
+        assert cusum_delay_bound(gamma, delta) == pytest.approx(delay, rel=0.02)
+    assert siegmund_arl(0.0, 0.5, 5.0) == pytest.approx(938, abs=1)
+
+
+def test_threshold_is_derived_from_arl0():
+    assert CUSUM().threshold == pytest.approx(cusum_threshold_estimated(1e4, 0.5, 200, True))
+    assert CUSUM(arl0=1e6).threshold > CUSUM().threshold
+    assert CUSUM(warmup=5000).threshold == pytest.approx(cusum_threshold(2e4, 0.5), abs=0.1)
+
+
+@pytest.mark.parametrize("delta", [0.5, 1.0, 2.0])
+def test_delay_within_bound(delta):
+    """Mean delay after a delta-sigma step, with the CUSUM tuned for delta, is within 1.5x
+    the optimal CUSUM's worst-case delay D*(ARL0, delta) at the same ARL0 (one-sided, the step
+    hits right after warm-up when the statistic is 0: Lorden's worst case)."""
+    n, warmup, arl0 = 2000, 1000, 1e4
+    rng = np.random.default_rng(int(delta * 10))
+    bank = CUSUMBank(n_streams=n, delta=delta, arl0=arl0, warmup=warmup, mode="up",
+                     min_value=None)
+    for _ in range(warmup):
+        bank.update_many(rng.standard_normal(n))
+    first = np.full(n, -1)
+    for t in range(warmup, warmup + 1000):
+        bank.update_many(rng.standard_normal(n) + delta)
+        first[(first < 0) & bank.drift_detected] = t
+    assert (first >= 0).all()
+    mean_delay = (first - warmup + 1).mean()
+    bound = cusum_delay_bound(arl0, delta)
+    assert 0.8 * bound < mean_delay < 1.5 * bound, (mean_delay, bound)
+
+
+def test_false_alarm_rate_meets_arl0():
+    """Stationary N(0,1): fewer alarms than 1/ARL0 per sample predicts (the threshold is
+    calibrated for the average over baseline estimates, so it is conservative)."""
+    n, steps = 500, 4000
+    rng = np.random.default_rng(0)
+    bank = CUSUMBank(n_streams=n, arl0=1e4, min_value=None)
+    alarms = 0
+    for _ in range(steps):
+        bank.update_many(rng.standard_normal(n))
+        alarms += int(bank.drift_detected.sum())
+    monitored = n * (steps - bank.warmup)
+    assert alarms <= 1.2 * monitored / 1e4, alarms  # ~190 expected at exactly 1/ARL0
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_bad_inputs_counted_and_skipped():
+    det = CUSUM(warmup=50)
+    rng = random.Random(1)
+    for _ in range(50):
+        det.update(rng.gauss(1.0, 0.1))
+    s_up, s_down = det.statistic_up, det.statistic_down
+    for bad in [math.nan, math.inf, -math.inf, -3.0, None, "x", [1.0]]:
+        det.update(bad)
+        assert not det.drift_detected
+    assert det.n_invalid == 7 and det.n_seen == 57
+    assert (det.statistic_up, det.statistic_down) == (s_up, s_down)
+
+
+def test_isolated_absurd_values_never_alarm_but_pairs_do():
+    det = CUSUM(warmup=100)
+    rng = random.Random(2)
+    for _ in range(100):
+        det.update(rng.gauss(1.0, 0.1))
+    for _ in range(100):  # 100 isolated absurd values, each followed by a normal one
+        det.update(1e300)
+        det.update(rng.gauss(1.0, 0.1))
+        assert not det.drift_detected
+    assert det.n_outliers == 100 and det.n_clipped == 0
+    while det.statistic_up > 0:  # bring S+ to 0 so the start estimate is unambiguous
+        det.update(0.9)
+    first = det.n_seen
+    for i in range(4):  # a run of extreme values: a real shift, caught within 4 samples
+        det.update(50.0)
+        if det.drift_detected:
+            break
+    assert det.drift_detected and det.direction == "up" and det.n_clipped == i + 1
+    assert det.change_start == first
+
+
+def test_max_value_bound():
+    det = CUSUM(warmup=10, max_value=1.0)
+    for x in [0.5] * 10 + [2.0]:
+        det.update(x)
+    assert det.n_invalid == 1
+
+
+def test_signed_series_with_min_value_none():
+    det = CUSUM(min_value=None, warmup=100)
+    rng = random.Random(5)
+    alarms = _alarms(det, [rng.gauss(0, 1) for _ in range(300)] + [rng.gauss(-3, 1) for _ in range(50)])
+    assert alarms and alarms[0][2] == "down" and 300 <= alarms[0][0] < 310
+
+
+def test_constant_warmup_does_not_crash():
+    det = CUSUM(warmup=100)
+    for _ in range(100):
+        det.update(5.0)
+    assert det.baseline == (5.0, 5.0 * 1e-6)
+    for x in [5.0] * 50:
+        det.update(x)
+        assert not det.drift_detected
+    for _ in range(4):
+        det.update(5.1)
+    assert det.n_detections == 1
+
+
+@pytest.mark.parametrize("params", [
+    {"delta": 0}, {"delta": -1.0}, {"arl0": 1.0}, {"warmup": 1}, {"warmup": 2.5},
+    {"mode": "sideways"}, {"min_value": 1.0, "max_value": 0.5}, {"z_clip": 0.0},
+])
+def test_invalid_hyperparameters_raise(params):
+    with pytest.raises(ValueError):
+        CUSUM(**params)
+    with pytest.raises(ValueError):
+        CUSUMBank(n_streams=2, **params)
+
+
+# ----------------------------------------------------------------------------- bank
+def test_bank_matches_scalar_exactly():
+    """Stream j of the bank raises the same alarms (index, start, direction, magnitude) and
+    keeps the same counters as a scalar CUSUM fed column j, including NaN gaps, invalid and
+    absurd values and a 30-sigma step."""
+    rng = np.random.default_rng(1)
+    n, T = 40, 2500
+    X = rng.standard_normal((T, n)) * 0.1 + 2
+    X[1200:, :15] += 0.15
+    X[1200:, 15:20] += 3.0
+    X[rng.random((T, n)) < 0.01] = np.nan
+    X[rng.random((T, n)) < 0.005] = -1
+    X[rng.random((T, n)) < 0.004] = 1e300
+    X[rng.random((T, n)) < 0.004] = 1e-9
+    bank = CUSUMBank(n_streams=n)
+    got = []
+    for t in range(T):
+        bank.update_many(X[t])
+        for j in np.flatnonzero(bank.drift_detected):
+            got.append((t, int(j), int(bank.change_start[j]), int(bank.direction[j]),
+                        float(bank.magnitude[j])))
+    want, counters = [], []
+    for j in range(n):
+        det = CUSUM()
+        for t in range(T):
+            det.update(X[t, j])
+            if det.drift_detected:
+                want.append((t, j, det.change_start, 1 if det.direction == "up" else -1,
+                             det.magnitude))
+        counters.append((det.n_invalid, det.n_clipped, det.n_outliers, det.n_detections))
+    assert sorted(got) == sorted(want)
+    assert counters == list(zip(bank.n_invalid.tolist(), bank.n_clipped.tolist(),
+                                bank.n_outliers.tolist(), bank.n_detections.tolist()))
+    assert sum(1 for a in want if 15 <= a[1] < 20 and a[0] >= 1200) == 5
+
+
+def test_bank_rejects_wrong_shape_and_exposes_read_only_state():
+    bank = CUSUMBank(n_streams=3)
+    with pytest.raises(ValueError):
+        bank.update_many(np.zeros(4))
+    bank.update_many(np.ones(3))
+    with pytest.raises(ValueError):
+        bank.statistic_up[0] = 1.0
+    assert bank.warming_up.all() and bank.n_seen == 1
