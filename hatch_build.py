@@ -13,8 +13,8 @@ import sysconfig
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 PLUGINS = {
-    # folder: shared library it builds in place
-    "nccl_profiler_plugin": "libnccl-profiler-dynamiccl.so",
+    # folder: shared libraries its Makefile builds in place (paths relative to the folder)
+    "nccl_profiler_plugin": ("libnccl-profiler-dynamiccl.so", "emulator/libdccl-nccl-emu.so"),
 }
 
 
@@ -27,12 +27,13 @@ class CustomBuildHook(BuildHookInterface):
                 "dynamiccl: building the NCCL plugins needs `make` and a C compiler (cc/gcc), "
                 "and none was found on PATH. Install them (Debian: apt-get install build-essential) "
                 "or set DYNAMICCL_SKIP_PLUGIN=1 to install without the plugins.")
-        for folder, lib in PLUGINS.items():
+        for folder, libs in PLUGINS.items():
             src = os.path.join(self.root, folder)
             if not os.path.exists(os.path.join(src, "Makefile")):
                 continue
-            subprocess.run(["make", "-C", src, lib], check=True)
-            build_data["force_include"][os.path.join(src, lib)] = f"{folder}/{lib}"
+            subprocess.run(["make", "-C", src, *libs], check=True)
+            for lib in libs:
+                build_data["force_include"][os.path.join(src, lib)] = f"{folder}/{lib}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = False
         build_data["tag"] = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")

@@ -16,6 +16,7 @@ from dynamiccl import __version__
 SUBCOMMAND_MODULES = (
     "dynamiccl.plugins",
     "collector.cli",
+    "simulator.cli",
     "dynamiccl.demo",
 )
 

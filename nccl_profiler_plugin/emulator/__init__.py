@@ -20,7 +20,6 @@ import numpy as np
 
 __all__ = ["EMU_OP_DTYPE", "Emulator", "EmulatorError", "FLAGS", "library_path"]
 
-BUILD_DIR = Path(__file__).resolve().parent.parent / "test" / "build"
 
 # Mirrors emu_coll_t in nccl_emu.h (64 bytes).
 EMU_OP_DTYPE = np.dtype([
@@ -41,7 +40,8 @@ class EmulatorError(RuntimeError):
 
 
 def library_path() -> Path:
-    return BUILD_DIR / "libdccl-nccl-emu.so"
+    """The emulator library, built in place (and shipped in the wheel) next to this file."""
+    return Path(__file__).with_name("libdccl-nccl-emu.so")
 
 
 class Emulator:
