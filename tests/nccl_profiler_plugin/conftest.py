@@ -34,7 +34,7 @@ def built() -> dict[str, Path]:
         "plugin": PLUGIN_DIR / "libnccl-profiler-dynamiccl.so",
         "noop": BUILD / "libnccl-profiler-noop.so",
         "emulate": BUILD / "emulate",
-        "emu_lib": BUILD / "libdccl-nccl-emu.so",
+        "emu_lib": PLUGIN_DIR / "emulator" / "libdccl-nccl-emu.so",
         "test_plugin": BUILD / "test_plugin",
     }
 
