@@ -1,0 +1,159 @@
+"""End to end: a sender process writes frames to the collector's Unix socket at a fixed rate.
+
+Counts sent vs received vs decoded vs dropped; the run passes only if nothing was lost.
+The collector runs in this process (Pipeline with the stream receiver, aggregation, the
+Prometheus state, the feature stream and — unless --no-parquet — the parquet history).
+Baseline, in the same process: the sender's raw socket throughput into a reader that discards.
+Last line: machine-readable key=value.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import numpy as np  # noqa: E402
+
+
+def sender(path: str, rate: float, duration: float, ranks: int, frame: int, seed: int, q) -> None:
+    from collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
+    tick = 0.01
+    per_tick = int(rate * tick)
+    inst_per_tick = max(1, per_tick // ranks)
+    template = synthetic_events(inst_per_tick, nranks=ranks, seed=seed, rate_per_s=inst_per_tick / tick,
+                                start_ns=time.time_ns())
+    socks = []
+    for r in range(ranks):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        s.sendall(encode_frame(process_record("bench-node", "e2e", 5000 + r, start_ns=1)))
+        socks.append(s)
+    masks = [template["rank"] == r for r in range(ranks)]
+    sent = 0
+    t0 = time.monotonic()
+    step = 0
+    lag_max = 0.0
+    while True:
+        target = t0 + step * tick
+        now = time.monotonic()
+        if target - t0 >= duration:
+            break
+        if now < target:
+            time.sleep(target - now)
+        else:
+            lag_max = max(lag_max, now - target)
+        ev = advance(template, step, period_ns=int(tick * 1e9), instances=inst_per_tick)
+        for r, s in enumerate(socks):
+            mine = ev[masks[r]]
+            s.sendall(encode_frames(mine, per_frame=frame))
+            sent += len(mine)
+        step += 1
+    elapsed = time.monotonic() - t0
+    for s in socks:
+        s.close()
+    q.put({"sent": sent, "elapsed": elapsed, "sender_lag_max_s": lag_max, "connections": ranks})
+
+
+def baseline(rate: float, duration: float, ranks: int, frame: int, seed: int) -> float:
+    """Records/s a sender achieves into a discarding reader for 2 s at full speed (no pacing)."""
+    d = tempfile.mkdtemp(prefix="dcb")
+    path = os.path.join(d, "b.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen()
+    got = [0]
+
+    def reader():
+        conns = []
+        srv.settimeout(5)
+        for _ in range(ranks):
+            conns.append(srv.accept()[0])
+        import selectors
+        sel = selectors.DefaultSelector()
+        for c in conns:
+            sel.register(c, selectors.EVENT_READ)
+        open_ = len(conns)
+        while open_:
+            for key, _ in sel.select(1):
+                b = key.fileobj.recv(1 << 20)
+                if not b:
+                    sel.unregister(key.fileobj)
+                    open_ -= 1
+                got[0] += len(b)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    q = mp.Queue()
+    p = mp.Process(target=sender, args=(path, 1e9, 2.0, ranks, frame, seed, q))
+    p.start()
+    res = q.get()
+    p.join()
+    t.join()
+    shutil.rmtree(d, ignore_errors=True)
+    return res["sent"] / res["elapsed"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=500_000, help="records/s")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds")
+    ap.add_argument("--ranks", type=int, default=8, help="sender connections (one per rank)")
+    ap.add_argument("--frame", type=int, default=512, help="records per frame")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-parquet", action="store_true")
+    args = ap.parse_args()
+    from collector.config import default_config
+    from collector.pipeline import Pipeline
+
+    base = baseline(args.rate, args.duration, args.ranks, args.frame, args.seed)
+    d = tempfile.mkdtemp(prefix="dce")
+    path = os.path.join(d, "c.sock")
+    cfg = default_config().replace(
+        receiver={"listen": (f"unix:{path}",)}, prometheus={"address": None},
+        features={"address": None},
+        parquet={"directory": None if args.no_parquet else os.path.join(d, "pq")})
+    pipe = Pipeline(cfg).start()
+    sub = pipe.subscribe(max_queue=10_000)
+    q = mp.Queue()
+    p = mp.Process(target=sender, args=(path, args.rate, args.duration, args.ranks, args.frame, args.seed, q))
+    t0 = time.monotonic()
+    p.start()
+    res = q.get()
+    p.join()
+    deadline = time.monotonic() + 60
+    while pipe.metrics.received < res["sent"] + args.ranks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pipe.shutdown()
+    wall = time.monotonic() - t0
+    m = pipe.metrics.snapshot()
+    windows = 0
+    while sub.get(0) is not None:
+        windows += 1
+    shutil.rmtree(d, ignore_errors=True)
+    received = m["records_received_total"] - args.ranks  # PROCESS records
+    dropped = sum(m["records_dropped_total"].values())
+    lost = res["sent"] - m["records_aggregated_total"]
+    print(f"sent={res['sent']} in {res['elapsed']:.1f}s ({res['sent'] / res['elapsed']:.0f} rec/s, "
+          f"sender max lag {res['sender_lag_max_s'] * 1000:.0f} ms) over {args.ranks} connections")
+    print(f"received={received} decoded={m['records_decoded_total']} aggregated={m['records_aggregated_total']} "
+          f"dropped={m['records_dropped_total']} malformed={sum(m['malformed_frames_total'].values())}")
+    print(f"windows={m['windows_emitted_total']} delivered_to_subscriber={windows} "
+          f"parquet={'off' if args.no_parquet else 'on'} wall={wall:.1f}s")
+    print(f"baseline raw socket sender throughput: {base:.0f} rec/s; target rate / baseline = {args.rate / base:.3f}")
+    ok = received == res["sent"] and dropped == 0 and lost == 0
+    print(f"sent={res['sent']} received={received} dropped={dropped} lost={lost} "
+          f"rate_rps={res['sent'] / res['elapsed']:.0f} baseline_rps={base:.0f} "
+          f"duration_s={res['elapsed']:.1f} parquet={int(not args.no_parquet)} pass={int(ok)}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Typed, validated configuration of the collector. ``default_config()`` is the one source of
+defaults (docs/architecture.md "Defaults"); ``collector/README.md`` mirrors it (a test checks).
+
+User-facing structs end in ``Config``; runtime objects (clock, registry, logger) are passed
+separately as keyword arguments, never stored in a config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ReceiverConfig", "WindowConfig", "ParquetConfig", "PrometheusConfig", "FeaturesConfig",
+    "CollectorConfig", "default_config", "parse_address", "parse_host_port", "flatten",
+]
+
+DEFAULT_LISTEN = "unix:/tmp/dynamiccl.sock"
+DEFAULT_METRICS = "127.0.0.1:9464"
+DEFAULT_FEATURES = "tcp:127.0.0.1:9465"
+DEFAULT_PARQUET_DIR = "./runs/parquet"
+
+
+def parse_host_port(value: str, *, key: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` allowed) → (host, port); raises ValueError naming ``key``."""
+    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]]*):(\d+)", value or "")
+    if not m:
+        raise ValueError(f"{key}: expected HOST:PORT, got {value!r}")
+    host = m.group(1) if m.group(1) is not None else m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{key}: port {port} out of range 0..65535")
+    return host or "0.0.0.0", port
+
+
+def parse_address(value: str, *, key: str) -> tuple[str, object]:
+    """``unix:PATH`` → ("unix", path); ``tcp:HOST:PORT`` → ("tcp", (host, port))."""
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: expected unix:PATH or tcp:HOST:PORT, got {value!r}")
+    if value.startswith("unix:"):
+        path = value[5:]
+        if not path:
+            raise ValueError(f"{key}: empty unix socket path in {value!r}")
+        if len(path.encode()) > 107:
+            raise ValueError(f"{key}: unix socket path longer than 107 bytes: {path!r}")
+        return "unix", path
+    if value.startswith("tcp:"):
+        return "tcp", parse_host_port(value[4:], key=key)
+    raise ValueError(f"{key}: expected unix:PATH or tcp:HOST:PORT, got {value!r}")
+
+
+def _positive(obj, *names: str) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be > 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """Plugin stream receivers (Unix socket / TCP)."""
+    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
+    max_connections: int = 1024
+    recv_chunk_bytes: int = 1 << 20
+    max_records_per_s_per_connection: int = 2_000_000  # above this for a full second = flood
+    gap_tracker_max_processes: int = 65536
+
+    def validate(self) -> None:
+        _positive(self, "max_connections", "recv_chunk_bytes", "max_records_per_s_per_connection",
+                  "gap_tracker_max_processes")
+        if self.recv_chunk_bytes < 16 + 128:
+            raise ValueError("recv_chunk_bytes must be >= 144")
+        for addr in self.listen:
+            parse_address(addr, key="listen")
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """Event-time window aggregation."""
+    window_s: float = 1.0
+    allowed_lateness_s: float = 2.0
+    idle_flush_s: float = 3.0
+    queue_max_records: int = 2_000_000  # records waiting for the aggregator; overflow dropped
+    max_open_windows: int = 64          # a wider event-time spread is dropped as "too_early"
+
+    def validate(self) -> None:
+        _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows")
+        if not isinstance(self.allowed_lateness_s, (int, float)) or self.allowed_lateness_s < 0:
+            raise ValueError(f"allowed_lateness_s must be >= 0, got {self.allowed_lateness_s!r}")
+
+
+@dataclass(frozen=True)
+class ParquetConfig:
+    """Rolling parquet history of raw records. ``directory=None`` disables it."""
+    directory: str | None = DEFAULT_PARQUET_DIR
+    flush_rows: int = 1_000_000       # a partition's buffer is written once it holds this many rows
+    flush_interval_s: float = 60.0    # ... or once its oldest row is this old (wall time)
+    max_buffered_rows: int = 2_000_000  # all partitions; above it the largest is written early
+    queue_max_records: int = 2_000_000  # records waiting for the writer; overflow dropped
+    compression: str = "zstd"
+
+    def validate(self) -> None:
+        _positive(self, "flush_rows", "flush_interval_s", "max_buffered_rows", "queue_max_records")
+        if self.compression not in ("zstd", "snappy", "lz4", "gzip", "none"):
+            raise ValueError(f"compression must be zstd, snappy, lz4, gzip or none, got {self.compression!r}")
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    """``/metrics`` over HTTP. ``address=None`` disables the server (the Collector still works)."""
+    address: str | None = DEFAULT_METRICS
+    max_series: int = 20000  # per-key label sets kept for cumulative histograms/counters
+
+    def validate(self) -> None:
+        if self.address is not None:
+            parse_host_port(self.address, key="metrics")
+        _positive(self, "max_series")
+
+
+@dataclass(frozen=True)
+class FeaturesConfig:
+    """Feature stream server (NDJSON). ``address=None`` disables the server (in-process
+    ``Pipeline.subscribe()`` still works)."""
+    address: str | None = DEFAULT_FEATURES
+    queue_max_windows: int = 64  # per subscriber; overflow drops the oldest window
+    max_subscribers: int = 64
+
+    def validate(self) -> None:
+        if self.address is not None:
+            parse_address(self.address, key="features")
+        _positive(self, "queue_max_windows", "max_subscribers")
+
+
+@dataclass(frozen=True)
+class CollectorConfig:
+    receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
+    window: WindowConfig = field(default_factory=WindowConfig)
+    parquet: ParquetConfig = field(default_factory=ParquetConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    replay: tuple[str, ...] = ()  # parquet files/directories replayed into the pipeline at start
+
+    def validate(self) -> "CollectorConfig":
+        self.receiver.validate()
+        self.window.validate()
+        self.parquet.validate()
+        self.prometheus.validate()
+        self.features.validate()
+        return self
+
+    def replace(self, **sections) -> "CollectorConfig":
+        """``cfg.replace(window={"window_s": 0.5}, parquet={"directory": None})``."""
+        changes = {}
+        for name, value in sections.items():
+            current = getattr(self, name)
+            changes[name] = dataclasses.replace(current, **value) if isinstance(value, dict) else value
+        return dataclasses.replace(self, **changes)
+
+
+def default_config() -> CollectorConfig:
+    return CollectorConfig()
+
+
+def flatten(cfg: CollectorConfig) -> dict[str, object]:
+    """``{"window.window_s": 1.0, ..., "replay": ()}`` — the README table's keys."""
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            for sub in dataclasses.fields(value):
+                out[f"{f.name}.{sub.name}"] = getattr(value, sub.name)
+        else:
+            out[f.name] = value
+    return out

@@ -1,0 +1,1 @@
+"""Exporters: Prometheus /metrics, parquet history, feature stream."""

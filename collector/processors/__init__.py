@@ -1,0 +1,1 @@
+"""Processors: event-time window aggregation."""

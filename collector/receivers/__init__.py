@@ -1,0 +1,1 @@
+"""Receivers: plugin stream (Unix/TCP), parquet replay, in-process source."""

@@ -1,0 +1,209 @@
+"""Window aggregation checked against a straightforward reference on a seeded data set."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from collector.component import RecordBatch
+from collector.config import WindowConfig
+from collector.features import KEYS_SCHEMA, RANKS_SCHEMA
+from collector.metrics import SelfMetrics
+from collector.processors.window_agg import WindowAggregator
+from collector.testing import SinkConsumer, synthetic_events
+from collector.wire_format import ALGOS, FUNCS, PROTOS
+
+NRANKS = 8
+FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,
+          "ReduceScatter": lambda n: (n - 1) / n, "AlltoAll": lambda n: (n - 1) / n}
+
+
+def _name(table, code):
+    return table[code] if code < len(table) else "UNKNOWN"
+
+
+def reference(ev, job_id):
+    """Plain-Python reference of the feature-stream contract for one window."""
+    recs = []
+    for r in ev:
+        ts = int(r["timing_source"])
+        if ts == 1:
+            d = (int(r["gpu_end_ns"]) - int(r["gpu_start_ns"])) * 1e-9
+            t = int(r["gpu_start_ns"])
+        elif ts == 2:
+            d = (int(r["cpu_end_ns"]) - int(r["enqueue_ns"])) * 1e-9
+            t = int(r["enqueue_ns"])
+        else:
+            d, t = None, int(r["enqueue_ns"])
+        func = FUNCS[r["func"]]
+        b = int(r["bytes"])
+        recs.append(dict(comm=int(r["comm_hash"]), func=func, algo=_name(ALGOS, int(r["algo"])),
+                         proto=_name(PROTOS, int(r["proto"])), sb=int(math.floor(math.log2(b))),
+                         rank=int(r["rank"]), n=int(r["nranks"]), seq=int(r["seq_number"]), b=b,
+                         d=d, t=t))
+    keys = defaultdict(list)
+    inst = defaultdict(list)
+    for x in recs:
+        keys[(x["comm"], x["func"], x["algo"], x["proto"], x["sb"])].append(x)
+        inst[(x["comm"], x["func"], x["seq"])].append(x)
+    out_keys = {}
+    for k, xs in keys.items():
+        durs = [x["d"] for x in xs if x["d"] is not None]
+        bws = [(x["b"] * (x["n"] if x["func"] in ("AllGather", "ReduceScatter") else 1)) / x["d"]
+               for x in xs if x["d"]]
+        spreads = []
+        for s in {x["seq"] for x in xs}:
+            ds = [y["d"] for y in inst[(k[0], k[1], s)] if y["d"] is not None]
+            if len(ds) >= 2:
+                spreads.append(max(ds) - min(ds))
+        n = xs[0]["n"]
+        med_bw = float(np.median(bws))
+        out_keys[k] = dict(records=len(xs), instances=len({x["seq"] for x in xs}),
+                           bytes_total=sum(x["b"] for x in xs), lat_mean_s=float(np.mean(durs)),
+                           lat_p50_s=float(np.quantile(durs, 0.5)), lat_p90_s=float(np.quantile(durs, 0.9)),
+                           lat_p99_s=float(np.quantile(durs, 0.99)), lat_max_s=max(durs),
+                           algbw_Bps=med_bw, busbw_Bps=med_bw * FACTOR.get(k[1], lambda n: 1.0)(n),
+                           spread_p50_s=float(np.median(spreads)) if spreads else None,
+                           spread_max_s=max(spreads) if spreads else None)
+    per_rank = defaultdict(lambda: dict(records=0, durs=[], rel=[], short=0))
+    complete = defaultdict(int)
+    for (comm, func, seq), xs in inst.items():
+        if len(xs) >= xs[0]["n"]:
+            complete[comm] += 1
+        ds = [x["d"] for x in xs if x["d"] is not None]
+        for x in xs:
+            pr = per_rank[(comm, x["rank"])]
+            pr["records"] += 1
+            if x["d"] is not None:
+                pr["durs"].append(x["d"])
+        if len(ds) >= 2:
+            med, mn = float(np.median(ds)), min(ds)
+            for x in xs:
+                if x["d"] is None:
+                    continue
+                per_rank[(comm, x["rank"])]["rel"].append(x["d"] / med)
+                if x["d"] == mn and ds.count(mn) == 1:
+                    per_rank[(comm, x["rank"])]["short"] += 1
+    out_ranks = {k: dict(records=v["records"], lat_mean_s=float(np.mean(v["durs"])),
+                         rel_lat_mean=float(np.mean(v["rel"])), shortest_count=v["short"],
+                         instances_complete=complete[k[0]]) for k, v in per_rank.items()}
+    return out_keys, out_ranks
+
+
+def _run(ev, window_s=1000.0, **cfg):
+    sink = SinkConsumer()
+    agg = WindowAggregator(WindowConfig(window_s=window_s, **cfg), next_consumer=sink, metrics=SelfMetrics())
+    for i in range(0, len(ev), 777):
+        agg.consume(RecordBatch(ev[i:i + 777], "host0", "jobA", {0x1111_2222_3333_4444: "world"}))
+    agg.shutdown()
+    return sink.items, agg
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    ev = synthetic_events(3000, nranks=NRANKS, seed=11, straggler_rank=5, rate_per_s=1e5,
+                          start_ns=1_700_000_000_000_000_000, untimed_fraction=0.05,
+                          cpu_timed_fraction=0.1, funcs=("AllReduce", "AllGather", "ReduceScatter", "Broadcast"))
+    # drop some records so some instances are incomplete / single-rank
+    rng = np.random.default_rng(5)
+    return ev[rng.random(len(ev)) > 0.03]
+
+
+def test_keys_and_ranks_match_reference(dataset):
+    items, _ = _run(dataset)
+    assert len(items) == 1
+    wf = items[0].features
+    assert dict(wf.keys.schema) == KEYS_SCHEMA and dict(wf.ranks.schema) == RANKS_SCHEMA
+    ref_keys, ref_ranks = reference(dataset, "jobA")
+    assert wf.keys.height == len(ref_keys)
+    for row in wf.keys.iter_rows(named=True):
+        assert row["job_id"] == "jobA" and row["nranks"] == NRANKS and row["nnodes"] == 1
+        assert row["comm_name"] == ("world" if row["comm_hash"] == 0x1111_2222_3333_4444 else "")
+        ref = ref_keys[(row["comm_hash"], row["func"], row["algo"], row["proto"], row["size_bucket"])]
+        for col, want in ref.items():
+            if want is None:
+                assert row[col] is None, col
+            elif isinstance(want, int):
+                assert row[col] == want, col
+            else:
+                assert row[col] == pytest.approx(want, rel=1e-7), col
+    assert wf.ranks.height == len(ref_ranks)
+    for row in wf.ranks.iter_rows(named=True):
+        assert row["host"] == "host0" and row["job_id"] == "jobA"
+        ref = ref_ranks[(row["comm_hash"], row["rank"])]
+        for col, want in ref.items():
+            assert row[col] == pytest.approx(want, rel=1e-7), col
+
+
+def test_straggler_looks_short(dataset):
+    wf = _run(dataset)[0][0].features
+    per_rank = wf.ranks.group_by("rank").agg(
+        rel=__import__("polars").col("rel_lat_mean").mean(),
+        short=__import__("polars").col("shortest_count").sum()).sort("rank")
+    rel = per_rank["rel"].to_list()
+    short = per_rank["short"].to_list()
+    assert rel[5] == min(rel) and rel[5] < 0.9
+    assert short[5] == max(short) and short[5] > 3 * sorted(short)[-2]
+
+
+def test_busbw_factors_per_func(dataset):
+    wf = _run(dataset)[0][0].features
+    for row in wf.keys.iter_rows(named=True):
+        ratio = row["busbw_Bps"] / row["algbw_Bps"]
+        want = {"AllReduce": 1.75, "AllGather": 0.875, "ReduceScatter": 0.875}.get(row["func"], 1.0)
+        assert ratio == pytest.approx(want)
+
+
+def test_windows_by_event_time_lateness_and_late_drops():
+    ev = synthetic_events(2000, nranks=4, seed=2, rate_per_s=1000.0, start_ns=10**18)  # 2 s of events
+    m = SelfMetrics()
+    sink = SinkConsumer()
+    agg = WindowAggregator(WindowConfig(window_s=0.5, allowed_lateness_s=0.25), next_consumer=sink, metrics=m)
+    agg.consume(RecordBatch(ev, "h", "j", {}))
+    # windows whose end + lateness <= newest event time are closed already
+    starts = [r.features.window_start for r in sink.items]
+    assert starts == [1e9, 1e9 + 0.5, 1e9 + 1.0]
+    # a record for a closed window is late: dropped and counted
+    agg.consume(RecordBatch(ev[:10], "h", "j", {}))
+    assert m.dropped["late"] == 10
+    agg.shutdown()
+    assert sum(r.features.keys["records"].sum() for r in sink.items) == len(ev)
+    assert m.aggregated == len(ev) and m.windows_emitted == 4
+
+
+def test_idle_flush_uses_wall_clock():
+    now = [0.0]
+    sink = SinkConsumer()
+    agg = WindowAggregator(WindowConfig(window_s=1.0, idle_flush_s=3.0), next_consumer=sink,
+                           clock=lambda: now[0])
+    agg.consume(RecordBatch(synthetic_events(10, nranks=2), "h", "j", {}))
+    agg.tick(2.9)
+    assert sink.items == []
+    agg.tick(3.0)
+    assert len(sink.items) == 1
+
+
+def test_far_future_record_is_dropped_not_watermarked():
+    ev = synthetic_events(10, nranks=2, start_ns=10**18)
+    m = SelfMetrics()
+    sink = SinkConsumer()
+    agg = WindowAggregator(WindowConfig(window_s=1.0, max_open_windows=10), next_consumer=sink, metrics=m)
+    agg.consume(RecordBatch(ev[:10], "h", "j", {}))
+    bad = ev[10:12].copy()
+    bad["gpu_start_ns"] += 3600 * 10**9
+    bad["enqueue_ns"] += 3600 * 10**9
+    agg.consume(RecordBatch(bad, "h", "j", {}))
+    assert m.dropped["too_early"] == 2 and sink.items == []
+    agg.consume(RecordBatch(ev[12:], "h", "j", {}))
+    agg.shutdown()
+    assert sink.items[0].features.keys["records"].sum() == 18
+
+
+def test_untimed_records_count_but_have_no_latency():
+    ev = synthetic_events(20, nranks=2, untimed_fraction=1.0, cpu_timed_fraction=0.0)
+    wf = _run(ev)[0][0].features
+    assert wf.keys["records"].sum() == 40
+    assert wf.keys["lat_mean_s"].null_count() == wf.keys.height
+    assert wf.ranks["shortest_count"].sum() == 0
