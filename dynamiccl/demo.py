@@ -52,7 +52,7 @@ class Flag:
 class StreamWatch:
     """One CUSUM per feature stream over log(p50 latency); alarms within `merge_s` merge."""
 
-    def __init__(self, *, warmup: int = 20, delta: float = 3.0, arl0: float = 1e5, merge_s: float = 5.0):
+    def __init__(self, *, warmup: int = 20, delta: float = 3.0, arl0: float = 1e4, merge_s: float = 5.0):
         self.warmup, self.delta, self.arl0, self.merge_s = warmup, delta, arl0, merge_s
         self._cusums: dict[tuple, object] = {}
         self.flags: list[Flag] = []
@@ -73,7 +73,7 @@ class StreamWatch:
             det = self._cusums.get(k)
             if det is None:
                 det = self._cusums[k] = CUSUM(delta=self.delta, arl0=self.arl0, warmup=self.warmup,
-                                              min_value=None, z_clip=40.0)
+                                              min_value=None, z_clip=100.0)
             det.update(math.log(lat))
             if det.drift_detected:
                 name = f"{row['func']} {row['comm_name']} 2^{row['size_bucket']}B {det.direction}"
