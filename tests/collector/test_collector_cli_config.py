@@ -17,6 +17,8 @@ from collector.config import CollectorConfig, ReceiverConfig, WindowConfig, defa
 from collector.metrics import METRICS
 from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
 
+from collector_helpers import quiet_config  # noqa: F401,E402 (fixture)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

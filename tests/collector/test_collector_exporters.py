@@ -21,7 +21,7 @@ from collector.pipeline import Pipeline
 from collector.receivers.replay import read_batches
 from collector.testing import SinkConsumer, synthetic_events
 
-from conftest import wait_until
+from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
 HOUR = 3600 * 10**9
 

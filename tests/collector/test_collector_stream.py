@@ -12,7 +12,7 @@ from collector.testing import (comm_record, encode_frame, encode_frames, header,
                                stats_record, synthetic_events)
 from collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
 
-from conftest import wait_until
+from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
 
 def _hello(host="nodeA", job="job1", pid=1000, start_ns=1):
@@ -88,6 +88,7 @@ def test_bad_input_drops_only_that_connection(pipe, case, caplog):
     # the server closed the bad connection ...
     bad.settimeout(5)
     assert bad.recv(10) == b""
+    bad.close()
     # ... and logged one clear line naming the reason
     lines = [r.getMessage() for r in caplog.records if "dropping the connection" in r.getMessage()]
     assert len(lines) == 1
@@ -113,6 +114,7 @@ def test_flood_is_cut_off(quiet_config, sock_path):
         assert wait_until(lambda: p.metrics.malformed["flood"] == 1)
         assert p.metrics.dropped["flood"] > 0
         assert wait_until(lambda: p.metrics.connections_open == 0)
+        s.close()
 
 
 def test_delivery_gap_counted_across_reconnect(pipe):

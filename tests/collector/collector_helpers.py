@@ -1,7 +1,8 @@
-"""Shared helpers for collector tests: small pipelines on ephemeral ports/paths."""
+"""Helpers for the collector tests (a unique module name: tests/ has no packages)."""
 from __future__ import annotations
 
-import socket
+import os
+import tempfile
 import time
 
 import pytest
@@ -21,7 +22,6 @@ def wait_until(pred, timeout=10.0, interval=0.02):
 @pytest.fixture
 def sock_path(tmp_path_factory):
     # short path: AF_UNIX paths are limited to 107 bytes
-    import tempfile, os
     d = tempfile.mkdtemp(prefix="dccl")
     yield os.path.join(d, "c.sock")
 
@@ -32,12 +32,3 @@ def quiet_config(tmp_path):
     return default_config().replace(receiver={"listen": ()}, parquet={"directory": None},
                                     prometheus={"address": None}, features={"address": None})
 
-
-def send_all(address_kind, target, data: bytes, close=True):
-    s = socket.socket(socket.AF_UNIX if address_kind == "unix" else socket.AF_INET, socket.SOCK_STREAM)
-    s.connect(target)
-    s.sendall(data)
-    if close:
-        s.close()
-        return None
-    return s
