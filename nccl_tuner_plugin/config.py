@@ -1,0 +1,219 @@
+"""The tuner config file: what the retuner writes and the tuner plugin (C) reads while the job runs.
+
+One text file (``DYNAMICCL_TUNER_CONFIG``, default ``/tmp/dynamiccl-tuner.conf``), replaced atomically
+(write a temporary file in the same directory, fsync, rename). It holds the **last few versions**,
+newest last, so that a rank asked to apply version *v* (the MIN over ranks of what each has staged)
+still has *v*'s rules even if it has already seen *v+1*::
+
+    # dynamiccl tuner config
+    version 41
+    AllReduce  0        65535  RING  LL      8  0  *
+    version 42
+    # func     min_bytes max_bytes algo proto channels chunk_bytes comm
+    AllReduce  0        65535  RING  LL128   8  0  *
+    AllGather  1048576  max    *     SIMPLE  0  0  0x1f2e3d4c5b6a7988
+
+Fields per rule (whitespace separated): collective name as in NCCL (``AllReduce``, ``AllGather``,
+``ReduceScatter``, ``Broadcast``, ``Reduce``, ``AllToAll``), inclusive per-rank byte range (``max`` = no
+upper bound), algorithm (``TREE RING COLLNET_DIRECT COLLNET_CHAIN NVLS NVLS_TREE PAT`` or ``*``), protocol
+(``LL LL128 SIMPLE`` or ``*``), channel count (0 = NCCL's), chunk size in bytes (0 = NCCL's; v6
+``getChunkSize``), communicator hash (``0x…``) or ``*``. The first matching rule wins. Version 0 means
+"no config": NCCL's own choice.
+
+:func:`apply_rule` is the reference semantics the C plugin implements (tests compare the two).
+
+>>> cfg = TunerConfig(version=3, rules=(Rule("AllReduce", 0, 65535, algo="RING", proto="LL", n_channels=4),))
+>>> text = format_configs([cfg])
+>>> parse_configs(text) == [cfg]
+True
+>>> import numpy as np
+>>> table = np.full((7, 3), 50.0); table[1, 0] = 80.0; table[6, :] = -1.0
+>>> t, nch, chunk = apply_rule(cfg, table, "AllReduce", 4096, comm_hash=0x1)
+>>> float(t[1, 0]), nch, chunk      # RING/LL forced to cost 0, 4 channels
+(0.0, 4, 0)
+>>> t, nch, _ = apply_rule(cfg, table, "AllReduce", 1 << 20, comm_hash=0x1)
+>>> bool((t == table).all()), nch   # no rule for 1 MiB: NCCL's choice stands
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ALGOS = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+PROTOS = ("LL", "LL128", "SIMPLE")
+FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "AllToAll")
+MAX_RULES = 256       # per version; the C plugin's fixed table size
+MAX_VERSIONS = 8      # versions kept in one file
+DEFAULT_PATH = "/tmp/dynamiccl-tuner.conf"
+ENV_VAR = "DYNAMICCL_TUNER_CONFIG"
+U64_MAX = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class Rule:
+    func: str
+    min_bytes: int = 0
+    max_bytes: int = U64_MAX
+    algo: str | None = None      # None = "*": any enabled algorithm
+    proto: str | None = None     # None = "*"
+    n_channels: int = 0          # 0 = NCCL's
+    chunk_bytes: int = 0         # 0 = NCCL's
+    comm_hash: int | None = None  # None = any communicator
+
+    def __post_init__(self) -> None:
+        if self.func not in FUNCS:
+            raise ValueError(f"tuner rule: unknown collective {self.func!r} (expected one of {', '.join(FUNCS)})")
+        if self.algo is not None and self.algo not in ALGOS:
+            raise ValueError(f"tuner rule: unknown algorithm {self.algo!r} (expected one of {', '.join(ALGOS)} or *)")
+        if self.proto is not None and self.proto not in PROTOS:
+            raise ValueError(f"tuner rule: unknown protocol {self.proto!r} (expected one of {', '.join(PROTOS)} or *)")
+        if not (0 <= self.min_bytes <= self.max_bytes <= U64_MAX):
+            raise ValueError(f"tuner rule: bad byte range {self.min_bytes}..{self.max_bytes}")
+        if not (0 <= self.n_channels <= 64):
+            raise ValueError(f"tuner rule: channel count {self.n_channels} outside 0..64")
+        if self.chunk_bytes < 0:
+            raise ValueError(f"tuner rule: negative chunk size {self.chunk_bytes}")
+
+    def matches(self, func: str, nbytes: int, comm_hash: int) -> bool:
+        return (func == self.func and self.min_bytes <= nbytes <= self.max_bytes
+                and (self.comm_hash is None or self.comm_hash == comm_hash))
+
+    def format(self) -> str:
+        hi = "max" if self.max_bytes == U64_MAX else str(self.max_bytes)
+        comm = "*" if self.comm_hash is None else f"0x{self.comm_hash:016x}"
+        return (f"{self.func} {self.min_bytes} {hi} {self.algo or '*'} {self.proto or '*'} "
+                f"{self.n_channels} {self.chunk_bytes} {comm}")
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    version: int
+    rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (0 < self.version < (1 << 63)):
+            raise ValueError(f"tuner config: version must be a positive integer, got {self.version}")
+        if len(self.rules) > MAX_RULES:
+            raise ValueError(f"tuner config: {len(self.rules)} rules, the plugin holds at most {MAX_RULES}")
+
+    def lookup(self, func: str, nbytes: int, comm_hash: int) -> Rule | None:
+        for r in self.rules:
+            if r.matches(func, nbytes, comm_hash):
+                return r
+        return None
+
+
+def format_configs(configs: list[TunerConfig]) -> str:
+    if len(configs) > MAX_VERSIONS:
+        raise ValueError(f"tuner config: {len(configs)} versions, a file keeps at most {MAX_VERSIONS}")
+    vs = [c.version for c in configs]
+    if vs != sorted(set(vs)):
+        raise ValueError(f"tuner config: versions must be strictly increasing, got {vs}")
+    out = ["# dynamiccl tuner config"]
+    for c in configs:
+        out.append(f"version {c.version}")
+        out.extend(r.format() for r in c.rules)
+    return "\n".join(out) + "\n"
+
+
+def _parse_rule(tok: list[str], where: str) -> Rule:
+    if len(tok) != 8:
+        raise ValueError(f"{where}: expected 8 fields (func min max algo proto channels chunk comm), got {len(tok)}")
+    func, lo, hi, algo, proto, nch, chunk, comm = tok
+    try:
+        return Rule(func, int(lo), U64_MAX if hi == "max" else int(hi), None if algo == "*" else algo,
+                    None if proto == "*" else proto, int(nch), int(chunk), None if comm == "*" else int(comm, 16))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def parse_configs(text: str, source: str = "<config>") -> list[TunerConfig]:
+    """Parse a whole file; a bad line is an error naming the line (the plugin then keeps its last good config)."""
+    configs: list[TunerConfig] = []
+    version: int | None = None
+    rules: list[Rule] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tok = line.split()
+        where = f"{source}:{n}"
+        if tok[0] == "version":
+            if version is not None:
+                configs.append(TunerConfig(version, tuple(rules)))
+            if len(tok) != 2 or not tok[1].isdigit():
+                raise ValueError(f"{where}: expected 'version N'")
+            version, rules = int(tok[1]), []
+        elif version is None:
+            raise ValueError(f"{where}: rule before the first 'version N' line")
+        else:
+            rules.append(_parse_rule(tok, where))
+    if version is not None:
+        configs.append(TunerConfig(version, tuple(rules)))
+    vs = [c.version for c in configs]
+    if vs != sorted(set(vs)):
+        raise ValueError(f"{source}: versions must be strictly increasing, got {vs}")
+    return configs
+
+
+def read_configs(path: str | os.PathLike) -> list[TunerConfig]:
+    p = Path(path)
+    return parse_configs(p.read_text(), str(p))
+
+
+def write_configs(path: str | os.PathLike, configs: list[TunerConfig]) -> None:
+    """Atomic replace: readers see the old file or the new one, never a partial one."""
+    text = format_configs(configs)
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def apply_rule(cfg: TunerConfig | None, cost_table: np.ndarray, func: str, nbytes: int,
+               comm_hash: int) -> tuple[np.ndarray, int, int]:
+    """Reference semantics of the plugin's ``getCollInfo`` (+ ``getChunkSize``) for one call.
+
+    Returns (table, nChannels, chunk_bytes). The first matching rule selects, among the *enabled*
+    cells (cost >= 0) allowed by its algo/proto, the cheapest one and sets it to 0.0; a −1 cell is never
+    revived. No rule, or no enabled cell allowed: the table is returned unchanged with 0 channels
+    (NCCL's choice stands).
+    """
+    table = np.array(cost_table, dtype=np.float64, copy=True)
+    rule = cfg.lookup(func, nbytes, comm_hash) if cfg is not None else None
+    if rule is None:
+        return table, 0, 0
+    allowed = np.ones(table.shape, dtype=bool)
+    if rule.algo is not None:
+        allowed[:] = False
+        a = ALGOS.index(rule.algo)
+        if a < table.shape[0]:
+            allowed[a, :] = True
+    if rule.proto is not None:
+        mask = np.zeros(table.shape, dtype=bool)
+        p = PROTOS.index(rule.proto)
+        if p < table.shape[1]:
+            mask[:, p] = True
+        allowed &= mask
+    cand = np.where(allowed & (table >= 0), table, np.inf)
+    best = int(np.argmin(cand))
+    if not np.isfinite(cand.flat[best]):
+        return table, 0, 0
+    table.flat[best] = 0.0
+    return table, rule.n_channels, rule.chunk_bytes
