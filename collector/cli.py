@@ -35,8 +35,12 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="window length in seconds of event time (default 1)")
     p.add_argument("--lateness", metavar="S", type=float, default=None,
                    help="allowed lateness in seconds (default 2)")
+    p.add_argument("--max-skew", metavar="S", type=float, default=None,
+                   help="how far (event-time seconds) a lagging host may hold windows open (default 10)")
     p.add_argument("--replay", action="append", metavar="PATH", default=None,
                    help="parquet file or directory to replay into the pipeline at start (repeatable)")
+    p.add_argument("--gpu-telemetry", choices=("on", "off"), default="on",
+                   help="GPU metrics via NVML (default on; without a driver it says so once and carries on)")
     p.set_defaults(func=run)
     return p
 
@@ -51,11 +55,14 @@ def config_from_args(args: argparse.Namespace):
         window["window_s"] = args.window
     if args.lateness is not None:
         window["allowed_lateness_s"] = args.lateness
+    if args.max_skew is not None:
+        window["max_skew_s"] = args.max_skew
     cfg = default_config().replace(receiver={"listen": listen}, window=window,
                                    prometheus={"address": off(args.metrics)},
                                    features={"address": off(args.features)},
                                    parquet={"directory": off(args.parquet)},
-                                   replay=tuple(args.replay or ()))
+                                   replay=tuple(args.replay or ()),
+                                   telemetry={"gpu": getattr(args, "gpu_telemetry", "on") == "on"})
     return cfg.validate()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ReceiverConfig", "WindowConfig", "ParquetConfig", "PrometheusConfig", "FeaturesConfig",
-    "CollectorConfig", "default_config", "parse_address", "parse_host_port", "flatten",
+    "TelemetryConfig", "CollectorConfig", "default_config", "parse_address", "parse_host_port", "flatten",
 ]
 
 DEFAULT_LISTEN = "unix:/tmp/dynamiccl.sock"
@@ -82,9 +82,17 @@ class WindowConfig:
     idle_flush_s: float = 3.0
     queue_max_records: int = 2_000_000  # records waiting for the aggregator; overflow dropped
     max_open_windows: int = 64          # a wider event-time spread is dropped as "too_early"
+    # Watermark = the slowest active source's (host's) newest event time, but never more than
+    # max_skew_s behind the fastest: a lagging node delays window close instead of losing records
+    # as "late"; a node further behind than max_skew_s (or silent for idle_flush_s) stops holding
+    # windows open. Effective skew is at most (max_open_windows - 2) windows.
+    max_skew_s: float = 10.0
 
     def validate(self) -> None:
         _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows")
+        if not isinstance(self.max_skew_s, (int, float)) or self.max_skew_s < 0:
+            raise ValueError(f"max_skew_s must be >= 0, got {self.max_skew_s!r}")
+
         if not isinstance(self.allowed_lateness_s, (int, float)) or self.allowed_lateness_s < 0:
             raise ValueError(f"allowed_lateness_s must be >= 0, got {self.allowed_lateness_s!r}")
 
@@ -132,12 +140,23 @@ class FeaturesConfig:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """GPU telemetry via NVML (collector/telemetry/gpu.py); without a driver it logs once and stays off."""
+    gpu: bool = True
+    interval_s: float = 5.0
+
+    def validate(self) -> None:
+        _positive(self, "interval_s")
+
+
+@dataclass(frozen=True)
 class CollectorConfig:
     receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
     parquet: ParquetConfig = field(default_factory=ParquetConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     replay: tuple[str, ...] = ()  # parquet files/directories replayed into the pipeline at start
 
     def validate(self) -> "CollectorConfig":
@@ -146,6 +165,7 @@ class CollectorConfig:
         self.parquet.validate()
         self.prometheus.validate()
         self.features.validate()
+        self.telemetry.validate()
         return self
 
     def replace(self, **sections) -> "CollectorConfig":

@@ -121,6 +121,20 @@ METRICS: tuple[MetricSpec, ...] = (
                ("job_id", "comm", "rank")),
     MetricSpec("dynamiccl_last_event_timestamp_seconds", "gauge",
                "Event time of the newest operation seen from this rank.", ("job_id", "host", "rank")),
+    # --- GPU telemetry (collector/telemetry/gpu.py, NVML; host = this collector's host) -------
+    MetricSpec("dynamiccl_gpu_telemetry_up", "gauge", "1 if NVML is readable on this host, 0 (no driver) otherwise.",
+               ("host",)),
+    MetricSpec("dynamiccl_gpu_telemetry_errors_total", "counter", "NVML queries that failed.", ("host",)),
+    MetricSpec("dynamiccl_gpu_info", "gauge", "GPU identity (value 1).", ("host", "gpu", "uuid", "name")),
+    MetricSpec("dynamiccl_gpu_sm_clock_hertz", "gauge", "SM clock.", ("host", "gpu")),
+    MetricSpec("dynamiccl_gpu_power_watts", "gauge", "Power draw.", ("host", "gpu")),
+    MetricSpec("dynamiccl_gpu_temperature_celsius", "gauge", "GPU temperature.", ("host", "gpu")),
+    MetricSpec("dynamiccl_gpu_pcie_throughput_bytes_per_second", "gauge", "PCIe throughput (NVML sample).",
+               ("host", "gpu", "direction")),
+    MetricSpec("dynamiccl_gpu_nvlink_bytes_total", "counter", "NVLink data bytes, all links.",
+               ("host", "gpu", "direction")),
+    MetricSpec("dynamiccl_gpu_xid_errors_total", "counter", "XID critical errors.", ("host", "gpu")),
+    MetricSpec("dynamiccl_gpu_last_xid", "gauge", "Code of the last XID error (0: none).", ("host", "gpu")),
 )
 
 BY_NAME = {m.name: m for m in METRICS}

@@ -72,6 +72,10 @@ class Pipeline:
                                              plugin_stats=self.plugin_stats, registry=self.registry,
                                              queues=self.queues, version=_version())
         self.features = FeatureStream(cfg.features, metrics=self.metrics)
+        self.telemetry = None
+        if cfg.telemetry.gpu:
+            from collector.telemetry.gpu import GpuTelemetry
+            self.telemetry = GpuTelemetry(cfg.telemetry, registry=self.registry)
         self.parquet = None
         if cfg.parquet.directory is not None:
             from collector.exporters.parquet import ParquetExporter
@@ -132,7 +136,7 @@ class Pipeline:
         self._started = True
         started = []
         try:
-            for comp in (self.prometheus, self.features, self.parquet, *self.queues.values(),
+            for comp in (self.telemetry, self.prometheus, self.features, self.parquet, *self.queues.values(),
                          self.aggregator, self.stream, self.replay):
                 if comp is not None:
                     comp.start()
@@ -171,6 +175,8 @@ class Pipeline:
             self.parquet.shutdown()
         self.features.shutdown()
         self.prometheus.shutdown()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
         log.info("collector stopped")
 
     def flush(self, timeout: float = 10.0) -> bool:

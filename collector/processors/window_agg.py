@@ -95,7 +95,10 @@ class WindowAggregator:
         self.comm_names: dict[tuple[int, int], str] = {}
         self._open: dict[int, _Chunks] = {}
         self._closed_upto: int | None = None  # windows < this index are closed
-        self._watermark_ns: int | None = None
+        self._watermark_ns: int | None = None   # event time up to which every active source has reported
+        self._skew_ns = int(round(min(config.max_skew_s, max(0, config.max_open_windows - 2) * config.window_s) * 1e9))
+        self._src_max: dict[int, int] = {}      # host code -> newest event time seen from it
+        self._src_seen: dict[int, float] = {}   # host code -> wall time of its last batch
         self._last_arrival = clock()
         self._lock = threading.Lock()
 
@@ -142,7 +145,8 @@ class WindowAggregator:
                 m.drop("late", n_late)
                 keep &= ~late
         if self._watermark_ns is not None and self._open:
-            limit = self._watermark_ns // self._window_ns + self.config.max_open_windows
+            newest = max(self._src_max.values(), default=self._watermark_ns)
+            limit = newest // self._window_ns + self.config.max_open_windows
             early = widx > limit
             n_early = int((early & keep).sum())
             if n_early:
@@ -163,9 +167,25 @@ class WindowAggregator:
             for part_idx, w in zip(np.split(order, cuts), sw[np.r_[0, cuts]]):
                 self._append(int(w), {k: v[part_idx] for k, v in cols.items()})
         tmax = int(t.max())
-        if self._watermark_ns is None or tmax > self._watermark_ns:
-            self._watermark_ns = tmax
+        if tmax > self._src_max.get(host, -1):
+            self._src_max[host] = tmax
+        self._src_seen[host] = self._last_arrival
+        self._advance_watermark()
         self._close_ready()
+
+    def _advance_watermark(self) -> None:
+        """Per-source watermark: min over active sources, capped at max_skew behind the newest."""
+        now = self._last_arrival
+        idle = self.config.idle_flush_s
+        for h in [h for h, seen in self._src_seen.items() if now - seen > idle]:
+            del self._src_seen[h]       # a silent source no longer holds windows open
+            del self._src_max[h]
+        if not self._src_max:
+            return
+        newest = max(self._src_max.values())
+        wm = max(min(self._src_max.values()), newest - self._skew_ns)
+        if self._watermark_ns is None or wm > self._watermark_ns:
+            self._watermark_ns = wm
 
     def _gcomm_codes(self, job: int, comm_hash: np.ndarray) -> np.ndarray:
         """Dense (job, comm) codes; a process has few communicators, so peel them off one
@@ -220,6 +240,8 @@ class WindowAggregator:
             if self._open and now - self._last_arrival >= self.config.idle_flush_s:
                 self._close_all()
                 self._watermark_ns = None
+                self._src_max.clear()
+                self._src_seen.clear()
 
     def _close_ready(self) -> None:
         wm = self._watermark_ns
@@ -301,6 +323,36 @@ def _segments(gid: np.ndarray, values: np.ndarray, ngroups: int):
     return vals, starts, counts
 
 
+BW_BINS_PER_OCTAVE = 128        # median bandwidth to within 2^(1/256) - 1 ≈ 0.271 %
+_BW_OCTAVES = 48                # 1 B/s .. 256 TB/s
+
+
+def _median_log_binned(gid: np.ndarray, values: np.ndarray, ngroups: int) -> np.ndarray:
+    """Median per group of positive values, from a log2 histogram (128 bins per octave).
+
+    The reported value is the mean of the geometric centres of the bins holding numpy's two
+    middle elements, so it is within 0.27 % of the exact median (documented in docs/architecture.md). One pass
+    and a bincount instead of a sort; many groups (> 2^23 bins) fall back to the exact sort.
+    """
+    nb = BW_BINS_PER_OCTAVE * _BW_OCTAVES
+    if ngroups * nb > (1 << 23):
+        vals, starts, counts = _segments(gid, values, ngroups)
+        return _quantile(vals, starts, counts, 0.5)
+    b = np.log2(values)
+    b *= BW_BINS_PER_OCTAVE
+    bi = np.clip(b, 0, nb - 1).astype(np.int64)
+    hist = np.bincount(gid * nb + bi, minlength=ngroups * nb).reshape(ngroups, nb)
+    counts = hist.sum(axis=1)
+    out = np.full(ngroups, np.nan)
+    ok = counts > 0
+    if ok.any():
+        cum = np.cumsum(hist[ok], axis=1)
+        lo = (cum > ((counts[ok] - 1) // 2)[:, None]).argmax(axis=1)   # numpy's two middle elements
+        hi = (cum > (counts[ok] // 2)[:, None]).argmax(axis=1)
+        out[ok] = 0.5 * (np.exp2((lo + 0.5) / BW_BINS_PER_OCTAVE) + np.exp2((hi + 0.5) / BW_BINS_PER_OCTAVE))
+    return out
+
+
 def _quantile(vals, starts, counts, q: float) -> np.ndarray:
     """Linear-interpolated quantile per segment (numpy's default method); NaN when empty."""
     out = np.full(len(counts), np.nan)
@@ -319,20 +371,49 @@ def _nan_to_null(a: np.ndarray) -> pl.Series:
     return pl.Series(values=a, dtype=pl.Float64, nan_to_null=True)
 
 
+def _dense(codes: np.ndarray, limit: int = 1 << 23) -> tuple[np.ndarray, np.ndarray]:
+    """Dense ids for non-negative int codes without sorting ``codes``: (ids, sorted unique codes).
+
+    Direct addressing through a bincount when the code range is small (the usual case: codes
+    are built from small dense parts); a sort-based np.unique otherwise.
+    """
+    if len(codes) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    m = int(codes.max()) + 1
+    if m > limit:
+        uniq, inv = np.unique(codes, return_inverse=True)
+        return inv.astype(np.int64), uniq.astype(np.int64)
+    uniq = np.flatnonzero(np.bincount(codes, minlength=m))
+    lut = np.empty(m, np.int64)
+    lut[uniq] = np.arange(len(uniq))
+    return lut[codes], uniq
+
+
+def _first_index(ids: np.ndarray, n_ids: int) -> np.ndarray:
+    """Index of the first record of each id (every id in 0..n_ids-1 must occur)."""
+    first = np.empty(n_ids, np.int64)
+    first[ids[::-1]] = np.arange(len(ids) - 1, -1, -1)
+    return first
+
+
 def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, window_s: float,
                      aggregator: WindowAggregator) -> WindowResult:
     key, ikey, host, dur = cols["key"], cols["ikey"], cols["host"], cols["dur"]
     n = len(key)
     timed = ~np.isnan(dur)
-    # ---- keys (+ host for histograms) ----------------------------------------------------------
-    kh = key | (host.astype(_U) << _U(47))
-    ukh, first_kh, khid = np.unique(kh, return_index=True, return_inverse=True)
-    ukey_of_kh = ukh & _U((1 << 47) - 1)
-    ukeys, kid_of_kh = np.unique(ukey_of_kh, return_inverse=True)
-    kid = kid_of_kh[khid]
-    nk = len(ukeys)
-    first_k = np.zeros(nk, np.int64)
-    first_k[kid_of_kh[::-1]] = first_kh[::-1]  # any representative record per key
+    # ---- dense ids: communicator (window-local), key, (key, host) -------------------------------
+    gl, ucodes = _dense((key >> _U(27)).astype(np.int64))
+    func_r = ((key >> _U(23)) & _U(0xF)).astype(np.int64)
+    low16 = ((func_r << 12) | (np.minimum((key >> _U(15)) & _U(0xFF), _U(7)).astype(np.int64) << 9)
+             | (np.minimum((key >> _U(7)) & _U(0xFF), _U(3)).astype(np.int64) << 7)
+             | (key & _U(0x7F)).astype(np.int64))
+    kid, ukc = _dense((gl << 16) | low16)
+    nk = len(ukc)
+    first_k = _first_index(kid, nk)
+    hl, uhost = _dense(host.astype(np.int64))
+    khid, ukh = _dense(kid * len(uhost) + hl)
+    kid_of_kh = ukh // len(uhost)
+    host_of_kh = uhost[ukh % len(uhost)]
     records = np.bincount(kid, minlength=nk)
     bytes_total = np.bincount(kid, weights=cols["bytes"], minlength=nk).round().astype(np.int64)
     kid_t, dur_t = kid[timed], dur[timed]
@@ -344,34 +425,44 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     lat_max[dcounts == 0] = np.nan
     bw = cols["algbw"]
     bw_ok = ~np.isnan(bw)
-    bvals, bstarts, bcounts = _segments(kid[bw_ok], bw[bw_ok], nk)
-    algbw_med = _quantile(bvals, bstarts, bcounts, 0.5)
-    gcomm_k = (ukeys >> _U(27)).astype(np.int64)
-    func_k = ((ukeys >> _U(23)) & _U(0xF)).astype(np.int64)
-    algo_k = ((ukeys >> _U(15)) & _U(0xFF)).astype(np.int64)
-    proto_k = ((ukeys >> _U(7)) & _U(0xFF)).astype(np.int64)
-    sb_k = (ukeys & _U(0x7F)).astype(np.int32) - 1
+    algbw_med = _median_log_binned(kid[bw_ok], bw[bw_ok], nk)
+    gl_k = ukc >> 16
+    gcomm_k = ucodes[gl_k]
+    func_k = (ukc >> 12) & 0xF
+    algo_k = (ukc >> 9) & 0x7
+    algo_k[algo_k == 7] = 255
+    proto_k = (ukc >> 7) & 0x3
+    proto_k[proto_k == 3] = 255
+    sb_k = (ukc & 0x7F).astype(np.int32) - 1
     nranks_k = cols["nranks"][first_k]
-    # ---- instances ---------------------------------------------------------------------------------
-    order = np.argsort(ikey, kind="stable")
-    sik = ikey[order]
-    new = np.r_[True, sik[1:] != sik[:-1]] if n else np.zeros(0, bool)
-    iid_s = np.cumsum(new) - 1  # instance id per record, in `order` order
-    ni = int(iid_s[-1]) + 1 if n else 0
-    iid = np.empty(n, np.int64)
-    iid[order] = iid_s
-    first_i = order[np.flatnonzero(new)]
+    # ---- instances: (communicator, func, seqNumber), direct-addressed per (comm, func) ---------
+    gf = (gl << 4) | func_r
+    seq = (ikey & _M40).astype(np.int64)
+    gfid, ugf = _dense(gf)
+    ngf = len(ugf)
+    smin = np.full(ngf, np.iinfo(np.int64).max)
+    smax = np.full(ngf, -1, np.int64)
+    np.minimum.at(smin, gfid, seq)
+    np.maximum.at(smax, gfid, seq)
+    span = smax - smin + 1
+    if n and int(span.sum()) <= 4 * n + 4096:
+        off = np.zeros(ngf, np.int64)
+        np.cumsum(span[:-1], out=off[1:])
+        iid, _ = _dense(off[gfid] + seq - smin[gfid])
+    else:
+        iid, _ = _dense((gfid << 40) | seq, limit=0)
+    ni = int(iid.max()) + 1 if n else 0
+    first_i = _first_index(iid, ni)
     n_all = np.bincount(iid, minlength=ni)
     iid_t = iid[timed]
-    ivals, istarts, n_t = _segments(iid_t, dur_t, ni)
-    # exact min/max (the sorted segment values are truncated to ~4e-9 relative)
+    n_t = np.bincount(iid_t, minlength=ni)
+    s_t = np.bincount(iid_t, weights=dur_t, minlength=ni)
     dmin = np.full(ni, np.inf)
     dmax = np.full(ni, -np.inf)
     np.minimum.at(dmin, iid_t, dur_t)
     np.maximum.at(dmax, iid_t, dur_t)
     dmin[n_t == 0] = np.nan
     dmax[n_t == 0] = np.nan
-    dmed = _quantile(ivals, istarts, n_t, 0.5)
     at_min = timed.copy()
     at_min[timed] = dur_t == dmin[iid_t]
     n_min = np.bincount(iid[at_min], minlength=ni)
@@ -386,26 +477,23 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     spread_max = np.full(nk, np.nan)
     okk = scounts > 0
     spread_max[okk] = svals[sstarts[okk] + scounts[okk] - 1]
-    # complete instances per gcomm
-    gcomm_rec = (key >> _U(27)).astype(np.int64)
     complete = n_all >= cols["nranks"][first_i]
     # ---- per-record instance-relative values → ranks ---------------------------------------------
+    # rel: this rank's duration / mean duration of the instance's other ranks (leave-one-out)
     multi_r = multi[iid] & timed
     with np.errstate(invalid="ignore", divide="ignore"):
-        rel = np.where(multi_r & (dmed[iid] > 0), dur / dmed[iid], np.nan)
+        others = (s_t[iid] - dur) / (n_t[iid] - 1)
+        rel = np.where(multi_r & (others > 0), dur / others, np.nan)
     shortest = multi_r & at_min & (n_min[iid] == 1)
     skew = np.where(n_all[iid] >= 2, rel_t - start_mean[iid], np.nan)
     # dense (gcomm, rank) group id: window-local gcomm index × max nranks + rank
-    ucodes = np.unique(gcomm_k).astype(np.int64)
-    gdense = np.searchsorted(ucodes, gcomm_rec)
+    gdense = gl
     rmax = int(cols["nranks"].max()) if n else 1
     rid = gdense * rmax + cols["rank"]
     nr_groups = len(ucodes) * rmax
     if nr_groups > (1 << 24):  # absurdly wide: compact through a sort
         urid, rid = np.unique(rid, return_inverse=True)
         nr_groups = len(urid)
-    else:
-        urid = None
     r_records = np.bincount(rid, minlength=nr_groups)
     present = np.flatnonzero(r_records)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -429,7 +517,7 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     comp_per_g = np.bincount(gdense[first_i][complete], minlength=len(ucodes))
     # ---- strings -------------------------------------------------------------------------------------
     jobs, hashes, names = aggregator.gcomm_table(ucodes)
-    pos_k = np.searchsorted(ucodes, gcomm_k)
+    pos_k = gl_k
     jobs_a = np.array(jobs, dtype=object)
     names_a = np.array(names, dtype=object)
     host_names = np.array(aggregator.hosts.values, dtype=object)
@@ -465,9 +553,9 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     bucket = np.searchsorted(_BOUNDS, dur_t, side="left")
     hcounts = np.bincount(khid[timed] * N_BUCKETS + bucket, minlength=nkh * N_BUCKETS).reshape(nkh, N_BUCKETS)
     hsum = np.bincount(khid[timed], weights=dur_t, minlength=nkh)
-    kpos = np.searchsorted(ucodes, gcomm_k[kid_of_kh])
+    kpos = gl_k[kid_of_kh]
     hist = {
-        "job_id": jobs_a[kpos], "host": host_names[(ukh >> _U(47)).astype(np.int64)],
+        "job_id": jobs_a[kpos], "host": host_names[host_of_kh],
         "comm": comm_label[kpos], "func": _FUNC_NAMES[func_k[kid_of_kh]],
         "algo": _ALGO_NAMES[algo_k[kid_of_kh]], "proto": _PROTO_NAMES[proto_k[kid_of_kh]],
         "size_bucket": sb_k[kid_of_kh], "counts": hcounts, "sum_s": hsum,

@@ -1,0 +1,1 @@
+"""Host telemetry exported by the collector (GPU: gpu.py, NVML via nvidia-ml-py)."""
