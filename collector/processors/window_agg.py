@@ -69,7 +69,7 @@ class _Chunks:
         self.n = 0
 
 
-COLUMNS = ("key", "ikey", "host", "rank", "nranks", "nnodes", "bytes", "dur", "algbw", "event_ns")
+COLUMNS = ("key", "ikey", "host", "rank", "nranks", "nnodes", "bytes", "dur", "traffic", "event_ns")
 
 
 class WindowAggregator:
@@ -217,13 +217,10 @@ class WindowAggregator:
                | (ev["proto"].astype(_U) << _U(7)) | (sb + 1).astype(_U))
         ikey = (g << _U(44)) | (func.astype(_U) << _U(40)) | (ev["seq_number"] & _M40)
         dur = duration_s(ev)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            algbw = traffic_bytes(func, nbytes, nranks) / dur
-        algbw[~np.isfinite(algbw)] = np.nan
         return {"key": key, "ikey": ikey, "host": np.full(len(ev), host, np.uint16),
                 "rank": np.ascontiguousarray(ev["rank"]), "nranks": np.ascontiguousarray(nranks),
                 "nnodes": np.ascontiguousarray(ev["nnodes"]), "bytes": nbytes.astype(np.int64),
-                "dur": dur, "algbw": algbw, "event_ns": t}
+                "dur": dur, "traffic": traffic_bytes(func, nbytes, nranks), "event_ns": t}
 
     def _append(self, w: int, cols: dict[str, np.ndarray]) -> None:
         chunks = self._open.get(w)
@@ -323,33 +320,33 @@ def _segments(gid: np.ndarray, values: np.ndarray, ngroups: int):
     return vals, starts, counts
 
 
-BW_BINS_PER_OCTAVE = 128        # median bandwidth to within 2^(1/256) - 1 ≈ 0.271 %
-_BW_OCTAVES = 48                # 1 B/s .. 256 TB/s
+def _median_bandwidth(kid, dur, traffic, timed, nk, dvals, dstarts, dcounts) -> np.ndarray:
+    """Median per key of traffic/duration, exact, mostly without another sort.
 
-
-def _median_log_binned(gid: np.ndarray, values: np.ndarray, ngroups: int) -> np.ndarray:
-    """Median per group of positive values, from a log2 histogram (128 bins per octave).
-
-    The reported value is the mean of the geometric centres of the bins holding numpy's two
-    middle elements, so it is within 0.27 % of the exact median (documented in docs/architecture.md). One pass
-    and a bincount instead of a sort; many groups (> 2^23 bins) fall back to the exact sort.
+    Where every timed record of a key moves the same traffic and no duration is 0 (the usual
+    case: one size per key), bandwidth is a decreasing function of duration, so its two middle
+    elements are traffic over the two middle durations already sorted for the latency quantiles.
+    Other keys' records are sorted by bandwidth directly.
     """
-    nb = BW_BINS_PER_OCTAVE * _BW_OCTAVES
-    if ngroups * nb > (1 << 23):
-        vals, starts, counts = _segments(gid, values, ngroups)
-        return _quantile(vals, starts, counts, 0.5)
-    b = np.log2(values)
-    b *= BW_BINS_PER_OCTAVE
-    bi = np.clip(b, 0, nb - 1).astype(np.int64)
-    hist = np.bincount(gid * nb + bi, minlength=ngroups * nb).reshape(ngroups, nb)
-    counts = hist.sum(axis=1)
-    out = np.full(ngroups, np.nan)
-    ok = counts > 0
-    if ok.any():
-        cum = np.cumsum(hist[ok], axis=1)
-        lo = (cum > ((counts[ok] - 1) // 2)[:, None]).argmax(axis=1)   # numpy's two middle elements
-        hi = (cum > (counts[ok] // 2)[:, None]).argmax(axis=1)
-        out[ok] = 0.5 * (np.exp2((lo + 0.5) / BW_BINS_PER_OCTAVE) + np.exp2((hi + 0.5) / BW_BINS_PER_OCTAVE))
+    ok = timed & (dur > 0)
+    k_ok, t_ok = kid[ok], traffic[ok]
+    bcounts = np.bincount(k_ok, minlength=nk)
+    tmin = np.full(nk, np.inf)
+    tmax = np.full(nk, -np.inf)
+    np.minimum.at(tmin, k_ok, t_ok)
+    np.maximum.at(tmax, k_ok, t_ok)
+    out = np.full(nk, np.nan)
+    uni = (bcounts > 0) & (tmin == tmax) & (bcounts == dcounts)
+    if uni.any():
+        c = dcounts[uni]
+        d_lo = dvals[dstarts[uni] + (c - 1) // 2]
+        d_hi = dvals[dstarts[uni] + c // 2]
+        out[uni] = 0.5 * (tmin[uni] / d_lo + tmin[uni] / d_hi)
+    mixed = (bcounts > 0) & ~uni
+    if mixed.any():
+        sel = ok & mixed[kid]
+        bvals, bstarts, bc = _segments(kid[sel], traffic[sel] / dur[sel], nk)
+        out[mixed] = _quantile(bvals, bstarts, bc, 0.5)[mixed]
     return out
 
 
@@ -423,9 +420,7 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     lat_max = np.full(nk, -np.inf)
     np.maximum.at(lat_max, kid_t, dur_t)
     lat_max[dcounts == 0] = np.nan
-    bw = cols["algbw"]
-    bw_ok = ~np.isnan(bw)
-    algbw_med = _median_log_binned(kid[bw_ok], bw[bw_ok], nk)
+    algbw_med = _median_bandwidth(kid, dur, cols["traffic"], timed, nk, dvals, dstarts, dcounts)
     gl_k = ukc >> 16
     gcomm_k = ucodes[gl_k]
     func_k = (ukc >> 12) & 0xF
