@@ -22,7 +22,8 @@ from simulator.cost_model import ALGOS, PROTOS, NcclModel, algo_index, proto_ind
 from simulator.perf_model import busbw, expected_time
 from simulator.topology import preset
 
-__all__ = ["CalPoint", "POINTS", "FLIP_TARGETS", "evaluate", "format_table", "flip_sizes", "TOLERANCE"]
+__all__ = ["CalPoint", "POINTS", "FLIP_TARGETS", "FLIP_GRID", "evaluate", "format_table", "flip_sizes", "nccl_flip_sizes",
+           "TOLERANCE"]
 
 TOLERANCE = 0.15
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
@@ -110,7 +111,7 @@ def evaluate(points: tuple[CalPoint, ...] = POINTS) -> list[Row]:
 def _size(n: int) -> str:
     for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if n >= unit:
-            return f"{n / unit:g} {name}"
+            return f"{n / unit:.3g} {name}"
     return f"{n} B"
 
 
@@ -140,12 +141,28 @@ def flip_sizes(topology: str, sizes: np.ndarray | None = None) -> list[tuple[int
     return out
 
 
+#: Sizes the flip table is evaluated at: 1 KiB .. 8 GiB in quarter-octave steps.
+FLIP_GRID = np.array(sorted({int(2 ** (k / 4)) for k in range(4 * 10, 4 * 33 + 1)}))
+
+
+def nccl_flip_sizes(topology: str, sizes: np.ndarray | None = None) -> list[tuple[int, str]]:
+    """(first size, winner) runs of NCCL's own choice (:mod:`simulator.cost_model`, no tuner)."""
+    sizes = FLIP_GRID if sizes is None else sizes
+    out: list[tuple[int, str]] = []
+    for s, name in zip(sizes.tolist(), NcclModel(preset(topology)).cost_table("AllReduce", sizes).choice_names()):
+        if not out or out[-1][1] != name:
+            out.append((s, name))
+    return out
+
+
 def format_flips() -> str:
-    lines = ["| topology | published winners (AWS regions, §4.5) | modelled winners (oracle, idle) |", "|---|---|---|"]
+    lines = ["| topology | published winners (AWS regions, §4.5) | modelled winners (oracle, idle) "
+             "| NCCL's own choice (cost model) |", "|---|---|---|---|"]
     for topo, bands in FLIP_TARGETS.items():
         pub = "; ".join(f"{b[2]} ≥ {_size(b[0])}" if b[0] else f"{b[2]} from 0" for b in bands)
-        mod = "; ".join(f"{w} ≥ {_size(s)}" for s, w in flip_sizes(topo))
-        lines.append(f"| {topo} | {pub} | {mod} |")
+        mod = "; ".join(f"{w} ≥ {_size(s)}" for s, w in flip_sizes(topo, FLIP_GRID))
+        ncc = "; ".join(f"{w} ≥ {_size(s)}" for s, w in nccl_flip_sizes(topo))
+        lines.append(f"| {topo} | {pub} | {mod} | {ncc} |")
     return "\n".join(lines)
 
 

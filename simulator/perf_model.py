@@ -20,6 +20,15 @@ retuning can pay off (nccl-cost-model.md §3 "simulator recipe", §5):
   base network latency.
 * **Stragglers**: a late rank delays everyone; every rank's measured duration runs from its own arrival to the
   common finish, so the straggler's own duration is the *shortest*.
+* **LL across nodes is staged in host memory.** NCCL's net transport never puts LL buffers in GPU memory and
+  its proxy checks every LL line's flag before it sends, so LL's multi-node throughput is a property of the
+  host (CPU vendor), not of the NIC: a per-rank ceiling taken from NCCL's own CPU-vendor ``llMaxBw`` rows.
+* **Pipeline fill per hop kind.** A Tree/NVLSTree chunk crosses ``2(ppn-1)`` NVLink hops and ``2 log2(N)``
+  network hops; each fills at its own per-channel rate (NVLink hops forward LL/LL128 lines as they land, a
+  network hop forwards a whole chunk because the proxy sends complete steps).
+* **Latencies per (algo, proto).** Intra-node steps scale the link latency by NCCL's measured NVLink/PCI
+  hwLat ratios; a network crossing is the one-way latency (+3.5 µs for LL128, x3 for Simple's completion
+  and flush path).
 
 All functions are pure numpy, deterministic given a seeded :class:`numpy.random.Generator`.
 
@@ -87,11 +96,23 @@ REAL = {
     # Kernel launch + setup per collective (µs) by protocol. 2 x A100 NVLink 32 B AllReduce ~10.1 µs
     # (nccl#583) = launch + 2 LL hops.
     "launch_us": (8.5, 9.5, 10.0),
-    # Per-hop latency multipliers on the link latency by protocol (LL, LL128, Simple); Simple pays an
-    # extra handshake/flush (NCCL itself charges latencyInter twice for Simple, §1.4).
-    "hop_mult": (1.0, 1.5, 3.0),
-    # Proxy/network software cost per network hop (µs), added to the link latency.
-    "net_sw_us": {"ib": 1.5, "roce": 1.5, "efa": 8.0, "tcp": 20.0},
+    # Per-hop cost of an intra-node Ring/Tree step relative to a Ring/LL step, by (algo, proto): NCCL's
+    # measured NVLink / PCI hwLat (§1.1) divided by its Ring/LL entry (NVLink: Ring .6/1.9/3.4, Tree
+    # .6/1.25/4.0), applied to the link's own latency (``intra.latency_us`` = one Ring/LL step).
+    "intra_hop_rel": {
+        "nvlink": {TREE: (1.0, 1.25 / 0.6, 4.0 / 0.6), RING: (1.0, 1.9 / 0.6, 3.4 / 0.6)},
+        "pcie": {TREE: (1.0, 1.9, 4.0), RING: (1.0, 2.5, 5.7)},
+    },
+    # Network crossing = one-way latency x ``net_lat_mult`` + ``proto_net_us``. The wire does not know the
+    # protocol: LL and LL128 see the data land (flags in the data); LL128 pays NCCL's IB-measured extra per
+    # network hop (§1.1 NET hwLat, Tree: LL128 8.5 - LL 5.0 = 3.5 µs). Simple waits for the proxy to see the
+    # completion and flush before the GPU may read (NCCL charges latencyInter twice for Simple, §1.4):
+    # modelled as three one-way latencies (calibration knob, keeps the NVLSTree onset of §4.5).
+    "net_lat_mult": (1.0, 1.0, 3.0),
+    "proto_net_us": (0.0, 3.5, 0.0),
+    # Proxy/network software cost per network hop (µs), added to the link latency. EFA presets take the
+    # libfabric-level one-way latency AWS measured (§8.4 net_lat), so only NCCL's proxy remains.
+    "net_sw_us": {"ib": 1.5, "roce": 1.5, "efa": 1.5, "tcp": 20.0},
     # Fixed cost per chunk on a network connection (µs): limits a channel to chunk/γ (nccl#2409).
     "chunk_cost_us": {"ib": 1.0, "roce": 2.0, "efa": 3.0, "tcp": 8.0},
     # Pipelining grain of store-and-forward stages (bytes): LL/LL128 forward line by line (a warp's worth of
@@ -99,7 +120,16 @@ REAL = {
     "pipeline_grain": (4096.0, 16384.0, float("inf")),
     # Reference flow count against which ``competing_share`` is expressed.
     "ref_flows": 8.0,
+    # LL across nodes: per-rank bus-bandwidth ceiling (GB/s) by host CPU for (2 nodes, > 2 nodes). NCCL's own
+    # empirically tuned multi-node llMaxBw, whose row is picked by CPU vendor (§1.1: Intel 39.0 / 20.4, AMD
+    # 22.5 / 19.0); corroborated by the A3 Mega 2x8 sweep (§4.4 (a), Intel hosts): ~20 GB/s algbw from 1 to
+    # 16 MiB, i.e. 39 GB/s of bus bandwidth.
+    "ll_net_bus_gbps": {"intel": (39.0, 20.4), "amd": (22.5, 19.0)},
 }
+
+
+def _vendor(t: Topology) -> str:
+    return "amd" if t.cpu_vendor == "amd" else "intel"
 
 
 @dataclass(frozen=True)
@@ -219,9 +249,10 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
     added = st["added_latency_us"]
     base_net_lat = t.inter.latency_us + REAL["net_sw_us"][net_kind]
     queue_lat = base_net_lat * share / (1.0 - share)
-    hop_net = (base_net_lat + added + queue_lat) * REAL["hop_mult"][p]   # per node, one crossing
+    one_way = base_net_lat + added + queue_lat                          # per node, one crossing
+    hop_net = one_way * REAL["net_lat_mult"][p] + REAL["proto_net_us"][p]
     hop_net_max = float(hop_net.max())
-    hop_intra = t.intra.latency_us * REAL["hop_mult"][p]
+    hop_intra = t.intra.latency_us * (REAL["intra_hop_rel"][t.intra.kind][a][p] if a in (TREE, RING) else 1.0)
 
     # --- bandwidths (GB/s = B/ns; times below in µs via /1000) ---
     b_intra = t.intra.bw_gbps * (REAL["nvlink_eff_by_arch"][cc] if t.intra.kind == "nvlink"
@@ -237,7 +268,7 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
         B_node = node_cap * np.min(bwf[None, :] * fair, axis=1)       # slowest uplink paces the pipeline
         chunk_steps = NCCL_STEPS // 2 if (a == RING and p == SIMPLE and f in (
             ALLREDUCE, ALLGATHER, REDUCESCATTER)) else 1
-        rtt = 2.0 * hop_net_max / REAL["hop_mult"][p]
+        rtt = 2.0 * float(one_way.max())
         per_ch = np.minimum.reduce([
             np.full(S.shape, cap),
             ck / REAL["chunk_cost_us"][net_kind] / 1000.0,
@@ -255,36 +286,55 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
         W_net = w * S if N > 1 else 0.0 * S
         n_inter = 0 if N == 1 else (2 * (N - 1) if f == ALLREDUCE else N - 1)
         t_lat = (nsteps - n_inter) * hop_intra + n_inter * hop_net_max
-        depth = 0
+        hops_intra, hops_net = 0, 0
+        W_rank = w * S
     elif a == TREE:
         W_intra = 2.0 * S if ppn > 1 else 0.0 * S
         W_net = (1.0 if N == 2 else 2.0) * S if N > 1 else 0.0 * S
         levels = _ceil_log2(N)
         t_lat = 2 * ((ppn - 1) * hop_intra + levels * hop_net_max)
-        depth = max(1, 2 * ((ppn - 1) + levels) - 1)   # reduce of chunk k+1 overlaps bcast of chunk k
+        # reduce of chunk k+1 overlaps bcast of chunk k: one hop fewer to fill (a network hop if any)
+        hops_intra, hops_net = 2 * (ppn - 1), 2 * levels
+        if hops_net:
+            hops_net -= 1
+        else:
+            hops_intra = max(1, hops_intra - 1)
+        W_rank = 2.0 * S
     elif a == NVLS:
         W_intra = S if f == ALLREDUCE else (n - 1) / n * S
         W_net = 0.0 * S
         t_lat = REAL["nvls_lat_us"]
-        depth = 2
+        hops_intra, hops_net = 2, 0
+        W_rank = W_intra
     elif a == NVLS_TREE:
         W_intra = S
         W_net = (1.0 if N == 2 else 2.0) * S
         levels = _ceil_log2(N)
         t_lat = REAL["nvls_lat_us"] + 2 * levels * hop_net_max
-        depth = 2 + 2 * levels
+        hops_intra, hops_net = 2, 2 * levels
+        W_rank = W_intra
     else:  # PAT, one GPU per node
         W_intra = 0.0 * S
         W_net = (n - 1) / n * S
         t_lat = _ceil_log2(n) * hop_net_max + 0.5 * n
-        depth = _ceil_log2(n)
+        hops_intra, hops_net = 0, _ceil_log2(n)
+        W_rank = W_net
 
     eff = REAL["tree_eff_2node"] if (a == TREE and N <= 2) else REAL["alg_eff"][a]
-    t_bw = np.maximum(W_intra / B_intra, W_net / B_net) / 1000.0 / eff
-    # Pipeline fill of store-and-forward algorithms: `depth` hops each holding one chunk.
-    b_ch = np.minimum(B_intra, B_net) / nch
-    grain = np.minimum(ck, REAL["pipeline_grain"][p])
-    fill = depth * np.minimum(grain, S / nch) / b_ch / 1000.0
+    t_bw = np.maximum(W_intra / B_intra, W_net / B_net)
+    if p == LL and N > 1:
+        # LL over the network is staged in host memory (NCCL net transport: LL buffers are never GPU
+        # memory, the proxy checks every line's flag before it sends): a per-rank ceiling that depends on
+        # the host, not on the NIC.
+        t_bw = np.maximum(t_bw, W_rank / REAL["ll_net_bus_gbps"][_vendor(t)][0 if N == 2 else 1])
+    t_bw = t_bw / 1000.0 / eff
+    # Pipeline fill of store-and-forward algorithms: each hop holds one grain before passing it on. NVLink
+    # hops forward LL/LL128 line by line (``pipeline_grain``); a network hop forwards whole chunks (the proxy
+    # sends a step once it is complete). Each hop fills at its own per-channel rate.
+    per_ch_seg = S / nch
+    fill_intra = hops_intra * np.minimum(np.minimum(ck, REAL["pipeline_grain"][p]), per_ch_seg) / (B_intra / nch)
+    fill_net = hops_net * np.minimum(ck, per_ch_seg) / (B_net / nch) if N > 1 else 0.0
+    fill = (fill_intra + fill_net) / 1000.0
     slow = float(st["rank_slowdown"].max())
     return REAL["launch_us"][p] + (t_lat + t_bw + fill) * slow
 

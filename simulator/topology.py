@@ -285,14 +285,18 @@ _PRESETS: dict[str, Topology] = {
         description="2 x A100 over NVLink; small-message latency anchor nccl#583 (32 B AllReduce ~10.1 us)."),
     "p5en-2x8": Topology(
         "p5en-2x8", 2, 8, "hopper", _H100_NVL,
-        # 16 x 200G EFA per node = 2 rails x 25 GiB/s per GPU (AWS model, §8.4); plugin latency 35 µs (§1.2)
-        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=16.0, nics_per_node=8, plugin_latency_us=35.0),
-        description="AWS p5en (H200 ~ Hopper), 2 nodes x 8, EFAv3; AWS region tuner data §4.5."),
+        # 16 x 200G EFA per node = 2 rails x 25 GiB/s per GPU (AWS model, §8.4); plugin latency 35 µs (§1.2);
+        # one-way latency 18 µs = AWS's measured 2-node 8 B RDMA-write-with-immediate (§8.4 net_lat).
+        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=18.0, nics_per_node=8, plugin_latency_us=35.0),
+        cpu_vendor="intel",   # p5en.48xlarge: 4th-gen Intel Xeon (Sapphire Rapids)
+        description="AWS p5en (H200 ~ Hopper), 2 nodes x 8, EFAv3, Intel hosts; AWS region tuner data §4.5."),
     "p5-2x8": Topology(
         "p5-2x8", 2, 8, "hopper", _H100_NVL,
-        # 32 x 100G EFA per node = 4 rails x 12.5 GiB/s per GPU (§8.4); plugin latency 75 µs (§1.2)
-        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=25.0, nics_per_node=8, plugin_latency_us=75.0),
-        description="AWS p5 (H100), 2 nodes x 8, EFAv2; AWS region tuner data §4.5."),
+        # 32 x 100G EFA per node = 4 rails x 12.5 GiB/s per GPU (§8.4); plugin latency 75 µs (§1.2);
+        # one-way latency 20 µs = AWS's measured net_lat for P5 (§8.4).
+        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=20.0, nics_per_node=8, plugin_latency_us=75.0),
+        cpu_vendor="amd",     # p5.48xlarge: 3rd-gen AMD EPYC (Milan, 7R13)
+        description="AWS p5 (H100), 2 nodes x 8, EFAv2, AMD hosts; AWS region tuner data §4.5."),
 }
 
 

@@ -99,3 +99,22 @@ def test_perf_model_differs_from_nccl_model():
                                    r.n_channels[i], r.chunk[i])[0] for i in range(sizes.size)])
     predicted = r.table[np.arange(sizes.size), r.algo, r.proto]
     assert np.max(np.abs(real / predicted - 1)) > 0.2
+
+
+def test_ll_across_nodes_is_capped_by_the_host_cpu():
+    # NCCL stages LL through host memory across nodes: its ceiling is the host's (NCCL llMaxBw rows by CPU
+    # vendor: Intel 39, AMD 22.5 GB/s of bus bandwidth at 2 nodes), not the NICs'; LL128 does not care.
+    import dataclasses
+
+    amd = dataclasses.replace(T2, cpu_vendor="amd")
+    big = np.array([2 ** 28])
+    t_intel = t_of(None, big, "TREE", "LL", nch=32, chunk=32768)
+    t_amd = t_of(None, big, "TREE", "LL", topo=amd, nch=32, chunk=32768)
+    bus_intel = 2 * big[0] / t_intel[0] / 1e3                     # Tree moves 2 S per rank
+    assert 30 < bus_intel <= 39.0
+    assert t_amd[0] / t_intel[0] == pytest.approx(39.0 / 22.5, rel=0.05)
+    ll128 = t_of(None, big, "TREE", "LL128", nch=32, chunk=576000)
+    assert t_of(None, big, "TREE", "LL128", topo=amd, nch=32, chunk=576000) == pytest.approx(ll128)
+    assert ll128[0] < t_intel[0] / 3
+    one_node = preset("h100-1x8")                                  # no network: no host staging
+    assert 2 * big[0] / t_of(None, big, "TREE", "LL", topo=one_node, nch=32, chunk=32768)[0] / 1e3 > 39.0
