@@ -1,1 +1,1 @@
-"""Placeholder package: see the open issue for this pipeline role."""
+"""Grafana dashboards as code (build.py), their committed JSON (json/), push and annotations (grafana_push.py)."""
