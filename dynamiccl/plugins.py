@@ -4,15 +4,20 @@ from __future__ import annotations
 import argparse
 
 import nccl_profiler_plugin
+import nccl_tuner_plugin
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plugins", help="print the NCCL plugin paths and the export lines to paste")
     p.add_argument("--profiler", action="store_true", help="print only the profiler plugin path")
+    p.add_argument("--tuner", action="store_true", help="print only the tuner plugin path")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "tuner", False):
+        print(nccl_tuner_plugin.library_path())
+        return 0
     path = nccl_profiler_plugin.library_path()
     if args.profiler:
         print(path)
@@ -20,4 +25,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"# profiler plugin: {path}")
     print(f"export NCCL_PROFILER_PLUGIN={path}")
     print("export DYNAMICCL_COLLECTOR=unix:/tmp/dynamiccl.sock   # where `dynamiccl collector` listens")
+    try:
+        tuner = nccl_tuner_plugin.library_path()
+    except FileNotFoundError as e:
+        print(f"# tuner plugin: not built ({e})")
+        return 0
+    print(f"# tuner plugin: {tuner} (retuning; add nccl_tuner_plugin.sync.agree() at a step boundary)")
+    print(f"export NCCL_TUNER_PLUGIN={tuner}")
+    print(f"export DYNAMICCL_TUNER_CONFIG={nccl_tuner_plugin.DEFAULT_CONFIG_PATH}   # what the retuner writes")
     return 0

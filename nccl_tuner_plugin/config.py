@@ -13,12 +13,21 @@ still has *v*'s rules even if it has already seen *v+1*::
     AllReduce  0        65535  RING  LL128   8  0  *
     AllGather  1048576  max    *     SIMPLE  0  0  0x1f2e3d4c5b6a7988
 
+A version line may announce an epoch for jobs without the agreement hook (``version N at T``, T =
+unix time in ns; the plugin's ``DYNAMICCL_TUNER_APPLY=epoch`` mode switches at T; see the README).
+
 Fields per rule (whitespace separated): collective name as in NCCL (``AllReduce``, ``AllGather``,
 ``ReduceScatter``, ``Broadcast``, ``Reduce``, ``AllToAll``), inclusive per-rank byte range (``max`` = no
 upper bound), algorithm (``TREE RING COLLNET_DIRECT COLLNET_CHAIN NVLS NVLS_TREE PAT`` or ``*``), protocol
 (``LL LL128 SIMPLE`` or ``*``), channel count (0 = NCCL's), chunk size in bytes (0 = NCCL's; v6
 ``getChunkSize``), communicator hash (``0x…``) or ``*``. The first matching rule wins. Version 0 means
 "no config": NCCL's own choice.
+
+The grammar is strict and shared with the C parser (``nccl_tuner_plugin/src/rules.c``): lines split on
+``\n``, ``#`` starts a comment, tokens split on ASCII blanks, decimal digits only (no sign, no ``_``),
+at most 1023 characters of non-comment text per line, at most ``MAX_FILE_BYTES``. Version numbers
+only grow and are never reused with other rules (:func:`write_configs` refuses both; the plugin
+rejects such a file and keeps its last good config).
 
 :func:`apply_rule` is the reference semantics the C plugin implements (tests compare the two).
 
@@ -39,6 +48,7 @@ True
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +60,8 @@ PROTOS = ("LL", "LL128", "SIMPLE")
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "AllToAll")
 MAX_RULES = 256       # per version; the C plugin's fixed table size
 MAX_VERSIONS = 8      # versions kept in one file
+MAX_FILE_BYTES = 1 << 20
+MAX_LINE_CHARS = 1023  # non-comment characters per line
 DEFAULT_PATH = "/tmp/dynamiccl-tuner.conf"
 ENV_VAR = "DYNAMICCL_TUNER_CONFIG"
 U64_MAX = (1 << 64) - 1
@@ -77,8 +89,10 @@ class Rule:
             raise ValueError(f"tuner rule: bad byte range {self.min_bytes}..{self.max_bytes}")
         if not (0 <= self.n_channels <= 64):
             raise ValueError(f"tuner rule: channel count {self.n_channels} outside 0..64")
-        if self.chunk_bytes < 0:
-            raise ValueError(f"tuner rule: negative chunk size {self.chunk_bytes}")
+        if not (0 <= self.chunk_bytes <= U64_MAX):
+            raise ValueError(f"tuner rule: chunk size {self.chunk_bytes} outside 0..2^64-1")
+        if self.comm_hash is not None and not (0 <= self.comm_hash <= U64_MAX):
+            raise ValueError(f"tuner rule: communicator hash {self.comm_hash} outside 0..2^64-1")
 
     def matches(self, func: str, nbytes: int, comm_hash: int) -> bool:
         return (func == self.func and self.min_bytes <= nbytes <= self.max_bytes
@@ -95,10 +109,13 @@ class Rule:
 class TunerConfig:
     version: int
     rules: tuple[Rule, ...] = ()
+    apply_at_ns: int = 0          # epoch mode only: unix time (ns) at which ranks switch; 0 = none
 
     def __post_init__(self) -> None:
         if not (0 < self.version < (1 << 63)):
             raise ValueError(f"tuner config: version must be a positive integer, got {self.version}")
+        if not (0 <= self.apply_at_ns < (1 << 63)):
+            raise ValueError(f"tuner config: apply_at_ns must be in 0..2^63-1, got {self.apply_at_ns}")
         if len(self.rules) > MAX_RULES:
             raise ValueError(f"tuner config: {len(self.rules)} rules, the plugin holds at most {MAX_RULES}")
 
@@ -117,48 +134,79 @@ def format_configs(configs: list[TunerConfig]) -> str:
         raise ValueError(f"tuner config: versions must be strictly increasing, got {vs}")
     out = ["# dynamiccl tuner config"]
     for c in configs:
-        out.append(f"version {c.version}")
+        out.append(f"version {c.version}" + (f" at {c.apply_at_ns}" if c.apply_at_ns else ""))
         out.extend(r.format() for r in c.rules)
     return "\n".join(out) + "\n"
+
+
+_DEC = re.compile(r"[0-9]+", re.ASCII)
+_HEX = re.compile(r"(?:0[xX])?[0-9a-fA-F]{1,16}", re.ASCII)
+_BLANKS = re.compile(r"[ \t\r\v\f]+")
+
+
+def _dec(s: str, what: str, where: str) -> int:
+    if not _DEC.fullmatch(s):
+        raise ValueError(f"{where}: bad {what} {s[:40]!r} (decimal digits only)")
+    return int(s)
 
 
 def _parse_rule(tok: list[str], where: str) -> Rule:
     if len(tok) != 8:
         raise ValueError(f"{where}: expected 8 fields (func min max algo proto channels chunk comm), got {len(tok)}")
     func, lo, hi, algo, proto, nch, chunk, comm = tok
+    lo_v = _dec(lo, "min_bytes", where)
+    hi_v = U64_MAX if hi == "max" else _dec(hi, "max_bytes", where)
+    nch_v = _dec(nch, "channel count", where)
+    chunk_v = _dec(chunk, "chunk size", where)
+    if comm != "*" and not _HEX.fullmatch(comm):
+        raise ValueError(f"{where}: bad communicator hash {comm[:40]!r}")
     try:
-        return Rule(func, int(lo), U64_MAX if hi == "max" else int(hi), None if algo == "*" else algo,
-                    None if proto == "*" else proto, int(nch), int(chunk), None if comm == "*" else int(comm, 16))
+        return Rule(func, lo_v, hi_v, None if algo == "*" else algo, None if proto == "*" else proto, nch_v,
+                    chunk_v, None if comm == "*" else int(comm, 16))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
 
 def parse_configs(text: str, source: str = "<config>") -> list[TunerConfig]:
     """Parse a whole file; a bad line is an error naming the line (the plugin then keeps its last good config)."""
+    if len(text.encode()) > MAX_FILE_BYTES:
+        raise ValueError(f"{source}: file larger than {MAX_FILE_BYTES} bytes")
     configs: list[TunerConfig] = []
-    version: int | None = None
+    head: tuple[int, int] | None = None       # (version, apply_at_ns) of the version being read
     rules: list[Rule] = []
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        tok = line.split()
+    for n, raw in enumerate(text.split("\n"), 1):
+        line = raw.split("#", 1)[0]
         where = f"{source}:{n}"
+        if len(line) > MAX_LINE_CHARS:
+            raise ValueError(f"{where}: longer than {MAX_LINE_CHARS} characters")
+        if "\0" in line:
+            raise ValueError(f"{where}: NUL byte")
+        tok = [t for t in _BLANKS.split(line) if t]
+        if not tok:
+            continue
         if tok[0] == "version":
-            if version is not None:
-                configs.append(TunerConfig(version, tuple(rules)))
-            if len(tok) != 2 or not tok[1].isdigit():
-                raise ValueError(f"{where}: expected 'version N'")
-            version, rules = int(tok[1]), []
-        elif version is None:
+            ok = (len(tok) == 2 or (len(tok) == 4 and tok[2] == "at")) and all(
+                _DEC.fullmatch(t) and int(t) < (1 << 63) for t in tok[1::2])
+            if not ok:
+                raise ValueError(f"{where}: expected 'version N' or 'version N at T_NS'")
+            if head is not None:
+                configs.append(TunerConfig(head[0], tuple(rules), head[1]))
+            v = int(tok[1])
+            if v == 0:
+                raise ValueError(f"{where}: version must be a positive integer, got 0")
+            if configs and v <= configs[-1].version:
+                raise ValueError(f"{where}: versions must be strictly increasing ({v} after {configs[-1].version})")
+            if len(configs) == MAX_VERSIONS:
+                raise ValueError(f"{where}: more than {MAX_VERSIONS} versions in one file")
+            head, rules = (v, int(tok[3]) if len(tok) == 4 else 0), []
+        elif head is None:
             raise ValueError(f"{where}: rule before the first 'version N' line")
         else:
+            if len(rules) == MAX_RULES:
+                raise ValueError(f"{where}: more than {MAX_RULES} rules in version {head[0]}")
             rules.append(_parse_rule(tok, where))
-    if version is not None:
-        configs.append(TunerConfig(version, tuple(rules)))
-    vs = [c.version for c in configs]
-    if vs != sorted(set(vs)):
-        raise ValueError(f"{source}: versions must be strictly increasing, got {vs}")
+    if head is not None:
+        configs.append(TunerConfig(head[0], tuple(rules), head[1]))
     return configs
 
 
@@ -168,9 +216,26 @@ def read_configs(path: str | os.PathLike) -> list[TunerConfig]:
 
 
 def write_configs(path: str | os.PathLike, configs: list[TunerConfig]) -> None:
-    """Atomic replace: readers see the old file or the new one, never a partial one."""
+    """Atomic replace: readers see the old file or the new one, never a partial one.
+
+    Refuses (``ValueError``) to reuse a version number of the file already at ``path`` with other
+    rules, and to go back to versions older than its newest: ranks that read the old file would
+    apply different rules under the same number. Keep the newest :data:`MAX_VERSIONS` versions and
+    drop only the oldest (the agreement hook relies on every file being a contiguous window).
+    """
     text = format_configs(configs)
     p = Path(path)
+    try:
+        old = {c.version: c for c in read_configs(p)}
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        old = {}
+    for c in configs:
+        if c.version in old and old[c.version] != c:
+            raise ValueError(f"tuner config: version {c.version} already exists in {p} with other rules "
+                             "(version numbers must never be reused)")
+    if old and configs and configs[-1].version < max(old):
+        raise ValueError(f"tuner config: newest version {configs[-1].version} is older than {max(old)} in {p} "
+                         "(versions must only grow)")
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -184,6 +249,16 @@ def write_configs(path: str | os.PathLike, configs: list[TunerConfig]) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def next_version(path: str | os.PathLike) -> int:
+    """The version number a (re)started writer should use next: newest version in ``path`` + 1 (1 when the
+    file is missing, empty or unreadable)."""
+    try:
+        configs = read_configs(path)
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return 1
+    return configs[-1].version + 1 if configs else 1
 
 
 def apply_rule(cfg: TunerConfig | None, cost_table: np.ndarray, func: str, nbytes: int,

@@ -7,6 +7,10 @@ of its node and replays the numpy record buffers it receives over a pipe with ``
 work per operation. So every simulated node is one PROCESS (own pid, own plugin sender, own host name), as
 on a real cluster.
 
+With a :class:`simulator.tuner_abi.PluginTuner` as ``tuner``, each worker also loads the real tuner plugin
+(``NCCL_TUNER_PLUGIN``, before the profiler) reading the same config file, and applies the version the engine's
+decisions used for each step, so the profiler stamps ``tuner_config_version`` in the records as in a real job.
+
 Two modes:
 
 * ``realtime=True`` (demo): the GPU clock epoch is the wall clock at start and each worker replays a record
@@ -118,7 +122,22 @@ def _worker_main() -> None:
 
 
 def _worker(node: int, conn: Any, plugin: str, emu_lib: str, abi: int, inits: list[tuple], realtime: bool,
-            pace_ns: int, threads: int, drain_timeout_s: float) -> None:
+            pace_ns: int, threads: int, drain_timeout_s: float, tuner: dict | None = None) -> None:
+    # The node's instance of the tuner plugin, loaded before the profiler so that the profiler finds it
+    # (NCCL_TUNER_PLUGIN, dlopen RTLD_NOLOAD) and stamps records with its applied version. It reads the
+    # same config file as the engine's tuner and applies the version the engine used for each step.
+    mirror = None
+    tuner_misses = 0
+    if tuner is not None:
+        try:
+            from simulator.tuner_abi import TunerPlugin
+
+            mirror = TunerPlugin(tuner["lib"])
+            mirror.configure(tuner["conf"], mode="agree", poll_ms=0)
+            mirror.reload()
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            conn.send(("error", f"cannot load the tuner plugin {tuner['lib']} on node {node}: {exc}"))
+            return
     try:
         from nccl_profiler_plugin.emulator import EMU_OP_DTYPE as EMU_DT
         from nccl_profiler_plugin.emulator import Emulator, EmulatorError
@@ -156,6 +175,13 @@ def _worker(node: int, conn: Any, plugin: str, emu_lib: str, abi: int, inits: li
             epoch_ns = int(msg[1])
         elif msg[0] == "step":
             ops, keys = msg[1], msg[2]
+            version = msg[3] if len(msg) > 3 else None
+            if mirror is not None and version is not None and version != mirror.applied_version:
+                mirror.reload()
+                if mirror.prepare_version(version):
+                    mirror.apply_version(version)
+                else:
+                    tuner_misses += 1
             if realtime:
                 bucket = (ops["gpu_end_ns"].astype(np.int64) - epoch_ns) // pace_ns
                 order = np.lexsort((keys, bucket))
@@ -190,8 +216,26 @@ def _worker(node: int, conn: Any, plugin: str, emu_lib: str, abi: int, inits: li
         emu.comm_finalize(cid)
     stats = _stats_dict(emu)
     stats["replayed"] = replayed
+    if mirror is not None:
+        stats["tuner_version_misses"] = tuner_misses
     emu.close()
     conn.send(("done", stats))
+
+
+def _tuner_plugin(tuner: Any) -> Any:
+    """The DynamICCL plugin instance behind an engine tuner (:class:`simulator.tuner_abi.PluginTuner`), or None."""
+    p = getattr(tuner, "plugin", None)
+    return p if getattr(p, "has_control", False) else None
+
+
+def _tuner_mirror_spec(tuner: Any) -> dict | None:
+    p = _tuner_plugin(tuner)
+    return None if p is None else {"lib": str(p.path), "conf": str(p.config_file)}
+
+
+def _tuner_version(tuner: Any) -> int | None:
+    p = _tuner_plugin(tuner)
+    return None if p is None else p.applied_version
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,12 +311,15 @@ class SimulatedJob:
         # the engine's layout is needed to start the workers; in real time its epoch is fixed once they are ready
         layout = Engine(self._wl, self._sc, seed=self.seed, tuner=self.tuner, duration_s=self._duration)
         job_id = self.job_id or f"sim-{self._wl.name}-{self._sc.name}-s{self.seed}"
+        tuner_spec = _tuner_mirror_spec(self.tuner)
         try:
             for node in range(layout.n_nodes):
                 env = {**os.environ, **{k: v for k, v in WORKER_ENV_DEFAULTS.items() if k not in os.environ}}
                 env.update({"DYNAMICCL_COLLECTOR": self.collector, "DYNAMICCL_HOST": f"sim-node-{node:02d}",
                             "DYNAMICCL_JOB_ID": job_id})
                 env.update(dict(self.plugin_env or {}))
+                if tuner_spec is not None:
+                    env["NCCL_TUNER_PLUGIN"] = tuner_spec["lib"]
                 env["PYTHONPATH"] = os.pathsep.join([str(_REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
                 inits = [(c.comm_hash, c.name, c.nnodes, c.nranks, c.rank) for c in layout.node_comms(node)]
                 a, b = socket.socketpair()
@@ -285,7 +332,7 @@ class SimulatedJob:
                 conn.send({"node": node, "plugin": str(plugin), "emu_lib": str(emu_lib), "abi": self.abi,
                            "inits": inits, "realtime": self.realtime,
                            "pace_ns": int(self.pace_s * 1e9), "threads": self.emu_threads,
-                           "drain_timeout_s": self.drain_timeout_s})
+                           "drain_timeout_s": self.drain_timeout_s, "tuner": tuner_spec})
             for node, conn in enumerate(self._conns):
                 if not conn.poll(self.start_timeout_s):
                     raise DriverError(f"worker for node {node} did not start within {self.start_timeout_s} s")
@@ -325,9 +372,10 @@ class SimulatedJob:
                 t = time.perf_counter()
                 b = eng.step()
                 res.engine_seconds += time.perf_counter() - t
+                version = _tuner_version(self.tuner)   # the config version this step's decisions used
                 for node, conn in enumerate(self._conns):
                     ops, keys = b.node(node)
-                    conn.send(("step", ops, keys))
+                    conn.send(("step", ops, keys, version))
                 res.steps += 1
                 res.records += len(b.ops)
                 res.sim_seconds = b.t_end_s

@@ -66,7 +66,12 @@ _SEND, _RECV = WIRE_FUNCS.index("Send"), WIRE_FUNCS.index("Recv")
 class Tuner(Protocol):
     """The tuner hook, shaped like NCCL's ``getCollInfo``: receives the ``float[7][3]`` cost table (µs, −1 =
     disabled) for one call and returns the table it wants NCCL to argmin over (possibly modified) plus a
-    channel count (0 = let NCCL choose). Called per (comm, func, nBytes) once per step."""
+    channel count (0 = let NCCL choose). Called per (comm, func, nBytes) once per step.
+
+    Optional methods the engine uses when present: ``get_chunk_size(comm, func, nbytes, algo, proto,
+    n_channels, chunk) -> chunk`` (v6 ``getChunkSize``; the result is clamped to NCCL's chunk, as NCCL clamps
+    to its buffer) and ``on_step(step)`` (called at every step boundary, before the step's decisions).
+    :mod:`simulator.tuner_abi` implements this protocol with the real plugin ``.so``."""
 
     def get_coll_info(self, comm: Comm, func: str, nbytes: int, cost_table: np.ndarray) -> tuple[np.ndarray, int]:
         ...
@@ -305,7 +310,11 @@ class Engine:
         if nch and nch > 0:
             ch = np.array([int(nch)])
         ck = model.chunk_size(func, a, p, nb, ch)
-        return Decision(a, p, int(ch[0]), int(nw[0]), int(ck[0]))
+        chunk = int(ck[0])
+        get_chunk = getattr(self.tuner, "get_chunk_size", None)     # v6 getChunkSize: NCCL clamps to its buffer
+        if get_chunk is not None:
+            chunk = max(1, min(int(get_chunk(comm, func, nbytes, a, p, int(ch[0]), chunk)), chunk))
+        return Decision(a, p, int(ch[0]), int(nw[0]), chunk)
 
     def _time(self, comm: Comm, func: str, nbytes: int, d: Decision, st: dict, state_key: bytes,
               sigma: float) -> float:
@@ -348,6 +357,9 @@ class Engine:
             self._end_us[:] = pause_end * 1e6
             t0 = pause_end
         # sizes (benign mix events) and decisions per unique op and comm
+        on_step = getattr(self.tuner, "on_step", None)    # step boundary: config delivery / agreement hook
+        if on_step is not None:
+            on_step(self._step)
         sizes = []
         for u, (g, func, nb) in enumerate(self._uniq):
             scale = sc.size_scale(t0, self._groups[g].name)

@@ -151,6 +151,9 @@ typedef struct dccl_global {
   _Atomic uint64_t reconnects;
   _Atomic uint64_t sampled_out;
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
+  /* link to the DynamICCL tuner plugin (applied config version in every record) */
+  _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
+  void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */
 } dccl_global_t;
 
 extern dccl_global_t dccl_g;
@@ -160,6 +163,19 @@ uint64_t dccl_monotonic_ms(void);
 void dccl_stats_snapshot(dccl_stats_record_t* out);
 /* Reap slots older than stale_ms (stale_ms 0: every busy slot). Caller holds the registry lock. */
 void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns);
+
+/* Tuner link (plugin.c): find the DynamICCL tuner NCCL loaded ($NCCL_TUNER_PLUGIN, dlopen with
+   RTLD_NOLOAD, so nothing is loaded here) and its dynamiccl_tuner_config_version(); retried by the
+   sender thread until found. dccl_tuner_version() is the hot-path read: one atomic load and, when
+   linked, one call that is itself a single atomic load. */
+#define DCCL_TUNER_LINK_RETRY_MS 1000
+void dccl_tuner_link(void);
+void dccl_tuner_unlink(void);
+typedef uint32_t (*dccl_tuner_version_fn_t)(uint64_t comm_hash);
+static inline uint32_t dccl_tuner_version(uint64_t comm_hash) {
+  uintptr_t f = atomic_load_explicit(&dccl_g.tuner_version_fn, memory_order_acquire);
+  return f ? ((dccl_tuner_version_fn_t)f)(comm_hash) : 0;
+}
 
 /* sender thread (sender.c) */
 int dccl_sender_start(void);

@@ -13,9 +13,11 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -269,7 +271,7 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
       .nnodes = ctx->nnodes,
       .pid = ctx->pid,
       .root = root,
-      .tuner_config_version = 0, /* reserved: filled once the tuner plugin publishes versions */
+      .tuner_config_version = dccl_tuner_version(ctx->comm_hash), /* 0 without the DynamICCL tuner */
       .comm_hash = ctx->comm_hash,
       .seq_number = seq,
       .count = count,
@@ -400,6 +402,53 @@ static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eS
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Tuner link (never on the hot path: init and the sender thread)                              */
+
+static pthread_mutex_t g_tuner_link_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void dccl_tuner_link(void) {
+  if (atomic_load(&dccl_g.tuner_version_fn)) return;
+  pthread_mutex_lock(&g_tuner_link_lock);
+  if (atomic_load(&dccl_g.tuner_version_fn)) goto out;
+  /* NCCL's search order (nccl-plugin-abi.md §2.6): unset -> libnccl-tuner.so; else the value,
+     then libnccl-tuner-<value>.so; "none" disables. */
+  const char* v = getenv("NCCL_TUNER_PLUGIN");
+  char names[2][512];
+  int n = 0;
+  if (v == NULL || *v == '\0') {
+    snprintf(names[n++], sizeof names[0], "libnccl-tuner.so");
+  } else if (strcasecmp(v, "none") != 0) {
+    snprintf(names[n++], sizeof names[0], "%s", v);
+    size_t len = strlen(v);
+    if (strchr(v, '/') == NULL && !(strncmp(v, "lib", 3) == 0 && len > 3 && strcmp(v + len - 3, ".so") == 0))
+      snprintf(names[n++], sizeof names[0], "libnccl-tuner-%s.so", v);
+  }
+  for (int i = 0; i < n; i++) {
+    void* h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL) continue;
+    void* f = dlsym(h, "dynamiccl_tuner_config_version");
+    if (f == NULL) { /* another tuner: records keep version 0 */
+      dlclose(h);
+      continue;
+    }
+    dccl_g.tuner_handle = h;
+    atomic_store_explicit(&dccl_g.tuner_version_fn, (uintptr_t)f, memory_order_release);
+    DCCL_INFO("DynamICCL profiler: records carry the applied config version of tuner %s", names[i]);
+    goto out;
+  }
+out:
+  pthread_mutex_unlock(&g_tuner_link_lock);
+}
+
+void dccl_tuner_unlink(void) {
+  pthread_mutex_lock(&g_tuner_link_lock);
+  atomic_store(&dccl_g.tuner_version_fn, 0);
+  if (dccl_g.tuner_handle) dlclose(dccl_g.tuner_handle);
+  dccl_g.tuner_handle = NULL;
+  pthread_mutex_unlock(&g_tuner_link_lock);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* init / finalize (not the hot path: mutexes and allocation are fine here)                     */
 
 static void ctx_free(dccl_ctx_t* ctx) {
@@ -482,6 +531,7 @@ static ncclResult_t init_common(int abi, void** context, uint64_t commId, int* e
     return ncclSystemError;
   }
   if (eActivationMask) __atomic_store_n(eActivationMask, cfg.event_mask, __ATOMIC_RELAXED);
+  dccl_tuner_link(); /* NCCL loads the tuner after the profiler for the first communicator: retried later */
   pthread_mutex_lock(&dccl_g.registry);
   ctx->next = dccl_g.ctxs;
   dccl_g.ctxs = ctx;
@@ -516,6 +566,7 @@ static ncclResult_t dccl_finalize(void* context) {
     g_seq_base += atomic_load(&dccl_g.ring.enqueue_pos);
     g_emitted_prev += atomic_load(&dccl_g.ring.enqueue_pos);
     dccl_ring_free(&dccl_g.ring);
+    dccl_tuner_unlink();
   }
   pthread_mutex_unlock(&dccl_g.lifecycle);
   ctx_free(ctx);

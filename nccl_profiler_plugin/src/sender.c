@@ -35,6 +35,7 @@ typedef struct {
   uint8_t* buf; /* frame header + DCCL_MAX_RECORDS_PER_FRAME records */
   uint32_t n;       /* records in the frame being built */
   uint32_t n_data;  /* of which COLL/P2P records from the ring */
+  uint64_t next_tuner_link_ms; /* next attempt to find the DynamICCL tuner (plugin.c) */
 } sender_t;
 
 static void sender_close(sender_t* s) {
@@ -294,6 +295,10 @@ static void* sender_main(void* arg) {
       if (s.fd >= 0) add_stats(&s, DCCL_SEND_TIMEOUT_MS);
     }
     frame_flush(&s, DCCL_SEND_TIMEOUT_MS);
+    if (!atomic_load_explicit(&dccl_g.tuner_version_fn, memory_order_relaxed) && now_ms >= s.next_tuner_link_ms) {
+      s.next_tuner_link_ms = now_ms + DCCL_TUNER_LINK_RETRY_MS;
+      dccl_tuner_link();
+    }
     /* A ring more than a quarter full after one interval: come back soon instead of dropping. */
     wait_ms = taken > (dccl_g.ring.mask + 1) / 4 ? 1 : dccl_g.cfg.flush_ms;
   }
