@@ -54,6 +54,7 @@ import runpy
 import sys
 import threading
 import time
+from functools import partial
 from dataclasses import dataclass, field
 
 from collector.sources.wire_sender import Comm, SenderConfig, WireSender, _env_int
@@ -135,7 +136,6 @@ class _Recorder:
         self.comms: dict = {}        # group object (None = default group) → _GroupComm or False
         self.no_future: set = set()  # (type(work), func) whose Work has no future
         self.unrecorded = 0
-        self.failed = 0
         self.stale = 0
         self._lock = threading.Lock()     # rare paths only (comm creation, counters)
 
@@ -194,19 +194,9 @@ class _Recorder:
             except Exception:  # "Work::getFuture not implemented" (gloo send/recv)
                 self.no_future.add(key)
             else:
-                fut.add_done_callback(lambda f, p=prefix: self._done(f, p))
+                fut.add_done_callback(partial(_on_done, self, prefix))
                 return work
         return _timed_work(self, work, prefix)
-
-    def _done(self, fut, prefix: tuple) -> None:
-        t1 = time.time_ns()
-        try:
-            fut.value()
-        except Exception:
-            with self._lock:
-                self.failed += 1
-            return
-        self._emit(prefix + (t1, _CPU))
 
     def _emit(self, item: tuple) -> None:
         if len(self.queue) < self.capacity:
@@ -219,8 +209,18 @@ class _Recorder:
 
     def stats(self) -> dict:
         out = self.sender.counters()
-        out.update(unrecorded=self.unrecorded, failed=self.failed, connected=self.sender.connected)
+        out.update(unrecorded=self.unrecorded, connected=self.sender.connected)
         return out
+
+
+def _on_done(rec: _Recorder, prefix: tuple, _fut, time_ns=time.time_ns) -> None:
+    """Future done-callback (runs on the backend's thread): as little as possible. A failed
+    operation is recorded too, with its time to failure (the caller's wait() raises)."""
+    q = rec.queue
+    if len(q) < rec.capacity:
+        q.append(prefix + (time_ns(), _CPU))
+    else:
+        rec.sender.drop()
 
 
 _TIMED_WORK_CLS = None
@@ -441,7 +441,7 @@ def is_enabled() -> bool:
 
 
 def stats() -> dict:
-    """Counters of the running source (STATS fields + unrecorded/failed/connected), {} if off."""
+    """Counters of the running source (STATS fields + unrecorded/connected), {} if off."""
     rec = _REC
     return rec.stats() if rec is not None else {}
 
