@@ -14,6 +14,10 @@ Two contracts, both river's:
 `detector.arl` holds the ARL / threshold / delay-bound formulas; `detector.checks` the
 conformance suite every detector in ``__all__`` must pass.
 
+The service built on them: `detector.service.Detector` (in process: ``process(window) ->
+list[RegimeChange]``), `detector.runner.DetectorService` and ``dynamiccl detector run|evaluate``
+(see the package README).
+
 """
 
 from __future__ import annotations

@@ -18,6 +18,12 @@ SUBCOMMAND_MODULES = (
     "collector.cli",
     "simulator.cli",
     "dynamiccl.demo",
+    "detector.cli",
+    "dynamiccl.stack",
+    "dashboards.cli",
+    "report.cli",
+    "retuner.cli",
+    "testbed.cli",
 )
 
 

@@ -1,0 +1,97 @@
+"""Typed, validated configuration of the detector service (`detector.service.Detector`).
+
+``DetectorConfig()`` holds the defaults; ``validate()`` raises ``ValueError`` naming the field.
+Runtime objects (clock, registry) are keyword arguments of the classes, never config fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+__all__ = ["DetectorConfig", "DEFAULT_FEATURES", "DEFAULT_METRICS", "DEFAULT_SERVE"]
+
+DEFAULT_FEATURES = "tcp:127.0.0.1:9465"
+DEFAULT_METRICS = "127.0.0.1:9466"
+DEFAULT_SERVE = "tcp:127.0.0.1:9467"
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Detector settings. Times are seconds of event time; counts are windows.
+
+    Streams are (job_id, comm_hash, func, size_bucket) rows of the collector's ``keys`` frame;
+    each feeds ``log(lat_p50_s)`` per window to two CUSUM banks (``deltas``) that share
+    ``arl0`` (per stream, per bank) and ``warmup``.
+    """
+
+    # --- per-stream CUSUM -----------------------------------------------------------------
+    deltas: tuple[float, ...] = (2.0, 6.0)   # one CUSUMBank per delta (shift sizes in sigma)
+    arl0: float = 1e5                        # minimum windows between false alarms, per stream and bank
+    stream_false_alarms_per_day: float = 1.0  # all streams together (before fusion): per-stream arl0 =
+                                             # max(arl0, streams x windows per day / this)
+    warmup: int = 60                         # windows of median/MAD baseline
+    scale_floor: float = 0.004               # minimum baseline sigma of log-latency (0.4 %)
+    min_instances: int = 2                   # a stream's window needs this many instances
+    max_latency_s: float = 3600.0            # lat_p50 above this (or <= 0, NaN) is invalid
+    max_streams: int = 2_000_000             # streams beyond are dropped (counted)
+    stream_idle_s: float = 3600.0            # streams unseen this long are forgotten
+    # --- fusion ---------------------------------------------------------------------------
+    corroborate: int = 2                     # streams alarming together that need no confirmation
+    confirm_z: float = 3.0                   # a lone alarm is confirmed if the next window is >= this (old sigma)
+    merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
+    min_ratio: float = 1.02                  # latency ratio below this is not a regime change
+    recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
+    recovery_windows: int = 3                # ... for this many consecutive windows
+    flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
+    flap_window_s: float = 30.0              # ... within this span (also: re-onset after a recovery)
+    workload_change: float = 0.08            # |log| change of bytes per record that marks a new mix
+    coverage_change: float = 0.04            # |log| change of ranks reporting per instance
+    workload_settle: int = 5                 # windows after a job's workload change whose alarms are part of it
+    workload_settle_ratio: float = 1.15      # ... when they shift latency by less than this
+    partial_window: float = 0.3              # fewer instances than this x typical: window is partial
+    history: int = 32                        # windows of per-stream history kept for estimates
+    # --- straggler ------------------------------------------------------------------------
+    straggler_share: float = 0.6             # share of complete instances a rank is strictly shortest in
+    straggler_min_instances: int = 3
+    # --- autoencoder ----------------------------------------------------------------------
+    autoencoder: bool = True                 # per-job torch autoencoder over window features
+    autoencoder_grace: int = 60              # windows learned before its score counts
+    seed: int = 0
+    # --- outputs --------------------------------------------------------------------------
+    top_statistics: int = 50                 # cusum_statistic series exported per job (largest)
+
+    def validate(self) -> "DetectorConfig":
+        def positive(name, integer=False):
+            v = getattr(self, name)
+            ok = isinstance(v, int) and not isinstance(v, bool) if integer else (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            if not ok or v <= 0:
+                kind = "an int" if integer else "a finite number"
+                raise ValueError(f"detector config: {name} must be {kind} > 0, got {v!r}")
+
+        if not self.deltas or not all(isinstance(d, (int, float)) and d > 0 for d in self.deltas):
+            raise ValueError(f"detector config: deltas must be a non-empty tuple of numbers > 0, got {self.deltas!r}")
+        if not self.arl0 > 1:
+            raise ValueError(f"detector config: arl0 must be > 1, got {self.arl0!r}")
+        for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s",
+                     "flap_window_s", "workload_change", "coverage_change", "partial_window", "straggler_share"):
+            positive(name)
+        for name in ("workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
+                     "flap_transitions", "history", "straggler_min_instances", "autoencoder_grace",
+                     "top_statistics"):
+            positive(name, integer=True)
+        if self.warmup < 2:
+            raise ValueError(f"detector config: warmup must be >= 2, got {self.warmup!r}")
+        if not 0 < self.recovery_fraction < 1:
+            raise ValueError(f"detector config: recovery_fraction must be in (0, 1), got {self.recovery_fraction!r}")
+        if not self.workload_settle_ratio >= 1:
+            raise ValueError(f"detector config: workload_settle_ratio must be >= 1, got {self.workload_settle_ratio!r}")
+        if not self.min_ratio >= 1:
+            raise ValueError(f"detector config: min_ratio must be >= 1, got {self.min_ratio!r}")
+        if not 0.5 <= self.straggler_share <= 1:
+            raise ValueError(f"detector config: straggler_share must be in [0.5, 1], got {self.straggler_share!r}")
+        return self
+
+    def replace(self, **changes) -> "DetectorConfig":
+        return dataclasses.replace(self, **changes).validate()

@@ -1,0 +1,505 @@
+"""Fusion: per-stream CUSUM alarms (+ autoencoder and rank evidence) → one `RegimeChange` per event.
+
+Per window, after `detector.streams.StreamTable.update`:
+
+1. **Alarms are grouped** by (job, direction). Streams already in an active incident are
+   absorbed into it (a ramp or a lagging stream never makes a second change); alarms within
+   ``merge_s`` of an incident's detection or onset, or on a communicator the incident already
+   covers, same job and direction, join it. 40 streams firing on one congestion event are one
+   change.
+2. **Evidence.** A new group becomes an incident when ≥ ``corroborate`` streams (with whole,
+   settled windows) fired together, or the job's autoencoder flags the window, or a straggler
+   rank is visible. A lone alarm waits one window for confirmation (the next value still ≥
+   ``confirm_z`` old sigmas away); an unconfirmed one restores the stream's old baseline (no
+   blind re-warm-up). Shifts below ``min_ratio`` are not regime changes. The per-stream CUSUM
+   false-alarm rate is scaled with the number of streams (`StreamTable`), so more streams do not
+   mean more false alarms.
+3. **The change** gets its onset from the CUSUM's last reset point (``change_start``, the first
+   window of the alarming excursion), its kind (flapping if the same streams re-degrade soon
+   after a recovery; straggler when one rank dominates the shortest durations; else bandwidth vs
+   latency from the size response, `detector.classify`), its magnitude (median new/old latency
+   ratio over the fired streams) and where (communicators, collectives, size buckets, hosts,
+   ranks).
+4. **Tracking.** Each window, an incident's streams are placed between their old baseline (0)
+   and their degraded level (1). ``recovery_windows`` consecutive windows at ≤
+   ``recovery_fraction`` emit a ``recovery`` change (``recovers`` = the incident's id) and
+   restore the streams' old baselines at once; ``flap_transitions`` off→on transitions within
+   ``flap_window_s`` emit one ``flapping`` change.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .classify import classify_size_response
+from .config import DetectorConfig
+from .events import RegimeChange
+from .straggler import RankHistory, comm_hosts, find_stragglers
+from .streams import StreamTable, WindowStreams
+
+__all__ = ["Fusion", "Incident"]
+
+MAX_INCIDENTS_PER_JOB = 64
+MAX_CLOSED_PER_JOB = 16
+MAX_PENDING = 4096
+MAX_EVIDENCE_STREAMS = 12
+
+
+@dataclass
+class Incident:
+    id: str
+    job: str
+    kind: str
+    direction: int
+    streams: np.ndarray
+    base_med: np.ndarray
+    base_scale: np.ndarray
+    level: np.ndarray
+    onset_step: int
+    detected_step: int
+    change: RegimeChange
+    off_count: int = 0
+    on: bool = True
+    onsets: list[int] = field(default_factory=list)
+    flapping_id: str | None = None
+    closed_step: int | None = None
+
+    @property
+    def ids(self) -> list[str]:
+        return [self.id] + ([self.flapping_id] if self.flapping_id else [])
+
+    def add(self, idx, med, scale, level) -> None:
+        new = ~np.isin(idx, self.streams)
+        if new.any():
+            self.streams = np.concatenate([self.streams, idx[new]])
+            self.base_med = np.concatenate([self.base_med, med[new]])
+            self.base_scale = np.concatenate([self.base_scale, scale[new]])
+            self.level = np.concatenate([self.level, level[new]])
+
+    def drop(self, idx) -> None:
+        keep = ~np.isin(self.streams, idx)
+        self.streams, self.base_med = self.streams[keep], self.base_med[keep]
+        self.base_scale, self.level = self.base_scale[keep], self.level[keep]
+
+
+@dataclass
+class _Pending:
+    job: str
+    direction: int
+    idx: np.ndarray
+    med: np.ndarray
+    scale: np.ndarray
+    start: np.ndarray
+    step: int
+    tries: int = 0
+
+
+class Fusion:
+    """Turns one window's stream alarms into regime changes; keeps incidents per job."""
+
+    def __init__(self, config: DetectorConfig, table: StreamTable, ranks: RankHistory):
+        self.config = config
+        self.table = table
+        self.ranks = ranks
+        self.active: dict[str, list[Incident]] = {}
+        self.closed: dict[str, deque] = {}
+        self.stream_incident: dict[int, Incident] = {}
+        self.pending: list[_Pending] = []
+        self.counters = {"spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
+                         "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
+                         "workload_changes": 0}
+        self._n: dict[str, int] = {}
+        self._rebased_at: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ public
+    def active_changes(self) -> list[RegimeChange]:
+        return [inc.change for incs in self.active.values() for inc in incs]
+
+    def process(self, ws: WindowStreams, window_s: float, ae: dict[str, tuple[float, float]] | None = None
+                ) -> list[RegimeChange]:
+        ae = ae or {}
+        out: list[RegimeChange] = []
+        self._window_s = window_s
+        if ws.rebased.size:
+            self._forget_streams(ws.rebased)
+            for j in set(self.table.job[ws.rebased].tolist()):
+                self._rebased_at[j] = ws.t
+        groups = self._confirm_pending(ws)
+        self._group_alarms(ws, groups)
+        created = set()
+        for (job, direction), g in groups.items():
+            inc, change = self._new_or_merge(ws, job, direction, g, ae)
+            if change is not None:
+                out.append(change)
+            if inc is not None:
+                created.add(inc.id)
+        for job in list(self.active):
+            for inc in list(self.active[job]):
+                if inc.id not in created:
+                    ch = self._track(ws, inc)
+                    if ch is not None:
+                        out.append(ch)
+        return out
+
+    # ------------------------------------------------------------------ steps
+    def _forget_streams(self, idx: np.ndarray) -> None:
+        for i in idx.tolist():
+            inc = self.stream_incident.pop(i, None)
+            if inc is not None:
+                inc.drop(np.array([i]))
+        for p in self.pending:
+            p.idx = p.idx[~np.isin(p.idx, idx)]
+
+    def _confirm_pending(self, ws: WindowStreams) -> dict:
+        groups: dict[tuple[str, int], dict] = {}
+        keep = []
+        for p in self.pending:
+            if p.idx.size == 0:
+                continue
+            cur = self.table.current(p.idx)
+            ok = np.isfinite(cur)
+            if not ok.any():
+                p.tries += 1
+                if p.tries < 2:
+                    keep.append(p)
+                else:
+                    self.table.restore_baseline(p.idx, p.med, p.scale)
+                    self.counters["spikes_suppressed"] += 1
+                continue
+            z = (cur[ok] - p.med[ok]) / p.scale[ok] * p.direction
+            if np.median(z) >= self.config.confirm_z:
+                g = groups.setdefault((p.job, p.direction), _new_group())
+                _extend(g, p.idx, p.med, p.scale, p.start, confirmed=True)
+            else:
+                self.table.restore_baseline(p.idx, p.med, p.scale)
+                self.counters["spikes_suppressed"] += 1
+        self.pending = keep
+        return groups
+
+    def _group_alarms(self, ws: WindowStreams, groups: dict) -> None:
+        if ws.fired.size == 0:
+            return
+        tab = self.table
+        absorbed = []
+        for j, i in enumerate(ws.fired.tolist()):
+            if i in self.stream_incident:
+                absorbed.append(j)
+                continue
+            key = (tab.job[i], int(ws.direction[j]))
+            g = groups.setdefault(key, _new_group())
+            _extend(g, ws.fired[j:j + 1], ws.base_median[j:j + 1], ws.base_scale[j:j + 1],
+                    ws.start_step[j:j + 1], confirmed=False)
+        self.counters["alarms_absorbed"] += len(absorbed)
+
+    def _new_or_merge(self, ws, job, direction, g, ae):
+        cfg, tab = self.config, self.table
+        idx = np.concatenate(g["idx"])
+        med = np.concatenate(g["med"])
+        scale = np.concatenate(g["scale"])
+        start = np.concatenate(g["start"])
+        cusum_step = int(start.min())
+        # the degraded level: this window's value (the excursion may start with noise windows)
+        level = tab.current(idx)
+        level = np.where(np.isfinite(level), level, tab.recent(idx, cusum_step))
+        onset_step = self._refine_onset(idx, med, level, cusum_step, ws.t)
+        # merge into a recent incident of the same job and direction
+        comms_new = set(tab.comm_hash[idx].tolist())
+        for inc in self.active.get(job, []):
+            if inc.direction != direction:
+                continue
+            near = min(ws.t - inc.detected_step, abs(onset_step - inc.onset_step)) * self._window_s
+            # one active incident per communicator and direction: later streams of a comm that
+            # is already degraded are the same event spreading, not a new one
+            shared = bool(comms_new & set(tab.comm_hash[inc.streams].tolist()))
+            if near <= cfg.merge_s or shared:
+                inc.add(idx, med, scale, level)
+                for i in idx.tolist():
+                    self.stream_incident[i] = inc
+                self.counters["alarms_merged"] += len(idx)
+                return None, None
+        lr = (level - med) * direction
+        if not np.nanmax(np.abs(lr), initial=0.0) >= math.log(cfg.min_ratio):
+            self.counters["small_shifts"] += 1
+            return None, None
+        # a latency change explained by a change in message sizes is a workload change
+        with np.errstate(invalid="ignore", divide="ignore"):
+            moved = np.abs(np.log(tab.bytes_per_record[idx] / tab.bytes_ref[idx]))
+            covm = np.abs(np.log(tab.coverage[idx] / tab.coverage_ref[idx]))
+        explained = (np.isfinite(moved) & (moved >= 0.5 * np.abs(lr)) & (moved >= 0.01)) | (
+            np.isfinite(covm) & (covm >= 0.5 * cfg.coverage_change))
+        # a workload change elsewhere in the job moves other streams' timing too (arrival
+        # coupling): alarms in the few windows after one are part of it
+        # (modest shifts only: such coupling moves latencies by a few per cent)
+        recent_rebase = (ws.t - self._rebased_at.get(job, -(1 << 40)) <= cfg.workload_settle
+                         and np.nanmax(np.abs(lr), initial=0.0) < math.log(cfg.workload_settle_ratio))
+        if explained.sum() * 2 > len(idx) or recent_rebase:
+            self.counters["workload_changes"] += 1
+            tab.rebase(idx)
+            self._rebased_at[job] = ws.t
+            return None, None
+        ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
+        ae_flag = bool(ae_score > ae_thr)
+        stragglers = None
+        # streams whose window is partial (e.g. the job's last window, a pause starting) or that
+        # just came back after a gap (the first steps after a checkpoint) are no evidence on
+        # their own: their value waits for the next window
+        with np.errstate(invalid="ignore", divide="ignore"):
+            partial = (tab.instances[idx] < cfg.partial_window * tab.instances_ref[idx]) | (
+                ws.t - tab.gap_step[idx] <= 1)
+        full = int((~partial).sum())
+        evidence_ok = full >= cfg.corroborate or (g["confirmed"] and full >= 1) or (ae_flag and full >= 1)
+        if not evidence_ok and direction > 0 and full >= 1:
+            stragglers = self._stragglers(job, idx, onset_step)
+            evidence_ok = bool(stragglers)
+        if not evidence_ok:
+            if len(self.pending) < MAX_PENDING:
+                self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t))
+            else:
+                self.counters["pending_dropped"] += 1
+                tab.restore_baseline(idx, med, scale)
+            return None, None
+        return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
+                            stragglers)
+
+    def _refine_onset(self, idx, med, level, cusum_step: int, t: int) -> int:
+        """The CUSUM's last reset point, moved forward to the first window of the excursion
+        already half-way to the new level (noise can start an excursion early)."""
+        tab = self.table
+        H = self.config.history
+        lo = max(cusum_step, t - H + 1)
+        if lo >= t:
+            return max(cusum_step, lo)
+        j = int(np.nanargmax(np.abs(np.nan_to_num(level - med)))) if np.isfinite(level - med).any() else 0
+        half = med[j] + 0.5 * (level[j] - med[j])
+        sign = 1.0 if level[j] >= med[j] else -1.0
+        for step in range(lo, t + 1):
+            v = tab.hist[step % H, idx[j]]
+            if np.isfinite(v) and (v - half) * sign >= 0:
+                return step
+        return lo
+
+    def _stragglers(self, job, idx, onset_step):
+        comms = {int(c) for c in self.table.comm_hash[idx].tolist()}
+        return find_stragglers(self.ranks, job, comms, onset_step=onset_step,
+                               share=self.config.straggler_share,
+                               min_instances=self.config.straggler_min_instances)
+
+    def _create(self, ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr, stragglers):
+        cfg, tab = self.config, self.table
+        lr = level - med
+        order = np.argsort(-np.abs(np.nan_to_num(lr)))
+        idx, med, scale, level, lr = idx[order], med[order], scale[order], level[order], lr[order]
+        comms_h = list(dict.fromkeys(int(c) for c in tab.comm_hash[idx].tolist()))
+        evidence: dict = {"n_streams": int(idx.size), "arl0": float(tab.arl0)}
+        kind = None
+        ranks: list[int] = []
+        hosts: list[str] = []
+        if direction > 0:
+            if stragglers is None:
+                stragglers = self._stragglers(job, idx, onset_step)
+            if stragglers:
+                best = stragglers[0]
+                evidence["stragglers"] = [
+                    {"comm": f"0x{c.comm_hash:x}", "rank": c.rank, "host": c.host, "share": round(c.share, 3),
+                     "instances": c.instances} for c in stragglers[:8]]
+                if kind is None:
+                    kind = "straggler"
+                    comms_h = [best.comm_hash] + [c for c in comms_h if c != best.comm_hash]
+                    ranks = [best.rank] + [c.rank for c in stragglers[1:] if c.host == best.host
+                                           and c.comm_hash != best.comm_hash]
+                    hosts = [best.host]
+        if kind is None:
+            kind, evidence["size_response"] = self._size_response(job, idx, med, scale, onset_step)
+            # flapping: the same streams degrade again soon after a short episode recovered
+            prev = self._recent_episode(job, idx, direction, ws.t)
+            if prev is not None:
+                evidence["previous"] = prev.ids
+                kind = "flapping"
+        if not hosts:
+            hosts = self._hosts(job, comms_h)
+        magnitude = float(np.exp(np.nanmedian(lr))) if np.isfinite(lr).any() else 1.0
+        n = self._n.get(job, 0) + 1
+        self._n[job] = n
+        cid = f"rc-{job}-{n}"
+        names = {int(tab.comm_hash[i]): tab.comm_name[i] for i in idx.tolist()}
+        evidence["streams"] = [
+            {"comm": f"0x{int(tab.comm_hash[i]):x}", "comm_name": tab.comm_name[i], "func": tab.func[i],
+             "size_bucket": int(tab.size_bucket[i]), "ratio": round(float(np.exp(r)), 4),
+             "z": round(float(r / s), 2) if s > 0 else None}
+            for i, r, s in zip(idx[:MAX_EVIDENCE_STREAMS].tolist(), lr[:MAX_EVIDENCE_STREAMS].tolist(),
+                               scale[:MAX_EVIDENCE_STREAMS].tolist())]
+        if math.isfinite(ae_score):
+            evidence["autoencoder_score"] = round(float(ae_score), 4)
+            evidence["autoencoder_threshold"] = round(float(ae_thr), 4) if math.isfinite(ae_thr) else None
+        change = RegimeChange(
+            id=cid, kind=kind, job_id=job,
+            start_s=float(tab.window_start_of(onset_step)), detected_s=float(ws.window_start + self._window_s),
+            magnitude=round(magnitude, 4), comms=[f"0x{c:x}" for c in comms_h],
+            comm_names=[names.get(c, "") for c in comms_h],
+            funcs=sorted({tab.func[i] for i in idx.tolist()}),
+            size_buckets=sorted({int(tab.size_bucket[i]) for i in idx.tolist()}),
+            ranks=ranks, hosts=hosts, evidence=evidence)
+        inc = Incident(cid, job, kind, direction, idx, med, scale, level, onset_step, ws.t, change)
+        self._register(job, inc)
+        return inc, change
+
+    def _recent_episode(self, job, idx, direction, t) -> Incident | None:
+        """A closed incident of the same job and direction, on mostly the same streams, that
+        lasted and ended within ``flap_window_s / 2``."""
+        half = 0.5 * self.config.flap_window_s / self._window_s
+        for old in reversed(self.closed.get(job, ())):
+            if old.direction != direction or old.closed_step is None:
+                continue
+            if t - old.closed_step > half or old.closed_step - old.onset_step > half:
+                continue
+            overlap = np.isin(idx, old.streams).sum()
+            if overlap >= 0.5 * min(len(idx), len(old.streams)):
+                return old
+        return None
+
+    def _register(self, job: str, inc: Incident) -> None:
+        lst = self.active.setdefault(job, [])
+        lst.append(inc)
+        for i in inc.streams.tolist():
+            self.stream_incident[i] = inc
+        if len(lst) > MAX_INCIDENTS_PER_JOB:
+            old = lst.pop(0)
+            self._release(old)
+            self.counters["incidents_dropped"] += 1
+
+    def _release(self, inc: Incident) -> None:
+        for i in inc.streams.tolist():
+            if self.stream_incident.get(i) is inc:
+                del self.stream_incident[i]
+
+    def _size_response(self, job, idx, med, scale, onset_step):
+        """Classify bandwidth vs latency over the fired streams plus the job's other monitored
+        multi-node streams (an unchanged small-message stream is evidence too)."""
+        tab = self.table
+        ids, meds, scales = [idx], [med], [scale]
+        if (tab.nnodes[idx] > 1).any():
+            # a network event: compare sizes on multi-node streams only (intra-node streams
+            # only move through arrival coupling)
+            multi = tab.nnodes[idx] > 1
+            ids, meds, scales = [idx[multi]], [med[multi]], [scale[multi]]
+            others = np.flatnonzero(tab.active & (tab.job == job) & (tab.nnodes > 1))
+            others = others[~np.isin(others, idx)]
+            if others.size:
+                om, osc = tab.baseline(others)
+                ok = np.isfinite(osc)
+                ids.append(others[ok])
+                meds.append(om[ok])
+                scales.append(osc[ok])
+        all_idx = np.concatenate(ids)
+        all_med = np.concatenate(meds)
+        all_scale = np.concatenate(scales)
+        lvl = tab.recent(all_idx, onset_step)
+        n_post = max(1, min(self.table.t - onset_step + 1, self.config.history))
+        sigma = all_scale * math.sqrt(1.0 / n_post + 1.0 / self.config.warmup)
+        return classify_size_response(tab.bytes_per_record[all_idx], lvl - all_med, sigma,
+                                      group=tab.comm_hash[all_idx])
+
+    def _hosts(self, job, comms_h) -> list[str]:
+        per = comm_hosts(self.ranks, job, comms_h)
+        sets = [per[c] for c in comms_h if c in per]
+        if not sets:
+            return []
+        common = set.intersection(*sets)
+        return sorted(common) if common else sorted(set.union(*sets))
+
+    # ------------------------------------------------------------------ tracking
+    def _track(self, ws: WindowStreams, inc: Incident) -> RegimeChange | None:
+        cfg, tab = self.config, self.table
+        if inc.streams.size == 0:
+            self._close(inc, ws.t)
+            return None
+        cur = tab.current(inc.streams)
+        shift = inc.level - inc.base_med
+        ok = np.isfinite(cur) & np.isfinite(shift) & (np.abs(shift) > 0)
+        if not ok.any():
+            return None
+        p = (cur[ok] - inc.base_med[ok]) / shift[ok]
+        score = float(np.median(p))
+        if score <= cfg.recovery_fraction:
+            inc.off_count += 1
+            inc.on = False
+            need = cfg.recovery_windows
+            if inc.kind == "flapping" or inc.flapping_id is not None:
+                # a flapping link is back only after a quiet spell longer than its off phases
+                need = max(need, int(math.ceil(0.5 * cfg.flap_window_s / self._window_s)))
+            if inc.off_count >= need:
+                return self._recover(ws, inc, cur)
+            return None
+        if score >= 0.5:
+            if not inc.on:
+                inc.onsets.append(ws.t)
+            inc.on = True
+            inc.off_count = 0
+            upd = ok.copy()
+            upd[ok] = p >= 0.5
+            inc.level[upd] = 0.8 * inc.level[upd] + 0.2 * cur[upd]
+            horizon = cfg.flap_window_s / self._window_s
+            recent = [s for s in inc.onsets if ws.t - s <= horizon]
+            if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.flap_transitions:
+                return self._flapping(ws, inc)
+        else:
+            inc.off_count = 0
+        return None
+
+    def _flapping(self, ws, inc: Incident) -> RegimeChange:
+        n = self._n.get(inc.job, 0) + 1
+        self._n[inc.job] = n
+        cid = f"rc-{inc.job}-{n}"
+        inc.flapping_id = cid
+        base = inc.change
+        change = RegimeChange(
+            id=cid, kind="flapping", job_id=inc.job, start_s=base.start_s,
+            detected_s=float(ws.window_start + self._window_s), magnitude=base.magnitude, comms=base.comms,
+            comm_names=base.comm_names, funcs=base.funcs, size_buckets=base.size_buckets, ranks=base.ranks,
+            hosts=base.hosts, evidence={"refines": inc.id, "on_transitions": len(inc.onsets),
+                                        "n_streams": int(inc.streams.size)})
+        return change
+
+    def _recover(self, ws, inc: Incident, cur) -> RegimeChange:
+        tab = self.table
+        ok = np.isfinite(cur)
+        with np.errstate(invalid="ignore"):
+            mag = float(np.exp(np.median(cur[ok] - inc.level[ok]))) if ok.any() else 1.0
+        n = self._n.get(inc.job, 0) + 1
+        self._n[inc.job] = n
+        first_off = ws.t - inc.off_count + 1
+        base = inc.change
+        change = RegimeChange(
+            id=f"rc-{inc.job}-{n}", kind="recovery", job_id=inc.job,
+            start_s=float(tab.window_start_of(first_off)), detected_s=float(ws.window_start + self._window_s),
+            magnitude=round(mag, 4), comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
+            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=inc.id,
+            evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
+        tab.restore_baseline(inc.streams, inc.base_med, inc.base_scale)
+        self._close(inc, ws.t)
+        return change
+
+    def _close(self, inc: Incident, step: int) -> None:
+        lst = self.active.get(inc.job, [])
+        if inc in lst:
+            lst.remove(inc)
+        if not lst:
+            self.active.pop(inc.job, None)
+        self._release(inc)
+        inc.closed_step = step
+        self.closed.setdefault(inc.job, deque(maxlen=MAX_CLOSED_PER_JOB)).append(inc)
+
+
+def _new_group() -> dict:
+    return {"idx": [], "med": [], "scale": [], "start": [], "confirmed": False}
+
+
+def _extend(g: dict, idx, med, scale, start, *, confirmed: bool) -> None:
+    g["idx"].append(np.asarray(idx, np.int64))
+    g["med"].append(np.asarray(med, np.float64))
+    g["scale"].append(np.asarray(scale, np.float64))
+    g["start"].append(np.asarray(start, np.int64))
+    g["confirmed"] = g["confirmed"] or confirmed

@@ -1,0 +1,463 @@
+"""Per-stream state of the detector: the (job, communicator, collective, size bucket) streams of
+the collector's ``keys`` frame, their CUSUM banks and a short history.
+
+One call per window, :meth:`StreamTable.update`, does everything vectorised:
+
+1. groups the ``keys`` rows of a window by stream (rows differ by algo/proto), taking the
+   ``lat_p50_s`` of the row with most records, summing records, instances and bytes;
+2. maps each stream to a dense index (64-bit hash + sorted array; new streams get a slot, idle
+   ones are forgotten and their slot reused);
+3. checks the input: null/NaN, non-positive or absurd latencies and windows with fewer than
+   ``min_instances`` instances are skipped and counted (never fed to a detector);
+4. checks for *benign* workload changes: a stream whose bytes per record move by more than
+   ``workload_change`` (log), whose (algo, proto) set changes completely (a new message-size
+   mix, or a retuned configuration) or whose ranks reporting per instance change by more than
+   ``coverage_change`` (a rank or host vanished from the stream, e.g. its clock jumped) is
+   re-baselined instead of alarming;
+5. feeds ``log(lat_p50_s)`` to one `CUSUMBank` per configured delta and floors the learned
+   baseline scale at ``scale_floor``.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from collector.features import WindowFeatures
+from collector.wire_format import ALGOS, PROTOS
+
+from .config import DetectorConfig
+from .cusum_bank import CUSUMBank
+
+__all__ = ["StreamTable", "WindowStreams", "STREAM_KEY"]
+
+STREAM_KEY = ("job_id", "comm_hash", "func", "size_bucket")
+_AP_CODE = {(a, p): i * len(PROTOS) + j for i, a in enumerate(ALGOS) for j, p in enumerate(PROTOS)}
+_AP_UNKNOWN = 63
+_ALGO_CODE = {a: i for i, a in enumerate(ALGOS)}
+_PROTO_CODE = {p: i for i, p in enumerate(PROTOS)}
+_GROW = 1024
+
+
+@dataclass
+class WindowStreams:
+    """What one window did to the streams (indices into the table)."""
+    t: int                        # bank step index of this window
+    window_start: float
+    idx: np.ndarray               # streams with a valid value this window
+    x: np.ndarray                 # their log(lat_p50_s)
+    fired: np.ndarray             # indices of streams that alarmed (any bank)
+    direction: np.ndarray         # +1 / -1 per fired stream
+    start_step: np.ndarray        # CUSUM change start (bank step) per fired stream
+    base_median: np.ndarray       # pre-alarm baseline (log) per fired stream
+    base_scale: np.ndarray        # pre-alarm baseline sigma (log) per fired stream
+    rebased: np.ndarray           # streams re-baselined for a workload/config change
+    invalid: dict[str, int] = field(default_factory=dict)
+
+
+class StreamTable:
+    """All streams of all jobs; see the module docstring."""
+
+    def __init__(self, config: DetectorConfig | None = None):
+        self.config = cfg = (config or DetectorConfig()).validate()
+        self.banks = [CUSUMBank(n_streams=_GROW, delta=float(d), arl0=cfg.arl0, warmup=cfg.warmup,
+                                mode="both", min_value=None, z_clip=1e9) for d in cfg.deltas]
+        self.capacity = _GROW
+        self.n = 0                                   # slots ever used (high-water mark)
+        self._free: list[int] = []
+        self._hash_sorted = np.zeros(0, np.uint64)
+        self._hash_idx = np.zeros(0, np.int64)
+        self.key_of: dict[int, tuple] = {}           # idx -> (job_id, comm_hash, func, size_bucket)
+        self._prev_lookup: tuple[np.ndarray, np.ndarray] | None = None
+        self.jobs: dict[str, int] = {}               # job_id -> code (job_code array)
+        self._alloc_arrays(_GROW)
+        self.t = -1                                  # bank step of the last window
+        self.window_starts = np.full(cfg.history, np.nan)
+        self.hist = np.full((cfg.history, _GROW), np.nan)   # (window slot, stream)
+        self.n_dropped_streams = 0
+        self.n_rebased = 0
+        self.n_restored = 0
+        self.last_rebased = np.zeros(0, np.int64)
+        self.arl0 = cfg.arl0
+
+    # ------------------------------------------------------------------ storage
+    def _alloc_arrays(self, cap: int) -> None:
+        self.active = np.zeros(cap, bool)
+        self.comm_hash = np.zeros(cap, np.uint64)
+        self.size_bucket = np.zeros(cap, np.int32)
+        self.nnodes = np.zeros(cap, np.int32)
+        self.bytes_ref = np.full(cap, np.nan)
+        self.bytes_per_record = np.full(cap, np.nan)
+        self.coverage_ref = np.full(cap, np.nan)
+        self.coverage = np.full(cap, np.nan)
+        self.instances_ref = np.full(cap, np.nan)
+        self.instances = np.zeros(cap, np.float64)
+        self.prev_bpr = np.full(cap, np.nan)      # the workload before the current one, and its baseline
+        self.prev_cov = np.full(cap, np.nan)
+        self.prev_med = np.full(cap, np.nan)
+        self.prev_scale = np.full(cap, np.nan)
+        self.ap_ref = np.zeros(cap, np.uint64)
+        self.last_seen = np.full(cap, -np.inf)
+        self.gap_step = np.full(cap, -(1 << 40), np.int64)
+        self.job = np.empty(cap, dtype=object)
+        self.job_code = np.full(cap, -1, np.int32)
+        self.func = np.empty(cap, dtype=object)
+        self.comm_name = np.empty(cap, dtype=object)
+
+    def _grow(self, need: int) -> None:
+        new_cap = max(self.capacity * 2, need + _GROW)
+        extra = new_cap - self.capacity
+        for bank in self.banks:
+            bank.grow(extra)
+
+        def ext(a, fill):
+            return np.concatenate([a, np.full((extra,) + a.shape[1:], fill, dtype=a.dtype)])
+
+        self.active = ext(self.active, False)
+        self.comm_hash = ext(self.comm_hash, 0)
+        self.size_bucket = ext(self.size_bucket, 0)
+        self.nnodes = ext(self.nnodes, 0)
+        self.bytes_ref = ext(self.bytes_ref, np.nan)
+        self.bytes_per_record = ext(self.bytes_per_record, np.nan)
+        self.coverage_ref = ext(self.coverage_ref, np.nan)
+        self.coverage = ext(self.coverage, np.nan)
+        self.instances_ref = ext(self.instances_ref, np.nan)
+        self.instances = ext(self.instances, 0.0)
+        for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale"):
+            setattr(self, name, ext(getattr(self, name), np.nan))
+        self.ap_ref = ext(self.ap_ref, 0)
+        self.last_seen = ext(self.last_seen, -np.inf)
+        self.gap_step = ext(self.gap_step, -(1 << 40))
+        self.job = ext(self.job, None)
+        self.job_code = ext(self.job_code, -1)
+        self.func = ext(self.func, None)
+        self.comm_name = ext(self.comm_name, None)
+        self.hist = np.concatenate([self.hist, np.full((self.hist.shape[0], extra), np.nan)], axis=1)
+        self.capacity = new_cap
+
+    @property
+    def n_active(self) -> int:
+        return int(self.active.sum())
+
+    def window_start_of(self, step) -> np.ndarray:
+        """Window start (event time) of bank steps (vectorised; steps older than the history are
+        extrapolated from the window length)."""
+        step = np.asarray(step, dtype=np.int64)
+        H = self.config.history
+        ws = self.window_starts[step % H]
+        old = (self.t - step) >= H
+        if old.any():
+            last = self.window_starts[self.t % H]
+            ws = np.where(old, last - (self.t - step) * self._window_s, ws)
+        return ws
+
+    # ------------------------------------------------------------------ per window
+    def update(self, wf: WindowFeatures) -> WindowStreams:
+        cfg = self.config
+        self.t += 1
+        t = self.t
+        self.last_rebased = np.zeros(0, np.int64)
+        H = cfg.history
+        self._window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
+        self.window_starts[t % H] = wf.window_start
+        invalid: dict[str, int] = {}
+        agg, h = _group_streams(wf.keys)
+        n_rows = agg.height
+        if n_rows:
+            idx = self._lookup(agg, h)
+        else:
+            idx = np.zeros(0, np.int64)
+        keep = idx >= 0
+        if (~keep).any():
+            invalid["stream_limit"] = int((~keep).sum())
+        lat = agg.get_column("lat").to_numpy().astype(np.float64) if n_rows else np.zeros(0)
+        inst = agg.get_column("instances").to_numpy() if n_rows else np.zeros(0, np.int64)
+        rec = agg.get_column("records").to_numpy() if n_rows else np.zeros(0, np.int64)
+        byt = agg.get_column("bytes_total").to_numpy().astype(np.float64) if n_rows else np.zeros(0)
+        bits = agg.get_column("ap_bits").to_numpy().astype(np.uint64) if n_rows else np.zeros(0, np.uint64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            nan = ~np.isfinite(lat)
+            nonpos = ~nan & (lat <= 0)
+            absurd = ~nan & (lat > cfg.max_latency_s)
+            sparse = ~(nan | nonpos | absurd) & (inst < cfg.min_instances)
+        for name, m in (("nan", nan), ("nonpositive", nonpos), ("absurd", absurd), ("sparse", sparse)):
+            c = int((m & keep).sum())
+            if c:
+                invalid[name] = c
+        ok = keep & ~(nan | nonpos | absurd | sparse)
+        idx_all = idx[keep]
+        prev = self.last_seen[idx_all]
+        # first data after a gap in a stream (a checkpoint pause, a restart): its next windows
+        # are settling, and the fusion stage wants them confirmed
+        gap = np.isfinite(prev) & (wf.window_start - prev > 1.5 * self._window_s)
+        self.gap_step[idx_all[gap]] = t
+        self.last_seen[idx_all] = wf.window_start
+        # ---- benign workload / configuration changes -------------------------------------
+        i_ok = idx[ok]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bpr = byt[ok] / np.maximum(rec[ok], 1)
+            cov = rec[ok] / np.maximum(inst[ok], 1)     # ranks reporting per instance
+        self.bytes_per_record[i_ok] = bpr
+        self.coverage[i_ok] = cov
+        self.instances[:] = 0.0
+        self.instances[i_ok] = inst[ok]
+        ref = self.bytes_ref[i_ok]
+        first = np.isnan(ref)
+        cref = self.coverage_ref[i_ok]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            moved = ~first & (np.abs(np.log(bpr / ref)) > cfg.workload_change)
+            # a rank or a host stopped (or started) reporting: the stream's make-up changed
+            lost = ~first & (np.abs(np.log(cov / cref)) > cfg.coverage_change)
+        b_ok = bits[ok]
+        b_ref = self.ap_ref[i_ok]
+        cfg_changed = (b_ref != 0) & ((b_ok & b_ref) == 0)
+        rebase = moved | cfg_changed | lost
+        self.bytes_ref[i_ok[first]] = bpr[first]
+        self.coverage_ref[i_ok[first]] = cov[first]
+        rebased = i_ok[rebase]
+        if rebased.size:
+            self._rebase_streams(rebased, bpr[rebase], cov[rebase])
+        self.ap_ref[i_ok] = b_ok
+        # typical instances per window (EWMA), to spot partial windows
+        iref = self.instances_ref[i_ok]
+        self.instances_ref[i_ok] = np.where(np.isnan(iref) | rebase, inst[ok], 0.9 * iref + 0.1 * inst[ok])
+        # ---- CUSUM ----------------------------------------------------------------------
+        x_valid = np.log(lat[ok])
+        x = np.full(self.capacity, np.nan)
+        x[i_ok] = x_valid
+        self.hist[t % H] = np.nan
+        self.hist[t % H, i_ok] = x_valid
+        warming_before = self.banks[0].warming_up
+        for bank in self.banks:
+            bank.update_many(x)
+        done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
+        if done.size:
+            med, scale = self.banks[0].baseline
+            low = done[scale[done] < cfg.scale_floor]
+            if low.size:
+                for bank in self.banks:
+                    bank.set_baseline(low, med[low], cfg.scale_floor)
+        fired_any = self.banks[0].drift_detected.copy()
+        for bank in self.banks[1:]:
+            fired_any |= bank.drift_detected
+        fired = np.flatnonzero(fired_any)
+        if fired.size:
+            direction = np.zeros(fired.size, np.int8)
+            start = np.full(fired.size, -1, np.int64)
+            for bank in self.banks:
+                # the latest reset point among the banks that fired: the tightest onset estimate
+                f = bank.drift_detected[fired]
+                direction = np.where(f & (direction == 0), bank.direction[fired], direction)
+                start = np.where(f, np.maximum(start, bank.change_start[fired]), start)
+            med, scale = self.banks[0].baseline
+            base_med, base_scale = med[fired].copy(), scale[fired].copy()
+            # the other banks reset too (one baseline per stream); the next update re-warms all
+            for bank in self.banks:
+                bank.reset_streams(fired)
+        else:
+            direction = np.zeros(0, np.int8)
+            start = np.zeros(0, np.int64)
+            base_med = base_scale = np.zeros(0)
+        if t % 64 == 63:
+            self._evict(wf.window_start)
+        return WindowStreams(t, wf.window_start, i_ok, x_valid, fired, direction, start, base_med,
+                             base_scale, self.last_rebased, invalid)
+
+    def rebase(self, idx) -> None:
+        """Treat streams ``idx`` as changed workload: new size reference, new warm-up."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        self._rebase_streams(idx, self.bytes_per_record[idx], self.coverage[idx])
+
+    def _rebase_streams(self, idx: np.ndarray, new_bpr: np.ndarray, new_cov: np.ndarray) -> None:
+        """New workload on ``idx``: remember the current baseline with its workload (sizes,
+        coverage), and either restore the baseline of the workload seen before it (a mix that
+        ends, an A→B→A pattern: no blind warm-up) or start a new warm-up."""
+        cfg = self.config
+        med, scale = self.banks[0].baseline
+        cur_med, cur_scale = med[idx].copy(), scale[idx].copy()
+        cur_bpr, cur_cov = self.bytes_ref[idx].copy(), self.coverage_ref[idx].copy()
+        pb, pc = self.prev_bpr[idx], self.prev_cov[idx]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            match = (np.isfinite(pb) & np.isfinite(self.prev_scale[idx])
+                     & (np.abs(np.log(new_bpr / pb)) <= 0.5 * cfg.workload_change)
+                     & (np.abs(np.log(new_cov / pc)) <= 0.5 * cfg.coverage_change))
+        r_idx, r_med, r_scale = idx[match], self.prev_med[idx[match]], self.prev_scale[idx[match]]
+        known = np.isfinite(cur_scale)
+        self.prev_bpr[idx[known]] = cur_bpr[known]
+        self.prev_cov[idx[known]] = cur_cov[known]
+        self.prev_med[idx[known]] = cur_med[known]
+        self.prev_scale[idx[known]] = cur_scale[known]
+        for bank in self.banks:
+            bank.reset_streams(idx)
+        if r_idx.size:
+            for bank in self.banks:
+                bank.set_baseline(r_idx, r_med, r_scale)
+            self.n_restored += int(r_idx.size)
+        self.bytes_ref[idx] = new_bpr
+        self.coverage_ref[idx] = new_cov
+        self.hist[:, idx] = np.nan
+        self.n_rebased += int(idx.size)
+        self.last_rebased = np.concatenate([self.last_rebased, idx])
+
+    def statistic(self) -> np.ndarray:
+        """max(S+, S-) / h over banks, per slot (NaN while warming up): ≥ 1 fires."""
+        out = None
+        for bank in self.banks:
+            s = np.maximum(bank.statistic_up, bank.statistic_down) / bank.threshold
+            out = s if out is None else np.maximum(out, s)
+        out = out.astype(np.float64)
+        out[self.banks[0].warming_up] = np.nan
+        return out
+
+    def baseline(self, idx) -> tuple[np.ndarray, np.ndarray]:
+        med, scale = self.banks[0].baseline
+        return med[idx], scale[idx]
+
+    def restore_baseline(self, idx, median, scale) -> None:
+        """Monitor ``idx`` against a known (e.g. pre-change) baseline at once."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        if idx.size:
+            for bank in self.banks:
+                bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
+
+    def recent(self, idx, since_step: int) -> np.ndarray:
+        """Mean of the valid values of streams ``idx`` from bank step ``since_step`` to now."""
+        H = self.config.history
+        lo = max(since_step, self.t - H + 1)
+        steps = np.arange(lo, self.t + 1) % H
+        if steps.size == 0:
+            return np.full(len(idx), np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmedian(self.hist[steps][:, np.asarray(idx, np.int64)], axis=0)
+
+    def current(self, idx) -> np.ndarray:
+        return self.hist[self.t % self.config.history, np.asarray(idx, np.int64)]
+
+    # ------------------------------------------------------------------ index
+    def _lookup(self, agg: pl.DataFrame, h: np.ndarray) -> np.ndarray:
+        # the collector emits keys in a stable order: the same hashes as last window → same slots
+        prev = self._prev_lookup
+        if prev is not None and prev[0].shape == h.shape and np.array_equal(prev[0], h):
+            return prev[1].copy()
+        hs = self._hash_sorted
+        if len(hs):
+            order = np.argsort(h, kind="stable")       # sorted queries: cache-friendly search
+            pos = np.empty(len(h), np.int64)
+            pos[order] = np.searchsorted(hs, h[order])
+            pos_c = np.minimum(pos, len(hs) - 1)
+            found = (pos < len(hs)) & (hs[pos_c] == h)
+            idx = np.where(found, self._hash_idx[pos_c], -1).astype(np.int64)
+        else:
+            found = np.zeros(len(h), bool)
+            idx = np.full(len(h), -1, np.int64)
+        if not found.all():
+            new_rows = np.flatnonzero(~found)
+            new_h, first = np.unique(h[new_rows], return_index=True)
+            rows = new_rows[first]
+            cols = {c: agg.get_column(c).to_list() for c in (*STREAM_KEY, "comm_name", "nnodes")}
+            assigned = np.full(len(new_h), -1, np.int64)
+            for j, r in enumerate(rows.tolist()):
+                slot = self._allocate()
+                if slot < 0:
+                    break
+                assigned[j] = slot
+                key = tuple(cols[c][r] for c in STREAM_KEY)
+                self.key_of[slot] = key
+                self.job[slot] = key[0]
+                self.job_code[slot] = self.jobs.setdefault(key[0], len(self.jobs))
+                self.comm_hash[slot] = key[1]
+                self.func[slot] = key[2]
+                self.size_bucket[slot] = key[3]
+                self.comm_name[slot] = cols["comm_name"][r] or f"{key[1]:x}"
+                self.nnodes[slot] = cols["nnodes"][r] or 1
+                self.active[slot] = True
+            ok = assigned >= 0
+            self.n_dropped_streams += int((~ok).sum())
+            self._retarget()
+            if ok.any():
+                all_h = np.concatenate([hs, new_h[ok]])
+                all_i = np.concatenate([self._hash_idx, assigned[ok]])
+                order = np.argsort(all_h, kind="stable")
+                self._hash_sorted, self._hash_idx = all_h[order], all_i[order]
+            lookup = dict(zip(new_h.tolist(), assigned.tolist()))
+            idx[new_rows] = [lookup[v] for v in h[new_rows].tolist()]
+        self._prev_lookup = (h.copy(), idx.copy())
+        return idx
+
+    def _retarget(self) -> None:
+        """Per-stream ARL0 so that all streams together false-alarm about
+        ``stream_false_alarms_per_day`` times a day (a union bound; the fusion stage filters
+        further). Changed only in factors of 2, so thresholds rarely move."""
+        cfg = self.config
+        per_day = 86400.0 / getattr(self, "_window_s", 1.0)
+        want = max(cfg.arl0, self.n_active * per_day / cfg.stream_false_alarms_per_day)
+        if want > 2.0 * self.arl0 or want < 0.5 * self.arl0:
+            self.arl0 = want
+            for bank in self.banks:
+                bank.set_arl0(want)
+
+    def _allocate(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if self.n >= self.config.max_streams:
+            return -1
+        if self.n >= self.capacity:
+            self._grow(self.n + 1)
+        self.n += 1
+        return self.n - 1
+
+    def _evict(self, now: float) -> None:
+        idle = np.flatnonzero(self.active & (self.last_seen < now - self.config.stream_idle_s))
+        if idle.size == 0:
+            return
+        self._prev_lookup = None
+        keep = ~np.isin(self._hash_idx, idle)
+        self._hash_sorted, self._hash_idx = self._hash_sorted[keep], self._hash_idx[keep]
+        for bank in self.banks:
+            bank.reset_streams(idle)
+        self.active[idle] = False
+        self.bytes_ref[idle] = np.nan
+        self.coverage_ref[idle] = np.nan
+        self.instances_ref[idle] = np.nan
+        for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale"):
+            getattr(self, name)[idle] = np.nan
+        self.ap_ref[idle] = 0
+        self.hist[:, idle] = np.nan
+        for i in idle.tolist():
+            self.key_of.pop(i, None)
+            self._free.append(i)
+        self._retarget()
+
+
+def _group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
+    """One row per stream (lat of the row with most records, sums, (algo, proto) bit set) and
+    the streams' 64-bit key hashes. The common case, one row per stream, needs no group_by."""
+    if keys.height == 0:
+        return pl.DataFrame(), np.zeros(0, np.uint64)
+    code = (keys.get_column("algo").replace_strict(_ALGO_CODE, default=-1, return_dtype=pl.Int64) * len(PROTOS)
+            + keys.get_column("proto").replace_strict(_PROTO_CODE, default=-1, return_dtype=pl.Int64))
+    code = code.to_numpy()
+    code = np.where((code >= 0) & (code < _AP_UNKNOWN), code, _AP_UNKNOWN)
+    bit = np.left_shift(np.uint64(1), code.astype(np.uint64))
+    h = keys.select(pl.struct(*STREAM_KEY).hash(seed=7)).to_series().to_numpy()
+    hs = np.sort(h)
+    if not (hs[1:] == hs[:-1]).any():
+        agg = keys.select(*STREAM_KEY, "comm_name", "nnodes", "records", "instances", "bytes_total",
+                          pl.col("lat_p50_s").fill_nan(None).alias("lat"),
+                          pl.Series("ap_bits", bit, dtype=pl.UInt64))
+        return agg, h
+    k = keys.with_columns(pl.Series("ap_bit", bit, dtype=pl.UInt64),
+                          pl.col("lat_p50_s").fill_nan(None))
+    agg = k.group_by(STREAM_KEY, maintain_order=True).agg(
+        pl.col("comm_name").first(),
+        pl.col("nnodes").max(),
+        pl.col("records").sum(),
+        pl.col("instances").sum(),
+        pl.col("bytes_total").sum(),
+        pl.col("lat_p50_s").sort_by("records", descending=True).first().alias("lat"),
+        pl.col("ap_bit").unique().sum().alias("ap_bits"),
+    )
+    return agg, agg.select(pl.struct(*STREAM_KEY).hash(seed=7)).to_series().to_numpy()

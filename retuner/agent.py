@@ -1,0 +1,762 @@
+"""The retuner: regime changes + measured durations in, tuner config versions out.
+
+In-process API (what ``dynamiccl demo`` and ``dynamiccl retuner run`` use)::
+
+    rt = Retuner(RetunerConfig(dry_run=False, topology="h100-2x8", tuner_config_path=path))
+    rt.on_change(rc)          # detector.events.RegimeChange (or its JSON line)
+    rt.on_window(wf)          # collector.features.WindowFeatures: measured durations per (comm, func, size)
+    rt.observe([obs, ...])    # or retuner.types.Observation directly (evaluation, tests)
+    rt.status()               # per-target state, for views and tests
+
+Every call returns the tuner-config version it wrote, or None. Nothing here raises on bad input after
+construction: malformed inputs are counted (``dynamiccl_retuner_inputs_dropped_total{reason}``), failed
+writes leave the last good file in place (``dynamiccl_retuner_push_errors_total``), and every decision
+goes to the audit log and ``dynamiccl_retuner_decisions_total{action}``.
+
+Time is event time (the ``window_start`` / ``detected_s`` clock of the inputs); the injected ``clock`` only
+stamps audit lines.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from nccl_tuner_plugin.config import Rule
+
+from retuner.audit import AuditLog
+from retuner.config import Pin, RetunerConfig
+from retuner.explore import Event, Exploration, _n
+from retuner.memory import Memory
+from retuner.metrics import RetunerMetrics
+from retuner.planner import Planner
+from retuner.push import ConfigPusher, PushError
+from retuner.stats import Running, slower_p
+from retuner.types import Candidate, Observation, Target
+
+__all__ = ["Retuner", "TargetState"]
+
+log = logging.getLogger("retuner")
+Key = tuple[int, str, int]
+MAX_TARGETS = 4096
+P2P_FUNCS = ("Send", "Recv")
+
+
+@dataclass
+class TargetState:
+    target: Target
+    active: Candidate | None = None          # what the retuner has in force (None = NCCL's choice)
+    baseline: Candidate | None = None        # the config of the baseline regime (start-up tuning result)
+    regime: str | None = None                # id of the regime change affecting it (None = baseline)
+    regime_kind: str | None = None
+    regime_start: float = -math.inf
+    exploration: str | None = None
+    history: deque = field(default_factory=lambda: deque(maxlen=512))   # (t0, t1, n, mean, var, cand)
+    applies: deque = field(default_factory=lambda: deque(maxlen=64))    # (event time, cand)
+    time_s: float = 0.0
+    first_t: float = math.inf
+    start_done: bool = False
+    last_decision_t: float = -math.inf
+    not_applied: int = 0
+    unapplicable: set = field(default_factory=set)
+    bias: dict = field(default_factory=dict)          # (algo, proto) -> measured / modelled
+    observed_cell: tuple[str, str] | None = None
+    observed_channels: int | None = None
+    pinned: Candidate | None = None
+
+
+class Retuner:
+    def __init__(self, cfg: RetunerConfig | None = None, *, clock: Callable[[], float] = time.time,
+                 registry=None) -> None:
+        self.cfg = (cfg or RetunerConfig()).validate()
+        self.policy = self.cfg.policy
+        self.clock = clock
+        self.metrics = RetunerMetrics(registry)
+        self.metrics.set_dry_run(self.cfg.dry_run)
+        self.audit = AuditLog(self.cfg.audit_path, clock=clock, dry_run=self.cfg.dry_run,
+                              on_error=lambda: self.metrics.inc("audit_errors"))
+        self.pusher = ConfigPusher(self.cfg.tuner_config_path, dry_run=self.cfg.dry_run, clock=clock)
+        if self.pusher.load_error:
+            self.metrics.push_error("invalid_config")
+            self.audit.write("error", t=None, error=self.pusher.load_error)
+        self.metrics.set_version(self.pusher.version)
+        self.planner = Planner(self.cfg)
+        self.memory = Memory(tolerance=self.policy.recurrence_tolerance, max_entries=self.policy.memory_max)
+        self.targets: dict[Key, TargetState] = {}
+        self.explorations: dict[str, Exploration] = {}
+        self.regimes: OrderedDict[str, object] = OrderedDict()
+        self.versions: OrderedDict[int, dict[Key, Candidate | None]] = OrderedDict()
+        self.now = -math.inf
+        self.tokens = self.policy.budget_initial_s
+        self.total_s = 0.0
+        self._pushed_rules: tuple[Rule, ...] | None = None
+        self._lock = threading.RLock()
+        self._xn = 0
+        self._started = False
+
+    # ================================================================ inputs
+    def on_change(self, rc) -> int | None:
+        """A :class:`detector.events.RegimeChange` (or its JSON line). Returns the version written, if any."""
+        from detector.events import RegimeChange
+        with self._lock:
+            self.metrics.inc("changes")
+            if not isinstance(rc, RegimeChange):
+                try:
+                    rc = RegimeChange.from_json(rc)
+                except (ValueError, TypeError) as e:
+                    self.metrics.drop("malformed")
+                    log.warning("regime change dropped: %s", e)
+                    return None
+            try:
+                self._on_change(rc)
+            except Exception as e:              # never let one event take the service down
+                log.exception("regime change %s: internal error", rc.id)
+                self.audit.write("error", t=self.now, error=f"internal error on {rc.id}: {e!r}")
+                self.metrics.drop("malformed")
+            return self._sync()
+
+    def on_window(self, wf) -> int | None:
+        """A :class:`collector.features.WindowFeatures`; its ``keys`` rows become observations."""
+        with self._lock:
+            self.metrics.inc("windows")
+            try:
+                obs = list(observations_from_window(wf))
+            except Exception as e:
+                self.metrics.drop("malformed")
+                log.warning("window dropped: %s", e)
+                return None
+            return self.observe(obs)
+
+    def observe(self, observations: Iterable[Observation]) -> int | None:
+        with self._lock:
+            for o in observations:
+                self.metrics.inc("observations")
+                try:
+                    self._ingest(o)
+                except Exception as e:
+                    self.metrics.drop("malformed")
+                    log.warning("observation dropped: %s", e)
+            try:
+                self._advance()
+            except Exception as e:
+                log.exception("retuner: internal error while advancing")
+                self.audit.write("error", t=self.now, error=f"internal error: {e!r}")
+            return self._sync()
+
+    # ================================================================ observations
+    def _state(self, t: Target) -> TargetState | None:
+        ts = self.targets.get(t.key)
+        if ts is None:
+            if len(self.targets) >= MAX_TARGETS:
+                self.metrics.drop("unknown_target")
+                return None
+            ts = self.targets[t.key] = TargetState(t)
+            ts.pinned = self._pin_for(t)
+        elif (t.nranks and not ts.target.nranks) or (t.comm_name and not ts.target.comm_name):
+            ts.target = t
+        return ts
+
+    def _attribute(self, ts: TargetState, o: Observation) -> tuple[bool, Candidate | None]:
+        if ts.pinned is not None:
+            return True, ts.pinned
+        if o.version is not None:
+            if o.version == 0:
+                return True, None
+            m = self.versions.get(o.version)
+            if m is None:
+                return False, None
+            return True, m.get(ts.target.key)
+        g = self.policy.apply_grace_s
+        cand = None
+        for t_apply, c in reversed(ts.applies):
+            if t_apply < o.t_end and t_apply > o.t_start - g:
+                return False, None          # the config changed inside (or just before) this interval
+            if t_apply <= o.t_start - g:
+                cand = c
+                break
+        return True, cand
+
+    def _ingest(self, o: Observation) -> None:
+        if not isinstance(o, Observation) or not o.valid() or o.target.func in P2P_FUNCS:
+            self.metrics.drop("malformed")
+            return
+        ts = self._state(o.target)
+        if ts is None:
+            return
+        self.now = max(self.now, o.t_end)
+        ok, cand = self._attribute(ts, o)
+        dur = o.n * o.mean_s
+        self.total_s += dur
+        ts.time_s += dur
+        ts.first_t = min(ts.first_t, o.t_start)
+        self.metrics.inc("collective_s", dur)
+        self.tokens += self.policy.exploration_budget * dur
+        if not ok:
+            self.metrics.drop("unattributed")
+            return
+        if o.algo and o.proto and o.algo != "UNKNOWN":
+            if cand is not None and (o.algo, o.proto) != (cand.algo, cand.proto):
+                self._not_applied(ts, cand, o)
+                return
+            ts.observed_cell = (o.algo, o.proto)
+            if cand is None and o.n_channels:
+                ts.observed_channels = o.n_channels
+        ts.not_applied = 0
+        ts.history.append((o.t_start, o.t_end, o.n, o.mean_s, o.var_s2, cand))
+        while ts.history and ts.history[0][1] < self.now - self.policy.history_s:
+            ts.history.popleft()
+        x = self.explorations.get(ts.exploration) if ts.exploration else None
+        if x is not None:
+            inc = x.stats[x.incumbent]
+            if x.phase == "probe" and cand != x.incumbent and inc.n >= 2:
+                excess = max(0.0, (o.mean_s - inc.mean) * o.n)
+                self.tokens -= excess
+                self.metrics.inc("excess_s", excess)
+            x.record(ts.target.key, cand, o.n, o.mean_s, o.var_s2, o.t_end)
+
+    def _not_applied(self, ts: TargetState, cand: Candidate, o: Observation) -> None:
+        ts.not_applied += 1
+        self.metrics.drop("unattributed")
+        if ts.not_applied < self.policy.max_not_applied:
+            return
+        ts.not_applied = 0
+        ts.unapplicable.add(cand)
+        self._decide("unapplicable", ts.target, candidate=cand.name, observed=f"{o.algo}/{o.proto}",
+                     note="the plugin did not apply this config (NCCL disabled the cell?); not tried again here")
+        x = self.explorations.get(ts.exploration) if ts.exploration else None
+        if x is not None:
+            x.eliminated.add(cand)
+            if x.phase == "verify" and x.committed == cand:
+                self._abort(x, reason=f"{cand.name} cannot be applied")
+            else:                                     # a probe: drop it, the others go on
+                for k, c in x.assignment.items():
+                    if c == cand:
+                        x.fresh[k] = True
+        if ts.active == cand:
+            ts.active = ts.baseline if ts.baseline not in ts.unapplicable else None
+
+    # ================================================================ regime changes
+    def _targets_for(self, rc) -> list[TargetState]:
+        comms = set()
+        for c in rc.comms:
+            try:
+                comms.add(int(str(c), 16))
+            except ValueError:
+                pass
+        names = set(rc.comm_names) if not comms else set()
+        out = []
+        for ts in self.targets.values():
+            t = ts.target
+            if comms and t.comm_hash not in comms:
+                continue
+            if names and t.comm_name not in names:
+                continue
+            if rc.funcs and t.func not in rc.funcs:
+                continue
+            if rc.size_buckets and t.size_bucket not in rc.size_buckets:
+                continue
+            out.append(ts)
+        return out
+
+    def _heavy(self, tss: list[TargetState]) -> list[TargetState]:
+        if self.total_s <= 0:
+            return []
+        tss = [ts for ts in tss if ts.pinned is None and ts.time_s / self.total_s >= self.policy.min_time_share]
+        return sorted(tss, key=lambda ts: -ts.time_s)[:self.policy.max_targets]
+
+    def _on_change(self, rc) -> None:
+        self.now = max(self.now, rc.detected_s)
+        self.regimes[rc.id] = rc
+        while len(self.regimes) > 1024:
+            self.regimes.popitem(last=False)
+        base = {"regime": rc.id, "kind": rc.kind, "magnitude": rc.magnitude}
+        if rc.kind == "recovery":
+            tss = [ts for ts in self.targets.values() if rc.recovers is not None and ts.regime == rc.recovers]
+            if not tss:
+                tss = [ts for ts in self._targets_for(rc) if ts.regime is not None]
+            for ts in tss:
+                self._revert(ts, rc)
+            if not tss:
+                self._decide("ignore", None, **base, reason="recovery of a regime no target is in")
+            return
+        if rc.kind == "straggler":
+            self._decide("ignore", None, **base, reason="straggler: not a configuration problem (reported only)")
+            return
+        if not (math.isfinite(rc.magnitude) and rc.magnitude > 0) or abs(rc.magnitude - 1.0) < self.policy.min_change:
+            self._decide("ignore", None, **base, reason=f"|magnitude - 1| below hysteresis {self.policy.min_change}")
+            return
+        tss = self._heavy(self._targets_for(rc))
+        if not tss:
+            self._decide("ignore", None, **base, reason="no affected target carries enough collective time")
+            return
+        for ts in tss:
+            x = self.explorations.get(ts.exploration) if ts.exploration else None
+            if x is not None:
+                self._abort(x, reason=f"new regime {rc.id}", cutoff=rc.start_s)
+            ts.regime, ts.regime_kind, ts.regime_start = rc.id, rc.kind, rc.start_s
+        comms = [ts.target.comm_hex for ts in tss]
+        fp = (rc.kind, tuple(sorted(set(comms))), float(rc.magnitude))
+        remembered = self.memory.lookup(rc.kind, comms, rc.magnitude) or {}
+        if self.cfg.dry_run:
+            for cohort in self._cohorts(tss):
+                self._recommend(cohort, rc, remembered)
+            return
+        fresh = []
+        for ts in tss:
+            r = remembered.get(ts.target.key)
+            if r is not None and r[0] not in ts.unapplicable and r[3]:
+                self._start(Exploration(self._xid(), trigger=rc.id, kind=rc.kind, members=[ts.target],
+                                        incumbent=ts.active, policy=self.policy, fingerprint=fp, t_start=self.now,
+                                        reuse=r[0], reuse_ref_s=r[1]),
+                            "reuse", candidate=_n(r[0]), remembered_mean_s=r[1], **base)
+            else:
+                if r is not None and r[0] not in ts.unapplicable:
+                    # an exploration of this regime was interrupted: start from what it had found, keep looking
+                    ts.active = r[0]
+                    self._decide("reuse", ts.target, candidate=_n(r[0]), partial=True, remembered_mean_s=r[1],
+                                 note="continues exploring from the remembered config", **base)
+                fresh.append(ts)
+        if rc.kind == "flapping":
+            if fresh:
+                self._decide("ignore", None, **base, reason="flapping: nothing remembered; no exploration while "
+                                                            "the network alternates", targets=len(fresh))
+            return
+        cool = [ts for ts in fresh if self.now - ts.last_decision_t < self.policy.cooldown_s]
+        if cool:
+            self._decide("ignore", None, **base, reason=f"cooldown {self.policy.cooldown_s} s", targets=len(cool))
+        for cohort in self._cohorts([ts for ts in fresh if ts not in cool]):
+            self._start(Exploration(self._xid(), trigger=rc.id, kind=rc.kind, members=[ts.target for ts in cohort],
+                                    incumbent=cohort[0].active, policy=self.policy, fingerprint=fp,
+                                    t_start=self.now), "explore", **base,
+                        members=[ts.target.comm_name or ts.target.comm_hex for ts in cohort])
+
+    def _revert(self, ts: TargetState, rc) -> None:
+        x = self.explorations.get(ts.exploration) if ts.exploration else None
+        if x is not None:
+            self._abort(x, reason=f"recovery {rc.id}", cutoff=rc.start_s)
+        old = ts.active
+        ts.active = ts.baseline
+        ts.regime = ts.regime_kind = None
+        self.metrics.set_gain(_labels(ts.target), None)
+        if old != ts.active:
+            ts.last_decision_t = self.now
+            self._decide("revert", ts.target, regime=rc.id, recovers=rc.recovers, was=_n(old), now=_n(ts.active))
+
+    def _cohorts(self, tss: list[TargetState]) -> list[list[TargetState]]:
+        groups: dict[tuple, list[TargetState]] = {}
+        for ts in tss:
+            t = ts.target
+            groups.setdefault((t.func, t.size_bucket, t.nranks, t.nnodes, ts.active), []).append(ts)
+        return list(groups.values())
+
+    def _recommend(self, cohort: list[TargetState], rc, remembered) -> None:
+        ts = cohort[0]
+        ratio = self._ratio(ts, rc.start_s if rc is not None else None)
+        inc_cell = self.planner.cell_of(ts.target, ts.active, ts.observed_cell)
+        plan = self.planner.cells(ts.target, kind=rc.kind if rc else "baseline", incumbent=ts.active,
+                                  inc_cell=inc_cell, ratio=ratio, bias=ts.bias, unapplicable=ts.unapplicable)
+        r = remembered.get(ts.target.key) if remembered else None
+        self._decide("recommend", ts.target, regime=rc.id if rc else "start",
+                     members=[m.target.comm_name or m.target.comm_hex for m in cohort],
+                     remembered=_n(r[0]) if r else None, candidates=[c.name for c in plan.candidates],
+                     predicted_us=plan.predicted_us, fit={"dlat_us": plan.fit.dlat_us, "beta": plan.fit.beta},
+                     measured_ratio=ratio, note="dry run: nothing written; exploration needs dry_run=false")
+
+    # ================================================================ explorations
+    def _xid(self) -> str:
+        self._xn += 1
+        return f"x{self._xn}"
+
+    def _start(self, x: Exploration, action: str, **details) -> None:
+        self.explorations[x.id] = x
+        for m in x.members:
+            self.targets[m.key].exploration = x.id
+        self._decide(action, x.members[0] if len(x.members) == 1 else None, exploration=x.id,
+                     incumbent=_n(x.incumbent), n_members=len(x.members),
+                     target=_tname(x.members[0]), **details)
+
+    def _abort(self, x: Exploration, *, reason: str, cutoff: float = math.inf) -> None:
+        """Stop ``x``. What it already knows to be better (from samples that ended by ``cutoff``, the onset of
+        whatever interrupted it) is remembered, so a recurrence of the regime starts from it."""
+        self.explorations.pop(x.id, None)
+        if x.mode == "explore" and x.trigger != "start" and x.phase in ("probe", "verify"):
+            pol = self.policy
+            cands = [c for c in x.stats if c != x.incumbent]
+            inc = x.stats_until(x.incumbent, cutoff)
+            good = []
+            for c in cands:
+                sc = x.stats_until(c, cutoff)
+                if sc.n >= pol.min_samples and inc.n >= 2 and slower_p(inc, sc, margin=pol.min_gain) < pol.alpha:
+                    good.append((sc.mean, c.name, c, sc))
+            if good:
+                _, _, b, sb = min(good)
+                kind, comms, mag = x.fingerprint
+                self.memory.store(kind, comms, mag, {m.key: (b, sb.mean, inc.mean, False) for m in x.members})
+        for m in x.members:
+            ts = self.targets[m.key]
+            if ts.exploration == x.id:
+                ts.exploration = None
+        self._decide("abort", None, exploration=x.id, reason=reason, target=_tname(x.members[0]),
+                     n_members=len(x.members), phase=x.phase)
+
+    def _ratio(self, ts: TargetState, start: float | None) -> float | None:
+        """Measured mean after / before the regime's onset, for the config in force."""
+        if start is None or not math.isfinite(start):
+            return None
+        before, after = Running(), Running()
+        for t0, t1, n, mean, var, cand in ts.history:
+            if cand != ts.active:
+                continue
+            if t1 <= start:
+                before.add_batch(n, mean, var)
+            elif t0 >= start:
+                after.add_batch(n, mean, var)
+        if before.n < 2 or after.n < 2:
+            return None
+        return after.mean / before.mean
+
+    def _maybe_start(self) -> None:
+        pol = self.policy
+        if not pol.tune_at_start or self.total_s <= 0:
+            return
+        ready = []
+        for ts in self.targets.values():
+            if ts.start_done or ts.exploration or ts.regime is not None or ts.pinned is not None:
+                continue
+            if self.now - ts.first_t < 2.0 or sum(h[2] for h in ts.history) < pol.min_samples:
+                continue
+            if ts.time_s / self.total_s < pol.min_time_share:
+                continue
+            ready.append(ts)
+        ready = sorted(ready, key=lambda ts: -ts.time_s)[:pol.max_targets]
+        for cohort in self._cohorts(ready):
+            for ts in cohort:
+                ts.start_done = True
+            if self.cfg.dry_run:
+                self._recommend(cohort, None, None)
+                continue
+            fp = ("baseline", tuple(sorted({ts.target.comm_hex for ts in cohort})), 1.0)
+            self._start(Exploration(self._xid(), trigger="start", kind="baseline",
+                                    members=[ts.target for ts in cohort], incumbent=cohort[0].active,
+                                    policy=self.policy, fingerprint=fp, t_start=self.now), "explore",
+                        regime="start", kind="baseline")
+
+    def _plan_round1(self, x: Exploration) -> None:
+        ts = self.targets[x.members[0].key]
+        rc = self.regimes.get(x.trigger)
+        ratio = None
+        if rc is not None:
+            ratio = self._ratio(ts, rc.start_s)
+            if ratio is None and x.inc_stats.n >= 2:
+                before = Running()
+                for t0, t1, n, mean, var, cand in ts.history:
+                    if cand == x.incumbent and t1 <= rc.start_s:
+                        before.add_batch(n, mean, var)
+                ratio = x.inc_stats.mean / before.mean if before.n >= 2 else None
+        inc_cell = self.planner.cell_of(ts.target, x.incumbent, ts.observed_cell)
+        unapp = set().union(*(self.targets[m.key].unapplicable for m in x.members))
+        extra: list[Candidate] = []
+        if x.trigger != "start" and inc_cell is not None and self.policy.channel_rounds > 0:
+            # the incumbent at half / twice its channels: often the quickest win when bandwidth changes
+            base = x.incumbent if x.incumbent is not None else Candidate(inc_cell[0], inc_cell[1], 0)
+            extra = [c for c in self.planner.channel_variants(
+                ts.target, base, (0.5, 2.0), unapp, ts.observed_channels if x.incumbent is None else None)
+                if c != base]
+        plan = self.planner.cells(ts.target, kind=x.kind, incumbent=x.incumbent, inc_cell=inc_cell, ratio=ratio,
+                                  bias=ts.bias, unapplicable=unapp,
+                                  max_cells=self.policy.start_cells if x.trigger == "start" else None)
+        plan.candidates += [c for c in extra if c not in plan.candidates]     # model-ranked cells first
+        x.fit = plan.fit
+        x.inc_cell = inc_cell
+        x.pred_us = dict(plan.predicted_us)
+        x.inc_pred_us = plan.inc_pred_us
+        x.prune_ratio = self.policy.prune_ratio if x.trigger == "start" else self.policy.regime_prune_ratio
+        info = {"fit": {"dlat_us": round(plan.fit.dlat_us, 2), "beta": round(plan.fit.beta, 4)},
+                "measured_ratio": ratio, "predicted_us": {c.name: round(v, 2) for c, v in plan.predicted_us.items()},
+                "incumbent_predicted_us": plan.inc_pred_us, "skipped": plan.skipped}
+        if not plan.candidates:
+            self._finish_decision(x, x.decide())
+            return
+        self._decide("probe", None, exploration=x.id, target=_tname(x.members[0]),
+                     **x.start_round(plan.candidates, info).details)
+
+    def _update_bias(self, x: Exploration) -> None:
+        m = self.planner.model(x.members[0])
+        if m is None:
+            return
+        t = x.members[0]
+        for c, s in x.stats.items():
+            if s.n < self.policy.min_samples:
+                continue
+            if c is None:
+                cell = x.inc_cell
+            elif c.n_channels == 0:
+                cell = (c.algo, c.proto)
+            else:
+                continue
+            if cell is None:
+                continue
+            pred = m.predict(t.func, t.nbytes(), cell, x.fit)
+            if math.isfinite(pred) and pred > 0:
+                for mem in x.members:
+                    self.targets[mem.key].bias[cell] = s.mean * 1e6 / pred
+
+    def _next_round(self, x: Exploration) -> bool:
+        pol = self.policy
+        if x.round_no > pol.channel_rounds:
+            return False
+        best = x.best()
+        ts = self.targets[x.members[0].key]
+        obs_ch = None
+        if best is None:                  # NCCL's own choice won: vary its channels
+            if x.inc_cell is None:
+                return False
+            obs_ch = ts.observed_channels
+            best_c = Candidate(x.inc_cell[0], x.inc_cell[1], 0)
+        else:
+            best_c = best
+        if x.round_no == 1:
+            factors = (0.5, 2.0)
+        else:
+            prev = x.best_before
+            if prev is None or best_c == prev or (prev.algo, prev.proto) != (best_c.algo, best_c.proto):
+                return False
+            pc = self.planner.channels_of(ts.target, prev, ts.observed_channels if prev.n_channels == 0 else None) or 0
+            bc = self.planner.channels_of(ts.target, best_c, obs_ch) or 0
+            if not pc or not bc or pc == bc:
+                return False
+            factors = (2.0,) if bc > pc else (0.5,)
+        unapp = set().union(*(self.targets[m.key].unapplicable for m in x.members))
+        cands = [c for c in self.planner.channel_variants(ts.target, best_c, factors, unapp, obs_ch)
+                 if c not in x.stats and c != best_c]
+        if not cands:
+            return False
+        x.best_before = best_c
+        self._decide("probe", None, exploration=x.id, target=_tname(x.members[0]),
+                     **x.start_round(cands, {"channels_of": _n(best)}).details)
+        return True
+
+    def _finish_decision(self, x: Exploration, ev: Event) -> None:
+        for m in x.members:
+            ts = self.targets[m.key]
+            ts.active = x.committed
+            if x.trigger != "start":           # start-up tuning does not start a cooldown
+                ts.last_decision_t = self.now
+        if ev.action == "keep" and x.trigger != "start" and x.inc_stats.n >= 2:
+            # "nothing beats the incumbent here" is worth remembering too: a recurrence then costs nothing
+            kind, comms, mag = x.fingerprint
+            self.memory.store(kind, comms, mag, {m.key: (x.incumbent, x.inc_stats.mean, x.inc_stats.mean, True)
+                                                 for m in x.members})
+        self._decide(ev.action, None, exploration=x.id, target=_tname(x.members[0]),
+                     n_members=len(x.members), **ev.details)
+
+    def _step(self, x: Exploration) -> None:
+        if x.phase == "incumbent":
+            if x.incumbent_ready():
+                self._plan_round1(x)
+        if x.phase == "probe" and x.round_finished():
+            self._update_bias(x)
+            if not self._next_round(x):
+                self._finish_decision(x, x.decide())
+        if x.phase == "verify":
+            for m in x.members:
+                self.targets[m.key].active = x.committed
+            ev = x.check_verify()
+            if ev is not None:
+                self._verified(x, ev)
+        if x.phase == "done":
+            self._close(x)
+
+    def _verified(self, x: Exploration, ev: Event) -> None:
+        if ev.action == "rollback":
+            self.metrics.inc("rollbacks")
+            for m in x.members:
+                ts = self.targets[m.key]
+                ts.active = x.incumbent
+                ts.last_decision_t = self.now
+                self.metrics.set_gain(_labels(m), None)
+            self._decide("rollback", None, exploration=x.id, target=_tname(x.members[0]), **ev.details)
+            return
+        if ev.action == "reuse_failed":
+            self._decide("abort", None, exploration=x.id, target=_tname(x.members[0]),
+                         reason="remembered config measured slower than last time: exploring again", **ev.details)
+            for m in x.members:
+                ts = self.targets[m.key]
+                ts.active = x.incumbent
+                ts.exploration = None
+            self.explorations.pop(x.id, None)
+            cohort = [self.targets[m.key] for m in x.members]
+            self._start(Exploration(self._xid(), trigger=x.trigger, kind=x.kind, members=x.members,
+                                    incumbent=x.incumbent, policy=self.policy, fingerprint=x.fingerprint,
+                                    t_start=self.now), "explore", regime=x.trigger, kind=x.kind,
+                        members=[ts.target.comm_name or ts.target.comm_hex for ts in cohort])
+            return
+        # confirmed
+        what = {}
+        ref = x.reference.mean if x.reference is not None and x.reference.n else math.nan
+        for m in x.members:
+            ts = self.targets[m.key]
+            if x.trigger != "start":
+                ts.last_decision_t = self.now
+            what[m.key] = (x.committed, x.verify.mean, ref, True)
+            if math.isfinite(ref) and x.verify.n:
+                self.metrics.set_gain(_labels(m), ref / x.verify.mean)
+        if x.mode == "explore":
+            kind, comms, mag = x.fingerprint
+            if kind != "baseline":
+                self.memory.store(kind, comms, mag, what)
+        self._decide("keep" if x.mode == "explore" else "reuse", None, exploration=x.id,
+                     target=_tname(x.members[0]), confirmed=True, **ev.details)
+
+    def _close(self, x: Exploration) -> None:
+        self.explorations.pop(x.id, None)
+        for m in x.members:
+            ts = self.targets[m.key]
+            if ts.exploration == x.id:
+                ts.exploration = None
+            if x.trigger == "start":
+                ts.baseline = ts.active
+            elif ts.regime is None:
+                pass
+
+    def _advance(self) -> None:
+        if not self.cfg.dry_run or self.policy.tune_at_start:
+            self._maybe_start()
+        for x in list(self.explorations.values()):
+            if x.id in self.explorations:
+                self._step(x)
+        allow = self.tokens > 0
+        for x in self.explorations.values():
+            x.assign(allow_probe=allow)
+        self.metrics.set_exploring(len(self.explorations))
+
+    # ================================================================ output
+    def _pin_for(self, t: Target) -> Candidate | None:
+        for p in self.cfg.pins:
+            if p.func != t.func:
+                continue
+            if p.size_bucket is not None and p.size_bucket != t.size_bucket:
+                continue
+            if p.comm is not None and p.comm.lower() not in (t.comm_hex, (t.comm_name or "").lower()):
+                continue
+            return Candidate(p.algo, p.proto, p.n_channels)
+        return None
+
+    def current(self) -> dict[Key, Candidate | None]:
+        """What every target should run now (exploration assignment, else the active config)."""
+        out = {}
+        for k, ts in self.targets.items():
+            if ts.pinned is not None:
+                continue
+            x = self.explorations.get(ts.exploration) if ts.exploration else None
+            out[k] = x.assignment.get(k, ts.active) if x is not None else ts.active
+        return out
+
+    def _rules(self, cur: dict[Key, Candidate | None]) -> tuple[Rule, ...]:
+        rules = [_pin_rule(p, self.targets) for p in self.cfg.pins]
+        rules = [r for r in rules if r is not None]
+        for k in sorted(cur):
+            c = cur[k]
+            if c is not None:
+                rules.append(c.rule(self.targets[k].target))
+        return tuple(rules)
+
+    def _sync(self) -> int | None:
+        if self.cfg.dry_run:
+            return None
+        cur = self.current()
+        rules = self._rules(cur)
+        if rules == self._pushed_rules:
+            return None
+        try:
+            v = self.pusher.push(list(rules))
+        except PushError as e:
+            self.metrics.push_error(e.reason)
+            self.audit.write("push_error", t=self.now, reason=e.reason, error=str(e),
+                             note=f"the plugin keeps version {self.pusher.version}")
+            log.error("push failed (%s): %s; the plugin keeps version %d", e.reason, e, self.pusher.version)
+            return None
+        if v is None:
+            return None
+        prev = self.versions[next(reversed(self.versions))] if self.versions else {}
+        self._pushed_rules = rules
+        self.versions[v] = {k: c for k, c in cur.items() if c is not None}
+        while len(self.versions) > 64:
+            self.versions.popitem(last=False)
+        for k, ts in self.targets.items():
+            if ts.pinned is None and prev.get(k) != cur.get(k):
+                ts.applies.append((self.now, cur.get(k)))
+                self.metrics.set_active(_labels(ts.target), None if cur.get(k) is None else
+                                        (cur[k].algo, cur[k].proto, str(cur[k].n_channels)))
+        self.metrics.inc("pushes")
+        self.metrics.set_version(v)
+        self.audit.write("push", t=self.now, version=v, rules=len(rules))
+        return v
+
+    def _decide(self, action: str, tgt: Target | None, /, **details) -> None:
+        self.metrics.decision(action)
+        if tgt is not None:
+            details.setdefault("target", _tname(tgt))
+        self.audit.write(action, t=self.now, **details)
+
+    # ================================================================ views
+    def status(self) -> list[dict]:
+        with self._lock:
+            cur = self.current()
+            return [{"target": _tname(ts.target), "active": _n(ts.active), "running": _n(cur.get(k, ts.pinned)),
+                     "baseline": _n(ts.baseline), "regime": ts.regime, "exploring": ts.exploration,
+                     "time_share": ts.time_s / self.total_s if self.total_s else 0.0}
+                    for k, ts in sorted(self.targets.items())]
+
+    def close(self) -> None:
+        self.audit.close()
+
+
+def _tname(t: Target) -> str:
+    return f"{t.comm_name or t.comm_hex}/{t.func}/{t.size_bucket}"
+
+
+def _labels(t: Target) -> tuple[str, str, str]:
+    return (t.comm_name or t.comm_hex, t.func, str(t.size_bucket))
+
+
+def _pin_rule(p: Pin, targets: dict[Key, TargetState]) -> Rule | None:
+    comm = None
+    if p.comm is not None:
+        if p.comm.lower().startswith("0x"):
+            comm = int(p.comm, 16)
+        else:
+            comm = next((ts.target.comm_hash for ts in targets.values() if ts.target.comm_name == p.comm), None)
+            if comm is None:
+                return None            # name not seen yet
+    lo, hi = 0, (1 << 64) - 1
+    if p.size_bucket is not None:
+        t = next((ts.target for ts in targets.values() if ts.target.func == p.func
+                  and ts.target.size_bucket == p.size_bucket and (comm is None or ts.target.comm_hash == comm)), None)
+        lo, hi = t.byte_range() if t is not None else (1 << p.size_bucket, (1 << (p.size_bucket + 1)) - 1)
+    return Rule(p.func, lo, hi, p.algo, p.proto, p.n_channels, 0, comm)
+
+
+def observations_from_window(wf) -> Iterable[Observation]:
+    """Rows of a window's ``keys`` table → one :class:`Observation` each (P2P rows and rows without timing skipped).
+
+    Variance per collective is estimated from the row's p50/p90 (normal: σ ≈ (p90 − p50) / 1.2816).
+    """
+    keys = wf.keys
+    if keys is None or keys.height == 0:
+        return
+    t0, t1 = float(wf.window_start), float(wf.window_start) + float(wf.window_s)
+    cols = keys.select(["comm_hash", "comm_name", "func", "algo", "proto", "size_bucket", "nranks", "nnodes",
+                        "instances", "lat_mean_s", "lat_p50_s", "lat_p90_s"]).rows()
+    for (h, name, func, algo, proto, b, nr, nn, inst, mean, p50, p90) in cols:
+        if func in P2P_FUNCS or mean is None or not inst or not (mean > 0):
+            continue
+        sig = (p90 - p50) / 1.2816 if (p90 is not None and p50 is not None and p90 > p50) else 0.01 * mean
+        yield Observation(Target(int(h), str(func), int(b), int(nr or 0), int(nn or 0), str(name or "")),
+                          t0, t1, int(inst), float(mean), float(sig * sig),
+                          None if algo in (None, "UNKNOWN") else str(algo),
+                          None if proto in (None, "UNKNOWN") else str(proto))

@@ -1,0 +1,66 @@
+"""The evaluation's scoring rules on hand-made results, and the quick run end to end (slow)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from detector.evaluate import score
+
+EPOCH = 1000.0
+
+
+def change(kind, t_start, t_det, cid, recovers=None, z=20.0, comms=("0x1",), ranks=()):
+    return {"id": cid, "kind": kind, "job_id": "j", "start_s": EPOCH + t_start, "detected_s": EPOCH + t_det,
+            "magnitude": 1.5, "comms": list(comms), "comm_names": ["c"], "funcs": [], "size_buckets": [],
+            "ranks": list(ranks), "hosts": [], "recovers": recovers,
+            "evidence": {"streams": [{"z": z}], "arl0": 1e6}}
+
+
+def result(truth, meta, changes, stationary=False, duration=300.0):
+    return {"spec": {"name": "r", "workload": "w", "stationary": stationary, "duration_s": duration, "meta": meta},
+            "epoch": EPOCH, "truth": truth, "changes": changes, "comm_ranks": {"0x1": [0, 7, 3]}}
+
+
+def ev(kind, t0, t1):
+    return {"kind": kind, "t_start": t0, "t_end": t1, "benign": False}
+
+
+def test_scoring_rules():
+    truth = [ev("bw_drop", 100.3, 125.3), {"kind": "pause", "t_start": 150, "t_end": 155, "benign": True},
+             ev("straggler", 200.5, 225.5), ev("latency", 260.2, 280.2)]
+    meta = [{"target": 2.0}, {"target": 1.5, "rank": 7}, {"target": 1.05}]
+    changes = [change("bandwidth", 100, 101.0, "a"), change("bandwidth", 110, 111.0, "dup"),   # a storm: FP
+               change("recovery", 125, 128.0, "b", recovers="a"),
+               change("straggler", 200, 202.0, "c", ranks=(1,)),                            # rank 1 → global 7
+               change("recovery", 226, 229.0, "d", recovers="c"),
+               change("latency", 170, 171.0, "e")]                                           # nothing true: FP
+    rep = score([result(truth, meta, changes), result([], [], [change("bandwidth", 5, 6, "f")], stationary=True,
+                                                         duration=3600.0)])
+    assert rep["recall"] == pytest.approx(2 / 3)            # the 1.05x latency event was missed
+    assert rep["precision"] == pytest.approx(4 / 7)         # dup, e and the stationary one are false
+    assert rep["false_alarms_per_day"] == pytest.approx(24.0)
+    assert rep["straggler_top1"] == 1.0
+    assert rep["recovery_recall"] == pytest.approx(2 / 3)
+    bw = next(e for e in rep["events"] if e["kind"] == "bw_drop")
+    assert bw["delay_s"] == pytest.approx(0.7)
+    # optimum: 0.7 s to the first whole window + max(1, D*) windows; D* < 1 for a 20-sigma shift
+    assert bw["delay_ratio"] == pytest.approx(0.7 / 1.7)
+    assert rep["per_magnitude"][1.05]["recall"] == 0.0
+
+
+@pytest.mark.slow
+def test_quick_evaluate_cli_last_line():
+    out = subprocess.run([sys.executable, "-m", "dynamiccl", "detector", "evaluate", "--quick"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"precision=(\S+) recall=(\S+) delay_ratio_median=(\S+) false_alarms_per_day=(\S+) "
+                     r"straggler_top1=(\S+) updates_per_s=(\d+)", last)
+    assert m, last
+    vals = [float(v) for v in m.groups()]
+    assert all(v == v for v in vals)                      # no nan in the quick suite
+    assert 0.0 <= vals[0] <= 1.0 and 0.0 <= vals[1] <= 1.0
+    assert vals[5] > 1e5

@@ -1,0 +1,143 @@
+"""Fusion on synthetic windows: one change per event, kinds, onset, recovery, localisation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from detector.config import DetectorConfig
+from detector.events import KINDS
+from detector.service import Detector
+from detector.testing import EPOCH, Regime, SyntheticJob, bandwidth_regime, latency_regime
+
+WARM = 70  # windows before any event (warm-up is 60)
+
+
+def run(job, regimes, n, cfg=None):
+    """Feed n windows; ``regimes(t)`` returns the Regime of window t (or None). Returns changes."""
+    det = Detector(cfg or DetectorConfig(autoencoder=False))
+    out = []
+    for t in range(n):
+        out += det.process(job.window(t, regimes(t)))
+    return det, out
+
+
+def test_stationary_no_change():
+    det, changes = run(SyntheticJob(seed=3), lambda t: None, 400)
+    assert changes == []
+    assert det.metrics.value("dynamiccl_detector_windows_received_total") == 400
+    assert det.metrics.value("dynamiccl_detector_streams") == 16
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_bandwidth_drop_one_change_then_recovery(seed):
+    job = SyntheticJob(seed=seed)
+    reg = bandwidth_regime(job, 1.6)
+    det, ch = run(job, lambda t: reg if WARM + 30 <= t < WARM + 60 else None, WARM + 90)
+    assert [c.kind for c in ch] == ["bandwidth", "recovery"], ch
+    bw, rec = ch
+    assert bw.start_s == EPOCH + WARM + 30                      # onset: the CUSUM's reset point
+    assert bw.detected_s - bw.start_s <= 2.0
+    assert 1.3 < bw.magnitude < 1.7
+    assert set(bw.comm_names) >= {"dp0", "dp1", "dp2", "dp3"}
+    assert set(bw.hosts) == {"node-0", "node-1"}
+    assert bw.evidence["n_streams"] >= 8                       # many streams fired: one change
+    assert rec.recovers == bw.id and rec.magnitude < 1
+    assert rec.detected_s - (EPOCH + WARM + 60) <= 5.0
+    # Prometheus: the active gauge existed and is gone after the recovery; counters by kind
+    assert det.metrics.value("dynamiccl_detector_regime_changes_total", kind="bandwidth") == 1
+    assert det.metrics.value("dynamiccl_detector_regime_changes_total", kind="recovery") == 1
+    assert det.fusion.active_changes() == []
+
+
+def test_latency_classified_by_size_response():
+    job = SyntheticJob(seed=4)
+    reg = latency_regime(job, 30e-6)
+    _, ch = run(job, lambda t: reg if WARM + 10 <= t < WARM + 40 else None, WARM + 60)
+    assert ch[0].kind == "latency", ch[0].evidence
+    assert ch[0].evidence["size_response"]["slope_per_doubling"] < 0
+    assert [c.kind for c in ch] == ["latency", "recovery"]
+
+
+def test_straggler_localised_without_clocks():
+    job = SyntheticJob(seed=5)
+    reg = Regime(straggler=6, straggler_delay_s=40e-6)        # global rank 6 = node-1, tp1 rank 2
+    _, ch = run(job, lambda t: reg if WARM + 10 <= t < WARM + 30 else None, WARM + 50)
+    st = ch[0]
+    assert st.kind == "straggler"
+    assert st.hosts[0] == "node-1"
+    # the first communicator listed, and the rank in it, are the straggler's
+    first = {"0x101": 2, "0x202": 1, "0x300": 6}[st.comms[0]]
+    assert st.ranks[0] == first
+    assert ch[-1].kind == "recovery" and ch[-1].recovers == st.id
+
+
+def test_alarm_storm_is_one_change():
+    """40 streams firing on one event make exactly one change."""
+    job = SyntheticJob(seed=6)
+    base = list(job.streams)
+    job.streams = [s.__class__(s.comm, s.comm_hash + 0x1000 * k, s.func, s.nbytes, s.nnodes, s.ranks, s.base_s,
+                               s.per_window) for k in range(3) for s in base]
+    assert len(job.streams) == 48
+    reg = Regime(mult={i: 2.0 for i in range(len(job.streams))})
+    det, ch = run(job, lambda t: reg if t >= WARM + 5 else None, WARM + 40)
+    assert len(ch) == 1 and ch[0].evidence["n_streams"] >= 40
+
+
+def test_flapping_is_reported_once():
+    job = SyntheticJob(seed=7)
+    reg = bandwidth_regime(job, 2.0)
+    on = lambda t: reg if WARM + 10 <= t < WARM + 70 and ((t - WARM - 10) // 4) % 2 == 0 else None  # noqa: E731
+    _, ch = run(job, on, WARM + 110)
+    kinds = [c.kind for c in ch]
+    assert kinds.count("flapping") == 1, kinds
+    assert len(ch) <= 5, kinds                      # no storm over 7 on/off cycles
+    assert kinds[-1] == "recovery"
+
+
+def test_benign_size_mix_and_pause_are_not_changes():
+    job = SyntheticJob(seed=8)
+    mix = Regime(size_mult={i: 1.3 for i in range(len(job.streams))})   # same buckets, 30 % more bytes
+
+    def regime(t):
+        if WARM + 10 <= t < WARM + 40:
+            return mix
+        return None
+
+    det = Detector(DetectorConfig(autoencoder=False))
+    ch = []
+    for t in range(WARM + 120):
+        if WARM + 60 <= t < WARM + 70:
+            continue                                   # checkpoint pause: no windows at all
+        ch += det.process(job.window(t, regime(t)))
+    assert ch == []
+    assert det.metrics.value("dynamiccl_detector_streams_rebaselined_total") > 0
+
+
+def test_partial_last_window_is_not_a_change():
+    job = SyntheticJob(seed=9)
+    det = Detector(DetectorConfig(autoencoder=False))
+    for t in range(WARM + 20):
+        assert det.process(job.window(t)) == []
+    # the job's last window: few instances and an odd mix
+    reg = Regime(mult={i: 1.4 for i in range(len(job.streams))}, instances_frac=0.1)
+    assert det.process(job.window(WARM + 20, reg)) == []
+
+
+def test_single_window_spike_is_suppressed_and_baseline_restored():
+    job = SyntheticJob(seed=10)
+    det = Detector(DetectorConfig(autoencoder=False))
+    for t in range(WARM):
+        det.process(job.window(t))
+    spike = Regime(mult={2: 3.0})                      # one stream, one window
+    assert det.process(job.window(WARM, spike)) == []
+    assert det.process(job.window(WARM + 1)) == []
+    assert det.fusion.counters["spikes_suppressed"] == 1
+    assert not det.table.banks[0].warming_up[2]        # monitoring again, no new warm-up
+
+
+def test_kinds_are_contract_kinds():
+    job = SyntheticJob(seed=11)
+    reg = bandwidth_regime(job, 1.8)
+    _, ch = run(job, lambda t: reg if WARM <= t < WARM + 20 else None, WARM + 40)
+    assert ch and all(c.kind in KINDS for c in ch)
+    assert all(np.isfinite(c.magnitude) for c in ch)
