@@ -289,7 +289,9 @@ def _summary(args, truth, state, pipeline, result, metrics, out: Path) -> None:
                       c.kind if c else "-", _where(c) if c else "-")
     console.print(table)
     matched = {id(r["change"]) for r in rows if r["change"] is not None}
-    extra = [c for c in state.changes if id(c) not in matched]
+    matched_ids = {r["change"].id for r in rows if r["change"] is not None}
+    # a recovery of a matched change (e.g. a straggler's end) is right too, not an extra change
+    extra = [c for c in state.changes if id(c) not in matched and not (c.kind == "recovery" and c.recovers in matched_ids)]
     dropped = dict(pipeline.metrics.dropped)
     console.print(
         f"simulated {result.sim_seconds:.0f} s in {result.wall_seconds:.0f} s wall; "
