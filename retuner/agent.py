@@ -200,7 +200,12 @@ class Retuner:
             return
         if o.algo and o.proto and o.algo != "UNKNOWN":
             if cand is not None and (o.algo, o.proto) != (cand.algo, cand.proto):
-                self._not_applied(ts, cand, o)
+                t_apply = next((t for t, c in reversed(ts.applies) if c == cand), -math.inf)
+                if o.version is not None or o.t_start >= t_apply + self.policy.apply_grace_s + \
+                        self.policy.not_applied_s:
+                    self._not_applied(ts, cand, o)
+                else:                        # probably not there yet (no version in the input to tell)
+                    self.metrics.drop("unattributed")
                 return
             ts.observed_cell = (o.algo, o.proto)
             if cand is None and o.n_channels:
@@ -750,13 +755,18 @@ def observations_from_window(wf) -> Iterable[Observation]:
     if keys is None or keys.height == 0:
         return
     t0, t1 = float(wf.window_start), float(wf.window_start) + float(wf.window_s)
-    cols = keys.select(["comm_hash", "comm_name", "func", "algo", "proto", "size_bucket", "nranks", "nnodes",
-                        "instances", "lat_mean_s", "lat_p50_s", "lat_p90_s"]).rows()
-    for (h, name, func, algo, proto, b, nr, nn, inst, mean, p50, p90) in cols:
+    names = ["comm_hash", "comm_name", "func", "algo", "proto", "size_bucket", "nranks", "nnodes",
+             "instances", "lat_mean_s", "lat_p50_s", "lat_p90_s"]
+    # if the collector forwards the applied tuner-config version (profiler records carry it), attribute exactly
+    has_v = "tuner_config_version" in keys.columns
+    cols = keys.select(names + (["tuner_config_version"] if has_v else [])).rows()
+    for row in cols:
+        h, name, func, algo, proto, b, nr, nn, inst, mean, p50, p90 = row[:12]
+        version = int(row[12]) if has_v and row[12] is not None else None
         if func in P2P_FUNCS or mean is None or not inst or not (mean > 0):
             continue
         sig = (p90 - p50) / 1.2816 if (p90 is not None and p50 is not None and p90 > p50) else 0.01 * mean
         yield Observation(Target(int(h), str(func), int(b), int(nr or 0), int(nn or 0), str(name or "")),
                           t0, t1, int(inst), float(mean), float(sig * sig),
                           None if algo in (None, "UNKNOWN") else str(algo),
-                          None if proto in (None, "UNKNOWN") else str(proto))
+                          None if proto in (None, "UNKNOWN") else str(proto), version=version)

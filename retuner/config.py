@@ -73,14 +73,18 @@ class PolicyConfig:
     budget_initial_s: float = 0.0       # starting allowance (seconds of collective time)
     min_time_share: float = 0.01        # targets below this share of collective time are not tuned
     max_targets: int = 32               # per trigger
-    apply_grace_s: float = 0.0          # observations starting this soon after a push are not attributed
+    apply_grace_s: float = 1.0          # windows starting this soon after a push are not attributed (the job
+                                        # applies a version at its next step boundary; measured by version
+                                        # instead when the input carries it)
     max_not_applied: int = 2            # observations showing another algo/proto before "cannot apply"
+    not_applied_s: float = 10.0         # ... counted only this long after push + grace (inputs without versions)
     recurrence_tolerance: float = 1.5   # magnitudes within this factor are the same regime fingerprint
     memory_max: int = 256               # fingerprints remembered
     history_s: float = 30.0             # observation history kept per target (before/after a change)
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
-        for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s"):
+        for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
+                  "not_applied_s"):
             _num(self, n, 0.0, where=where)
         _num(self, "exploration_budget", 0.0, 1.0, where=where)
         _num(self, "min_time_share", 0.0, 1.0, where=where)
