@@ -39,6 +39,8 @@ class DetectorConfig:
     # --- fusion ---------------------------------------------------------------------------
     corroborate: int = 2                     # streams alarming together that need no confirmation
     confirm_z: float = 3.0                   # a lone alarm is confirmed if the next window is >= this (old sigma)
+    persist_ratio: float = 1.15              # smaller shifts must last two windows (hiccups last one)
+    confirm_windows: int = 2                 # windows a lone/small alarm may take to confirm
     merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
     min_ratio: float = 1.02                  # latency ratio below this is not a regime change
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
@@ -77,7 +79,7 @@ class DetectorConfig:
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s",
                      "flap_window_s", "workload_change", "coverage_change", "partial_window", "straggler_share"):
             positive(name)
-        for name in ("workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
+        for name in ("confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
                      "flap_transitions", "history", "straggler_min_instances", "autoencoder_grace",
                      "top_statistics"):
             positive(name, integer=True)
@@ -85,6 +87,8 @@ class DetectorConfig:
             raise ValueError(f"detector config: warmup must be >= 2, got {self.warmup!r}")
         if not 0 < self.recovery_fraction < 1:
             raise ValueError(f"detector config: recovery_fraction must be in (0, 1), got {self.recovery_fraction!r}")
+        if not self.persist_ratio >= 1:
+            raise ValueError(f"detector config: persist_ratio must be >= 1, got {self.persist_ratio!r}")
         if not self.workload_settle_ratio >= 1:
             raise ValueError(f"detector config: workload_settle_ratio must be >= 1, got {self.workload_settle_ratio!r}")
         if not self.min_ratio >= 1:

@@ -435,6 +435,7 @@ def score(results: list[dict], config=None) -> dict:
         sel = [e for e in events if e["workload"] == w]
         per_wl[w] = {"events": len(sel), "recall": sum(e["detected"] for e in sel) / len(sel)}
     out["per_workload"] = per_wl
+    out["windows_dropped_error"] = sum(r.get("dropped", {}).get("error", 0) for r in results)
     return out
 
 
@@ -537,6 +538,8 @@ def _print_report(rep: dict) -> None:
     print("per workload:", ", ".join(f"{w}: recall {r['recall']:.3f} ({r['events']})" for w, r in rep["per_workload"].items()))
     print(f"recovery recall (within 5 s of the end): {rep['recovery_recall']:.3f}; "
           f"kind accuracy of detected events: {rep['kind_accuracy']:.3f}")
+    if rep.get("windows_dropped_error"):
+        print(f"WARNING: {rep['windows_dropped_error']:.0f} windows dropped by internal errors (a bug)")
     print(f"stationary: {rep['stationary_false_alarms']} changes in {rep['stationary_hours']:.2f} simulated hours; "
           f"detector CPU {rep['detector_cpu_per_window_ms']:.2f} ms/window; wall {rep['wall_s']:.0f} s")
     for c in rep["false_positive_changes"][:10]:

@@ -7,13 +7,16 @@ Per window, after `detector.streams.StreamTable.update`:
    ``merge_s`` of an incident's detection or onset, or on a communicator the incident already
    covers, same job and direction, join it. 40 streams firing on one congestion event are one
    change.
-2. **Evidence.** A new group becomes an incident when ≥ ``corroborate`` streams (with whole,
-   settled windows) fired together, or the job's autoencoder flags the window, or a straggler
-   rank is visible. A lone alarm waits one window for confirmation (the next value still ≥
-   ``confirm_z`` old sigmas away); an unconfirmed one restores the stream's old baseline (no
-   blind re-warm-up). Shifts below ``min_ratio`` are not regime changes. The per-stream CUSUM
-   false-alarm rate is scaled with the number of streams (`StreamTable`), so more streams do not
-   mean more false alarms.
+2. **Evidence.** A new group becomes an incident at once when its shift is ≥ ``persist_ratio``
+   and ≥ ``corroborate`` streams (with whole, settled windows) fired together, or when a
+   straggler rank is visible. Otherwise (a lone alarm, or a small shift that a one-window
+   hiccup could also cause) it waits up to ``confirm_windows`` windows for confirmation (values
+   again ≥ ``confirm_z`` old sigmas away; two windows let an on/off bursty regime confirm); an
+   unconfirmed one restores the streams' old baselines (no blind re-warm-up). Shifts below
+   ``min_ratio`` are not regime changes. The per-stream CUSUM false-alarm rate is scaled with
+   the number of streams (`StreamTable`), so more streams do not mean more false alarms. The
+   job's autoencoder score and threshold go into the change's evidence (it flags one-window
+   hiccups as readily as onsets, so it does not shorten the confirmation).
 3. **The change** gets its onset from the CUSUM's last reset point (``change_start``, the first
    window of the alarming excursion), its kind (flapping if the same streams re-degrade soon
    after a recovery; straggler when one rank dominates the shortest durations; else bandwidth vs
@@ -110,7 +113,7 @@ class Fusion:
         self.pending: list[_Pending] = []
         self.counters = {"spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
-                         "workload_changes": 0}
+                         "workload_changes": 0, "autoencoder_flags": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
 
@@ -151,7 +154,8 @@ class Fusion:
             if inc is not None:
                 inc.drop(np.array([i]))
         for p in self.pending:
-            p.idx = p.idx[~np.isin(p.idx, idx)]
+            keep = ~np.isin(p.idx, idx)
+            p.idx, p.med, p.scale, p.start = p.idx[keep], p.med[keep], p.scale[keep], p.start[keep]
 
     def _confirm_pending(self, ws: WindowStreams) -> dict:
         groups: dict[tuple[str, int], dict] = {}
@@ -161,18 +165,17 @@ class Fusion:
                 continue
             cur = self.table.current(p.idx)
             ok = np.isfinite(cur)
-            if not ok.any():
-                p.tries += 1
-                if p.tries < 2:
-                    keep.append(p)
-                else:
-                    self.table.restore_baseline(p.idx, p.med, p.scale)
-                    self.counters["spikes_suppressed"] += 1
-                continue
-            z = (cur[ok] - p.med[ok]) / p.scale[ok] * p.direction
-            if np.median(z) >= self.config.confirm_z:
-                g = groups.setdefault((p.job, p.direction), _new_group())
-                _extend(g, p.idx, p.med, p.scale, p.start, confirmed=True)
+            if ok.any():
+                z = (cur[ok] - p.med[ok]) / p.scale[ok] * p.direction
+                if np.median(z) >= self.config.confirm_z:
+                    g = groups.setdefault((p.job, p.direction), _new_group())
+                    _extend(g, p.idx, p.med, p.scale, p.start, confirmed=True)
+                    continue
+            # not (yet) confirmed: a bursty regime (on/off every window) gets a second window;
+            # a one-window hiccup does not come back
+            p.tries += 1
+            if p.tries < self.config.confirm_windows:
+                keep.append(p)
             else:
                 self.table.restore_baseline(p.idx, p.med, p.scale)
                 self.counters["spikes_suppressed"] += 1
@@ -207,6 +210,14 @@ class Fusion:
         onset_step = self._refine_onset(idx, med, level, cusum_step, ws.t)
         # merge into a recent incident of the same job and direction
         comms_new = set(tab.comm_hash[idx].tolist())
+        for old in self.closed.get(job, ()):
+            if (old.direction == -direction and old.closed_step is not None
+                    and (ws.t - old.closed_step) * self._window_s <= cfg.merge_s
+                    and comms_new & set(tab.comm_hash[old.streams].tolist())):
+                # the far side of a recovery seen late by a stream: part of it
+                self.counters["alarms_absorbed"] += len(idx)
+                tab.rebase(idx)
+                return None, None
         for inc in self.active.get(job, []):
             if inc.direction != direction:
                 continue
@@ -241,7 +252,8 @@ class Fusion:
             self._rebased_at[job] = ws.t
             return None, None
         ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
-        ae_flag = bool(ae_score > ae_thr)
+        if ae_score > ae_thr:
+            self.counters["autoencoder_flags"] += 1
         stragglers = None
         # streams whose window is partial (e.g. the job's last window, a pause starting) or that
         # just came back after a gap (the first steps after a checkpoint) are no evidence on
@@ -250,7 +262,13 @@ class Fusion:
             partial = (tab.instances[idx] < cfg.partial_window * tab.instances_ref[idx]) | (
                 ws.t - tab.gap_step[idx] <= 1)
         full = int((~partial).sum())
-        evidence_ok = full >= cfg.corroborate or (g["confirmed"] and full >= 1) or (ae_flag and full >= 1)
+        # a one-window job-wide hiccup (GC, OS jitter) moves many streams by a few per cent at
+        # once: below ``persist_ratio`` a shift must persist one more window, however many
+        # streams (or the autoencoder) agree
+        big = np.nanmax(np.abs(lr), initial=0.0) >= math.log(cfg.persist_ratio)
+        # The autoencoder flags hiccup windows as readily as event onsets, so its score is
+        # evidence on the change (and a metric), not a reason to skip the confirmation window.
+        evidence_ok = (g["confirmed"] and full >= 1) or (big and full >= cfg.corroborate)
         if not evidence_ok and direction > 0 and full >= 1:
             stragglers = self._stragglers(job, idx, onset_step)
             evidence_ok = bool(stragglers)
@@ -479,6 +497,14 @@ class Fusion:
             size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=inc.id,
             evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
         tab.restore_baseline(inc.streams, inc.base_med, inc.base_scale)
+        # streams of the same communicators that learned their baseline during the incident
+        # (they were warming up at its onset) learned the degraded level: learn again
+        comms = np.unique(tab.comm_hash[inc.streams])
+        same = np.flatnonzero(tab.active & np.isin(tab.comm_hash, comms) & (tab.job == inc.job)
+                              & (tab.monitor_since > inc.onset_step))
+        same = same[~np.isin(same, inc.streams)]
+        if same.size:
+            tab.rebase(same)
         self._close(inc, ws.t)
         return change
 

@@ -65,6 +65,7 @@ class Detector:
         self._clock = clock
         self._last_start: float | None = None
         self._ooo = 0
+        self._errors = 0
         self._ae: dict[str, object] = {}
         self._ae_ok = self.config.autoencoder
         self._ae_scores: dict[str, tuple[float, float]] = {}
@@ -108,7 +109,10 @@ class Detector:
         try:
             changes = self._process(wf)
         except Exception:  # never crash the service on one window
-            log.exception("window at %.3f dropped: internal error", wf.window_start)
+            self._errors += 1
+            if self._errors == 1 or self._errors % 1000 == 0:   # the traceback once, then a count
+                log.exception("window at %.3f dropped: internal error (%d so far)", wf.window_start,
+                              self._errors)
             m.windows_dropped.labels(reason="error").inc()
             return []
         m.processing.observe(self._clock() - t0)
@@ -127,7 +131,8 @@ class Detector:
             m.values_invalid.labels(reason=reason).inc(n)
         if ws.rebased.size:
             m.rebaselined.inc(int(ws.rebased.size))
-        for k, v in self.fusion.counters.items():
+        for k in SUPPRESS_REASONS:
+            v = self.fusion.counters.get(k, 0)
             d = v - self._suppressed_seen[k]
             if d:
                 m.suppressed.labels(reason=k).inc(d)

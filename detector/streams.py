@@ -101,6 +101,7 @@ class StreamTable:
         self.ap_ref = np.zeros(cap, np.uint64)
         self.last_seen = np.full(cap, -np.inf)
         self.gap_step = np.full(cap, -(1 << 40), np.int64)
+        self.monitor_since = np.full(cap, -(1 << 40), np.int64)   # step the current baseline was set
         self.job = np.empty(cap, dtype=object)
         self.job_code = np.full(cap, -1, np.int32)
         self.func = np.empty(cap, dtype=object)
@@ -130,6 +131,7 @@ class StreamTable:
         self.ap_ref = ext(self.ap_ref, 0)
         self.last_seen = ext(self.last_seen, -np.inf)
         self.gap_step = ext(self.gap_step, -(1 << 40))
+        self.monitor_since = ext(self.monitor_since, -(1 << 40))
         self.job = ext(self.job, None)
         self.job_code = ext(self.job_code, -1)
         self.func = ext(self.func, None)
@@ -233,6 +235,7 @@ class StreamTable:
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
+        self.monitor_since[done] = t
         if done.size:
             med, scale = self.banks[0].baseline
             low = done[scale[done] < cfg.scale_floor]
@@ -321,6 +324,7 @@ class StreamTable:
         if idx.size:
             for bank in self.banks:
                 bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
+            self.monitor_since[idx] = self.t
 
     def recent(self, idx, since_step: int) -> np.ndarray:
         """Mean of the valid values of streams ``idx`` from bank step ``since_step`` to now."""

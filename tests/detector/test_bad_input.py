@@ -97,3 +97,17 @@ def test_config_validation_names_the_field():
         DetectorConfig(warmup=0).validate()
     with pytest.raises(ValueError, match="recovery_fraction"):
         DetectorConfig(recovery_fraction=1.5).validate()
+
+
+def test_pending_alarm_on_a_stream_rebased_next_window():
+    """A lone alarm waits for confirmation; if its stream is re-baselined meanwhile (a new size
+    mix), nothing breaks (regression: a pending entry kept stale arrays)."""
+    job, det = warm(6)
+    small = Regime(mult={i: 1.12 for i in (2, 3, 4, 5)})   # +12 %: must persist one more window
+    assert det.process(job.window(WARM, small)) == []
+    assert det.fusion.pending and det.fusion.pending[0].idx.size >= 2
+    # next window: all but stream 5 get a new size mix (re-baselined while pending)
+    det.process(job.window(WARM + 1, Regime(mult={5: 1.12}, size_mult={2: 1.5, 3: 1.5, 4: 1.5})))
+    for t in range(WARM + 2, WARM + 10):
+        det.process(job.window(t, small))
+    assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="error") == 0
