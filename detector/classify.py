@@ -55,16 +55,17 @@ def classify_size_response(bytes_per_record: np.ndarray, log_ratio: np.ndarray, 
     if ev["n_sizes"] >= 2:
         w = 1.0 / s ** 2
         # within-group centring (fixed effects) when groups have several sizes
-        sizes_per_group = np.array([np.unique(np.round(x[g == k])).size for k in np.unique(g)])
-        if (sizes_per_group >= 2).any() and group is not None:
-            multi = np.isin(g, np.unique(g)[sizes_per_group >= 2])
+        # distinct sizes per group, vectorised (jobs can have thousands of communicators)
+        pairs = np.unique(np.stack([g, np.round(x).astype(np.int64)]), axis=1)
+        sizes_per_group = np.bincount(pairs[0], minlength=int(g.max()) + 1)
+        if group is not None and (sizes_per_group >= 2).any():
+            multi = sizes_per_group[g] >= 2
             x, y, w, g = x[multi], y[multi], w[multi], g[multi]
-            xc, yc = x.copy(), y.copy()
-            for k in np.unique(g):
-                m = g == k
-                xc[m] -= np.sum(w[m] * x[m]) / np.sum(w[m])
-                yc[m] -= np.sum(w[m] * y[m]) / np.sum(w[m])
-            n_par = len(np.unique(g)) + 1
+            sw = np.bincount(g, w)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                xc = x - (np.bincount(g, w * x) / sw)[g]
+                yc = y - (np.bincount(g, w * y) / sw)[g]
+            n_par = int((sw > 0).sum()) + 1
             ev["within"] = True
         else:
             xc = x - np.sum(w * x) / np.sum(w)

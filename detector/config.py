@@ -42,6 +42,7 @@ class DetectorConfig:
     persist_ratio: float = 1.15              # smaller shifts must last two windows (hiccups last one)
     confirm_windows: int = 2                 # windows a lone/small alarm may take to confirm
     merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
+    merge_similar_s: float = 30.0            # ... or this soon after its onset with a similar shift
     min_ratio: float = 1.02                  # latency ratio below this is not a regime change
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
     recovery_windows: int = 3                # ... for this many consecutive windows
@@ -76,7 +77,7 @@ class DetectorConfig:
             raise ValueError(f"detector config: deltas must be a non-empty tuple of numbers > 0, got {self.deltas!r}")
         if not self.arl0 > 1:
             raise ValueError(f"detector config: arl0 must be > 1, got {self.arl0!r}")
-        for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s",
+        for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "partial_window", "straggler_share"):
             positive(name)
         for name in ("confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",

@@ -5,7 +5,8 @@ Per window, after `detector.streams.StreamTable.update`:
 1. **Alarms are grouped** by (job, direction). Streams already in an active incident are
    absorbed into it (a ramp or a lagging stream never makes a second change); alarms within
    ``merge_s`` of an incident's detection or onset, or on a communicator the incident already
-   covers, same job and direction, join it. 40 streams firing on one congestion event are one
+   covers, or within ``merge_similar_s`` of its onset with a similar shift (a wave of alarms
+   over a big job), same job and direction, join it. 40 streams firing on one congestion event are one
    change.
 2. **Evidence.** A new group becomes an incident at once when its shift is ≥ ``persist_ratio``
    and ≥ ``corroborate`` streams (with whole, settled windows) fired together, or when a
@@ -186,16 +187,18 @@ class Fusion:
         if ws.fired.size == 0:
             return
         tab = self.table
-        absorbed = []
-        for j, i in enumerate(ws.fired.tolist()):
-            if i in self.stream_incident:
-                absorbed.append(j)
-                continue
-            key = (tab.job[i], int(ws.direction[j]))
-            g = groups.setdefault(key, _new_group())
-            _extend(g, ws.fired[j:j + 1], ws.base_median[j:j + 1], ws.base_scale[j:j + 1],
-                    ws.start_step[j:j + 1], confirmed=False)
-        self.counters["alarms_absorbed"] += len(absorbed)
+        si = self.stream_incident
+        fired = ws.fired
+        new = np.fromiter((i not in si for i in fired.tolist()), bool, fired.size)
+        self.counters["alarms_absorbed"] += int(fired.size - new.sum())
+        if not new.any():
+            return
+        codes = tab.job_code[fired].astype(np.int64) * 2 + (ws.direction > 0)
+        for code in np.unique(codes[new]).tolist():
+            m = new & (codes == code)
+            first = int(fired[np.argmax(m)])
+            g = groups.setdefault((tab.job[first], 1 if code % 2 else -1), _new_group())
+            _extend(g, fired[m], ws.base_median[m], ws.base_scale[m], ws.start_step[m], confirmed=False)
 
     def _new_or_merge(self, ws, job, direction, g, ae):
         cfg, tab = self.config, self.table
@@ -225,7 +228,15 @@ class Fusion:
             # one active incident per communicator and direction: later streams of a comm that
             # is already degraded are the same event spreading, not a new one
             shared = bool(comms_new & set(tab.comm_hash[inc.streams].tolist()))
-            if near <= cfg.merge_s or shared:
+            # a wave of alarms over a big job: streams of other comms that fire a little later
+            # with about the same shift are the same event
+            with np.errstate(invalid="ignore"):
+                inc_lr = float(np.nanmedian(inc.level - inc.base_med)) if inc.streams.size else float("nan")
+                new_lr = float(np.nanmedian(level - med))
+            similar = (math.isfinite(inc_lr) and math.isfinite(new_lr) and inc_lr != 0.0
+                       and abs(new_lr - inc_lr) <= 0.5 * abs(inc_lr)
+                       and (ws.t - inc.onset_step) * self._window_s <= cfg.merge_similar_s)
+            if near <= cfg.merge_s or shared or similar:
                 inc.add(idx, med, scale, level)
                 for i in idx.tolist():
                     self.stream_incident[i] = inc
@@ -310,7 +321,7 @@ class Fusion:
         lr = level - med
         order = np.argsort(-np.abs(np.nan_to_num(lr)))
         idx, med, scale, level, lr = idx[order], med[order], scale[order], level[order], lr[order]
-        comms_h = list(dict.fromkeys(int(c) for c in tab.comm_hash[idx].tolist()))
+        comms_h = list(dict.fromkeys(tab.comm_hash[idx].tolist()))
         evidence: dict = {"n_streams": int(idx.size), "arl0": float(tab.arl0)}
         kind = None
         ranks: list[int] = []
@@ -342,7 +353,8 @@ class Fusion:
         n = self._n.get(job, 0) + 1
         self._n[job] = n
         cid = f"rc-{job}-{n}"
-        names = {int(tab.comm_hash[i]): tab.comm_name[i] for i in idx.tolist()}
+        _, first = np.unique(tab.comm_hash[idx], return_index=True)
+        names = {int(tab.comm_hash[idx[j]]): tab.comm_name[idx[j]] for j in first.tolist()}
         evidence["streams"] = [
             {"comm": f"0x{int(tab.comm_hash[i]):x}", "comm_name": tab.comm_name[i], "func": tab.func[i],
              "size_bucket": int(tab.size_bucket[i]), "ratio": round(float(np.exp(r)), 4),
@@ -357,8 +369,8 @@ class Fusion:
             start_s=float(tab.window_start_of(onset_step)), detected_s=float(ws.window_start + self._window_s),
             magnitude=round(magnitude, 4), comms=[f"0x{c:x}" for c in comms_h],
             comm_names=[names.get(c, "") for c in comms_h],
-            funcs=sorted({tab.func[i] for i in idx.tolist()}),
-            size_buckets=sorted({int(tab.size_bucket[i]) for i in idx.tolist()}),
+            funcs=sorted(set(tab.func[idx].tolist())),
+            size_buckets=sorted(set(tab.size_bucket[idx].tolist())),
             ranks=ranks, hosts=hosts, evidence=evidence)
         inc = Incident(cid, job, kind, direction, idx, med, scale, level, onset_step, ws.t, change)
         self._register(job, inc)
@@ -403,7 +415,7 @@ class Fusion:
             # only move through arrival coupling)
             multi = tab.nnodes[idx] > 1
             ids, meds, scales = [idx[multi]], [med[multi]], [scale[multi]]
-            others = np.flatnonzero(tab.active & (tab.job == job) & (tab.nnodes > 1))
+            others = np.flatnonzero(tab.active & (tab.job_code == tab.jobs.get(job, -2)) & (tab.nnodes > 1))
             others = others[~np.isin(others, idx)]
             if others.size:
                 om, osc = tab.baseline(others)
@@ -500,7 +512,7 @@ class Fusion:
         # streams of the same communicators that learned their baseline during the incident
         # (they were warming up at its onset) learned the degraded level: learn again
         comms = np.unique(tab.comm_hash[inc.streams])
-        same = np.flatnonzero(tab.active & np.isin(tab.comm_hash, comms) & (tab.job == inc.job)
+        same = np.flatnonzero(tab.active & np.isin(tab.comm_hash, comms) & (tab.job_code == tab.jobs.get(inc.job, -2))
                               & (tab.monitor_since > inc.onset_step))
         same = same[~np.isin(same, inc.streams)]
         if same.size:
