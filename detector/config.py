@@ -31,6 +31,7 @@ class DetectorConfig:
     stream_false_alarms_per_day: float = 1.0  # all streams together (before fusion): per-stream arl0 =
                                              # max(arl0, streams x windows per day / this)
     warmup: int = 60                         # windows of median/MAD baseline
+    threshold_warmup: int = 60               # thresholds are calibrated for max(warmup, this) samples
     scale_floor: float = 0.004               # minimum baseline sigma of log-latency (0.4 %)
     min_instances: int = 2                   # a stream's window needs this many instances
     max_latency_s: float = 3600.0            # lat_p50 above this (or <= 0, NaN) is invalid
@@ -39,11 +40,11 @@ class DetectorConfig:
     # --- fusion ---------------------------------------------------------------------------
     corroborate: int = 2                     # streams alarming together that need no confirmation
     confirm_z: float = 3.0                   # a lone alarm is confirmed if the next window is >= this (old sigma)
-    persist_ratio: float = 1.15              # smaller shifts must last two windows (hiccups last one)
+    persist_ratio: float = 1.5               # smaller shifts must last two windows (hiccups last one)
     confirm_windows: int = 2                 # windows a lone/small alarm may take to confirm
     merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
     merge_similar_s: float = 30.0            # ... or this soon after its onset with a similar shift
-    min_ratio: float = 1.02                  # latency ratio below this is not a regime change
+    min_ratio: float = 1.03                  # latency ratio below this is not a regime change
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
     recovery_windows: int = 3                # ... for this many consecutive windows
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
@@ -80,7 +81,7 @@ class DetectorConfig:
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "partial_window", "straggler_share"):
             positive(name)
-        for name in ("confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
+        for name in ("threshold_warmup", "confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
                      "flap_transitions", "history", "straggler_min_instances", "autoencoder_grace",
                      "top_statistics"):
             positive(name, integer=True)

@@ -400,6 +400,15 @@ class CUSUMBank(base.Base):
         self.arl0 = arl0
         self._h = h
 
+    def set_threshold(self, h: float) -> None:
+        """Set the decision threshold directly (σ units, all streams; statistics kept).
+
+        For callers that calibrate the false-alarm rate themselves (the fusion stage floors
+        the baseline scale, so a short warm-up's scale error is bounded)."""
+        if not (isinstance(h, (int, float)) and h > 0 and np.isfinite(h)):
+            raise ValueError(f"threshold must be a finite number > 0, got {h!r}")
+        self._h = float(h)
+
     def reset_streams(self, idx) -> None:
         """Forget the baseline and statistics of streams ``idx`` (they warm up again)."""
         mask = np.zeros(self.n_streams, dtype=bool)

@@ -469,6 +469,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stationary-hours", type=float, default=None,
                    help="simulated hours of stationary llama70b-fsdp training, plus 1/12 of it for each "
                         "2-node workload (default 24; quick 0.15)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a DetectorConfig field for this evaluation (repeatable), e.g. persist_ratio=1.5")
     p.add_argument("--out", default=None, help="write the full report (JSON) here, and every run's changes "
                                                   "next to it (NAME.runs.json)")
 
@@ -482,6 +484,17 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     cfg = DetectorConfig()
+    overrides = {}
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not hasattr(cfg, key):
+            raise ValueError(f"--set: expected KEY=VALUE with KEY a DetectorConfig field, got {item!r}")
+        current = getattr(cfg, key)
+        overrides[key] = type(current)(float(value)) if isinstance(current, (int, float)) and not isinstance(
+            current, bool) else (value.lower() in ("1", "true", "yes") if isinstance(current, bool) else value)
+    if overrides:
+        cfg = cfg.replace(**overrides)
+        print(f"config overrides: {overrides}", flush=True)
     hours = None
     if args.stationary_hours is not None:
         h = args.stationary_hours
@@ -495,8 +508,9 @@ def run(args: argparse.Namespace) -> int:
     results = []
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
+        import functools
         with ProcessPoolExecutor(args.jobs) as ex:
-            for res in ex.map(run_one, suite):
+            for res in ex.map(functools.partial(run_one, config=cfg), suite):
                 results.append(res)
                 _progress(res)
     else:

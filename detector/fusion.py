@@ -429,8 +429,10 @@ class Fusion:
         lvl = tab.recent(all_idx, onset_step)
         n_post = max(1, min(self.table.t - onset_step + 1, self.config.history))
         sigma = all_scale * math.sqrt(1.0 / n_post + 1.0 / self.config.warmup)
-        return classify_size_response(tab.bytes_per_record[all_idx], lvl - all_med, sigma,
-                                      group=tab.comm_hash[all_idx])
+        # sizes are compared within one collective of one communicator (same ranks, links and
+        # algorithm family); across collectives only when no communicator has two sizes
+        group = [f"{c:x}:{f}" for c, f in zip(tab.comm_hash[all_idx].tolist(), tab.func[all_idx].tolist())]
+        return classify_size_response(tab.bytes_per_record[all_idx], lvl - all_med, sigma, group=group)
 
     def _hosts(self, job, comms_h) -> list[str]:
         per = comm_hosts(self.ranks, job, comms_h)

@@ -18,7 +18,6 @@ import logging
 import socket
 import sys
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, TextIO

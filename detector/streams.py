@@ -81,6 +81,7 @@ class StreamTable:
         self.n_restored = 0
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.arl0
+        self._set_thresholds()
 
     # ------------------------------------------------------------------ storage
     def _alloc_arrays(self, cap: int) -> None:
@@ -400,8 +401,18 @@ class StreamTable:
         want = max(cfg.arl0, self.n_active * per_day / cfg.stream_false_alarms_per_day)
         if want > 2.0 * self.arl0 or want < 0.5 * self.arl0:
             self.arl0 = want
-            for bank in self.banks:
-                bank.set_arl0(want)
+            self._set_thresholds()
+
+    def _set_thresholds(self) -> None:
+        """h from the ARL0 with the estimated-baseline correction for
+        max(warmup, threshold_warmup) samples. Below ~60 samples the correction explodes
+        (h = 1,600 σ at 20 samples) although the scale floor already bounds how small a
+        learned σ can be; a short warm-up therefore gets the 60-sample threshold (more false
+        alarms than nominal on streams noisier than the floor, caught by the fusion rules)."""
+        from .arl import cusum_threshold_estimated
+        n = max(self.config.warmup, self.config.threshold_warmup)
+        for bank in self.banks:
+            bank.set_threshold(cusum_threshold_estimated(float(self.arl0), bank.delta / 2.0, n, True))
 
     def _allocate(self) -> int:
         if self._free:
