@@ -20,32 +20,10 @@
 #include <sys/types.h>
 
 /* ---- common NCCL types (nccl.h / nccl_common.h) ---- */
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-  ncclNumResults = 8
-} ncclResult_t;
-
-typedef enum {
-  NCCL_LOG_NONE = 0,
-  NCCL_LOG_VERSION = 1,
-  NCCL_LOG_WARN = 2,
-  NCCL_LOG_INFO = 3,
-  NCCL_LOG_ABORT = 4,
-  NCCL_LOG_TRACE = 5
-} ncclDebugLogLevel;
+#include "nccl_common_abi.h"
 
 /* Debug subsystem flag for profiler messages (NCCL_DEBUG_SUBSYS=PROFILE). */
 #define NCCL_PROFILE 0x4000
-
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...);
 
 typedef pid_t ncclPid_t;
 

@@ -17,32 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef DYNAMICCL_NCCL_COMMON_TYPES_
-#define DYNAMICCL_NCCL_COMMON_TYPES_
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-  ncclNumResults = 8
-} ncclResult_t;
-
-typedef enum {
-  NCCL_LOG_NONE = 0,
-  NCCL_LOG_VERSION = 1,
-  NCCL_LOG_WARN = 2,
-  NCCL_LOG_INFO = 3,
-  NCCL_LOG_ABORT = 4,
-  NCCL_LOG_TRACE = 5
-} ncclDebugLogLevel;
-
-typedef void (*ncclDebugLogger_t)(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
-                                  const char* fmt, ...);
-#endif
+#include "../../nccl_profiler_plugin/include/nccl_common_abi.h"   /* ncclResult_t, log types: one definition */
 
 /* Debug subsystem flag for tuner messages (NCCL_DEBUG_SUBSYS=TUNING). */
 #define NCCL_TUNING 0x2000
