@@ -54,7 +54,8 @@ __all__ = [
 log = logging.getLogger("dynamiccl.stack")
 
 _REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DEPLOY_DIR = _REPO / "deploy"
+#: a checkout's deploy/ when run from one, else the copy the wheel ships (pyproject force-include)
+DEFAULT_DEPLOY_DIR = _REPO / "deploy" if (_REPO / "deploy").is_dir() else Path(__file__).resolve().parent / "deploy"
 DEFAULT_DASHBOARDS_DIR = _REPO / "dashboards" / "json"
 
 #: service → (environment variable, default port); compose.yaml reads the same variables
@@ -127,8 +128,8 @@ class StackConfig:
                      "grafana/provisioning/datasources", "grafana/provisioning/dashboards"):
             if not (self.deploy_dir / name).exists():
                 raise FileNotFoundError(
-                    f"stack configuration {self.deploy_dir / name} not found: run from a checkout of "
-                    f"the repository or set DYNAMICCL_DEPLOY_DIR to its deploy/ directory")
+                    f"stack configuration {self.deploy_dir / name} not found: reinstall dynamiccl (the wheel "
+                    f"ships it) or set DYNAMICCL_DEPLOY_DIR to a deploy/ directory")
         seen: dict[int, str] = {}
         for svc, port in self.ports.items():
             if port in seen:
