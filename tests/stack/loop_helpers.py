@@ -76,6 +76,17 @@ def small_workload(step_gap_us: int = 20_000):
     return workload.from_dict(data)
 
 
+def stop_job(job) -> None:
+    """Stop a :class:`simulator.driver.SimulatedJob` (or None) and wait for it, never raising."""
+    if job is None:
+        return
+    job.stop()
+    try:
+        job.wait(timeout=30)
+    except Exception:
+        pass
+
+
 @dataclass
 class Loop:
     tmp: Path
@@ -188,13 +199,7 @@ class Loop:
 
     def close(self) -> None:
         self.stop.set()
-        job = getattr(self, "job", None)
-        if job is not None:
-            job.stop()
-            try:
-                job.wait(timeout=30)
-            except Exception:
-                pass
+        stop_job(getattr(self, "job", None))
         for name, (proc, logf) in self.procs.items():
             proc.terminate()
             try:

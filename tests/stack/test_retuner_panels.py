@@ -24,7 +24,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dashboards"))
 from promql_names import dashboard_queries  # noqa: E402
 
-from loop_helpers import DEPLOY, ROOT, free_port, query, substitute, wait_http  # noqa: E402
+from loop_helpers import DEPLOY, ROOT, free_port, query, stop_job, substitute, wait_http  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -107,12 +107,7 @@ def test_retuner_dashboard_fills_from_a_live_retuner(tmp_path, built_profiler):
         assert checked >= 5
         print(f"\nretuner panels: {checked} queries with data; committed {active}; gain {dict(retuner.metrics.gain)}")
     finally:
-        if job is not None:
-            job.stop()
-            try:
-                job.wait(timeout=30)
-            except Exception:
-                pass
+        stop_job(job)
         prom.terminate()
         prom.wait(timeout=10)
         log.close()
