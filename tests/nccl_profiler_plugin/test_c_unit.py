@@ -5,33 +5,28 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "nccl_profiler_plugin"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from c_unit import REPO, assert_all_passed, assert_builds_without_warnings, make, run_unit_binary  # noqa: E402
 
-
-def _make(target: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-C", str(PLUGIN_DIR), target], capture_output=True, text=True, timeout=timeout)
+PLUGIN_DIR = REPO / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    r = subprocess.run([str(built["test_plugin"])], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "FAIL" not in r.stdout and "18/18 passed" in r.stdout, r.stdout
+    run_unit_binary(built["test_plugin"], 18)
 
 
 def test_c_unit_asan(built):
-    r = _make("test-asan")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "passed" in r.stdout and "FAIL" not in r.stdout and "ERROR: AddressSanitizer" not in r.stderr
+    assert_all_passed(make(PLUGIN_DIR, "test-asan"))
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_c_unit_valgrind(built):
-    r = _make("test-valgrind")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_all_passed(make(PLUGIN_DIR, "test-valgrind"))
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
@@ -47,8 +42,4 @@ def test_emulator_under_valgrind(built, sock_addr, collector_factory):
 
 
 def test_plugin_builds_without_warnings(built, tmp_path):
-    srcs = [str(PLUGIN_DIR / "src" / f) for f in ("plugin.c", "config.c", "sender.c")]
-    r = subprocess.run(["cc", "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-fvisibility=hidden",
-                        "-pthread", "-I", str(PLUGIN_DIR / "include"), "-I", str(PLUGIN_DIR / "src"), *srcs,
-                        "-o", str(tmp_path / "p.so")], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "config.c", "sender.c"], tmp_path / "p.so")

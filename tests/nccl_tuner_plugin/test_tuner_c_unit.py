@@ -1,46 +1,35 @@
 """The C unit tests (nccl_tuner_plugin/test/test_tuner.c), plain, under AddressSanitizer + UBSan and
-under valgrind; plus a warning-free build of the plugin and of the profiler with its tuner link."""
+under valgrind; a warning-free build of the plugin; and its exported symbols."""
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from c_unit import REPO, assert_all_passed, assert_builds_without_warnings, make, run_unit_binary  # noqa: E402
+
 TUNER_DIR = REPO / "nccl_tuner_plugin"
 
 
-def _make(target: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "-C", str(TUNER_DIR), target], capture_output=True, text=True, timeout=timeout)
-
-
 def test_c_unit(built):
-    r = subprocess.run([str(built["test_tuner"])], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "FAIL" not in r.stdout and "14/14 passed" in r.stdout, r.stdout
+    run_unit_binary(built["test_tuner"], 14)
 
 
 def test_c_unit_asan(built):
-    r = _make("test-asan")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "14/14 passed" in r.stdout and "FAIL" not in r.stdout and "ERROR: AddressSanitizer" not in r.stderr
+    assert_all_passed(make(TUNER_DIR, "test-asan"), 14)
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_c_unit_valgrind(built):
-    r = _make("test-valgrind")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "14/14 passed" in r.stdout
+    assert_all_passed(make(TUNER_DIR, "test-valgrind"), 14)
 
 
 def test_plugin_builds_without_warnings(built, tmp_path):
-    srcs = [str(TUNER_DIR / "src" / f) for f in ("tuner.c", "control.c", "rules.c")]
-    r = subprocess.run(["cc", "-std=c11", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Wshadow", "-fvisibility=hidden",
-                        "-pthread", "-I", str(TUNER_DIR / "include"), "-I", str(TUNER_DIR / "src"), *srcs,
-                        "-o", str(tmp_path / "t.so")], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert_builds_without_warnings(TUNER_DIR, ["tuner.c", "control.c", "rules.c"], tmp_path / "t.so", "-Wshadow")
 
 
 def test_exports_only_the_abi_and_control_functions(built):
