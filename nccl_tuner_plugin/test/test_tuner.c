@@ -9,29 +9,7 @@
 #include "../src/rules.c"
 #include "../src/tuner.c"
 
-#include <stdarg.h>
-
-static char g_log[4096];
-static int g_warns;
-static void mock_logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt,
-                        ...) {
-  (void)flags, (void)file, (void)line;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g_log, sizeof g_log, fmt, ap);
-  va_end(ap);
-  if (level == NCCL_LOG_WARN) g_warns++;
-}
-
-#define TEST_ASSERT(cond, ...)                                                   \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);          \
-      fprintf(stderr, __VA_ARGS__);                                              \
-      fprintf(stderr, "\n");                                                     \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (0)
+#include "../../nccl_profiler_plugin/test/harness.h"
 
 static char g_path[512];
 
@@ -572,10 +550,7 @@ static int test_env(void) {
   return 0;
 }
 
-static const struct {
-  const char* name;
-  int (*fn)(void);
-} k_tests[] = {
+static const test_case_t k_tests[] = {
     {"parse_valid", test_parse_valid},
     {"parse_rejects", test_parse_rejects},
     {"no_config_leaves_table", test_no_config_leaves_table},
@@ -593,19 +568,7 @@ static const struct {
 };
 
 int main(int argc, char** argv) {
-  int failed = 0, ran = 0;
-  for (size_t i = 0; i < sizeof k_tests / sizeof k_tests[0]; i++) {
-    if (argc > 1 && strcmp(argv[1], k_tests[i].name) != 0) continue;
-    ran++;
-    int rc = k_tests[i].fn();
-    printf("%s %s\n", rc == 0 ? "PASS" : "FAIL", k_tests[i].name);
-    failed += rc != 0;
-  }
-  if (ran == 0) {
-    fprintf(stderr, "no test named %s\n", argv[1]);
-    return 2;
-  }
+  int rc = run_tests(k_tests, sizeof k_tests / sizeof k_tests[0], argc, argv);
   unlink(g_path);
-  printf("%d/%d passed\n", ran - failed, ran);
-  return failed ? 1 : 0;
+  return rc;
 }
