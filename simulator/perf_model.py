@@ -25,10 +25,13 @@ retuning can pay off (nccl-cost-model.md §3 "simulator recipe", §5):
   host (CPU vendor), not of the NIC: a per-rank ceiling taken from NCCL's own CPU-vendor ``llMaxBw`` rows.
 * **Pipeline fill per hop kind.** A Tree/NVLSTree chunk crosses ``2(ppn-1)`` NVLink hops and ``2 log2(N)``
   network hops; each fills at its own per-channel rate (NVLink hops forward LL/LL128 lines as they land, a
-  network hop forwards a whole chunk because the proxy sends complete steps).
+  network hop forwards a whole chunk because the proxy sends complete steps). Tree chains are rotations of each
+  other (one head per NIC, NCCL search.cc), so while the pipeline fills a GPU forwards only the channels at its
+  chain position, not all of them.
 * **Latencies per (algo, proto).** Intra-node steps scale the link latency by NCCL's measured NVLink/PCI
   hwLat ratios; a network crossing is the one-way latency (+3.5 µs for LL128, x3 for Simple's completion
-  and flush path).
+  and flush path). Every step of a multi-node ring costs at least the proxy's turn-around (NCCL's
+  ``netOverhead``: 1 µs Intel / 2 µs AMD, x3 for Simple).
 
 All functions are pure numpy, deterministic given a seeded :class:`numpy.random.Generator`.
 
@@ -120,6 +123,11 @@ REAL = {
     "pipeline_grain": (4096.0, 16384.0, float("inf")),
     # Reference flow count against which ``competing_share`` is expressed.
     "ref_flows": 8.0,
+    # Proxy CPU cost per pipeline step of a multi-node Ring (µs) by host CPU, x3 for Simple: NCCL's
+    # ``netOverhead`` (§1.1 "Net overhead": Intel 1.0, AMD 2.0; §1.4: every intra-node step of a multi-node ring
+    # costs ``max(intraLat, netOverhead)``). A ring is one pipeline: each of its 2(n-1) steps waits for the
+    # proxy thread that progresses the network connections, so no step is faster than the proxy's turn-around.
+    "net_overhead_us": {"intel": 1.0, "amd": 2.0},
     # LL across nodes: per-rank bus-bandwidth ceiling (GB/s) by host CPU for (2 nodes, > 2 nodes). NCCL's own
     # empirically tuned multi-node llMaxBw, whose row is picked by CPU vendor (§1.1: Intel 39.0 / 20.4, AMD
     # 22.5 / 19.0); corroborated by the A3 Mega 2x8 sweep (§4.4 (a), Intel hosts): ~20 GB/s algbw from 1 to
@@ -285,7 +293,10 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
         W_intra = w * S if ppn > 1 else 0.0 * S
         W_net = w * S if N > 1 else 0.0 * S
         n_inter = 0 if N == 1 else (2 * (N - 1) if f == ALLREDUCE else N - 1)
-        t_lat = (nsteps - n_inter) * hop_intra + n_inter * hop_net_max
+        step_intra = hop_intra
+        if N > 1:   # the proxy paces every step of a multi-node ring (NCCL's netOverhead, §1.1/§1.4)
+            step_intra = max(hop_intra, REAL["net_overhead_us"][_vendor(t)] * (3.0 if p == SIMPLE else 1.0))
+        t_lat = (nsteps - n_inter) * step_intra + n_inter * hop_net_max
         hops_intra, hops_net = 0, 0
         W_rank = w * S
     elif a == TREE:
@@ -331,8 +342,18 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
     # Pipeline fill of store-and-forward algorithms: each hop holds one grain before passing it on. NVLink
     # hops forward LL/LL128 line by line (``pipeline_grain``); a network hop forwards whole chunks (the proxy
     # sends a step once it is complete). Each hop fills at its own per-channel rate.
+    # Tree chains are rotations of one another: NCCL's search starts each channel's chain at the GPU of that
+    # channel's NIC and, on NVSwitch systems, walks to the neighbouring GPU (search.cc
+    # ``ncclTopoSearchNextGpuSort``: "NVSwitches prefer when we talk to a limited set of peers"). While the
+    # pipeline fills, a GPU therefore forwards only the channels for which it sits at the current chain
+    # position (nCh / #distinct heads), not all nCh: a channel's grain moves at its share of NVLink among
+    # those, up to the per-channel cap. (Steady state still shares the link among all channels: t_bw.)
     per_ch_seg = S / nch
-    fill_intra = hops_intra * np.minimum(np.minimum(ck, REAL["pipeline_grain"][p]), per_ch_seg) / (B_intra / nch)
+    r_fill = B_intra / nch
+    if a == TREE and ppn > 1:
+        heads = max(1, min(t.nics_used, ppn)) if (N > 1 and t.intra.nvswitch) else 1
+        r_fill = np.minimum(cap, b_intra * eta * heads / nch)
+    fill_intra = hops_intra * np.minimum(np.minimum(ck, REAL["pipeline_grain"][p]), per_ch_seg) / r_fill
     fill_net = hops_net * np.minimum(ck, per_ch_seg) / (B_net / nch) if N > 1 else 0.0
     fill = (fill_intra + fill_net) / 1000.0
     slow = float(st["rank_slowdown"].max())

@@ -73,22 +73,21 @@ def test_amd_hosts_shrink_the_ll_region():
     assert p5 < p5en
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known deviation: between Tree/LL (< 362 KiB) and Tree/LL128 (>= 861 KiB) the model has a Ring/LL wedge; "
-    "published (§4.5) Tree/LL128 wins from 192 KiB. At 512 KiB Ring/LL (95 us) beats Tree/LL128 (103 us) "
-    "because the model charges Tree/LL128 a 14-hop NVLink + 1 network-hop pipeline fill with NCCL's "
-    "18 000-B Tree/LL128 chunks (~25 us) and Ring none; removing it needs a finer LL128 forwarding grain than "
-    "NCCL's 30 KB-per-warp register tiles support, i.e. a fitted knob"))
 def test_small_message_protocol_flip_p5en():
+    # AWS p5en (§4.5): Tree/LL, then Tree/LL128 (from 192 KiB), no Ring/LL in between. The model had a Ring/LL
+    # wedge (362-861 KiB) until multi-node Ring steps paid the proxy's per-step overhead (NCCL's netOverhead,
+    # §1.1/§1.4) and Tree chains filled at their per-position NVLink share (rotated chains, NCCL search.cc).
     flips = flip_sizes("p5en-2x8")
     assert _winner_at(flips, 512 * 1024) == "TREE/LL128" and _winner_at(flips, 64 * 1024) == "TREE/LL"
+    small = [name for s, name in flips if s < 8 * MiB]
+    assert small == ["TREE/LL", "TREE/LL128"], small
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "known deviation: p5 (AMD hosts) has no LL region in the AWS data (§4.5); the model's AMD LL ceiling "
-    "(NCCL's llMaxBw row: 22.5 GB/s) shortens LL to < 362 KiB but cannot remove it: at 1-64 KiB LL's lower "
-    "per-hop latency (NCCL hwLat) wins, and no source gives an extra per-crossing latency for host-staged LL "
-    "on AMD large enough (>= ~10 us per crossing; Tree/LL 63 us vs Tree/LL128 83 us at 1 KiB) to invert that"))
+    "known deviation: p5 (AMD hosts) has no LL region in the AWS data (§4.5); the model's AMD figures (NCCL's "
+    "llMaxBw row 22.5 GB/s, netOverhead 2.0 us) shorten LL to < 215 KiB but cannot remove it: at 1-128 KiB LL's "
+    "lower per-hop latency (NCCL hwLat) wins (Tree/LL 63 us vs Tree/LL128 83 us at 1 KiB), and no source gives "
+    "host-staged LL on AMD the >= ~10 us extra per network crossing it would take; a knob fitted to this flip"))
 def test_no_ll_region_p5():
     flips = flip_sizes("p5-2x8")
     assert not any(name in LL_CELLS for _, name in flips)
@@ -96,10 +95,11 @@ def test_no_ll_region_p5():
 
 @pytest.mark.xfail(strict=True, reason=(
     "known deviation: the narrow Ring/LL128 band (12.5-28.5 MiB at 16 ranks, p5en) is not reproduced: a 2-node "
-    "tree sends half the bytes through the NICs (nccl#946), so once NCCL's Tree/LL128 chunk stops shrinking "
-    "(>= ~8 MiB) Tree/LL128 beats Ring/LL128 at every size in the model. NCCL's own model gets the band from "
-    "its per-channel Tree/LL128 cap and tree correction factor, which have no physical counterpart here. AWS "
-    "itself calls its <= 2-node regions 'not well defined' (the region tuner skips them) and moved these "
-    "16-rank edges between releases (14 -> 12.5 MiB, 32 -> 28.5 MiB)"))
+    "tree sends half the bytes through the NICs (nccl#946), so Tree/LL128 is NVLink-bound (~173 GB/s algbw) while "
+    "Ring/LL128 is NIC-bound (~144 GB/s) and has ~47 us more latency: Tree/LL128 wins at every size here. NCCL's "
+    "own model gets the band from its per-channel Tree/LL128 cap on the 8 search channels and its tree correction "
+    "factor, neither a physical limit at the 32 channels NCCL runs; matching it needs a Tree/LL128 efficiency of "
+    "~0.56 fitted to the band. AWS itself calls its <= 2-node regions 'not well defined' (the region tuner skips "
+    "them) and moved these 16-rank edges between releases (14 -> 12.5 MiB, 32 -> 28.5 MiB)"))
 def test_ring_ll128_band_p5en():
     assert _winner_at(flip_sizes("p5en-2x8"), 20 * MiB) == "RING/LL128"

@@ -118,3 +118,40 @@ def test_ll_across_nodes_is_capped_by_the_host_cpu():
     assert ll128[0] < t_intel[0] / 3
     one_node = preset("h100-1x8")                                  # no network: no host staging
     assert 2 * big[0] / t_of(None, big, "TREE", "LL", topo=one_node, nch=32, chunk=32768)[0] / 1e3 > 39.0
+
+
+def test_multi_node_ring_steps_pay_the_proxy_overhead_by_cpu_vendor():
+    # NCCL's netOverhead (reference §1.1/§1.4): every intra-node step of a multi-node ring costs at least the
+    # proxy's turn-around, 1 µs on Intel and 2 µs on AMD hosts (x3 for Simple). 16-rank AllGather: 15 steps,
+    # 1 crossing -> 14 intra-node steps; NVLink LL steps (0.8 µs) are raised to 1.0 / 2.0 µs.
+    import dataclasses
+
+    tiny = np.array([4096])
+    amd = dataclasses.replace(T2, cpu_vendor="amd")
+
+    def ag(topo, proto):
+        return expected_time(topo, "AllGather", tiny, "RING", proto, 1, 32768)[0]
+
+    assert ag(amd, "LL") - ag(T2, "LL") == pytest.approx(14 * (2.0 - 1.0), abs=0.5)
+    assert ag(amd, "SIMPLE") - ag(T2, "SIMPLE") == pytest.approx(14 * (6.0 - 0.8 * 3.4 / 0.6), abs=0.5)
+    one_node = preset("h100-1x8")                                   # no proxy in a single-node ring
+    assert ag(dataclasses.replace(one_node, cpu_vendor="amd"), "LL") == pytest.approx(ag(one_node, "LL"))
+
+
+def test_tree_chain_fill_uses_the_per_position_nvlink_share():
+    # Tree chains are rotations on NVSwitch systems (one head per NIC, NCCL search.cc): while the pipeline fills,
+    # a GPU forwards only the nCh/8 channels at its chain position. Same job without an NVSwitch (chains not
+    # rotated): every hop forwards all 32 channels' 6 KiB at NVLink/32. 14 NVLink hops of 6 KiB each:
+    # 6144 B / (346 GB/s / 32) vs 6144 B / min(36, 346 * 8 / 32) GB/s -> ~5.4 µs less.
+    import dataclasses
+
+    mid = np.array([192 * 1024])
+    no_switch = dataclasses.replace(T2, intra=dataclasses.replace(T2.intra, nvswitch=False))
+    rotated = expected_time(T2, "AllReduce", mid, "TREE", "LL128", 32, 18000)[0]
+    shared = expected_time(no_switch, "AllReduce", mid, "TREE", "LL128", 32, 18000)[0]
+    per_hop = 6144 / (450 * 0.82 * 120 / 128 / 32) - 6144 / 36.0            # ns
+    assert shared - rotated == pytest.approx(14 * per_hop / 1000.0, rel=0.05)
+    # the steady state is unchanged: a large Tree/LL128 costs the same either way (fill is negligible there)
+    big = np.array([2 ** 30])
+    assert expected_time(T2, "AllReduce", big, "TREE", "LL128", 32, 576000)[0] == pytest.approx(
+        expected_time(no_switch, "AllReduce", big, "TREE", "LL128", 32, 576000)[0], rel=0.01)
