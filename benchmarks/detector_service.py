@@ -73,7 +73,8 @@ def window(keys, ranks, base, t, rng, slow=None) -> WindowFeatures:
         lat = lat * slow
     kf = pl.DataFrame({**keys, "lat_mean_s": lat, "lat_p50_s": lat, "lat_p90_s": lat * 1.1, "lat_p99_s": lat * 1.3,
                        "lat_max_s": lat * 1.5, "algbw_Bps": 1e9 / lat, "busbw_Bps": 1e9 / lat,
-                       "spread_p50_s": lat * 0.02, "spread_max_s": lat * 0.1}, schema=KEYS_SCHEMA)
+                       "spread_p50_s": lat * 0.02, "spread_max_s": lat * 0.1,
+                       "tuner_config_version": np.zeros(len(lat), np.uint32)}, schema=KEYS_SCHEMA)
     m = len(ranks["rank"])
     rf = pl.DataFrame({**ranks, "shortest_count": rng.integers(0, 2, m)}, schema=RANKS_SCHEMA)
     return WindowFeatures(EPOCH + t, 1.0, kf, rf, {})

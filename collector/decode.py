@@ -132,8 +132,10 @@ class StreamDecoder:
     def _records(self, rec: np.ndarray, consumed: int) -> DecodeResult:
         kind = rec["kind"]
         is_event = (kind == Kind.COLL) | (kind == Kind.P2P)
-        result = DecodeResult(None, consumed, len(rec), seqs=self.record_seqs(rec))
-        if is_event.all():
+        all_events = bool(is_event.all())
+        result = DecodeResult(None, consumed, len(rec),
+                              seqs=rec["record_seq"] if all_events else self.record_seqs(rec))
+        if all_events:
             if self.host is None:
                 raise ProtocolError("no_process", "COLL/P2P records before the PROCESS record")
             result.events = rec

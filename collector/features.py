@@ -18,7 +18,7 @@ from typing import Iterator
 
 import polars as pl
 
-__all__ = ["WindowFeatures", "KEYS_SCHEMA", "RANKS_SCHEMA", "empty_keys", "empty_ranks",
+__all__ = ["WindowFeatures", "KEYS_SCHEMA", "KEYS_DEFAULTS", "RANKS_SCHEMA", "empty_keys", "empty_ranks",
            "encode_line", "decode_line", "subscribe", "connect"]
 
 KEYS_SCHEMA: dict[str, pl.DataType] = {
@@ -28,7 +28,10 @@ KEYS_SCHEMA: dict[str, pl.DataType] = {
     "lat_mean_s": pl.Float64, "lat_p50_s": pl.Float64, "lat_p90_s": pl.Float64,
     "lat_p99_s": pl.Float64, "lat_max_s": pl.Float64, "algbw_Bps": pl.Float64,
     "busbw_Bps": pl.Float64, "spread_p50_s": pl.Float64, "spread_max_s": pl.Float64,
+    "tuner_config_version": pl.UInt32,
 }
+# columns added after v1 lines were first written: a line without one decodes with this value
+KEYS_DEFAULTS: dict[str, object] = {"tuner_config_version": 0}
 RANKS_SCHEMA: dict[str, pl.DataType] = {
     "job_id": pl.String, "comm_hash": pl.UInt64, "rank": pl.Int32, "host": pl.String,
     "records": pl.Int64, "lat_mean_s": pl.Float64, "rel_lat_mean": pl.Float64,
@@ -76,10 +79,19 @@ def decode_line(line: bytes | str) -> WindowFeatures:
     msg = json.loads(line)
     if msg.get("v") != 1:
         raise ValueError(f"unsupported feature stream version {msg.get('v')!r}")
-    keys = pl.DataFrame(msg["keys"], schema=KEYS_SCHEMA) if msg["keys"] else empty_keys()
+    keys = pl.DataFrame(_with_defaults(msg["keys"]), schema=KEYS_SCHEMA) if msg["keys"] else empty_keys()
     ranks = pl.DataFrame(msg["ranks"], schema=RANKS_SCHEMA) if msg["ranks"] else empty_ranks()
     return WindowFeatures(float(msg["window_start"]), float(msg["window_s"]), keys, ranks,
                           dict(msg.get("counters", {})))
+
+
+def _with_defaults(cols: dict) -> dict:
+    """Fill columns that older lines lack (``KEYS_DEFAULTS``) so they keep decoding."""
+    missing = [c for c in KEYS_DEFAULTS if c not in cols]
+    if not missing or not cols:
+        return cols
+    n = len(next(iter(cols.values())))
+    return {**cols, **{c: [KEYS_DEFAULTS[c]] * n for c in missing}}
 
 
 def connect(address: str, *, timeout: float | None = 10.0) -> socket.socket:

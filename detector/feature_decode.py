@@ -22,7 +22,7 @@ import io
 
 import polars as pl
 
-from collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures, decode_line
+from collector.features import KEYS_DEFAULTS, KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures, decode_line
 
 __all__ = ["decode"]
 
@@ -41,21 +41,25 @@ def decode(line: bytes | str) -> WindowFeatures:
     return decode_line(line)
 
 
-def _frame(raw: pl.DataFrame, name: str, schema: dict) -> pl.DataFrame:
+def _frame(raw: pl.DataFrame, name: str, schema: dict, defaults: dict | None = None) -> pl.DataFrame:
     col = raw.get_column(name)
     if not isinstance(col.dtype, pl.Struct) or not col.dtype.fields:
         raise ValueError(f"{name}: no columns")
     df = raw.select(pl.col(name)).unnest(name)
-    if set(df.columns) != set(schema):
+    absent = set(schema) - set(df.columns)   # columns older lines lack decode as their default
+    if set(df.columns) - set(schema) or absent - set(defaults or ()):
         raise ValueError(f"{name}: unexpected columns")
-    return df.explode(pl.all()).select(list(schema)).cast(schema)
+    df = df.explode(pl.all())
+    if absent:
+        df = df.with_columns(pl.lit(defaults[c]).alias(c) for c in absent)
+    return df.select(list(schema)).cast(schema)
 
 
 def _fast(line: bytes) -> WindowFeatures:
     raw = pl.read_json(io.BytesIO(line))
     if raw.height != 1 or raw.get_column("v")[0] != 1:
         raise ValueError("not a version-1 window")
-    keys = _frame(raw, "keys", KEYS_SCHEMA)
+    keys = _frame(raw, "keys", KEYS_SCHEMA, KEYS_DEFAULTS)
     ranks = _frame(raw, "ranks", RANKS_SCHEMA)
     counters = raw.get_column("counters")[0] if "counters" in raw.columns else {}
     return WindowFeatures(float(raw.get_column("window_start")[0]), float(raw.get_column("window_s")[0]),

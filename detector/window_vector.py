@@ -14,7 +14,7 @@ missing later, so a job's vector may vary in content from window to window.
 ...     "bytes_total": [8 << 20] * 2, "lat_mean_s": [1e-3] * 2, "lat_p50_s": [1e-3, 1e-3],
 ...     "lat_p90_s": [1e-3] * 2, "lat_p99_s": [1e-3] * 2, "lat_max_s": [1e-3] * 2,
 ...     "algbw_Bps": [1e9] * 2, "busbw_Bps": [1.75e9] * 2, "spread_p50_s": [1e-5] * 2,
-...     "spread_max_s": [1e-5] * 2}, schema=KEYS_SCHEMA)
+...     "spread_max_s": [1e-5] * 2, "tuner_config_version": [0] * 2}, schema=KEYS_SCHEMA)
 >>> v = job_vectors(keys)["j"]
 >>> sorted(v), round(v["spread"], 3)
 (['bw:AllReduce:20', 'lat:AllReduce:20', 'spread'], 0.01)

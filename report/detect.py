@@ -19,7 +19,8 @@ No classification of stragglers or flapping, no localisation beyond the streams 
 ...         "proto": ["SIMPLE"], "comm_hash": [31], "size_bucket": [24], "nranks": [2], "nnodes": [2],
 ...         "records": [20], "instances": [10], "bytes_total": [20 << 24], "lat_mean_s": [lat],
 ...         "lat_p50_s": [lat], "lat_p90_s": [lat], "lat_p99_s": [lat], "lat_max_s": [lat], "algbw_Bps": [1e9],
-...         "busbw_Bps": [1e9], "spread_p50_s": [0.0], "spread_max_s": [0.0]}, schema=KEYS_SCHEMA)
+...         "busbw_Bps": [1e9], "spread_p50_s": [0.0], "spread_max_s": [0.0],
+...         "tuner_config_version": [0]}, schema=KEYS_SCHEMA)
 ...     return WindowFeatures(float(t), 1.0, keys, empty_ranks(), {})
 >>> out = []
 >>> for t in range(100):

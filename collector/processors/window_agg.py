@@ -1,14 +1,16 @@
 """Event-time window aggregation: RecordBatch in, one WindowResult per closed window out.
 
-Hot path (``consume``): a handful of numpy expressions per batch — event time, duration,
-bandwidth, packed group keys — then the batch's compact columns are appended to its window.
-Window close (``_aggregate``): grouping by packed u64 keys with sort/bincount segment
-reductions, and a polars group_by for the per-rank table. Nothing loops over records in Python.
+Hot path (``consume``): per batch (a few thousand records, cache-resident) a handful of numpy
+expressions derive everything the window close needs — event time, duration, packed key code,
+histogram bucket, window-relative start — and append those narrow columns to the window's
+preallocated growable buffer (no per-window concatenation). Window close (``_aggregate``): dense
+ids through bincount lookup tables, bincount / ufunc.at segment reductions, one radix argsort
+(u16) of the records by key and exact per-key quantiles by ``np.partition``; a packed u64 sort
+only for keys with few records. Nothing loops over records in Python.
 
-Packed keys (all u64):
-  key  = gcomm<<27 | func<<23 | algo<<15 | proto<<7 | (size_bucket+1)   (the `keys` row)
-  ikey = gcomm<<44 | func<<40 | (seq_number mod 2^40)                   (one instance)
-where gcomm is a dense code for (job_id, comm_hash) (at most 2^20 live codes).
+Packed key code (i64): ``kc = gcomm<<16 | func<<12 | min(algo,7)<<9 | min(proto,3)<<7 | (size_bucket+1)``
+where gcomm is a dense code for (job_id, comm_hash) (at most 2^20 live codes). An instance is
+(gcomm, func, seq_number mod 2^40).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from collector.component import RecordBatch, WindowResult
 from collector.config import WindowConfig
 from collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures
 from collector.metrics import DURATION_BUCKETS_S, SelfMetrics
-from collector.records import busbw_factor, duration_s, event_time_ns, size_bucket, traffic_bytes
-from collector.wire_format import ALGOS, FUNCS, PROTOS
+from collector.records import busbw_factor
+from collector.wire_format import ALGOS, FUNCS, PROTOS, TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
 
@@ -34,12 +36,20 @@ log = logging.getLogger(__name__)
 _U = np.uint64
 _MAX_GCOMM = 1 << 20
 _M40 = _U((1 << 40) - 1)
-_M48 = _U((1 << 48) - 1)
 _BOUNDS = np.asarray(DURATION_BUCKETS_S)
 N_BUCKETS = len(_BOUNDS) + 1  # + overflow (+Inf)
 _FUNC_NAMES = np.array(list(FUNCS) + ["UNKNOWN"] * (16 - len(FUNCS)), dtype=object)
 _ALGO_NAMES = np.array([ALGOS[i] if i < len(ALGOS) else "UNKNOWN" for i in range(256)], dtype=object)
 _PROTO_NAMES = np.array([PROTOS[i] if i < len(PROTOS) else "UNKNOWN" for i in range(256)], dtype=object)
+# per func code: key low bits (func<<12) and whether traffic = bytes × nranks (AllGather/ReduceScatter)
+_FUNC_BITS = (np.arange(256, dtype=np.int64) & 0xF) << 12
+_ALGO_BITS = np.minimum(np.arange(256, dtype=np.int64), 7) << 9
+_PROTO_BITS = np.minimum(np.arange(256, dtype=np.int64), 3) << 7
+_TIMES_NRANKS = np.zeros(16, bool)
+_TIMES_NRANKS[[FUNCS.index("AllGather"), FUNCS.index("ReduceScatter")]] = True
+#: keys with at least this many records get exact quantiles by np.partition (a Python call each);
+#: the rest share one packed u64 sort (relative error ≤ 4e-9)
+PARTITION_MIN = 256
 
 
 class Interner:
@@ -61,15 +71,43 @@ class Interner:
         return code
 
 
-class _Chunks:
-    __slots__ = ("parts", "n")
+#: the per-record columns a window keeps (name, dtype)
+COLUMNS = (("kc", np.int64), ("seq", np.int64), ("dur", np.float64), ("bytes", np.float64),
+           ("rel", np.float64), ("rank", np.int32), ("nranks", np.int32), ("nnodes", np.int32),
+           ("tcv", np.uint32), ("host", np.uint16), ("bucket", np.uint8))
 
-    def __init__(self):
-        self.parts: list[dict[str, np.ndarray]] = []
+
+class _Window:
+    """Growable column buffers of one open window (capacity doubles; no per-window concatenation)."""
+    __slots__ = ("cols", "n", "cap")
+
+    def __init__(self, cap: int):
+        self.cap = max(1024, int(cap))
+        self.cols = {name: np.empty(self.cap, dt) for name, dt in COLUMNS}
         self.n = 0
 
+    def append(self, cols: dict[str, np.ndarray], idx: np.ndarray | None = None) -> None:
+        m = len(cols["kc"]) if idx is None else len(idx)
+        if self.n + m > self.cap:
+            cap = max(self.cap * 2, self.n + m)
+            for name, a in self.cols.items():
+                b = np.empty(cap, a.dtype)
+                b[:self.n] = a[:self.n]
+                self.cols[name] = b
+            self.cap = cap
+        lo, hi = self.n, self.n + m
+        for name, a in self.cols.items():
+            v = cols[name]
+            if idx is None:
+                a[lo:hi] = v
+            elif np.ndim(v) == 0:
+                a[lo:hi] = v
+            else:
+                np.take(v, idx, out=a[lo:hi])
+        self.n = hi
 
-COLUMNS = ("key", "ikey", "host", "rank", "nranks", "nnodes", "bytes", "dur", "traffic", "event_ns")
+    def view(self) -> dict[str, np.ndarray]:
+        return {name: a[:self.n] for name, a in self.cols.items()}
 
 
 class WindowAggregator:
@@ -93,7 +131,8 @@ class WindowAggregator:
         self.hosts = Interner(1 << 16)
         self.gcomms = Interner(_MAX_GCOMM)  # (job_code, comm_hash) → code
         self.comm_names: dict[tuple[int, int], str] = {}
-        self._open: dict[int, _Chunks] = {}
+        self._open: dict[int, _Window] = {}
+        self._cap_hint = 1 << 16
         self._closed_upto: int | None = None  # windows < this index are closed
         self._watermark_ns: int | None = None   # event time up to which every active source has reported
         self._skew_ns = int(round(min(config.max_skew_s, max(0, config.max_open_windows - 2) * config.window_s) * 1e9))
@@ -127,12 +166,13 @@ class WindowAggregator:
         if job < 0 or host < 0:
             m.drop("invalid", len(ev))
             return
-        comm_hash = ev["comm_hash"]
-        gcomm = self._gcomm_codes(job, comm_hash)
+        gcomm = self._gcomm_codes(job, ev["comm_hash"])
         for ch, name in batch.comm_names.items():
             if name:
                 self.comm_names[(job, int(ch))] = name
-        t = event_time_ns(ev)
+        ts = ev["timing_source"]
+        gpu = ts == TimingSource.KERNEL_GPU
+        t = np.where(gpu, ev["gpu_start_ns"], ev["enqueue_ns"]).view(np.int64)  # event time
         widx = t // self._window_ns
         keep = gcomm >= 0
         n_bad = len(ev) - int(keep.sum())
@@ -153,19 +193,20 @@ class WindowAggregator:
                 m.drop("too_early", n_early)
                 keep &= ~early
         if not keep.all():
-            ev, t, widx, gcomm = ev[keep], t[keep], widx[keep], gcomm[keep]
+            ev, t, widx, gcomm, ts, gpu = ev[keep], t[keep], widx[keep], gcomm[keep], ts[keep], gpu[keep]
             if len(ev) == 0:
                 return
-        cols = self._columns(ev, t, gcomm, host)
         lo, hi = int(widx.min()), int(widx.max())
+        cols = self._columns(ev, t, ts, gpu, gcomm, host, (t - lo * self._window_ns) if lo == hi
+                             else (t - widx * self._window_ns))
         if lo == hi:
-            self._append(lo, cols)
+            self._window(lo, len(t)).append(cols)
         else:
             order = np.argsort(widx, kind="stable")
             sw = widx[order]
             cuts = np.flatnonzero(np.diff(sw)) + 1
             for part_idx, w in zip(np.split(order, cuts), sw[np.r_[0, cuts]]):
-                self._append(int(w), {k: v[part_idx] for k, v in cols.items()})
+                self._window(int(w), len(part_idx)).append(cols, part_idx)
         tmax = int(t.max())
         if tmax > self._src_max.get(host, -1):
             self._src_max[host] = tmax
@@ -190,44 +231,48 @@ class WindowAggregator:
     def _gcomm_codes(self, job: int, comm_hash: np.ndarray) -> np.ndarray:
         """Dense (job, comm) codes; a process has few communicators, so peel them off one
         vectorised comparison at a time (no sort), falling back to np.unique for many."""
-        out = np.full(len(comm_hash), -1, np.int64)
-        todo = np.ones(len(comm_hash), bool)
-        i = 0
-        for _ in range(16):
-            ch = comm_hash[i]
-            m = comm_hash == ch
-            out[m] = self.gcomms.get((job, int(ch)))
-            todo &= ~m
-            rest = np.flatnonzero(todo)
-            if len(rest) == 0:
+        comm_hash = np.ascontiguousarray(comm_hash)
+        ch = int(comm_hash[0])
+        out = np.full(len(comm_hash), self.gcomms.get((job, ch)), np.int64)
+        todo = np.flatnonzero(comm_hash != comm_hash[0])
+        for _ in range(15):
+            if len(todo) == 0:
                 return out
-            i = int(rest[0])
-        uniq, inv = np.unique(comm_hash[todo], return_inverse=True)
-        out[todo] = np.array([self.gcomms.get((job, int(c))) for c in uniq], np.int64)[inv]
+            rest = comm_hash[todo]
+            ch = int(rest[0])
+            m = rest == rest[0]
+            out[todo[m]] = self.gcomms.get((job, ch))
+            todo = todo[~m]
+        if len(todo):
+            uniq, inv = np.unique(comm_hash[todo], return_inverse=True)
+            out[todo] = np.array([self.gcomms.get((job, int(c))) for c in uniq], np.int64)[inv]
         return out
 
     @staticmethod
-    def _columns(ev: np.ndarray, t: np.ndarray, gcomm: np.ndarray, host: int) -> dict[str, np.ndarray]:
-        func = ev["func"]
-        nranks = ev["nranks"]
-        nbytes = ev["bytes"]
-        sb = size_bucket(nbytes)
-        g = gcomm.astype(_U)
-        key = ((g << _U(27)) | (func.astype(_U) << _U(23)) | (ev["algo"].astype(_U) << _U(15))
-               | (ev["proto"].astype(_U) << _U(7)) | (sb + 1).astype(_U))
-        ikey = (g << _U(44)) | (func.astype(_U) << _U(40)) | (ev["seq_number"] & _M40)
-        dur = duration_s(ev)
-        return {"key": key, "ikey": ikey, "host": np.full(len(ev), host, np.uint16),
-                "rank": np.ascontiguousarray(ev["rank"]), "nranks": np.ascontiguousarray(nranks),
-                "nnodes": np.ascontiguousarray(ev["nnodes"]), "bytes": nbytes.astype(np.int64),
-                "dur": dur, "traffic": traffic_bytes(func, nbytes, nranks), "event_ns": t}
+    def _columns(ev: np.ndarray, t: np.ndarray, ts: np.ndarray, gpu: np.ndarray, gcomm: np.ndarray,
+                 host: int, rel_ns: np.ndarray) -> dict[str, np.ndarray]:
+        """The per-record columns a window keeps, computed on the (cache-resident) batch."""
+        nb = ev["bytes"].astype(np.float64)
+        kc = (gcomm << 16) | _FUNC_BITS[ev["func"]] | _ALGO_BITS[ev["algo"]] | _PROTO_BITS[ev["proto"]]
+        kc |= np.frexp(nb)[1]                      # size_bucket + 1 (0 for 0 bytes)
+        end = np.where(gpu, ev["gpu_end_ns"], ev["cpu_end_ns"]).view(np.int64)
+        dns = end - t
+        dur = dns * 1e-9                           # duration: GPU end − start, or CPU end − enqueue
+        dur[(dns < 0) | ~(gpu | (ts == TimingSource.KERNEL_CPU))] = np.nan
+        bucket = np.searchsorted(_BOUNDS, dur, side="left").astype(np.uint8)
+        bucket[np.isnan(dur)] = N_BUCKETS          # untimed: outside the histogram
+        return {"kc": kc, "seq": (ev["seq_number"] & _M40).view(np.int64), "dur": dur, "bytes": nb,
+                "rel": rel_ns * 1e-9, "rank": ev["rank"], "nranks": ev["nranks"], "nnodes": ev["nnodes"],
+                "tcv": ev["tuner_config_version"], "host": host, "bucket": bucket}
 
-    def _append(self, w: int, cols: dict[str, np.ndarray]) -> None:
-        chunks = self._open.get(w)
-        if chunks is None:
-            chunks = self._open[w] = _Chunks()
-        chunks.parts.append(cols)
-        chunks.n += len(cols["key"])
+    def _window(self, w: int, m: int) -> _Window:
+        win = self._open.get(w)
+        if win is None:
+            # size like the last closed window (few regrowths), small when many are open at once;
+            # np.empty pages are only committed when written, so a generous capacity costs no RSS
+            cap = max(self._cap_hint, 1 << 20) if len(self._open) < 3 else 4 * m
+            win = self._open[w] = _Window(max(cap, m))
+        return win
 
     # -- closing -------------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
@@ -253,23 +298,25 @@ class WindowAggregator:
             self._close(w)
 
     def _close(self, w: int) -> None:
-        chunks = self._open.pop(w)
+        win = self._open.pop(w)
         self._closed_upto = max(self._closed_upto or 0, w + 1)
-        cols = {k: np.concatenate([p[k] for p in chunks.parts]) for k in COLUMNS}
-        chunks.parts.clear()
+        n = win.n
+        self._cap_hint = min(int(n * 1.25) + 1024, 1 << 24)
         try:
-            result = aggregate_window(cols, window_start_ns=w * self._window_ns,
+            result = aggregate_window(win.view(), window_start_ns=w * self._window_ns,
                                       window_s=self.config.window_s, aggregator=self)
         except Exception:
-            log.exception("window %d: aggregation failed (%d records dropped)", w, chunks.n)
-            self.metrics.drop("aggregation_error", chunks.n)
+            log.exception("window %d: aggregation failed (%d records dropped)", w, n)
+            self.metrics.drop("aggregation_error", n)
             return
+        finally:
+            win.cols.clear()
         m = self.metrics
-        m.add("aggregated", chunks.n)
+        m.add("aggregated", n)
         m.add("windows_emitted", 1)
         with m._lock:
             m.last_window_end_s = (w + 1) * self.config.window_s
-        result.features.counters.update(_counters(m, chunks.n))
+        result.features.counters.update(_counters(m, n))
         self.next_consumer.consume(result)
 
     # -- code → string tables used by aggregate_window -------------------------------------------
@@ -297,7 +344,7 @@ def _counters(m: SelfMetrics, n: int) -> dict:
 
 
 def _segments(gid: np.ndarray, values: np.ndarray, ngroups: int):
-    """Sort ``values`` (≥ 0, finite) within groups: returns sorted values, starts, counts.
+    """Sort ``values`` (≥ 0 or NaN; NaN sorts last) within groups: returns sorted values, starts, counts.
 
     One u64 sort of (gid << (64-g) | top (64-g) bits of the float), g = bits needed for the
     group id. With ≤ 2^24 groups the order is exact up to a relative 2^-28 (~4e-9) and values
@@ -318,36 +365,6 @@ def _segments(gid: np.ndarray, values: np.ndarray, ngroups: int):
     else:
         vals = values[np.lexsort((values, gid))]
     return vals, starts, counts
-
-
-def _median_bandwidth(kid, dur, traffic, timed, nk, dvals, dstarts, dcounts) -> np.ndarray:
-    """Median per key of traffic/duration, exact, mostly without another sort.
-
-    Where every timed record of a key moves the same traffic and no duration is 0 (the usual
-    case: one size per key), bandwidth is a decreasing function of duration, so its two middle
-    elements are traffic over the two middle durations already sorted for the latency quantiles.
-    Other keys' records are sorted by bandwidth directly.
-    """
-    ok = timed & (dur > 0)
-    k_ok, t_ok = kid[ok], traffic[ok]
-    bcounts = np.bincount(k_ok, minlength=nk)
-    tmin = np.full(nk, np.inf)
-    tmax = np.full(nk, -np.inf)
-    np.minimum.at(tmin, k_ok, t_ok)
-    np.maximum.at(tmax, k_ok, t_ok)
-    out = np.full(nk, np.nan)
-    uni = (bcounts > 0) & (tmin == tmax) & (bcounts == dcounts)
-    if uni.any():
-        c = dcounts[uni]
-        d_lo = dvals[dstarts[uni] + (c - 1) // 2]
-        d_hi = dvals[dstarts[uni] + c // 2]
-        out[uni] = 0.5 * (tmin[uni] / d_lo + tmin[uni] / d_hi)
-    mixed = (bcounts > 0) & ~uni
-    if mixed.any():
-        sel = ok & mixed[kid]
-        bvals, bstarts, bc = _segments(kid[sel], traffic[sel] / dur[sel], nk)
-        out[mixed] = _quantile(bvals, bstarts, bc, 0.5)[mixed]
-    return out
 
 
 def _quantile(vals, starts, counts, q: float) -> np.ndarray:
@@ -393,48 +410,138 @@ def _first_index(ids: np.ndarray, n_ids: int) -> np.ndarray:
     return first
 
 
+def _key_ids(kc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense key ids (sorted by code) without sorting the records."""
+    if len(kc) == 0 or int(kc.max()) < (1 << 22):
+        return _dense(kc)
+    gl, ug = _dense(kc >> 16)          # many communicators seen: compact the comm part first
+    if len(ug) <= 128:
+        kid, u = _dense((gl << 16) | (kc & 0xFFFF))
+        return kid, (ug[u >> 16] << 16) | (u & 0xFFFF)
+    return _dense(kc, limit=0)
+
+
+def _order_stats(g: np.ndarray, starts: np.ndarray, seglen: np.ndarray, counts: np.ndarray,
+                 qs: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment, the two order statistics around each quantile position q·(count−1).
+
+    ``g`` holds the values grouped by segment (``starts``/``seglen``); invalid values are NaN and
+    ``counts`` is the number of valid ones. Segments with ≥ PARTITION_MIN values: exact, by an
+    in-place ``np.partition`` of the segment (``g`` is modified). Smaller ones: one packed u64 sort
+    of all of them together (see :func:`_segments`, relative error ≤ 4e-9). Returns (lo, hi), each
+    of shape (len(qs), n_segments), NaN where a segment has no valid value.
+    """
+    nk = len(counts)
+    lo_v = np.full((len(qs), nk), np.nan)
+    hi_v = np.full((len(qs), nk), np.nan)
+    ok = counts > 0
+    if not ok.any():
+        return lo_v, hi_v
+    c = np.maximum(counts, 1)
+    pos = np.asarray(qs)[:, None] * (c - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, c - 1)
+    big = np.flatnonzero(ok & (counts >= PARTITION_MIN))
+    if len(big):
+        lo_l, hi_l = lo[:, big].T.tolist(), hi[:, big].T.tolist()
+        st_l, sl_l = starts[big].tolist(), seglen[big].tolist()
+        for j, k in enumerate(big.tolist()):
+            seg = g[st_l[j]:st_l[j] + sl_l[j]]
+            kth = sorted(set(lo_l[j]) | set(hi_l[j]))
+            seg.partition(kth)
+            lo_v[:, k] = seg[lo_l[j]]
+            hi_v[:, k] = seg[hi_l[j]]
+    small = ok & (counts < PARTITION_MIN)
+    if small.any():
+        sidx = np.flatnonzero(small)
+        sl = seglen[sidx]
+        vals = g[np.repeat(small, seglen)]
+        svals, sstarts, _ = _segments(np.repeat(np.arange(len(sidx)), sl), vals, len(sidx))
+        lo_v[:, sidx] = svals[sstarts + lo[:, sidx]]
+        hi_v[:, sidx] = svals[sstarts + hi[:, sidx]]
+    return lo_v, hi_v
+
+
 def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, window_s: float,
                      aggregator: WindowAggregator) -> WindowResult:
-    key, ikey, host, dur = cols["key"], cols["ikey"], cols["host"], cols["dur"]
-    n = len(key)
-    timed = ~np.isnan(dur)
-    # ---- dense ids: communicator (window-local), key, (key, host) -------------------------------
-    gl, ucodes = _dense((key >> _U(27)).astype(np.int64))
-    func_r = ((key >> _U(23)) & _U(0xF)).astype(np.int64)
-    low16 = ((func_r << 12) | (np.minimum((key >> _U(15)) & _U(0xFF), _U(7)).astype(np.int64) << 9)
-             | (np.minimum((key >> _U(7)) & _U(0xFF), _U(3)).astype(np.int64) << 7)
-             | (key & _U(0x7F)).astype(np.int64))
-    kid, ukc = _dense((gl << 16) | low16)
+    kc, dur, seq, rel_t = cols["kc"], cols["dur"], cols["seq"], cols["rel"]
+    n = len(kc)
+    # ---- keys: dense ids, counts, sums ----------------------------------------------------------
+    kid, ukc = _key_ids(kc)
     nk = len(ukc)
-    first_k = _first_index(kid, nk)
-    hl, uhost = _dense(host.astype(np.int64))
-    khid, ukh = _dense(kid * len(uhost) + hl)
-    kid_of_kh = ukh // len(uhost)
-    host_of_kh = uhost[ukh % len(uhost)]
-    records = np.bincount(kid, minlength=nk)
-    bytes_total = np.bincount(kid, weights=cols["bytes"], minlength=nk).round().astype(np.int64)
-    kid_t, dur_t = kid[timed], dur[timed]
-    dvals, dstarts, dcounts = _segments(kid_t, dur_t, nk)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        lat_mean = np.bincount(kid_t, weights=dur_t, minlength=nk) / dcounts
-    lat_max = np.full(nk, -np.inf)
-    np.maximum.at(lat_max, kid_t, dur_t)
-    lat_max[dcounts == 0] = np.nan
-    algbw_med = _median_bandwidth(kid, dur, cols["traffic"], timed, nk, dvals, dstarts, dcounts)
-    gl_k = ukc >> 16
-    gcomm_k = ucodes[gl_k]
-    func_k = (ukc >> 12) & 0xF
-    algo_k = (ukc >> 9) & 0x7
+    glk, ucodes = _dense(ukc >> 16)            # window-local communicator index per key
+    low = ukc & 0xFFFF
+    func_k = low >> 12
+    algo_k = (low >> 9) & 0x7
     algo_k[algo_k == 7] = 255
-    proto_k = (ukc >> 7) & 0x3
+    proto_k = (low >> 7) & 0x3
     proto_k[proto_k == 3] = 255
-    sb_k = (ukc & 0x7F).astype(np.int32) - 1
+    sb_k = (low & 0x7F).astype(np.int32) - 1
+    records = np.bincount(kid, minlength=nk)
+    bytes_f = np.bincount(kid, weights=cols["bytes"], minlength=nk)
+    bytes_total = bytes_f.round().astype(np.int64)
+    nan = np.isnan(dur)
+    untimed = np.flatnonzero(nan)
+    dur0 = np.where(nan, 0.0, dur) if len(untimed) else dur
+    del nan
+    dcounts = records - np.bincount(kid[untimed], minlength=nk) if len(untimed) else records
+    dsum = np.bincount(kid, weights=dur0, minlength=nk)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lat_mean = dsum / dcounts
+    tcv = cols["tcv"]
+    tcv_k = np.zeros(nk, np.uint32)            # applied tuner-config version: max over the key's records
+    if tcv.any():
+        np.maximum.at(tcv_k, kid, tcv)
+    # ---- latency quantiles and bandwidth median, per key -----------------------------------------
+    kstarts = np.zeros(nk, np.int64)
+    if nk > 1:
+        np.cumsum(records[:-1], out=kstarts[1:])
+    order = np.argsort(kid.astype(np.uint16) if nk <= (1 << 16) else kid, kind="stable")
+    first_k = order[kstarts]                   # stable: the key's first record
     nranks_k = cols["nranks"][first_k]
+    g = dur[order]
+    lat_max = np.fmax.reduceat(g, kstarts) if nk else np.zeros(0)   # NaN-ignoring max per key
+    lat_max[dcounts == 0] = np.nan
+    zero = np.flatnonzero(dur == 0)
+    nzero = np.bincount(kid[zero], minlength=nk)
+    b0 = cols["bytes"][first_k]                # records whose size differs from the key's first one
+    nb_diff = np.bincount(kid[np.flatnonzero(cols["bytes"] != b0[kid])], minlength=nk)
+    (d50, d90, d99), (e50, e90, e99) = _order_stats(g, kstarts, records, dcounts, (0.5, 0.9, 0.99))
+    del g
+
+    def interp(q, a, b):
+        pos = q * (np.maximum(dcounts, 1) - 1)
+        return a + (b - a) * (pos - np.floor(pos))
+
+    p50, p90, p99 = interp(0.5, d50, e50), interp(0.9, d90, e90), interp(0.99, d99, e99)
+    # traffic (nccl-tests "S") per record = bytes × (nranks for AllGather/ReduceScatter); keys where
+    # every record moves the same traffic and none took 0 s: the median bandwidth is traffic over
+    # the two middle durations. Other keys: bandwidths grouped and selected like the durations.
+    tfac = np.where(_TIMES_NRANKS[func_k], nranks_k, 1).astype(np.float64)
+    bw_n = dcounts - nzero
+    uni = (nb_diff == 0) & (nzero == 0) & (dcounts > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mid_hi = np.where(dcounts % 2 == 1, d50, e50)   # the two middle elements: (c−1)//2, c//2
+        algbw_med = 0.5 * (b0 * tfac / d50 + b0 * tfac / mid_hi)
+    algbw_med[~uni] = np.nan
+    mixed = ~uni & (bw_n > 0)
+    if mixed.any():
+        sel = order[np.repeat(mixed, records)]  # the mixed keys' records, grouped by key
+        ks = kid[sel]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ds = dur[sel]
+            bw = np.where(ds > 0, cols["bytes"][sel] * tfac[ks] / ds, np.nan)
+        mstarts = np.zeros(nk, np.int64)
+        mlen = np.where(mixed, records, 0)
+        np.cumsum(mlen[:-1], out=mstarts[1:])
+        (b_lo,), (b_hi,) = _order_stats(bw, mstarts, mlen, np.where(mixed, bw_n, 0), (0.5,))
+        odd = (bw_n % 2 == 1)[mixed]
+        algbw_med[mixed] = np.where(odd, b_lo[mixed], 0.5 * (b_lo[mixed] + b_hi[mixed]))
+    del order
     # ---- instances: (communicator, func, seqNumber), direct-addressed per (comm, func) ---------
-    gf = (gl << 4) | func_r
-    seq = (ikey & _M40).astype(np.int64)
-    gfid, ugf = _dense(gf)
+    gfid_k, ugf = _dense((glk << 4) | func_k)
     ngf = len(ugf)
+    gfid = gfid_k[kid]
     smin = np.full(ngf, np.iinfo(np.int64).max)
     smax = np.full(ngf, -1, np.int64)
     np.minimum.at(smin, gfid, seq)
@@ -443,25 +550,29 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     if n and int(span.sum()) <= 4 * n + 4096:
         off = np.zeros(ngf, np.int64)
         np.cumsum(span[:-1], out=off[1:])
-        iid, _ = _dense(off[gfid] + seq - smin[gfid])
+        iid = (off - smin)[gfid] + seq
+        n_all = np.bincount(iid, minlength=int(span.sum()))
+        if not n_all.all():                    # gaps in the seqNumbers (sampling, losses): compact
+            present = np.flatnonzero(n_all)
+            lut = np.empty(len(n_all), np.int64)
+            lut[present] = np.arange(len(present))
+            iid, n_all = lut[iid], n_all[present]
     else:
-        iid, _ = _dense((gfid << 40) | seq, limit=0)
-    ni = int(iid.max()) + 1 if n else 0
+        iid, uinst = _dense((gfid << 40) | seq, limit=0)
+        n_all = np.bincount(iid, minlength=len(uinst))
+    del gfid
+    ni = len(n_all)
     first_i = _first_index(iid, ni)
-    n_all = np.bincount(iid, minlength=ni)
-    iid_t = iid[timed]
-    n_t = np.bincount(iid_t, minlength=ni)
-    s_t = np.bincount(iid_t, weights=dur_t, minlength=ni)
+    n_t = n_all - np.bincount(iid[untimed], minlength=ni) if len(untimed) else n_all
+    s_t = np.bincount(iid, weights=dur0, minlength=ni)
     dmin = np.full(ni, np.inf)
     dmax = np.full(ni, -np.inf)
-    np.minimum.at(dmin, iid_t, dur_t)
-    np.maximum.at(dmax, iid_t, dur_t)
+    np.fmin.at(dmin, iid, dur)
+    np.fmax.at(dmax, iid, dur)
     dmin[n_t == 0] = np.nan
     dmax[n_t == 0] = np.nan
-    at_min = timed.copy()
-    at_min[timed] = dur_t == dmin[iid_t]
+    at_min = np.flatnonzero(dur == dmin[iid])
     n_min = np.bincount(iid[at_min], minlength=ni)
-    rel_t = (cols["event_ns"] - window_start_ns).astype(np.float64) * 1e-9
     start_mean = np.bincount(iid, weights=rel_t, minlength=ni) / np.maximum(n_all, 1)
     kid_i = kid[first_i]
     # per key: instances (distinct seq numbers) and cross-rank spread over instances on ≥ 2 ranks
@@ -473,46 +584,64 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     okk = scounts > 0
     spread_max[okk] = svals[sstarts[okk] + scounts[okk] - 1]
     complete = n_all >= cols["nranks"][first_i]
-    # ---- per-record instance-relative values → ranks ---------------------------------------------
-    # rel: this rank's duration / mean duration of the instance's other ranks (leave-one-out)
-    multi_r = multi[iid] & timed
-    with np.errstate(invalid="ignore", divide="ignore"):
-        others = (s_t[iid] - dur) / (n_t[iid] - 1)
-        rel = np.where(multi_r & (others > 0), dur / others, np.nan)
-    shortest = multi_r & at_min & (n_min[iid] == 1)
-    skew = np.where(n_all[iid] >= 2, rel_t - start_mean[iid], np.nan)
-    # dense (gcomm, rank) group id: window-local gcomm index × max nranks + rank
-    gdense = gl
-    rmax = int(cols["nranks"].max()) if n else 1
-    rid = gdense * rmax + cols["rank"]
-    nr_groups = len(ucodes) * rmax
-    if nr_groups > (1 << 24):  # absurdly wide: compact through a sort
+    # ---- per record → (key, rank) groups → (communicator, rank) rows ------------------------------
+    rank = cols["rank"]
+    rmax = max(int(cols["nranks"].max()), int(rank.max()) + 1) if n else 1
+    rid = kid * rmax + rank
+    nrg = nk * rmax
+    if nrg > (1 << 24):  # absurdly wide: compact through a sort
         urid, rid = np.unique(rid, return_inverse=True)
-        nr_groups = len(urid)
-    r_records = np.bincount(rid, minlength=nr_groups)
-    present = np.flatnonzero(r_records)
+        nrg = len(urid)
+    else:
+        urid = None
+    r_records = np.bincount(rid, minlength=nrg)
+    r_timed = r_records - np.bincount(rid[untimed], minlength=nrg) if len(untimed) else r_records
+    r_dsum = np.bincount(rid, weights=dur0, minlength=nrg)
+    # rel: this rank's duration / mean duration of the instance's other ranks (leave-one-out)
+    nt_r = n_t[iid]
     with np.errstate(invalid="ignore", divide="ignore"):
-        r_lat = np.bincount(rid[timed], weights=dur_t, minlength=nr_groups) / np.bincount(
-            rid[timed], minlength=nr_groups)
-        rel_ok = ~np.isnan(rel)
-        r_rel = np.bincount(rid[rel_ok], weights=rel[rel_ok], minlength=nr_groups) / np.bincount(
-            rid[rel_ok], minlength=nr_groups)
-        sk_ok = ~np.isnan(skew)
-        r_skew = np.bincount(rid[sk_ok], weights=skew[sk_ok], minlength=nr_groups) / np.bincount(
-            rid[sk_ok], minlength=nr_groups)
-    r_short = np.bincount(rid[shortest], minlength=nr_groups)
-    r_last = np.zeros(nr_groups, np.int64)
-    np.maximum.at(r_last, rid, cols["event_ns"])
-    r_host = np.zeros(nr_groups, np.int64)
-    r_host[rid] = host
-    r_rank = np.zeros(nr_groups, np.int32)
-    r_rank[rid] = cols["rank"]
-    r_gd = np.zeros(nr_groups, np.int64)
-    r_gd[rid] = gdense
-    comp_per_g = np.bincount(gdense[first_i][complete], minlength=len(ucodes))
+        others = (s_t[iid] - dur) / (nt_r - 1)
+        rel_ok = (nt_r >= 2) & (others > 0)
+        rel = np.where(rel_ok, dur / others, 0.0)
+    r_rel = np.bincount(rid, weights=rel, minlength=nrg)
+    r_rel_n = np.bincount(rid[rel_ok], minlength=nrg)
+    del others, rel, rel_ok
+    im = iid[at_min]
+    shortest = at_min[(nt_r[at_min] >= 2) & (n_min[im] == 1)]
+    r_short = np.bincount(rid[shortest], minlength=nrg)
+    del nt_r
+    # start skew over records of instances seen on ≥ 2 ranks; a lone record's skew is exactly 0
+    # (its instance's mean start is its own), so summing over every record changes nothing
+    r_skew = np.bincount(rid, weights=rel_t - start_mean[iid], minlength=nrg)
+    r_skew_n = r_records - np.bincount(rid[first_i[n_all == 1]], minlength=nrg)
+    r_last = np.full(nrg, -np.inf)
+    np.maximum.at(r_last, rid, rel_t)
+    r_host_k = np.zeros(nrg, np.int64)
+    r_host_k[rid] = cols["host"]
+    present_k = np.flatnonzero(r_records)
+    pk = present_k if urid is None else urid[present_k]
+    crid, ucr = _dense(glk[pk // rmax] * rmax + pk % rmax)
+    ncr = len(ucr)
+
+    def fold(x):
+        return np.bincount(crid, weights=x[present_k], minlength=ncr)
+
+    c_records = fold(r_records).round().astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c_lat = fold(r_dsum) / fold(r_timed)
+        c_rel = fold(r_rel) / fold(r_rel_n)
+        c_skew = fold(r_skew) / fold(r_skew_n)
+    c_short = fold(r_short).round().astype(np.int64)
+    c_last = np.full(ncr, -np.inf)
+    np.maximum.at(c_last, crid, r_last[present_k])
+    c_host = np.zeros(ncr, np.int64)
+    c_host[crid] = r_host_k[present_k]
+    c_rank = (ucr % rmax).astype(np.int32)
+    c_gd = ucr // rmax
+    comp_per_g = np.bincount(glk[kid_i][complete], minlength=len(ucodes))
     # ---- strings -------------------------------------------------------------------------------------
     jobs, hashes, names = aggregator.gcomm_table(ucodes)
-    pos_k = gl_k
+    pos_k = glk
     jobs_a = np.array(jobs, dtype=object)
     names_a = np.array(names, dtype=object)
     host_names = np.array(aggregator.hosts.values, dtype=object)
@@ -525,44 +654,56 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
         "size_bucket": sb_k, "nranks": nranks_k.astype(np.int32),
         "nnodes": cols["nnodes"][first_k].astype(np.int32), "records": records.astype(np.int64),
         "instances": instances.astype(np.int64), "bytes_total": bytes_total,
-        "lat_mean_s": _nan_to_null(lat_mean), "lat_p50_s": _nan_to_null(_quantile(dvals, dstarts, dcounts, 0.5)),
-        "lat_p90_s": _nan_to_null(_quantile(dvals, dstarts, dcounts, 0.9)),
-        "lat_p99_s": _nan_to_null(_quantile(dvals, dstarts, dcounts, 0.99)),
+        "lat_mean_s": _nan_to_null(lat_mean), "lat_p50_s": _nan_to_null(p50),
+        "lat_p90_s": _nan_to_null(p90), "lat_p99_s": _nan_to_null(p99),
         "lat_max_s": _nan_to_null(lat_max), "algbw_Bps": _nan_to_null(algbw_med),
         "busbw_Bps": _nan_to_null(busbw), "spread_p50_s": _nan_to_null(spread_p50),
-        "spread_max_s": _nan_to_null(spread_max),
+        "spread_max_s": _nan_to_null(spread_max), "tuner_config_version": tcv_k,
     }, schema=KEYS_SCHEMA)
-    rg_pos = r_gd[present]
-    r_job = jobs_a[rg_pos].tolist()
-    r_hostname = host_names[r_host[present]].tolist()
+    r_job = jobs_a[c_gd].tolist()
+    r_hostname = host_names[c_host].tolist()
     ranks_df = pl.DataFrame({
-        "job_id": r_job, "comm_hash": hashes[rg_pos], "rank": r_rank[present],
-        "host": r_hostname, "records": r_records[present].astype(np.int64),
-        "lat_mean_s": _nan_to_null(r_lat[present]), "rel_lat_mean": _nan_to_null(r_rel[present]),
-        "shortest_count": r_short[present].astype(np.int64),
-        "instances_complete": comp_per_g[rg_pos].astype(np.int64),
+        "job_id": r_job, "comm_hash": hashes[c_gd], "rank": c_rank,
+        "host": r_hostname, "records": c_records,
+        "lat_mean_s": _nan_to_null(c_lat), "rel_lat_mean": _nan_to_null(c_rel),
+        "shortest_count": c_short, "instances_complete": comp_per_g[c_gd].astype(np.int64),
     }, schema=RANKS_SCHEMA)
-    # ---- exporter-only frames -----------------------------------------------------------------------
+    # ---- exporter-only frames: histograms per (key, host) ------------------------------------------
     comm_label = np.array([nm or f"{h:016x}" for nm, h in zip(names, hashes.tolist())], dtype=object)
-    nkh = len(ukh)
-    bucket = np.searchsorted(_BOUNDS, dur_t, side="left")
-    hcounts = np.bincount(khid[timed] * N_BUCKETS + bucket, minlength=nkh * N_BUCKETS).reshape(nkh, N_BUCKETS)
-    hsum = np.bincount(khid[timed], weights=dur_t, minlength=nkh)
-    kpos = gl_k[kid_of_kh]
+    host = cols["host"]
+    hl, uhost = _dense(host)
+    nh = len(uhost)
+    nb1 = N_BUCKETS + 1                       # + the untimed slot, dropped below
+    if nh <= 1:
+        khid, nkh = kid, nk
+        kid_of_kh = np.arange(nk)
+        host_of_kh = np.full(nk, uhost[0] if nh else 0)
+        h_records, h_bytes, hsum = records, bytes_f, dsum
+    else:
+        khid, ukh = _dense(kid * nh + hl)
+        nkh = len(ukh)
+        kid_of_kh = ukh // nh
+        host_of_kh = uhost[ukh % nh]
+        h_records = np.bincount(khid, minlength=nkh)
+        h_bytes = np.bincount(khid, weights=cols["bytes"], minlength=nkh)
+        hsum = np.bincount(khid, weights=dur0, minlength=nkh)
+    hcounts = np.bincount(khid * nb1 + cols["bucket"], minlength=nkh * nb1).reshape(nkh, nb1)[:, :N_BUCKETS]
+    kpos = glk[kid_of_kh]
     hist = {
         "job_id": jobs_a[kpos], "host": host_names[host_of_kh],
         "comm": comm_label[kpos], "func": _FUNC_NAMES[func_k[kid_of_kh]],
         "algo": _ALGO_NAMES[algo_k[kid_of_kh]], "proto": _PROTO_NAMES[proto_k[kid_of_kh]],
         "size_bucket": sb_k[kid_of_kh], "counts": hcounts, "sum_s": hsum,
-        "records": np.bincount(khid, minlength=nkh), "bytes": np.bincount(khid, weights=cols["bytes"], minlength=nkh),
+        "records": h_records, "bytes": h_bytes,
     }
+    last_ns = window_start_ns + np.round(c_last * 1e9).astype(np.int64)
     last_event = pl.DataFrame({
-        "job_id": r_job, "host": r_hostname, "rank": r_rank[present],
-        "last_event_s": r_last[present].astype(np.float64) * 1e-9,
+        "job_id": r_job, "host": r_hostname, "rank": c_rank,
+        "last_event_s": last_ns.astype(np.float64) * 1e-9,
     })
     skew_df = pl.DataFrame({
-        "job_id": r_job, "comm": comm_label[rg_pos].tolist(),
-        "rank": r_rank[present], "skew_s": _nan_to_null(r_skew[present]),
+        "job_id": r_job, "comm": comm_label[c_gd].tolist(),
+        "rank": c_rank, "skew_s": _nan_to_null(c_skew),
     })
     features = WindowFeatures(window_start_ns / 1e9, window_s, keys_df, ranks_df, {})
     return WindowResult(features=features, histograms=hist, last_event=last_event, skew=skew_df)

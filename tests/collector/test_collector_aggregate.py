@@ -42,7 +42,7 @@ def reference(ev, job_id):
         recs.append(dict(comm=int(r["comm_hash"]), func=func, algo=_name(ALGOS, int(r["algo"])),
                          proto=_name(PROTOS, int(r["proto"])), sb=int(math.floor(math.log2(b))),
                          rank=int(r["rank"]), n=int(r["nranks"]), seq=int(r["seq_number"]), b=b,
-                         d=d, t=t))
+                         d=d, t=t, v=int(r["tuner_config_version"])))
     keys = defaultdict(list)
     inst = defaultdict(list)
     for x in recs:
@@ -66,7 +66,8 @@ def reference(ev, job_id):
                            lat_p99_s=float(np.quantile(durs, 0.99)), lat_max_s=max(durs),
                            algbw_Bps=med_bw, busbw_Bps=med_bw * FACTOR.get(k[1], lambda n: 1.0)(n),
                            spread_p50_s=float(np.median(spreads)) if spreads else None,
-                           spread_max_s=max(spreads) if spreads else None)
+                           spread_max_s=max(spreads) if spreads else None,
+                           tuner_config_version=max(x["v"] for x in xs))
     per_rank = defaultdict(lambda: dict(records=0, durs=[], rel=[], short=0))
     complete = defaultdict(int)
     for (comm, func, seq), xs in inst.items():
@@ -110,7 +111,10 @@ def dataset():
                           cpu_timed_fraction=0.1, funcs=("AllReduce", "AllGather", "ReduceScatter", "Broadcast"))
     # drop some records so some instances are incomplete / single-rank
     rng = np.random.default_rng(5)
-    return ev[rng.random(len(ev)) > 0.03]
+    ev = ev[rng.random(len(ev)) > 0.03]
+    # the applied tuner-config version: 0 (none) for most records, a few later versions
+    ev["tuner_config_version"] = rng.choice([0, 0, 0, 3, 7], len(ev))
+    return ev
 
 
 def test_keys_and_ranks_match_reference(dataset):
@@ -245,3 +249,35 @@ def test_host_lagging_beyond_max_skew_is_dropped_as_late():
     m, sink = _two_hosts(lag_s=8.0, max_skew_s=3.0)
     assert m.dropped.get("late", 0) > 0
     assert sum(int(it.features.keys["records"].sum()) for it in sink.items) + m.dropped["late"] == 800
+
+
+def test_tuner_config_version_is_max_per_key_and_0_when_none():
+    ev = synthetic_events(200, nranks=2, seed=3)
+    wf = _run(ev)[0][0].features
+    assert wf.keys["tuner_config_version"].to_list() == [0] * wf.keys.height
+    ev["tuner_config_version"][ev["seq_number"] % 5 == 1] = 9
+    ev["tuner_config_version"][ev["seq_number"] == 2] = 12
+    wf = _run(ev)[0][0].features
+    k = wf.keys
+    seqs = {}
+    for r in ev:
+        key = (int(r["comm_hash"]), FUNCS[r["func"]], int(r["algo"]), int(r["proto"]), int(r["bytes"]).bit_length() - 1)
+        seqs[key] = max(seqs.get(key, 0), int(r["tuner_config_version"]))
+    got = {(row["comm_hash"], row["func"], ALGOS.index(row["algo"]), PROTOS.index(row["proto"]), row["size_bucket"]):
+           row["tuner_config_version"] for row in k.iter_rows(named=True)}
+    assert got == seqs and {0, 9, 12} <= set(got.values())
+
+
+@pytest.mark.parametrize("n_comms", [100, 200])
+def test_many_communicators_match_reference(n_comms):
+    # > 64 communicator codes (> 128 for 200): key ids take their wide paths
+    ev = synthetic_events(1500, nranks=4, seed=9, comm_hashes=tuple(range(1000, 1000 + n_comms)), rate_per_s=1e5)
+    items, agg = _run(ev)
+    assert len(items) == 1 and len(agg.gcomms.values) == n_comms
+    wf = items[0].features
+    ref_keys, ref_ranks = reference(ev, "jobA")
+    assert wf.keys.height == len(ref_keys) and wf.ranks.height == len(ref_ranks)
+    for row in wf.keys.iter_rows(named=True):
+        ref = ref_keys[(row["comm_hash"], row["func"], row["algo"], row["proto"], row["size_bucket"])]
+        for col in ("records", "instances", "bytes_total", "lat_p50_s", "lat_p99_s", "lat_max_s", "algbw_Bps"):
+            assert row[col] == pytest.approx(ref[col], rel=1e-7), col
