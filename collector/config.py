@@ -7,6 +7,7 @@ separately as keyword arguments, never stored in a config.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 from dataclasses import dataclass, field
 
@@ -87,9 +88,22 @@ class WindowConfig:
     # as "late"; a node further behind than max_skew_s (or silent for idle_flush_s) stops holding
     # windows open. Effective skew is at most (max_open_windows - 2) windows.
     max_skew_s: float = 10.0
+    # Bounds on the records open windows buffer (~59 bytes each): beyond them records are dropped
+    # and counted (reason="window_full"), never blocked. Sized for the 2 M records/s target with the
+    # default 1 s window and 2 s lateness: one window then holds ~2 M records (4x headroom) and all
+    # open windows together ~6 M (window + lateness; 2.7x headroom, ~0.95 GB at the bound).
+    max_window_records: int = 8_000_000     # per open window
+    max_buffered_records: int = 16_000_000  # all open windows together
 
     def validate(self) -> None:
-        _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows")
+        _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows",
+                  "max_window_records", "max_buffered_records")
+        for name in ("max_window_records", "max_buffered_records"):
+            if not isinstance(getattr(self, name), numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if self.max_window_records > self.max_buffered_records:
+            raise ValueError(f"max_window_records ({self.max_window_records}) must be <= "
+                             f"max_buffered_records ({self.max_buffered_records})")
         if not isinstance(self.max_skew_s, (int, float)) or self.max_skew_s < 0:
             raise ValueError(f"max_skew_s must be >= 0, got {self.max_skew_s!r}")
 

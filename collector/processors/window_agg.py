@@ -82,14 +82,17 @@ class _Window:
     __slots__ = ("cols", "n", "cap")
 
     def __init__(self, cap: int):
-        self.cap = max(1024, int(cap))
+        self.cap = max(16, int(cap))
         self.cols = {name: np.empty(self.cap, dt) for name, dt in COLUMNS}
         self.n = 0
 
-    def append(self, cols: dict[str, np.ndarray], idx: np.ndarray | None = None) -> None:
+    def append(self, cols: dict[str, np.ndarray], idx: np.ndarray | None = None, *,
+               limit: int = 1 << 62) -> None:
+        """Append a batch's columns (rows ``idx``, or all); capacity never grows past ``limit``
+        (the caller keeps ``n + m <= limit``)."""
         m = len(cols["kc"]) if idx is None else len(idx)
         if self.n + m > self.cap:
-            cap = max(self.cap * 2, self.n + m)
+            cap = max(min(self.cap * 2, limit), self.n + m)
             for name, a in self.cols.items():
                 b = np.empty(cap, a.dtype)
                 b[:self.n] = a[:self.n]
@@ -132,7 +135,12 @@ class WindowAggregator:
         self.gcomms = Interner(_MAX_GCOMM)  # (job_code, comm_hash) → code
         self.comm_names: dict[tuple[int, int], str] = {}
         self._open: dict[int, _Window] = {}
-        self._cap_hint = 1 << 16
+        self._cap_hint = min(1 << 16, config.max_window_records)
+        # bounds on what open windows hold (records beyond them: dropped as "window_full")
+        self._max_win = config.max_window_records
+        self._max_buf = config.max_buffered_records
+        self._buffered = 0                      # records held by all open windows
+        self._full_logged: set[str] = set()     # which bound has been logged (once each)
         self._closed_upto: int | None = None  # windows < this index are closed
         self._watermark_ns: int | None = None   # event time up to which every active source has reported
         self._skew_ns = int(round(min(config.max_skew_s, max(0, config.max_open_windows - 2) * config.window_s) * 1e9))
@@ -200,13 +208,13 @@ class WindowAggregator:
         cols = self._columns(ev, t, ts, gpu, gcomm, host, (t - lo * self._window_ns) if lo == hi
                              else (t - widx * self._window_ns))
         if lo == hi:
-            self._window(lo, len(t)).append(cols)
+            self._append(lo, cols, None, len(t))
         else:
             order = np.argsort(widx, kind="stable")
             sw = widx[order]
             cuts = np.flatnonzero(np.diff(sw)) + 1
             for part_idx, w in zip(np.split(order, cuts), sw[np.r_[0, cuts]]):
-                self._window(int(w), len(part_idx)).append(cols, part_idx)
+                self._append(int(w), cols, part_idx, len(part_idx))
         tmax = int(t.max())
         if tmax > self._src_max.get(host, -1):
             self._src_max[host] = tmax
@@ -265,14 +273,36 @@ class WindowAggregator:
                 "rel": rel_ns * 1e-9, "rank": ev["rank"], "nranks": ev["nranks"], "nnodes": ev["nnodes"],
                 "tcv": ev["tuner_config_version"], "host": host, "bucket": bucket}
 
-    def _window(self, w: int, m: int) -> _Window:
+    def _append(self, w: int, cols: dict[str, np.ndarray], idx: np.ndarray | None, m: int) -> None:
+        """Append ``m`` records (rows ``idx`` of ``cols``, or all) to window ``w``, keeping the
+        bounds: a window holds at most ``max_window_records``, all open windows together at most
+        ``max_buffered_records``. The excess (the batch's last records) is dropped and counted."""
         win = self._open.get(w)
+        n = 0 if win is None else win.n
+        if n + m > self._max_win or self._buffered + m > self._max_buf:
+            room = min(self._max_win - n, self._max_buf - self._buffered)  # >= 0: the bounds hold
+            per_window = self._max_win - n <= self._max_buf - self._buffered
+            self._overflow(w, m - room, ("max_window_records", self._max_win) if per_window
+                           else ("max_buffered_records", self._max_buf))
+            if room <= 0:
+                return
+            idx = np.arange(room) if idx is None else idx[:room]
+            m = room
         if win is None:
             # size like the last closed window (few regrowths), small when many are open at once;
             # np.empty pages are only committed when written, so a generous capacity costs no RSS
             cap = max(self._cap_hint, 1 << 20) if len(self._open) < 3 else 4 * m
-            win = self._open[w] = _Window(max(cap, m))
-        return win
+            win = self._open[w] = _Window(min(max(cap, m), self._max_win))
+        win.append(cols, idx, limit=self._max_win)
+        self._buffered += m
+
+    def _overflow(self, w: int, n_drop: int, bound: tuple[str, int]) -> None:
+        self.metrics.drop("window_full", n_drop)
+        if bound[0] not in self._full_logged:  # once per bound, not per batch or record
+            self._full_logged.add(bound[0])
+            log.warning("window %d: %s=%d reached (%d records buffered in %d open windows); further "
+                        "records are dropped and counted in dynamiccl_collector_records_dropped_total"
+                        "{reason=\"window_full\"} (logged once)", w, *bound, self._buffered, len(self._open))
 
     # -- closing -------------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
@@ -301,7 +331,8 @@ class WindowAggregator:
         win = self._open.pop(w)
         self._closed_upto = max(self._closed_upto or 0, w + 1)
         n = win.n
-        self._cap_hint = min(int(n * 1.25) + 1024, 1 << 24)
+        self._buffered -= n
+        self._cap_hint = min(int(n * 1.25) + 1024, 1 << 24, self._max_win)
         try:
             result = aggregate_window(win.view(), window_start_ns=w * self._window_ns,
                                       window_s=self.config.window_s, aggregator=self)
