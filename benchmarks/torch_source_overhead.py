@@ -3,10 +3,17 @@
 gloo, world size 1 (FileStore, no network), one CPU core (the source's sender thread shares it,
 so its encoding work is part of the measured cost), a unix-socket sink in a child process
 draining the stream. Blocks of ``--calls`` calls alternate bare / recorded ``--blocks`` times;
-the overhead is the median over blocks of (recorded − bare) per call. Three pairs:
+the overhead is the median over blocks of (recorded − bare) per call, in CPU time of the whole
+process (``time.process_time``: the caller, gloo's threads and the sender thread — what the
+source costs the machine, insensitive to other processes' load) and in wall-clock time (what
+the caller waits; inflated and noisy when the machine is busy). Four pairs:
 
 * ``sync``: ``dist.all_reduce(t)`` (1 float32) — the original function vs the wrapped one;
-* ``async``: ``dist.all_reduce(t, async_op=True).wait()`` (adds the future done-callback);
+* ``async``: ``dist.all_reduce(t, async_op=True).wait()`` with the default ``wait`` timing (the
+  record is completed in the patched ``Work.wait``); the bare side calls the original, unpatched
+  ``Work.wait``;
+* ``async-callback``: the same with ``async_timing="callback"`` (the future's done-callback,
+  which takes the GIL on gloo's thread) — the previous design, for comparison;
 * ``wrapper``: the wrapper around a no-op with all_reduce's signature vs the no-op itself — the
   source's own cost without gloo's run-to-run noise.
 
@@ -40,15 +47,17 @@ print(n, flush=True)
 """
 
 
-def _block(fn, n: int) -> float:
-    t0 = time.perf_counter_ns()
+def _block(fn, n: int) -> tuple[float, float]:
+    """(CPU ns, wall ns) per call."""
+    c0, t0 = time.process_time_ns(), time.perf_counter_ns()
     for _ in range(n):
         fn()
-    return (time.perf_counter_ns() - t0) / n
+    return (time.process_time_ns() - c0) / n, (time.perf_counter_ns() - t0) / n
 
 
-def _pair(bare, recorded, *, calls: int, blocks: int) -> tuple[float, float, float]:
-    diffs, b_all, r_all = [], [], []
+def _pair(bare, recorded, *, calls: int, blocks: int) -> dict:
+    """Medians over blocks: bare / recorded / overhead per call, CPU and wall (ns)."""
+    rows = []
     _block(bare, calls // 4)
     _block(recorded, calls // 4)  # warm-up (first call builds the communicator)
     for i in range(blocks):
@@ -58,10 +67,11 @@ def _pair(bare, recorded, *, calls: int, blocks: int) -> tuple[float, float, flo
         else:
             b = _block(bare, calls)
             r = _block(recorded, calls)
-        diffs.append(r - b)
-        b_all.append(b)
-        r_all.append(r)
-    return statistics.median(b_all), statistics.median(r_all), statistics.median(diffs)
+        rows.append((b, r))
+    med = statistics.median
+    return {f"{what}_{clock}": med(f(b[k], r[k]) for b, r in rows)
+            for k, clock in ((0, "cpu"), (1, "wall"))
+            for what, f in (("bare", lambda b, r: b), ("rec", lambda b, r: r), ("over", lambda b, r: r - b))}
 
 
 def main() -> int:
@@ -89,35 +99,59 @@ def main() -> int:
     def noop(tensor, op=None, group=None, async_op=False):
         return None
 
+    bare_wait = dist.Work.wait  # the unpatched method (enable() patches the class)
     rec = src.enable(f"unix:{sock}", host="bench", job_id="bench", flush_ms=100)
     wrapped_noop = src._make_wrapper(noop, "all_reduce")
     wrapped_all_reduce = dist.all_reduce
-    assert wrapped_all_reduce is not bare_all_reduce
+    assert wrapped_all_reduce is not bare_all_reduce and dist.Work.wait is not bare_wait
     try:
         sync = _pair(lambda: bare_all_reduce(t), lambda: wrapped_all_reduce(t),
                      calls=args.calls, blocks=args.blocks)
-        asyn = _pair(lambda: bare_all_reduce(t, async_op=True).wait(),
+        asyn = _pair(lambda: bare_wait(bare_all_reduce(t, async_op=True)),
                      lambda: wrapped_all_reduce(t, async_op=True).wait(),
                      calls=args.calls, blocks=args.blocks)
         wrap = _pair(lambda: noop(t), lambda: wrapped_noop(t), calls=args.calls * 10, blocks=args.blocks)
         time.sleep(0.3)
         st = rec.stats()
+        assert st["async_pending"] == 0 and st["events_stale"] == 0, st
+    finally:
+        src.disable()
+    # the previous design, for comparison: the future's done-callback (own sink connection)
+    sink2 = subprocess.Popen([sys.executable, "-c", _SINK, sock + "2"], stdout=subprocess.PIPE, text=True)
+    assert sink2.stdout.readline().strip() == "ready"
+    rec2 = src.enable(f"unix:{sock}2", host="bench", job_id="bench", flush_ms=100, async_timing="callback")
+    try:
+        wrapped_all_reduce = dist.all_reduce
+        cb = _pair(lambda: bare_wait(bare_all_reduce(t, async_op=True)),
+                   lambda: wrapped_all_reduce(t, async_op=True).wait(),
+                   calls=args.calls, blocks=args.blocks)
+        time.sleep(0.3)
+        st2 = rec2.stats()
     finally:
         src.disable()
         dist.destroy_process_group()
+    sink2.wait(timeout=10)
     sink.wait(timeout=10)
     received = int(sink.stdout.read().strip() or 0)
     print(f"torch {torch.__version__}, gloo world 1, {args.blocks} blocks x {args.calls} calls, 1 core")
-    for name, (b, r, d) in (("sync all_reduce", sync), ("async all_reduce+wait", asyn),
-                            ("wrapper around a no-op", wrap)):
-        print(f"{name:24s} bare {b / 1e3:8.2f} us   recorded {r / 1e3:8.2f} us   "
-              f"overhead {d / 1e3:6.2f} us  ({d / b * 100 if b else 0:5.1f} % of bare)")
+    print(f"{'':24s} {'CPU time per call (us)':^34s} | {'wall clock per call (us)':^34s}")
+    print(f"{'':24s} {'bare':>10s} {'recorded':>10s} {'overhead':>10s}   | "
+          f"{'bare':>10s} {'recorded':>10s} {'overhead':>10s}")
+    for name, m in (("sync all_reduce", sync), ("async all_reduce+wait", asyn),
+                    ("async, callback timing", cb), ("wrapper around a no-op", wrap)):
+        print(f"{name:24s} " + "   | ".join(
+            f"{m['bare_' + c] / 1e3:10.2f} {m['rec_' + c] / 1e3:10.2f} {m['over_' + c] / 1e3:10.2f}"
+            for c in ("cpu", "wall")))
     print(f"records emitted {st['records_emitted']}, sent {st['records_sent']}, "
           f"dropped {st['records_dropped_ring_full']}, undelivered {st['records_undelivered']}, "
-          f"bytes at the sink {received}")
-    print(f"overhead_sync_ns={sync[2]:.0f} overhead_async_ns={asyn[2]:.0f} "
-          f"wrapper_only_ns={wrap[2]:.0f} bare_sync_ns={sync[0]:.0f} "
-          f"ratio_sync={sync[1] / sync[0]:.3f} target_ns=5000")
+          f"bytes at the sink {received}; callback run: emitted {st2['records_emitted']}, "
+          f"dropped {st2['records_dropped_ring_full']}")
+    print(f"overhead_sync_ns={sync['over_cpu']:.0f} overhead_async_ns={asyn['over_cpu']:.0f} "
+          f"overhead_async_callback_ns={cb['over_cpu']:.0f} wrapper_only_ns={wrap['over_cpu']:.0f} "
+          f"wall_overhead_sync_ns={sync['over_wall']:.0f} wall_overhead_async_ns={asyn['over_wall']:.0f} "
+          f"wall_overhead_async_callback_ns={cb['over_wall']:.0f} "
+          f"ratio_sync={sync['rec_cpu'] / sync['bare_cpu']:.3f} "
+          f"ratio_async={asyn['rec_cpu'] / asyn['bare_cpu']:.3f} target_ns=5000 (CPU time)")
     return 0
 
 

@@ -185,6 +185,22 @@ class Topology:
                        *self.tbf_args(mbit)])
             self.rates[i] = float(mbit)
 
+    def qdisc_drops(self) -> dict[str, int]:
+        """Packets each node's shapers dropped so far (``tc -s``): ``r<i>.up`` (the namespace's
+        eth0) and ``r<i>.down`` (the root-namespace end). A drop costs a TCP retransmission — a
+        collective-wide stall of ~200 ms or more (RTO) that the detector sees as noise."""
+        import json as _json
+        out = {}
+        for i in range(self.nodes):
+            for side, cmd in (("up", ["tc", "-n", self.namespaces[i], "-s", "-j", "qdisc", "show", "dev", "eth0"]),
+                              ("down", ["tc", "-s", "-j", "qdisc", "show", "dev", self.host_links[i]])):
+                r = self._run(cmd, check=False)
+                try:
+                    out[f"r{i}.{side}"] = sum(int(q.get("drops", 0)) for q in _json.loads(r.stdout or "[]"))
+                except (ValueError, AttributeError):
+                    out[f"r{i}.{side}"] = -1
+        return out
+
     def destroy(self) -> None:
         """Remove every namespace and link of this run, then its state file (idempotent)."""
         if self.dry_run:

@@ -63,7 +63,7 @@ class Run:
 
     def __init__(self, scenario: Scenario, *, out_dir: Path | None = None, live: bool = True,
                  print_fn: Callable[[str], None] = print, startup_timeout_s: float = 120.0,
-                 detector_overrides: dict | None = None, nice: int = -5):
+                 detector_overrides: dict | None = None, nice: int = -20):
         self.scenario = scenario.validate()
         self.live = live
         self.print = print_fn
@@ -90,6 +90,7 @@ class Run:
         self._last_status = 0.0
         self._latest = None
         self._saved: list = []
+        self.detect_from = float("inf")  # event time from which windows go to the detector
         atexit.register(self.close)
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -108,9 +109,9 @@ class Run:
         self.print(f"test bed {self.prefix}: {s.nranks} ranks + data node, links {s.base_mbit:g} Mbit/s "
                    f"(tbf), out {self.out_dir}")
         cfg = default_config().replace(
-            receiver={"listen": (self.collector_addr,)}, parquet={"directory": None},
+            receiver={"listen": (self.collector_addr,)}, parquet={"directory": str(self.out_dir / "records")},
             prometheus={"address": None}, features={"address": None},
-            window={"window_s": s.window_s, "allowed_lateness_s": 0.5, "idle_flush_s": 1.0})
+            window={"window_s": s.window_s, "allowed_lateness_s": s.lateness_s, "idle_flush_s": 1.0})
         self.pipeline = Pipeline(cfg).start()
         self.sub = self.pipeline.subscribe(max_queue=256)
         self.detector = LiveDetector(s.window_s, **self.detector_overrides)
@@ -131,14 +132,19 @@ class Run:
                     "--master", f"{topo.node_ip(0)}:{MASTER_PORT}", "--collector", self.collector_addr,
                     "--job-id", f"testbed-{self.prefix}", "--buckets", s.buckets,
                     "--compute-ms", str(s.compute_ms), "--data", f"{data_ip}:{DATA_PORT}",
-                    "--batch-bytes", str(s.batch_bytes)]
+                    "--batch-bytes", str(s.batch_bytes), "--flush-ms", str(s.flush_ms)]
+            if s.mlock:
+                argv.append("--mlock")
             self._spawn(f"rank{r}", topo.netns_exec(r, argv), env)
         self._wait_for_ranks()
+        # the detector learns its baseline from steady state, not from the start-up transient
+        self.detect_from = time.time() + s.settle_s
         self._t0 = time.time() + s.warmup_s
         self.controller = Controller(s, topo, truth_path=self.out_dir / "truth.json", bulk=self.bulk,
                                      bulk_target=lambda r: f"{topo.node_ip(r)}:{SINK_PORT}",
                                      on_event=self._on_truth)
         self.controller.start(self._t0)
+        self._drops_at_start = self.topology.qdisc_drops()
         self.print(f"all {s.nranks} ranks streaming; warm-up {s.warmup_s:g} s, then "
                    f"{len(s.actions)} changes over {s.duration_s - s.warmup_s:g} s")
         return self
@@ -180,8 +186,10 @@ class Run:
     def _process(self, wf) -> None:
         self.windows += 1
         self._latest = wf
-        if len(self._saved) < 100_000:  # the windows, for offline analysis (windows.parquet)
-            self._saved.append(wf)
+        if len(self._saved) < 100_000:  # the windows, for offline analysis (windows_*.parquet)
+            self._saved.append((wf, time.time()))
+        if wf.window_start < self.detect_from:
+            return
         for d in self.detector.process(wf):
             self.detections.append(d)
             if self._t0 is not None:
@@ -218,6 +226,7 @@ class Run:
             self._status()
 
     def finish(self, *, interrupted: bool = False) -> RunResult:
+        drops = self.topology.qdisc_drops() if self.topology.created else {}
         worker_lines = self._stop_workers()
         if self.pipeline is not None:
             self.pipeline.shutdown()
@@ -228,7 +237,10 @@ class Run:
         m = self.pipeline.metrics.snapshot() if self.pipeline else {}
         summary = {"prefix": self.prefix, "scenario": self.scenario.name, "interrupted": interrupted,
                    "score": sc.as_dict(), "line": sc.line(), "windows": self.windows,
+                   "detect_from": self.detect_from,
+                   "qdisc_drops": {"before_first_change": getattr(self, "_drops_at_start", {}), "end": drops},
                    "collector": {k: v for k, v in m.items() if isinstance(v, (int, float))},
+                   "collector_dropped": dict(m.get("records_dropped_total") or {}),  # reason → records
                    "detector_config": {k: v for k, v in vars(self.detector.config).items()}
                    if self.detector else {},
                    "workers": worker_lines}
@@ -245,8 +257,9 @@ class Run:
         import polars as pl
         for part in ("keys", "ranks"):
             frames = [getattr(wf, part).with_columns(pl.lit(wf.window_start).alias("window_start"),
-                                                     pl.lit(wf.window_s).alias("window_s"))
-                      for wf in self._saved if getattr(wf, part).height]
+                                                     pl.lit(wf.window_s).alias("window_s"),
+                                                     pl.lit(received).alias("received_wall_s"))
+                      for wf, received in self._saved if getattr(wf, part).height]
             if frames:
                 pl.concat(frames, how="vertical_relaxed").write_parquet(self.out_dir / f"windows_{part}.parquet")
 

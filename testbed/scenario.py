@@ -72,9 +72,13 @@ class Scenario:
     buckets: str = "64k,64k,128k,128k"  # gradient buckets all-reduced each step (DDP-like)
     batch_bytes: int = 256 * 1024   # loaded from the data node each step
     compute_ms: float = 5.0
-    warmup_s: float = 35.0          # before the first action (detector baseline: 60 windows)
+    warmup_s: float = 35.0          # before the first action (>= settle_s + the detector's 60-window baseline)
+    settle_s: float = 0.0           # first seconds of streaming not given to the detector (docs/testbed.md)
     tail_s: float = 7.0             # after the last action
     window_s: float = 0.5           # collector window
+    lateness_s: float = 0.05        # collector allowed lateness (each rank's records arrive in start order)
+    flush_ms: int = 20              # the torch source's flush interval
+    mlock: bool = False             # ranks mlockall() their memory (tried: no measurable effect)
     queue_ms: int = 200             # tbf queue (latency) per link
     actions: tuple[Action, ...] = field(default_factory=tuple)
 
@@ -93,6 +97,12 @@ class Scenario:
                 raise ValueError(f"{n}: {name} must be > 0, got {v!r}")
         if self.batch_bytes < 0:
             raise ValueError(f"{n}: batch_bytes must be >= 0")
+        if not isinstance(self.settle_s, (int, float)) or not 0 <= self.settle_s < self.warmup_s:
+            raise ValueError(f"{n}: settle_s must be in [0, warmup_s), got {self.settle_s!r}")
+        if not isinstance(self.lateness_s, (int, float)) or self.lateness_s < 0:
+            raise ValueError(f"{n}: lateness_s must be >= 0, got {self.lateness_s!r}")
+        if not isinstance(self.flush_ms, int) or self.flush_ms < 1:
+            raise ValueError(f"{n}: flush_ms must be an int >= 1, got {self.flush_ms!r}")
         from testbed.worker import parse_buckets
         parse_buckets(self.buckets)
         throttled: set[int] = set()

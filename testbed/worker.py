@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import signal
 import socket
 import sys
@@ -49,6 +50,14 @@ def parse_buckets(text: str) -> list[int]:
     return out
 
 
+def _mlockall() -> None:
+    """mlockall(MCL_CURRENT | MCL_FUTURE); a warning (not an error) when refused."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mlockall(1 | 2) != 0:
+        print(f"mlockall failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", type=int, required=True)
@@ -63,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-bytes", type=int, default=0)
     ap.add_argument("--until", type=float, default=0.0, help="epoch seconds; 0 = until SIGTERM")
     ap.add_argument("--flush-ms", type=int, default=50)
+    ap.add_argument("--mlock", action="store_true",
+                    help="lock the process's memory (no page-fault stalls when the host reclaims memory)")
     args = ap.parse_args(argv)
     buckets = parse_buckets(args.buckets)
 
@@ -82,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     import collector.sources.torch_distributed as source
 
     torch.set_num_threads(1)
+    if args.mlock:
+        _mlockall()
     source.enable(args.collector, host=f"rank{args.rank}", job_id=args.job_id, flush_ms=args.flush_ms)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
                             world_size=args.world, timeout=datetime.timedelta(seconds=60))
@@ -112,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rank {args.rank}: stopped after {steps} steps: {exc}", file=sys.stderr)
         status = 1
     st = source.stats()
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     print(f"rank {args.rank}: steps={steps} records_sent={st.get('records_sent')} "
-          f"dropped={st.get('records_dropped_ring_full')} undelivered={st.get('records_undelivered')}",
+          f"dropped={st.get('records_dropped_ring_full')} undelivered={st.get('records_undelivered')} "
+          f"major_faults={ru.ru_majflt} involuntary_switches={ru.ru_nivcsw}",
           flush=True)
     source.disable()
     if status == 0:

@@ -237,14 +237,99 @@ def test_instances_have_the_same_seq_number_on_every_rank(two_rank_job):
     assert len(set(keys[0])) == len(keys[0])  # distinct instances
 
 
-def test_async_operations_are_timed_at_completion_not_at_call_or_wait(two_rank_job):
+def test_async_operations_are_timed_until_the_caller_sees_them_complete(two_rank_job):
     by_host, _, _ = two_rank_job
     ev = np.sort(_events(by_host, "h0"), order="enqueue_ns")
     d = duration_s(ev)
-    # async all_reduce: rank 1 joined 0.4 s late, rank 0 waited only at 1.0 s → ≈ 0.4 s
-    assert 0.3 <= d[9] <= 0.8, d[9]
-    # irecv waited on at once, the peer sent 0.4 s later → ≈ 0.4 s (recorded when wait returned)
+    # default "wait" timing. async all_reduce: rank 1 joined 0.4 s late, but rank 0 waited only
+    # at 1.0 s → ≈ 1.0 s (an upper bound: the caller's late wait is counted in)
+    assert 0.95 <= d[9] <= 1.6, d[9]
+    # irecv waited on at once, the peer sent 0.4 s later → ≈ 0.4 s (exact: waited while in flight)
     assert 0.3 <= d[11] <= 0.8, d[11]
+    # rank 1 waited on its async all_reduce at once → the completion (rank 0 joined at once: short)
+    ev1 = np.sort(_events(by_host, "h1"), order="enqueue_ns")
+    assert duration_s(ev1)[9] < 0.5, duration_s(ev1)[9]
+
+
+def _received(sink, n, timeout=10.0):
+    """(decoder, result) of the sink's first connection once ``n`` events have arrived (the
+    source counting them sent does not mean the sink's reader thread has them yet)."""
+    def enough():
+        try:
+            got = sink.decoded()
+        except AssertionError:  # a frame still half-way through the socket
+            return False
+        return bool(got) and len(got[0][1].events) >= n
+    assert _wait(enough, timeout)
+    return sink.decoded()[0]
+
+
+def _stream_events(sink, n, timeout=10.0):
+    return np.sort(_received(sink, n, timeout)[1].events, order="enqueue_ns")
+
+
+@pytest.mark.parametrize("mode", ["wait", "callback"])
+def test_async_timing_modes(world1, mode):
+    """``wait``: completion = when the caller sees it (wait / is_completed / the future);
+    ``callback``: the future's done-callback, however late the caller waits."""
+    d = tempfile.mkdtemp(prefix="dccl-at")
+    sink = Sink(os.path.join(d, "c.sock"))
+    unpatched = {name: vars(dist.Work)[name] for name in ("wait", "is_completed", "get_future")}
+    src.enable(f"unix:{sink.path}", host="h", job_id="j", flush_ms=20, async_timing=mode)
+    try:
+        t = torch.ones(8)
+        w = dist.all_reduce(t, async_op=True)  # world 1: complete almost at once
+        assert type(w) is dist.Work            # the backend's own Work object, not a wrapper
+        time.sleep(0.3)
+        assert w.wait() is True
+        w.wait()                               # a second wait records nothing more
+        w2 = dist.all_reduce(t, async_op=True)
+        time.sleep(0.2)
+        while not w2.is_completed():
+            time.sleep(0.001)
+        w2.wait()
+        w3 = dist.all_reduce(t, async_op=True)
+        time.sleep(0.2)
+        w3.get_future().wait()                 # taken after completion: its callback runs at once
+        ev = _stream_events(sink, 3)
+        assert len(ev) == 3 and (ev["timing_source"] == TimingSource.KERNEL_CPU).all()
+        dur = duration_s(ev)
+        if mode == "wait":  # each timed when the caller saw it done: 0.3 s, 0.2 s, 0.2 s after the call
+            assert 0.29 <= dur[0] < 1.0 and 0.19 <= dur[1] < 1.0 and 0.19 <= dur[2] < 1.0, dur
+        else:               # the completion itself (world 1: at once), however late the caller looked
+            assert (dur < 0.1).all(), dur
+        assert src.stats()["async_pending"] == 0 and src.stats()["events_stale"] == 0
+    finally:
+        src.disable()
+        sink.close()
+    assert {name: vars(dist.Work)[name] for name in unpatched} == unpatched  # disable() restores
+
+
+def test_async_work_never_waited_is_sent_untimed_and_counted_stale(world1):
+    cfg = src.TorchSourceConfig(sender=SenderConfig(collector="unix:/nonexistent/x.sock", host="h",
+                                                    job_id="j", flush_ms=60_000), pending_cap=4)
+    rec = src.enable(config=cfg)
+    try:
+        t = torch.ones(4)
+        kept = [dist.all_reduce(t, async_op=True) for _ in range(6)]  # 2 over the cap
+        st = src.stats()
+        assert st["async_pending"] == 4 and st["events_stale"] == 2
+        for w in kept[2:]:
+            w.wait()
+        st = src.stats()
+        assert st["async_pending"] == 0 and st["events_stale"] == 2 and st["records_emitted"] == 6
+        dropped = dist.all_reduce(t, async_op=True)  # never observed: untimed at disable()
+        del dropped
+        timing = [item[-1] for item in rec.queue]
+    finally:
+        src.disable()
+    assert timing.count(TimingSource.NONE) == 2 and timing.count(TimingSource.KERNEL_CPU) == 4
+    assert rec.stale == 3  # the one dropped unwaited, at disable()
+
+
+def test_bad_async_timing_is_named():
+    with pytest.raises(ValueError, match="DYNAMICCL_TORCH_ASYNC_TIMING"):
+        src.TorchSourceConfig.from_env({"DYNAMICCL_TORCH_ASYNC_TIMING": "later"})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +378,7 @@ def test_collector_down_then_up_reconnects_with_process_and_comm_first(world1):
         for _ in range(5):
             dist.all_reduce(t)
         assert _wait(lambda: src.stats()["records_sent"] == 5)
-        dec, res = sink.decoded()[0]
+        dec, res = _received(sink, 5)
         assert dec.host == "hx" and dec.job_id == "jx" and list(dec.comm_names.values()) == ["world"]
         assert len(res.events) == 5
         # record_seq continues after the 20 undelivered: the collector sees a delivery gap

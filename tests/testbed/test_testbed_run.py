@@ -50,9 +50,23 @@ def test_ci_scenario_end_to_end(tmp_path):
     assert changes == len(truth["events"]) == 10
     assert summary["collector"]["records_decoded_total"] > 5000
     assert summary["collector"]["delivery_gap_records_total"] == 0
+    # the short allowed lateness loses nothing: each rank's records arrive in start order
+    assert not any(summary["collector_dropped"].values()), summary["collector_dropped"]
     for line in summary["workers"]:
         assert "dropped=0 undelivered=0" in line, line
     assert leftovers(summary["prefix"]) == []
+    # the delay decomposition: every hit's stages happen in order and add up to its delay
+    from testbed.analyse import decompose
+    print("  delay decomposition (s after onset): first affected collective end / its window "
+          "closed / detector's window end / emitted")
+    for row in decompose(tmp_path / "out"):
+        if row.get("delay_s") is None:
+            continue
+        print(f"  {row['description']:<40} {row.get('first_affected_end_s', '-')} / "
+              f"{row.get('its_window_closed_s', '-')} / {row['detector_window_end_s']} / {row['delay_s']}")
+        assert row["detector_window_closed_s"] <= row["delay_s"] + 1e-3
+        if "its_window_closed_s" in row:
+            assert row["first_affected_end_s"] <= row["its_window_closed_s"]
     assert localisable == 3 and detected >= 1
     # the targets
     missed = []
