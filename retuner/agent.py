@@ -97,6 +97,7 @@ class Retuner:
         self._lock = threading.RLock()
         self._xn = 0
         self._started = False
+        self._self_induced: OrderedDict[str, None] = OrderedDict()   # ids of changes ignored as self-induced
 
     # ================================================================ inputs
     def on_change(self, rc) -> int | None:
@@ -279,6 +280,21 @@ class Retuner:
         while len(self.regimes) > 1024:
             self.regimes.popitem(last=False)
         base = {"regime": rc.id, "kind": rc.kind, "magnitude": rc.magnitude}
+        if rc.kind == "recovery" and rc.recovers is not None and rc.recovers in self._self_induced:
+            self._decide("ignore", None, **base, self_induced=True, recovers=rc.recovers,
+                         reason="recovery of a change that was ignored as self-induced")
+            return
+        if rc.kind != "straggler":
+            why = self._self_induced_by_push(rc)
+            if why is not None:
+                self._self_induced[rc.id] = None
+                while len(self._self_induced) > 1024:
+                    self._self_induced.popitem(last=False)
+                self._decide("ignore", None, **base, self_induced=True, **why,
+                             reason="self-induced: the change coincides with our own push on the same targets "
+                                    f"(within apply_grace_s={self.policy.apply_grace_s:g} s) and no config that "
+                                    "ran unchanged across the onset changed")
+                return
         if rc.kind == "recovery":
             tss = [ts for ts in self.targets.values() if rc.recovers is not None and ts.regime == rc.recovers]
             if not tss:
@@ -334,10 +350,85 @@ class Retuner:
         if cool:
             self._decide("ignore", None, **base, reason=f"cooldown {self.policy.cooldown_s} s", targets=len(cool))
         for cohort in self._cohorts([ts for ts in fresh if ts not in cool]):
-            self._start(Exploration(self._xid(), trigger=rc.id, kind=rc.kind, members=[ts.target for ts in cohort],
-                                    incumbent=cohort[0].active, policy=self.policy, fingerprint=fp,
-                                    t_start=self.now), "explore", **base,
-                        members=[ts.target.comm_name or ts.target.comm_hex for ts in cohort])
+            x = Exploration(self._xid(), trigger=rc.id, kind=rc.kind, members=[ts.target for ts in cohort],
+                            incumbent=cohort[0].active, policy=self.policy, fingerprint=fp, t_start=self.now)
+            seeded = self._seed_incumbent(x, rc)
+            self._start(x, "explore", **base, members=[ts.target.comm_name or ts.target.comm_hex for ts in cohort],
+                        incumbent_samples_since_onset=seeded)
+            if seeded:                 # the incumbent may already be measured well enough: probe from this push on
+                self._step(x)
+                if x.id in self.explorations:
+                    x.assign(allow_probe=self.tokens > 0)
+
+    def _seed_incumbent(self, x: Exploration, rc) -> int:
+        """The incumbent already ran between the onset and the detection: those samples (from intervals that
+        started after the onset, at most the last second before the detection, so a late onset estimate does not
+        mix in the old regime) measure it in the new regime, so the exploration need not wait for fresh ones."""
+        t_min = max(rc.start_s, rc.detected_s - 1.0)
+        mag = rc.magnitude
+        if not (math.isfinite(mag) and mag > 0) or not math.isfinite(t_min):
+            return 0
+        n = 0
+        for m in x.members:
+            hist = self.targets[m.key].history
+            pre = _mean_between(hist, x.incumbent, rc.start_s - self.policy.history_s, rc.start_s)
+            if pre is None:
+                continue
+            for t0, t1, k, mean, var, cand in hist:
+                # only intervals that look like the new regime: closer to before x magnitude than to before
+                if cand == x.incumbent and t0 >= t_min and t1 <= self.now and mean > 0 and \
+                        abs(math.log(mean / (pre * mag))) < abs(math.log(mean / pre)):
+                    x.record(m.key, cand, k, mean, var, t1)
+                    n += k
+        x.fresh = {m.key: False for m in x.members}
+        return n
+
+    def _self_induced_by_push(self, rc) -> dict | None:
+        """Did our own push cause what the detector reports? The detector sees every latency change, including
+        the one a config we pushed causes (a probe, a commit, a revert). A change is taken as self-induced when
+        (1) our push changed the config of an affected target within ``apply_grace_s`` of the onset, (2) no
+        affected target shows the change on a config that ran unchanged across the onset (same config measured
+        before and after it, |after / before − 1| ≥ ``min_change``: that is the network, not us), and (3) where
+        the configs before and after the push were both measured before the onset, the change they predict has
+        the direction of the reported magnitude. Returns audit details, or None (a genuine change)."""
+        pol = self.policy
+        g = pol.apply_grace_s
+        onset = rc.start_s
+        if not math.isfinite(onset):
+            return None
+        tss = [ts for ts in self._targets_for(rc) if ts.history and ts.pinned is None]
+        pushed: dict[Key, tuple[Candidate | None, Candidate | None, float]] = {}
+        for ts in tss:
+            prev: Candidate | None = None          # in force before the first push near the onset
+            for t_apply, c in ts.applies:
+                if abs(t_apply - onset) <= g:
+                    was = pushed[ts.target.key][0] if ts.target.key in pushed else prev
+                    pushed[ts.target.key] = (was, c, t_apply)
+                prev = c
+        if not pushed:
+            return None
+        evidence = []
+        for ts in tss:
+            r = _same_config_ratio(ts, onset)
+            if r is not None:
+                evidence.append(r)
+                if abs(r - 1.0) >= pol.min_change:
+                    return None                      # something that did not change ran slower/faster
+        expected = []
+        for key, (old, new, _t) in pushed.items():
+            ts = self.targets[key]
+            a, b = _mean_before(ts, old, onset), _mean_before(ts, new, onset)
+            if a is not None and b is not None:
+                expected.append(b / a)
+        mag = rc.magnitude
+        if expected and math.isfinite(mag) and abs(mag - 1.0) >= pol.min_change:
+            e = max(expected, key=lambda v: abs(math.log(v)))
+            if (e - 1.0) * (mag - 1.0) < 0 or abs(e - 1.0) < pol.min_change / 2:
+                return None                          # our push cannot explain this direction / size
+        return {"pushes": [{"target": _tname(self.targets[k].target), "was": _n(o), "now": _n(c), "t": t}
+                           for k, (o, c, t) in sorted(pushed.items())][:16],
+                "expected_ratio": [round(v, 4) for v in expected][:16],
+                "unchanged_config_ratio": [round(v, 4) for v in evidence][:16]}
 
     def _revert(self, ts: TargetState, rc) -> None:
         x = self.explorations.get(ts.exploration) if ts.exploration else None
@@ -719,6 +810,41 @@ class Retuner:
 
     def close(self) -> None:
         self.audit.close()
+
+
+def _same_config_ratio(ts: TargetState, onset: float) -> float | None:
+    """Mean after / before ``onset`` of the config with the most samples on both sides (intervals that straddle
+    the onset left out); None if no config ran on both sides."""
+    before: dict = {}
+    after: dict = {}
+    for t0, t1, n, mean, var, cand in ts.history:
+        if t1 <= onset:
+            before.setdefault(cand, Running()).add_batch(n, mean, var)
+        elif t0 >= onset:
+            after.setdefault(cand, Running()).add_batch(n, mean, var)
+    both = [(min(before[c].n, after[c].n), c) for c in after if c in before]
+    both = [(k, c) for k, c in both if k >= 2]
+    if not both:
+        return None
+    c = max(both, key=lambda kc: kc[0])[1]
+    return after[c].mean / before[c].mean if before[c].mean > 0 else None
+
+
+def _mean_between(history, cand: Candidate | None, t_lo: float, t_hi: float) -> float | None:
+    r = Running()
+    for t0, t1, n, mean, var, c in history:
+        if c == cand and t0 >= t_lo and t1 <= t_hi:
+            r.add_batch(n, mean, var)
+    return r.mean if r.n >= 2 and r.mean > 0 else None
+
+
+def _mean_before(ts: TargetState, cand: Candidate | None, onset: float) -> float | None:
+    """Mean of ``cand`` measured before ``onset`` in the regime the target is in (since its onset)."""
+    r = Running()
+    for t0, t1, n, mean, var, c in ts.history:
+        if c == cand and t1 <= onset and t0 >= ts.regime_start:
+            r.add_batch(n, mean, var)
+    return r.mean if r.n >= 2 and r.mean > 0 else None
 
 
 def _tname(t: Target) -> str:

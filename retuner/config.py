@@ -58,9 +58,11 @@ class PolicyConfig:
     min_change: float = 0.10            # hysteresis: ignore changes with |magnitude − 1| below this
     cooldown_s: float = 5.0             # after a commit/rollback, ignore further non-recovery changes this long
     max_cells: int = 4                  # (algo, proto) cells explored per trigger, best predicted first
-    max_pred_ratio: float = 2.0         # skip cells the refitted model predicts this much slower than the incumbent
+    max_pred_ratio: float = 1.5         # skip cells the refitted model predicts this much slower than the incumbent
     prune_ratio: float = 1.5            # start-up: drop unrun candidates predicted this much slower than the best
     regime_prune_ratio: float = 3.0     # after a regime change (looser: NCCL's model misjudges regimes more)
+    probe_parallel: int = 1             # unmeasured candidates started at once (best predicted first; their
+                                        # results prune the others before they cost a step)
     start_cells: int = 7                # cells explored at start-up (no urgency: learn the model's per-cell bias)
     channel_rounds: int = 2             # channel coordinate-descent rounds (x2 / ÷2) on the winning cell
     min_samples: int = 24               # collectives per candidate before any test
@@ -75,7 +77,8 @@ class PolicyConfig:
     max_targets: int = 32               # per trigger
     apply_grace_s: float = 1.0          # windows starting this soon after a push are not attributed (the job
                                         # applies a version at its next step boundary; measured by version
-                                        # instead when the input carries it)
+                                        # instead when the input carries it); also how close to one of our
+                                        # pushes a regime change's onset must be to be checked as self-induced
     max_not_applied: int = 2            # observations showing another algo/proto before "cannot apply"
     not_applied_s: float = 10.0         # ... counted only this long after push + grace (inputs without versions)
     recurrence_tolerance: float = 1.5   # magnitudes within this factor are the same regime fingerprint
@@ -95,7 +98,8 @@ class PolicyConfig:
         _num(self, "recurrence_tolerance", 1.0, lo_open=True, where=where)
         _num(self, "history_s", 0.0, lo_open=True, where=where)
         for n, lo in (("max_cells", 1), ("start_cells", 1), ("channel_rounds", 0), ("min_samples", 2), ("max_samples", 2),
-                      ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1)):
+                      ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1),
+                      ("probe_parallel", 1)):
             _int(self, n, lo, where=where)
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")

@@ -58,6 +58,7 @@ class Exploration:
         self.rot = 0
         self.committed: Candidate | None = incumbent
         self.verify = Running()
+        self.inc_clean = Running()          # the incumbent while every member ran it (incumbent phase)
         self.reference: Running | None = None
         self.channel_dir: float | None = None
         self.plan_info: dict = {}
@@ -91,6 +92,8 @@ class Exploration:
                 self.verify.add_batch(n, mean, var, t)
         elif cand in self.stats or cand in self.round:
             self.stats.setdefault(cand, Running()).add_batch(n, mean, var, t)
+            if self.phase == "incumbent" and cand == self.incumbent:
+                self.inc_clean.add_batch(n, mean, var, t)
             b = self.batches.setdefault(cand, [])
             if len(b) < 4096:
                 b.append((t, n, mean, var))
@@ -154,6 +157,11 @@ class Exploration:
             b = self.best()
             self._prune(b)
             pending = [c for c in self.round if not self._done(c, b)]
+            # unmeasured candidates start a few at a time, best predicted first: the first results prune the rest
+            # (a candidate NCCL's model badly misjudges costs a whole step on a member before any test can stop it)
+            started = [c for c in pending if self.stats[c].n > 0 or c in self.assignment.values()]
+            waiting = [c for c in pending if c not in started]
+            pending = started + waiting[:max(0, self.policy.probe_parallel - len(started))]
             keys = [m.key for m in self.members]
             keys = keys[self.rot % len(keys):] + keys[:self.rot % len(keys)]
             free = [k for k in keys if self.fresh[k] or self.assignment[k] not in pending]
@@ -199,6 +207,10 @@ class Exploration:
         pol = self.policy
         b = self.best()
         inc = self.inc_stats
+        if len(self.members) > 1 and self.inc_clean.n >= pol.min_samples:
+            # with several members, the incumbent's samples from probing steps are inflated by the probes (ranks
+            # shared with the probing communicators arrive late): decide against the clean incumbent phase
+            inc = self.inc_clean
         if b is self.incumbent or b == self.incumbent:
             self.outcome = "keep"
             self.committed = self.incumbent

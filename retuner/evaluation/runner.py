@@ -3,7 +3,9 @@
 Policies: ``default`` (no tuner: NCCL's choice), ``tune_once`` (the oracle's configuration for the baseline
 network, from the first step to the last: an idealised AutoCCL-style tuner that never retunes and paid nothing
 to find its config), ``oracle`` (the best static configuration of each regime, switched at the first step
-boundary of every regime with perfect knowledge) and ``ours`` (the :class:`~retuner.agent.Retuner`, fed the
+boundary of every regime with perfect knowledge), ``reactive`` (the oracle's configuration of each regime from
+the moment a detector with the evaluation's detection delay reports it: the bound for any retuner that only
+reacts to detections -- a reference, not part of the scoring) and ``ours`` (the :class:`~retuner.agent.Retuner`, fed the
 measured per-step durations and the regime changes from :meth:`Truth.changes`, writing the tuner config file that
 a :func:`~retuner.evaluation.sim_tuner.make_file_tuner` tuner reloads at every step boundary).
 
@@ -15,6 +17,7 @@ shifts its steps in time does not dodge or catch more of a regime.
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -35,7 +38,7 @@ from simulator.engine import Engine
 
 __all__ = ["RunResult", "run", "POLICIES"]
 
-POLICIES = ("default", "tune_once", "oracle", "ours")
+POLICIES = ("default", "tune_once", "oracle", "reactive", "ours")
 _P2P = np.array([WIRE_FUNCS.index("Send"), WIRE_FUNCS.index("Recv")])
 _FULL = {WIRE_FUNCS.index("AllGather"), WIRE_FUNCS.index("ReduceScatter")}
 
@@ -111,7 +114,7 @@ def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = No
     rcs = []
     if policy == "tune_once":
         tuner = RuleTuner(truth.rules_for(truth.baseline_state(), 1))
-    elif policy == "oracle":
+    elif policy in ("oracle", "reactive"):
         tuner = RuleTuner(None)
     elif policy == "ours":
         wd = workdir or tempfile.mkdtemp(prefix="dccl-retune-")
@@ -146,11 +149,20 @@ def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = No
     oracle_state = None
     seg_starts = np.array([a for a, _, _ in truth.segments()])
     seg: dict = {}
+    # reactive: the oracle's config of each regime from the moment a detector with ``delay_s`` reports it (the
+    # detection times of Truth.changes, 1 s windows) -- the best any retuner reacting to detections can do
+    react = [(0.0 if t0 <= 0 else math.ceil(t0 + delay_s - 1e-9), st) for t0, _t1, st in truth.segments()]
     wall0 = time.perf_counter()
     while (steps is None and not eng.done) or (steps is not None and n < steps):
         version = 0
         if policy == "oracle":
             st = scenario.state_at(eng.now_s, workload.topology)
+            k = truth.state_key(st)
+            if k != oracle_state:
+                tuner.set(truth.rules_for(st, (tuner.version or 0) + 1))
+                oracle_state = k
+        elif policy == "reactive":
+            st = next((s_ for det, s_ in reversed(react) if det <= eng.now_s + 1e-9), react[0][1])
             k = truth.state_key(st)
             if k != oracle_state:
                 tuner.set(truth.rules_for(st, (tuner.version or 0) + 1))

@@ -6,6 +6,10 @@ the onset, rounded up to the end of a window. Convergence ("collectives to withi
 counted per detection and per heavy affected op (≥ 1 % of the collective time) on one of its communicators:
 the collectives issued from the detection until the first step from which the configuration in force stays
 within 5 % of the regime's oracle (expected times, noise-free) until the regime ends; ``inf`` if it never does.
+
+``reactive`` (a reference, not a score) is the oracle's configuration of each regime switched in at the moment
+the detection arrives, nothing paid to find it: :attr:`ScenarioResult.reactive_bound` is the share of the
+oracle's gain it captures, i.e. what the detection delay alone leaves for any retuner driven by detections.
 """
 from __future__ import annotations
 
@@ -74,6 +78,18 @@ class ScenarioResult:
         return (d - u) / (d - o)
 
     @property
+    def reactive_bound(self) -> float | None:
+        """The share of the oracle's gain the ``reactive`` reference captures (the oracle's config of each regime
+        from its detection on, nothing paid to find it): what no retuner driven by these detections can beat
+        (up to noise). A reference, not a score."""
+        if "reactive" not in self.runs:
+            return None
+        d, o, u = self.coll("default"), self.coll("oracle"), self.coll("reactive")
+        if (d - o) / d < GAIN_FLOOR:
+            return None
+        return (d - u) / (d - o)
+
+    @property
     def slowdown(self) -> float:
         return self.coll("ours") / self.coll("default") - 1.0
 
@@ -104,6 +120,7 @@ def evaluate_one(workload: str, scenario: str, *, seed: int = 0, delay_s: float 
     n = runs["default"].steps
     for p in ("tune_once", "oracle"):
         runs[p] = run(w, sc, p, truth=truth, seed=seed, steps=n)
+    runs["reactive"] = run(w, sc, "reactive", truth=truth, seed=seed, steps=n, delay_s=delay_s)
     runs["ours"] = run(w, sc, "ours", truth=truth, seed=seed, steps=n, delay_s=delay_s, retuner_cfg=retuner_cfg,
                        record_ops=True, tuner_mode=tuner_mode, delivery_faults=delivery_faults)
     res = ScenarioResult(w.name, sc.name, not any(not e.benign for e in sc.events), runs)
@@ -174,6 +191,8 @@ def _median(xs: list[float]) -> float:
 def summarize(results: list[ScenarioResult]) -> dict:
     reg = [r for r in results if not r.stationary]
     caps = [r.captured for r in reg if r.captured is not None]
+    bounds = [r.reactive_bound for r in reg if r.captured is not None and r.reactive_bound is not None]
+    self_ign = [sum(1 for a in r.runs["ours"].audit if a.get("self_induced")) for r in results]
     matters = [r for r in reg if r.tune_once_gap >= GAIN_FLOOR]
     first = [c.collectives for r in results for c in r.convergence if c.kind != "recovery" and not c.recurrence]
     rec = [c.collectives for r in results for c in r.convergence if c.kind != "recovery" and c.recurrence]
@@ -182,6 +201,8 @@ def summarize(results: list[ScenarioResult]) -> dict:
     return {
         "oracle_gain_captured_min": min(caps) if caps else math.nan,
         "oracle_gain_captured_mean": float(np.mean(caps)) if caps else math.nan,
+        "reactive_bound_min": min(bounds) if bounds else math.nan,
+        "self_induced_ignored": sum(self_ign),
         "worst_stationary_slowdown": max(stat) if stat else math.nan,
         "beats_tune_once": sum(r.beats_tune_once for r in matters), "regime_scenarios": len(matters),
         "beats_tune_once_all": sum(r.beats_tune_once for r in reg), "regime_scenarios_all": len(reg),

@@ -161,7 +161,7 @@ def test_a_config_the_plugin_cannot_apply_is_detected_and_not_retried(tmp_path):
 
 def test_cohort_explores_candidates_in_parallel_over_equivalent_comms(tmp_path):
     tgs = [target(h) for h in (0x11, 0x12, 0x13, 0x14)]
-    rt = make(tmp_path)
+    rt = make(tmp_path, policy=PolicyConfig(tune_at_start=False, probe_parallel=4))
     job = FakeJob(str(tmp_path / "tuner.conf"), tgs, simple_cost({"slow": ("TREE", "LL128", 0)}))
     run(rt, job, 4)
     job.regime = "slow"
@@ -199,3 +199,80 @@ def test_start_up_tuning_sets_the_baseline(tmp_path):
     assert running(job, 3) == [("RING", "LL")] * 3
     (st,) = rt.status()
     assert st["baseline"] == "RING/LL/0" and st["active"] == "RING/LL/0"
+
+
+def _run_until_commit(rt: Retuner, job: FakeJob, *, then=None, limit: int = 80) -> float:
+    """Steps the job until the retuner commits; returns the event time of the push that applied the commit."""
+    from detector.events import RegimeChange
+    first = RegimeChange(id="rc-1", kind="latency", job_id="job", start_s=1.25, detected_s=1.75, magnitude=2.0,
+                         comms=["0x1f"])
+    run(rt, job, 10, {4: "slow", 6: first})                # slow from the step starting at 1.25 s
+    for _ in range(limit):
+        rt.observe(job.step())
+        if "commit" in actions(rt):
+            break
+    assert "commit" in actions(rt)
+    if then:
+        then()
+    ts = rt.targets[job.targets[0].key]
+    t_push, cand = ts.applies[-1]
+    assert cand is not None and (cand.algo, cand.proto) == ("TREE", "LL128")
+    return t_push
+
+
+def test_a_change_caused_by_our_own_push_is_ignored(tmp_path):
+    """The detector sees the speed-up our commit causes (new/old ≈ 1/1.3, onset at the push): the retuner
+    recognises its own push, audits the change as ignored (self-induced) and neither explores nor reverts."""
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    t_push = _run_until_commit(rt, job)
+    run(rt, job, 8)                                            # detection delay; verify confirms meanwhile
+    n_explore = actions(rt).count("explore")
+    from detector.events import RegimeChange
+    own = RegimeChange(id="own", kind="bandwidth", job_id="job", start_s=t_push, detected_s=job.t,
+                       magnitude=1 / 1.3, comms=["0x1f"])
+    rt.on_change(own)
+    last = rt.audit.recent[-1]
+    assert last["action"] == "ignore" and last["self_induced"] is True and last["regime"] == "own"
+    assert last["pushes"][0]["now"].startswith("TREE/LL128") and last["expected_ratio"][0] == pytest.approx(1 / 1.3, rel=0.05)
+    rt.on_change(rc("own-end", "recovery", job.t + 1, magnitude=1.3, recovers="own"))
+    assert rt.audit.recent[-1]["action"] == "ignore" and rt.audit.recent[-1]["self_induced"] is True
+    run(rt, job, 5)
+    assert actions(rt).count("explore") == n_explore and "revert" not in actions(rt)
+    assert running(job, 3) == [("TREE", "LL128")] * 3
+
+
+def test_a_real_change_at_the_moment_of_our_push_is_not_ignored(tmp_path):
+    """The network slows down (×1.5 for every config) exactly when the commit is applied: a config measured
+    before and after the onset shows it, so the change is genuine and handled (here: cooldown after the
+    commit's verification), not filed as self-induced."""
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    t_push = _run_until_commit(rt, job, then=lambda: setattr(job, "regime", "slow2"))
+    run(rt, job, 8)
+    from detector.events import RegimeChange
+    real = RegimeChange(id="real", kind="bandwidth", job_id="job", start_s=t_push - 0.4, detected_s=job.t,
+                        magnitude=1.5, comms=["0x1f"])
+    rt.on_change(real)
+    mine = [a for a in rt.audit.recent if a.get("regime") == "real"]
+    assert mine and not any(a.get("self_induced") for a in mine)
+
+
+def test_unmeasured_candidates_start_one_at_a_time_by_default(tmp_path):
+    """``probe_parallel`` = 1: a cohort starts at most one never-measured candidate per step (best predicted
+    first), so the first results can prune the rest before each costs a step on a member."""
+    tgs = [target(h) for h in (0x11, 0x12, 0x13, 0x14)]
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), tgs, simple_cost({"slow": ("TREE", "LL128", 0)}))
+    run(rt, job, 4)
+    job.regime = "slow"
+    rt.on_change(rc("rc-1", "latency", job.t, comms=[f"0x{h:x}" for h in (0x11, 0x12, 0x13, 0x14)]))
+    seen = {DEFAULT_CELL}
+    n0 = len(job.ran)
+    for _ in range(30):
+        rt.observe(job.step())
+        step = {(r[2], r[3]) for r in job.ran[-len(tgs):]}
+        assert len(step - seen) <= 1, step - seen
+        seen |= step
+    assert len(job.ran) > n0 and "commit" in actions(rt)
+    assert {(r[2], r[3]) for r in job.ran[-4:]} == {("TREE", "LL128")}
