@@ -296,7 +296,8 @@ def _summary(args, truth, state, pipeline, result, metrics, out: Path) -> None:
     console.print(
         f"simulated {result.sim_seconds:.0f} s in {result.wall_seconds:.0f} s wall; "
         f"records sent by the plugin: {result.totals().get('records_sent', 0):,}; "
-        f"received by the collector: {pipeline.metrics.received:,}; "
+        f"aggregated by the collector: {pipeline.metrics.aggregated:,} "
+        f"(received {pipeline.metrics.received:,} incl. the plugins' stats records); "
         f"dropped: {sum(dropped.values()):,} {dict((k, v) for k, v in dropped.items() if v)}; "
         f"windows: {state.windows}; detected changes not matching a true change: {len(extra)}")
     audit = []
