@@ -94,6 +94,10 @@ class Retuner:
         self.tokens = self.policy.budget_initial_s
         self.total_s = 0.0
         self._pushed_rules: tuple[Rule, ...] | None = None
+        self._push_t = -math.inf             # event time of the newest push
+        self._stale = False                  # a step that started after it still ran an older version
+        self._republished = 0                # re-pushes of the same rules since the last change of them
+        self._versions_echoed = False        # seen one of our versions in the input (else versions are not ours)
         self._lock = threading.RLock()
         self._xn = 0
         self._started = False
@@ -189,6 +193,11 @@ class Retuner:
         if ts is None:
             return
         self.now = max(self.now, o.t_end)
+        if o.version is not None and o.version > 0 and o.version in self.versions:
+            self._versions_echoed = True     # the input reports the versions we write: staleness can be judged
+        if self._versions_echoed and o.version is not None and o.t_start >= self._push_t and \
+                o.version < self.pusher.version:
+            self._stale = True               # our newest version missed a step boundary it should have made
         ok, cand = self._attribute(ts, o)
         dur = o.n * o.mean_s
         self.total_s += dur
@@ -564,7 +573,8 @@ class Retuner:
                 if c != base]
         plan = self.planner.cells(ts.target, kind=x.kind, incumbent=x.incumbent, inc_cell=inc_cell, ratio=ratio,
                                   bias=ts.bias, unapplicable=unapp,
-                                  max_cells=self.policy.start_cells if x.trigger == "start" else None)
+                                  max_cells=self.policy.start_cells if x.trigger == "start" else None,
+                                  inc_measured_us=x.inc_stats.mean * 1e6 if x.inc_stats.n >= 2 else None)
         plan.candidates += [c for c in extra if c not in plan.candidates]     # model-ranked cells first
         x.fit = plan.fit
         x.inc_cell = inc_cell
@@ -766,8 +776,19 @@ class Retuner:
             return None
         cur = self.current()
         rules = self._rules(cur)
+        stale, self._stale = self._stale, False
         if rules == self._pushed_rules:
-            return None
+            # the job reports (by version) that a step began after our push on an older version: a rank's copy
+            # of the file was late or lost. Publish the same rules again as a new version so a rank that missed
+            # one copy catches up at the next step boundary instead of at the distributor's next re-send (the
+            # agreement still makes every rank switch together). Bounded: max_republish per change of rules.
+            if not stale or self._republished >= self.policy.max_republish:
+                return None
+            self._republished += 1
+            republish = True
+        else:
+            self._republished = 0
+            republish = False
         try:
             v = self.pusher.push(list(rules))
         except PushError as e:
@@ -780,6 +801,7 @@ class Retuner:
             return None
         prev = self.versions[next(reversed(self.versions))] if self.versions else {}
         self._pushed_rules = rules
+        self._push_t = self.now
         self.versions[v] = {k: c for k, c in cur.items() if c is not None}
         while len(self.versions) > 64:
             self.versions.popitem(last=False)
@@ -790,7 +812,11 @@ class Retuner:
                                         (cur[k].algo, cur[k].proto, str(cur[k].n_channels)))
         self.metrics.inc("pushes")
         self.metrics.set_version(v)
-        self.audit.write("push", t=self.now, version=v, rules=len(rules))
+        if republish:
+            self.audit.write("push", t=self.now, version=v, rules=len(rules), republish=self._republished,
+                             reason="the previous version was not applied at the last step boundary")
+        else:
+            self.audit.write("push", t=self.now, version=v, rules=len(rules))
         return v
 
     def _decide(self, action: str, tgt: Target | None, /, **details) -> None:

@@ -84,6 +84,11 @@ class PolicyConfig:
     recurrence_tolerance: float = 1.5   # magnitudes within this factor are the same regime fingerprint
     memory_max: int = 256               # fingerprints remembered
     history_s: float = 30.0             # observation history kept per target (before/after a change)
+    lead_share: float = 0.5             # after a regime change, the best-predicted candidate starts on this share of
+    lead_ratio: float = 0.8             # the cohort's members when predicted <= lead_ratio x the incumbent's
+                                        # measured time (0 = one member, like every other candidate)
+    max_republish: int = 3              # re-pushes of unchanged rules when inputs show (by version) that a step
+                                        # began on an older version (a rank's copy was late or lost); 0 = never
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
         for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
@@ -91,6 +96,8 @@ class PolicyConfig:
             _num(self, n, 0.0, where=where)
         _num(self, "exploration_budget", 0.0, 1.0, where=where)
         _num(self, "min_time_share", 0.0, 1.0, where=where)
+        _num(self, "lead_share", 0.0, 1.0, where=where)
+        _num(self, "lead_ratio", 0.0, 1.0, where=where)
         _num(self, "alpha", 0.0, 0.5, lo_open=True, where=where)
         _num(self, "max_pred_ratio", 1.0, where=where)
         _num(self, "prune_ratio", 1.0, where=where)
@@ -99,7 +106,7 @@ class PolicyConfig:
         _num(self, "history_s", 0.0, lo_open=True, where=where)
         for n, lo in (("max_cells", 1), ("start_cells", 1), ("channel_rounds", 0), ("min_samples", 2), ("max_samples", 2),
                       ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1),
-                      ("probe_parallel", 1)):
+                      ("probe_parallel", 1), ("max_republish", 0)):
             _int(self, n, lo, where=where)
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")

@@ -173,6 +173,8 @@ class Exploration:
                     s = self.stats[c]
                     k = max(1, self.per_obs_n)
                     need = math.ceil(max(0, self.policy.min_samples - s.n) / k) if s.n < self.policy.min_samples else 1
+                    if s.n == 0 and self._promising(c):
+                        need = max(need, math.ceil(len(self.members) * self.policy.lead_share))
                     want += [c] * max(0, need - have)
             for i, k in enumerate(free):
                 c = want[i] if i < len(want) else b
@@ -185,6 +187,21 @@ class Exploration:
         elif self.phase == "verify":
             self.assignment = {m.key: self.committed for m in self.members}
         return dict(self.assignment)
+
+    def _promising(self, c: Candidate | None) -> bool:
+        """After a regime change, the first candidate of round 1 when its calibrated prediction is at most
+        ``lead_ratio`` x the incumbent's measured time in the new regime: it then starts on ``lead_share`` of the
+        members instead of one, because the incumbent the others would run is already known to be slow."""
+        pol = self.policy
+        if self.trigger == "start" or self.round_no != 1 or not self.round or c != self.round[0] or \
+                pol.lead_share <= 0 or len(self.members) < 2:
+            return False
+        inc = self.inc_stats
+        p = self.pred_us.get(c)
+        if p is None or not self.inc_pred_us or inc.n < pol.min_samples:
+            return False
+        scale = inc.mean * 1e6 / self.inc_pred_us           # calibrate the prediction to the incumbent's measurement
+        return p * scale <= pol.lead_ratio * inc.mean * 1e6
 
     def _prune(self, best: Candidate | None) -> None:
         s = self.stats.get(best)

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from simulator.cost_model import ALGOS, NVLS, NVLS_TREE, PROTOS, NcclModel
+from simulator.cost_model import ALGOS, NCCL_STEPS, NVLS, NVLS_TREE, PROTOS, RING, SIMPLE, NcclModel
 from simulator.topology import Topology
 
 __all__ = ["Fit", "CommModel", "sub_topology", "NO_FIT"]
@@ -109,6 +109,35 @@ class CommModel:
         out = [((ALGOS[a], PROTOS[p]), float(t[a, p])) for a in range(7) for p in range(3)
                if base[a, p] >= 0 and t[a, p] >= 0]
         return sorted(out, key=lambda x: x[1])
+
+    def window_floor_us(self, func: str, nbytes: int, cell: Cell, n_channels: int = 0, fit: Fit = NO_FIT, *,
+                        safety: float = 0.75) -> float:
+        """A lower bound (µs) on a multi-node Ring's time from its in-flight window under ``fit``'s latency.
+
+        NCCL's model has no latency-bandwidth product: a channel keeps at most ``NCCL_STEPS`` steps of one chunk
+        in flight per connection (Simple's ring collectives use half the steps per chunk), so it cannot move more
+        than ``NCCL_STEPS x step / RTT`` (nccl-tests#241). With small LL steps and a few hundred µs of added
+        latency that window, not the link, is the bottleneck (RING/LL at 25 MB under +150 µs: NCCL's model says
+        1.4 ms, the window alone 7 ms). The RTT is taken as ``safety`` x twice the one-way latency (topology +
+        the fitted extra), so the bound stays below the real time when the fit overshoots. 0 when it does not
+        apply (single node, not Ring, not AllReduce/AllGather/ReduceScatter, no added latency).
+        """
+        if self.nnodes < 2 or cell[0] != "RING" or fit.dlat_us <= 0 or func not in (
+                "AllReduce", "AllGather", "ReduceScatter"):
+            return 0.0
+        a, p = ALGOS.index(cell[0]), PROTOS.index(cell[1])
+        nb = np.array([int(nbytes)])
+        nc = int(n_channels) if n_channels > 0 else int(self._base.algo_info(a, p, nb)[0][0])
+        nc = max(1, min(nc, self.channel_limit(cell)))
+        ck = float(self._base.chunk_size(func, a, p, nb, np.array([nc]))[0])
+        steps_per_chunk = NCCL_STEPS // 2 if (a == RING and p == SIMPLE) else 1
+        rtt_us = safety * 2.0 * (max(0.0, self.topology.inter.latency_us) + fit.dlat_us)
+        if rtt_us <= 0 or ck <= 0:
+            return 0.0
+        n = self.nranks
+        w = 2.0 * (n - 1) / n if func == "AllReduce" else (n - 1) / n
+        win_bytes_per_us = nc * NCCL_STEPS * (ck / steps_per_chunk) / rtt_us
+        return w * float(nbytes) / win_bytes_per_us
 
     # ---- channels ----------------------------------------------------------------------------------
     def default_channels(self, func: str, nbytes: int, cell: Cell) -> int:

@@ -4,7 +4,9 @@ Round 1 (cells): the incumbent plus the ``max_cells`` (algo, proto) cells the re
 (:mod:`retuner.model`) ranks cheapest, each at NCCL's channel count. A cell's prediction is multiplied by
 its measured/modelled bias when this target has measured it before, so a cell NCCL's model misjudges on
 this fabric moves to where the measurements put it. Cells predicted slower than ``max_pred_ratio`` x the
-incumbent are not tried; neither are cells the allow/deny lists forbid or the plugin could not apply.
+incumbent are not tried, nor cells whose in-flight-window lower bound under the fitted latency
+(:meth:`~retuner.model.CommModel.window_floor_us`, which NCCL's model lacks) is already that much slower than the
+incumbent's measured time; neither are cells the allow/deny lists forbid or the plugin could not apply.
 Later rounds (channels): the winner at half and twice its channel count, then one more step in the
 direction that helped (coordinate descent, as AutoCCL does for its resource parameters).
 
@@ -68,7 +70,8 @@ class Planner:
 
     def cells(self, t: Target, *, kind: str, incumbent: Candidate | None, inc_cell: tuple[str, str] | None,
               ratio: float | None, bias: dict[tuple[str, str], float], unapplicable: set[Candidate],
-              extra: list[Candidate] = (), max_cells: int | None = None) -> Plan:
+              extra: list[Candidate] = (), max_cells: int | None = None,
+              inc_measured_us: float | None = None) -> Plan:
         pol = self.cfg.policy
         max_cells = pol.max_cells if max_cells is None else max_cells
         m = self.model(t)
@@ -110,6 +113,13 @@ class Planner:
             if math.isfinite(pred) and math.isfinite(inc_pred) and pred > pol.max_pred_ratio * inc_pred:
                 plan.skipped[name] = f"predicted {pred / inc_pred:.2f}x the incumbent"
                 continue
+            floor = m.window_floor_us(t.func, t.nbytes(), cell, 0, plan.fit) if m is not None else 0.0
+            if inc_measured_us and floor > pol.max_pred_ratio * inc_measured_us:
+                # NCCL's model has no latency-bandwidth window; a lower bound from it is enough to rule a cell out
+                plan.skipped[name] = f"in-flight window alone {floor / inc_measured_us:.2f}x the incumbent's measured time"
+                continue
+            if math.isfinite(pred) and floor > pred:
+                pred = floor                  # rank and prune it by what the window allows
             plan.candidates.append(cand)
             seen.add(cand)
             if math.isfinite(pred):

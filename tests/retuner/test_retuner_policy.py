@@ -276,3 +276,61 @@ def test_unmeasured_candidates_start_one_at_a_time_by_default(tmp_path):
         seen |= step
     assert len(job.ran) > n0 and "commit" in actions(rt)
     assert {(r[2], r[3]) for r in job.ran[-4:]} == {("TREE", "LL128")}
+
+
+def test_a_version_the_job_did_not_apply_is_published_again_a_bounded_number_of_times(tmp_path):
+    # a rank's copy of the file was lost: the job's steps keep reporting the old version after our push
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    run(rt, job, 12, {10: "slow"})
+    deliver = job.tuner.refresh
+    v0 = job.tuner.refresh()
+    job.tuner.refresh = lambda: v0                 # nothing new reaches the job
+    rt.on_change(rc("rc-1", "latency", job.t))
+    run(rt, job, 10)
+    pushes = [a for a in rt.audit.recent if a["action"] == "push" and a["version"] > v0]
+    again = [a for a in pushes if a.get("republish")]
+    assert again, "a stale version must be published again"
+    # bounded: at most max_republish re-publications per set of rules (a new set of rules restarts the count)
+    assert max(a["republish"] for a in again) <= rt.policy.max_republish
+    assert len(again) <= rt.policy.max_republish * (len(pushes) - len(again))
+    assert all(v == v0 for *_, v in job.ran[-10:])
+    job.tuner.refresh = deliver                    # delivery works again: the exploration goes on and commits
+    run(rt, job, 60)
+    assert "commit" in actions(rt)
+    assert running(job, 3) == [("TREE", "LL128")] * 3
+
+
+def test_no_republish_when_disabled(tmp_path):
+    rt = make(tmp_path, policy=PolicyConfig(tune_at_start=False, max_republish=0))
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    run(rt, job, 12, {10: "slow"})
+    v0 = job.tuner.refresh()
+    job.tuner.refresh = lambda: v0
+    rt.on_change(rc("rc-1", "latency", job.t))
+    run(rt, job, 10)
+    assert not [a for a in rt.audit.recent if a["action"] == "push" and a.get("republish")]
+
+
+def _lead_exploration(pred_us: float, *, lead_share: float = 0.5):
+    from retuner.explore import Exploration
+    from retuner.types import Candidate
+    pol = PolicyConfig(lead_share=lead_share)
+    members = [target(h) for h in (0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18)]
+    x = Exploration("x1", trigger="rc-1", kind="latency", members=members, incumbent=None, policy=pol,
+                    fingerprint=("latency", ("0x11",), 2.0), t_start=0.0)
+    for m in members:                                   # the incumbent measured in the new regime: 1.5 ms
+        x.record(m.key, None, 64, 1.5e-3, (0.02 * 1.5e-3) ** 2, 1.0)
+    a, b = Candidate("RING", "LL128"), Candidate("TREE", "LL128")
+    x.pred_us, x.inc_pred_us = {a: pred_us, b: 2000.0}, 1500.0
+    x.start_round([a, b])
+    return x, a
+
+
+def test_a_clearly_promising_first_candidate_starts_on_half_the_cohort():
+    x, a = _lead_exploration(1000.0)                    # predicted 0.67x the incumbent's measured time
+    assert list(x.assign(allow_probe=True).values()).count(a) == 4
+    x, a = _lead_exploration(1400.0)                    # 0.93x: not clearly better, one member as usual
+    assert list(x.assign(allow_probe=True).values()).count(a) == 1
+    x, a = _lead_exploration(1000.0, lead_share=0.0)    # disabled
+    assert list(x.assign(allow_probe=True).values()).count(a) == 1
