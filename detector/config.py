@@ -42,6 +42,8 @@ class DetectorConfig:
     confirm_z: float = 3.0                   # a lone alarm is confirmed if the next window is >= this (old sigma)
     persist_ratio: float = 1.5               # smaller shifts must last two windows (hiccups last one)
     confirm_windows: int = 2                 # windows a lone/small alarm may take to confirm
+    quiet_z: float = 1.0                     # multi-node alarms need no confirmation while the job's
+                                             # intra-node streams stay below this (median z); 0: off
     merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
     merge_similar_s: float = 30.0            # ... or this soon after its onset with a similar shift
     min_ratio: float = 1.03                  # latency ratio below this is not a regime change
@@ -58,6 +60,8 @@ class DetectorConfig:
     # --- straggler ------------------------------------------------------------------------
     straggler_share: float = 0.6             # share of complete instances a rank is strictly shortest in
     straggler_min_instances: int = 3
+    straggler_trigger_z: float = 8.0         # rank evidence alone opens a straggler change at this
+                                             # binomial z over two windows (0: off)
     # --- autoencoder ----------------------------------------------------------------------
     autoencoder: bool = True                 # per-job torch autoencoder over window features
     autoencoder_grace: int = 60              # windows learned before its score counts
@@ -78,6 +82,12 @@ class DetectorConfig:
             raise ValueError(f"detector config: deltas must be a non-empty tuple of numbers > 0, got {self.deltas!r}")
         if not self.arl0 > 1:
             raise ValueError(f"detector config: arl0 must be > 1, got {self.arl0!r}")
+        if not (isinstance(self.straggler_trigger_z, (int, float)) and math.isfinite(self.straggler_trigger_z)
+                and self.straggler_trigger_z >= 0):
+            raise ValueError(f"detector config: straggler_trigger_z must be a finite number >= 0, "
+                             f"got {self.straggler_trigger_z!r}")
+        if not (isinstance(self.quiet_z, (int, float)) and math.isfinite(self.quiet_z) and self.quiet_z >= 0):
+            raise ValueError(f"detector config: quiet_z must be a finite number >= 0, got {self.quiet_z!r}")
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "partial_window", "straggler_share"):
             positive(name)

@@ -186,10 +186,23 @@ class RunSpec:
     realism: dict = field(default_factory=dict)
 
 
-def build_suite(seeds: int, *, quick: bool = False, stationary_hours: dict | None = None) -> list[RunSpec]:
+def build_suite(seeds: int, *, quick: bool = False, stationary_hours: dict | None = None,
+                workloads: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None,
+                magnitudes: tuple[float, ...] | None = None) -> list[RunSpec]:
+    """The suite. ``workloads`` / ``kinds`` / ``magnitudes`` select a subset for iteration: the
+    same runs as the full suite (same seeds, event order and benign changes), keeping only the
+    event runs holding a selected event; scoring then counts only selected events (`score`)."""
     runs: list[RunSpec] = []
-    workloads = ("llama7b-tp8-dp2",) if quick else WORKLOADS
-    for w in workloads:
+    for name, sel, allowed in (("workload", workloads, WORKLOADS), ("kind", kinds, EVENT_KINDS)):
+        bad = sorted(set(sel or ()) - set(allowed))
+        if bad:
+            raise ValueError(f"unknown {name} {bad}; expected some of {list(allowed)}")
+    bad = sorted(set(magnitudes or ()) - set(MAGNITUDES))
+    if bad:
+        raise ValueError(f"unknown magnitude {bad}; expected some of {list(MAGNITUDES)}")
+    for w in ("llama7b-tp8-dp2",) if quick else WORKLOADS:
+        if workloads and w not in workloads:
+            continue
         wl = load_workload(w)
         cal = _Calibrator(wl)
         nn, nr = wl.topology.n_nodes, wl.topology.n_ranks
@@ -243,11 +256,19 @@ def build_suite(seeds: int, *, quick: bool = False, stationary_hours: dict | Non
                     t += GAP_S
                 if not meta:
                     continue
+                for m in meta:
+                    m["selected"] = (not kinds or m["kind"] in kinds) and (not magnitudes or m["target"] in magnitudes)
+                if not any(m["selected"] for m in meta):
+                    continue
                 runs.append(RunSpec(f"{w}-s{seed}-r{r0 // per_run}", w, seed, t + 10.0, events, meta))
     # stationary training (plus one bad-input run)
     hours = stationary_hours or ({"llama70b-fsdp": 0.15} if quick else
                                  {"llama70b-fsdp": 24.0, "llama7b-tp8-dp2": 2.0, "eval-mixed": 2.0})
+    if stationary_hours is not None and sum(stationary_hours.values()) <= 0:
+        return runs                                           # event runs only (no bad-input run)
     for w, h in hours.items():
+        if h <= 0 or (workloads and w not in workloads):
+            continue
         dur = h * 3600.0
         chunk = min(dur, 6 * 3600.0)
         n = max(1, int(math.ceil(dur / chunk)))
@@ -374,14 +395,15 @@ def score(results: list[dict], config=None) -> dict:
             kinds_seen = {c["kind"] for c in changes if c["kind"] != "recovery"
                           and e["t_start"] - 1 <= c["t_det"] <= e["t_end"] + DETECT_WITHIN_S}
             ev["kind_ok"] = bool(kinds_seen & EXPECTED_KIND[e["kind"]])
-            events.append(ev)
+            if m.get("selected", True):     # a subset run (--kinds/--magnitudes) scores only its selection
+                events.append(ev)
             # recovery recall: a recovery within 5 s of the end
-            rec_total += 1
             late = cfg.flap_window_s if e["kind"] in BURSTY else DETECT_WITHIN_S
-            if any(c["kind"] == "recovery" and -1.0 <= c["t_det"] - e["t_end"] <= DETECT_WITHIN_S for c in changes):
-                rec_hit += 1
             ev["recovered_within_5s"] = any(c["kind"] == "recovery" and -1.0 <= c["t_det"] - e["t_end"] <= DETECT_WITHIN_S
                                             for c in changes)
+            if m.get("selected", True):
+                rec_total += 1
+                rec_hit += ev["recovered_within_5s"]
             used[j] = set()
             for c in changes:
                 if c["kind"] == "recovery":
@@ -395,6 +417,8 @@ def score(results: list[dict], config=None) -> dict:
                         used[j].add(slot)
                     matched_ids[c["id"]] = j
         for c in changes:
+            if c["id"] in matched_ids and not meta[matched_ids[c["id"]]].get("selected", True):
+                continue                # matches an event outside the selected subset
             if c["id"] in matched_ids:
                 tp += 1
             else:
@@ -468,7 +492,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1, help="parallel worker processes (default 1)")
     p.add_argument("--stationary-hours", type=float, default=None,
                    help="simulated hours of stationary llama70b-fsdp training, plus 1/12 of it for each "
-                        "2-node workload (default 24; quick 0.15)")
+                        "2-node workload (default 24; quick 0.15; 0: event runs only)")
+    p.add_argument("--workloads", default=None, metavar="W[,W...]",
+                   help=f"subset for iteration: only these workloads ({', '.join(WORKLOADS)})")
+    p.add_argument("--kinds", default=None, metavar="K[,K...]",
+                   help=f"subset: only event runs holding these kinds, scored on them ({', '.join(EVENT_KINDS)})")
+    p.add_argument("--magnitudes", default=None, metavar="M[,M...]",
+                   help="subset: only event runs holding these magnitudes (e.g. 1.05,1.1), scored on them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a DetectorConfig field for this evaluation (repeatable), e.g. persist_ratio=1.5")
     p.add_argument("--out", default=None, help="write the full report (JSON) here, and every run's changes "
@@ -501,7 +531,13 @@ def run(args: argparse.Namespace) -> int:
         hours = {"llama70b-fsdp": h} if args.quick else {"llama70b-fsdp": h, "llama7b-tp8-dp2": h / 12,
                                                           "eval-mixed": h / 12}
     t0 = time.perf_counter()
-    suite = build_suite(1 if args.quick else args.seeds, quick=args.quick, stationary_hours=hours)
+    def _list(v, conv=str):
+        return tuple(conv(x) for x in v.split(",") if x.strip()) if v else None
+    subset = {"workloads": _list(getattr(args, "workloads", None)), "kinds": _list(getattr(args, "kinds", None)),
+              "magnitudes": _list(getattr(args, "magnitudes", None), float)}
+    if any(subset.values()):
+        print(f"subset: { {k: v for k, v in subset.items() if v} } (not the full suite)", flush=True)
+    suite = build_suite(1 if args.quick else args.seeds, quick=args.quick, stationary_hours=hours, **subset)
     print(f"suite: {sum(not r.stationary for r in suite)} event runs "
           f"({sum(len(r.meta) for r in suite)} events), {sum(r.stationary for r in suite)} stationary runs "
           f"({sum(r.duration_s for r in suite if r.stationary) / 3600:.1f} simulated hours)", flush=True)

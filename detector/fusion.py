@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+import polars as pl
 
 from .classify import classify_size_response
 from .config import DetectorConfig
@@ -70,6 +71,7 @@ class Incident:
     onsets: list[int] = field(default_factory=list)
     flapping_id: str | None = None
     closed_step: int | None = None
+    rank_of: tuple[int, int] | None = None     # (comm_hash, rank): opened by rank evidence alone
 
     @property
     def ids(self) -> list[str]:
@@ -114,7 +116,8 @@ class Fusion:
         self.pending: list[_Pending] = []
         self.counters = {"spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
-                         "workload_changes": 0, "autoencoder_flags": 0}
+                         "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
+                         "rank_triggers": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
 
@@ -140,6 +143,9 @@ class Fusion:
                 out.append(change)
             if inc is not None:
                 created.add(inc.id)
+        for inc, change in self._rank_trigger(ws, ae):
+            out.append(change)
+            created.add(inc.id)
         for job in list(self.active):
             for inc in list(self.active[job]):
                 if inc.id not in created:
@@ -280,6 +286,12 @@ class Fusion:
         # The autoencoder flags hiccup windows as readily as event onsets, so its score is
         # evidence on the change (and a metric), not a reason to skip the confirmation window.
         evidence_ok = (g["confirmed"] and full >= 1) or (big and full >= cfg.corroborate)
+        if not evidence_ok and full >= cfg.corroborate and self._network_only(job, idx[~partial], direction):
+            # a job-wide hiccup moves the intra-node streams too; a network event leaves them
+            # alone: multi-node streams alarming together while the job's intra-node streams
+            # stay at their baseline need no second window
+            evidence_ok = True
+            self.counters["network_only"] += 1
         if not evidence_ok and direction > 0 and full >= 1:
             stragglers = self._stragglers(job, idx, onset_step)
             evidence_ok = bool(stragglers)
@@ -292,6 +304,103 @@ class Fusion:
             return None, None
         return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
                             stragglers)
+
+    def _rank_trigger(self, ws: WindowStreams, ae) -> list:
+        """A straggler without a latency alarm yet: in a communicator one rank was the strict
+        shortest (its peers wait for it) in most instances of the last two windows, far beyond
+        chance (binomial z ≥ ``straggler_trigger_z``), and not before; the communicator's
+        latency rose (≥ ``min_ratio``, median z ≥ 1). Rank shares are overwhelming long before
+        a small slowdown (5 % on a 64-rank job) is significant in the latency streams."""
+        cfg, tab = self.config, self.table
+        if cfg.straggler_trigger_z <= 0 or not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
+            return []
+        f = self.ranks.frames[-1][1]
+        if "shortest_count" not in f.columns or f.height == 0:
+            return []
+        agg = f.group_by("job_id", "comm_hash").agg(pl.col("shortest_count").sum().alias("total"),
+                                                      pl.col("shortest_count").max().alias("top"),
+                                                      pl.len().alias("n"))
+        agg = agg.filter((pl.col("n") >= 2) & (pl.col("total") >= cfg.straggler_min_instances)
+                         & (pl.col("top") >= cfg.straggler_share * pl.col("total")))
+        if agg.height == 0:
+            return []
+        out = []
+        for job, comm, total, top, n in agg.iter_rows():
+            p0 = 1.0 / n
+            if (top - total * p0) / math.sqrt(total * p0 * (1.0 - p0)) < 0.5 * cfg.straggler_trigger_z:
+                continue
+            if any(inc.direction > 0 and int(comm) in set(tab.comm_hash[inc.streams].tolist())
+                   for inc in self.active.get(job, [])):
+                continue
+            code = tab.jobs.get(job, -2)
+            n_s = tab.n
+            idx = np.flatnonzero(tab.active[:n_s] & (tab.job_code[:n_s] == code) & (tab.comm_hash[:n_s] == comm))
+            idx = idx[~np.isin(idx, np.fromiter(self.stream_incident, np.int64, len(self.stream_incident)))]
+            if idx.size == 0:
+                continue
+            med, scale = tab.baseline(idx)
+            level = tab.current(idx)
+            level = np.where(np.isfinite(level), level, tab.recent(idx, ws.t - 1))
+            ok = np.isfinite(med) & np.isfinite(level) & (scale > 0)
+            if not ok.any():
+                continue
+            idx, med, scale, level = idx[ok], med[ok], scale[ok], level[ok]
+            lr = level - med
+            if not (np.max(lr) >= math.log(cfg.min_ratio) and np.median(lr / scale) >= 1.0):
+                continue
+            cands = find_stragglers(self.ranks, job, {int(comm)}, onset_step=ws.t - 1,
+                                    share=cfg.straggler_share, min_instances=2 * cfg.straggler_min_instances)
+            best = None
+            for c in cands:
+                if not (c.share_before == c.share_before and c.share_before < 0.5 * cfg.straggler_share):
+                    continue                      # dominant before, or nothing known before
+                p0 = 1.0 / n
+                z = (c.share - p0) * c.instances / math.sqrt(c.instances * p0 * (1.0 - p0))
+                if z >= cfg.straggler_trigger_z:
+                    best = c
+                    break
+            if best is None:
+                continue
+            # the same straggler seen in another of its communicators, or just after another
+            # change of this job: part of that change
+            same = [inc for inc in self.active.get(job, []) if inc.direction > 0 and (
+                (ws.t - inc.detected_step) * self._window_s <= cfg.merge_s
+                or (inc.kind == "straggler" and best.host in inc.change.hosts))]
+            if same:
+                same[0].add(idx, med, scale, level)
+                for i in idx.tolist():
+                    self.stream_incident[i] = same[0]
+                self.counters["alarms_merged"] += len(idx)
+                continue
+            onset = self._refine_onset(idx, med, level, ws.t - 2, ws.t)
+            ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
+            self.counters["rank_triggers"] += 1
+            inc, change = self._create(ws, job, 1, idx, med, scale, level, onset, ae_score, ae_thr,
+                                       [best] + [c for c in cands if c is not best])
+            change.evidence["trigger"] = "ranks"
+            inc.rank_of = (best.comm_hash, best.rank)
+            out.append((inc, change))
+        return out
+
+    def _network_only(self, job, idx, direction) -> bool:
+        """All of ``idx`` are multi-node streams and the job's monitored intra-node streams
+        (≥ ``corroborate`` of them, with a value this window) sit within ``quiet_z`` of their
+        baseline (median, in the alarm's direction)."""
+        tab, cfg = self.table, self.config
+        if cfg.quiet_z <= 0 or idx.size == 0 or not (tab.nnodes[idx] > 1).all():
+            return False
+        code = tab.jobs.get(job, -2)
+        n = tab.n
+        ref = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code) & (tab.nnodes[:n] == 1))
+        if ref.size < cfg.corroborate:
+            return False
+        med, scale = tab.baseline(ref)
+        cur = tab.current(ref)
+        ok = np.isfinite(cur) & np.isfinite(med) & (scale > 0)
+        if ok.sum() < cfg.corroborate:
+            return False
+        z = (cur[ok] - med[ok]) / scale[ok] * direction
+        return float(np.median(z)) < cfg.quiet_z
 
     def _refine_onset(self, idx, med, level, cusum_step: int, t: int) -> int:
         """The CUSUM's last reset point, moved forward to the first window of the excursion
@@ -449,6 +558,8 @@ class Fusion:
             self._close(inc, ws.t)
             return None
         cur = tab.current(inc.streams)
+        if inc.rank_of is not None:
+            return self._track_rank(ws, inc, cur)
         shift = inc.level - inc.base_med
         ok = np.isfinite(cur) & np.isfinite(shift) & (np.abs(shift) > 0)
         if not ok.any():
@@ -479,6 +590,28 @@ class Fusion:
                 return self._flapping(ws, inc)
         else:
             inc.off_count = 0
+        return None
+
+    def _track_rank(self, ws, inc: Incident, cur) -> RegimeChange | None:
+        """A change opened by rank evidence (a small slowdown, within a few sigma of the
+        latency noise) is tracked by the same evidence: it recovers after ``recovery_windows``
+        windows in which its rank is no longer the dominant shortest."""
+        cfg = self.config
+        if not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
+            return None
+        f = self.ranks.frames[-1][1]
+        comm, rank = inc.rank_of
+        sel = f.filter((pl.col("job_id") == inc.job) & (pl.col("comm_hash") == comm))
+        total = int(sel.get_column("shortest_count").sum() or 0) if sel.height else 0
+        if total < cfg.straggler_min_instances:
+            return None
+        mine = int(sel.filter(pl.col("rank") == rank).get_column("shortest_count").sum() or 0)
+        if mine >= 0.5 * cfg.straggler_share * total:
+            inc.off_count = 0
+            return None
+        inc.off_count += 1
+        if inc.off_count >= cfg.recovery_windows:
+            return self._recover(ws, inc, cur)
         return None
 
     def _flapping(self, ws, inc: Incident) -> RegimeChange:

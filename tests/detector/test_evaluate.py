@@ -64,3 +64,20 @@ def test_quick_evaluate_cli_last_line():
     assert all(v == v for v in vals)                      # no nan in the quick suite
     assert 0.0 <= vals[0] <= 1.0 and 0.0 <= vals[1] <= 1.0
     assert vals[5] > 1e5
+
+
+def test_subset_keeps_the_full_suites_runs_and_scores_only_the_selection():
+    from detector.evaluate import build_suite
+    full = {r.name: r for r in build_suite(2, workloads=("llama70b-fsdp",), stationary_hours={"llama70b-fsdp": 0})}
+    sub = build_suite(2, workloads=("llama70b-fsdp",), magnitudes=(1.05,), stationary_hours={"llama70b-fsdp": 0})
+    assert sub and all(not r.stationary and r.workload == "llama70b-fsdp" for r in sub)
+    assert all(r.events == full[r.name].events for r in sub)           # same runs, same events
+    assert sum(m["selected"] for r in sub for m in r.meta) == 12       # 6 kinds x 2 seeds at 1.05x
+    with pytest.raises(ValueError, match="unknown kind"):
+        build_suite(1, kinds=("nope",))
+    # an unselected event's change is neither a hit nor a false positive
+    truth = [ev("bw_drop", 100.3, 125.3), ev("latency", 200.2, 225.2)]
+    meta = [{"target": 2.0, "selected": False}, {"target": 1.05, "selected": True}]
+    rep = score([result(truth, meta, [change("bandwidth", 100, 101.0, "a"), change("latency", 200, 202.0, "b")])])
+    assert [e["kind"] for e in rep["events"]] == ["latency"] and rep["recall"] == 1.0
+    assert rep["precision"] == 1.0

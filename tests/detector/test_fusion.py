@@ -167,3 +167,40 @@ def test_short_warmup_still_detects_fast():
     assert [c.kind for c in ch] == ["bandwidth"]
     assert ch[0].detected_s - (EPOCH + 25) <= 2.0
     assert det.table.banks[1].threshold < 10      # delta=6 bank; ~6,700 sigma with the 15-sample correction
+
+
+def test_small_network_shift_needs_no_second_window_when_intra_node_streams_are_quiet():
+    """A +10 % shift on the cross-node streams only (10 sigma a window) is a network event: the
+    intra-node tp streams stay at their baseline, so it is reported from its first window. The
+    same shift on every stream (a job-wide hiccup looks like that) waits for a second window."""
+    job = SyntheticJob(seed=21)
+    net = Regime(mult={i: 1.10 for i, s in enumerate(job.streams) if s.nnodes > 1})
+    det, ch = run(job, lambda t: net if t >= WARM else None, WARM + 4)
+    assert ch and ch[0].kind in ("bandwidth", "latency") and ch[0].detected_s - (EPOCH + WARM) == 1.0
+    assert det.fusion.counters["network_only"] == 1
+    _, ch0 = run(SyntheticJob(seed=21), lambda t: net if t >= WARM else None, WARM + 4,
+                 DetectorConfig(autoencoder=False, quiet_z=0.0))
+    assert ch0 and ch0[0].detected_s - (EPOCH + WARM) >= 2.0
+    job = SyntheticJob(seed=21)
+    everywhere = Regime(mult={i: 1.10 for i in range(len(job.streams))})
+    det, ch = run(job, lambda t: everywhere if t == WARM else None, WARM + 6)
+    assert ch == [] and det.fusion.counters["network_only"] == 0      # a one-window hiccup
+
+
+def test_small_straggler_found_from_rank_evidence_alone():
+    """A straggler that slows its communicators by only 1.5-3.5 % (1.5-3.5 sigma a window: the
+    CUSUMs need several windows) is the strict shortest rank in every instance: after two
+    windows the rank evidence alone opens a straggler change naming it, and the same evidence
+    ends it (a latency shift this small would flap between "on" and "off")."""
+    job = SyntheticJob(seed=22)
+    reg = Regime(straggler=6, straggler_delay_s=0.8e-6)
+    det, ch = run(job, lambda t: reg if WARM <= t < WARM + 20 else None, WARM + 30)
+    assert [c.kind for c in ch] == ["straggler", "recovery"], ch
+    st, rec = ch
+    assert st.evidence["trigger"] == "ranks" and st.hosts == ["node-1"]
+    assert st.detected_s - (EPOCH + WARM) <= 2.0
+    assert rec.recovers == st.id and rec.detected_s - (EPOCH + WARM + 20) <= 4.0
+    assert det.fusion.counters["rank_triggers"] == 1
+    _, ch0 = run(SyntheticJob(seed=22), lambda t: reg if WARM <= t < WARM + 20 else None, WARM + 3,
+                 DetectorConfig(autoencoder=False, straggler_trigger_z=0.0))
+    assert ch0 == []
