@@ -113,6 +113,7 @@ def main() -> int:
     ap.add_argument("--frame", type=int, default=512, help="records per frame")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-parquet", action="store_true")
+    ap.add_argument("--compression", default=None, help="parquet compression (default: the collector's)")
     args = ap.parse_args()
     from collector.config import default_config
     from collector.pipeline import Pipeline
@@ -123,7 +124,8 @@ def main() -> int:
     cfg = default_config().replace(
         receiver={"listen": (f"unix:{path}",)}, prometheus={"address": None},
         features={"address": None},
-        parquet={"directory": None if args.no_parquet else os.path.join(d, "pq")})
+        parquet={"directory": None if args.no_parquet else os.path.join(d, "pq"),
+                 **({"compression": args.compression} if args.compression else {})})
     pipe = Pipeline(cfg).start()
     sub = pipe.subscribe(max_queue=10_000)
     q = mp.Queue()
