@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     # latencies the detector is learning), and gives a push time to reach the job: records of the
     # window being processed lag the simulated job by the window close (window + lateness, ~3 s in
     # real time; more in --fast, where the simulation runs ahead of the pipeline).
-    policy = PolicyConfig(tune_at_start=False, apply_grace_s=4.0 if not args.fast else 12.0)
+    grace = 4.0 if not args.fast else 12.0
+    policy = PolicyConfig(tune_at_start=False, apply_grace_s=grace, republish_after_s=grace)
     retuner = Retuner(RetunerConfig(dry_run=args.dry_run, tuner_config_path=str(out / "tuner.conf"),
                                     audit_path=str(out / "retuner-audit.jsonl"), topology=topo, seed=args.seed,
                                     policy=policy))

@@ -195,7 +195,8 @@ class Retuner:
         self.now = max(self.now, o.t_end)
         if o.version is not None and o.version > 0 and o.version in self.versions:
             self._versions_echoed = True     # the input reports the versions we write: staleness can be judged
-        if self._versions_echoed and o.version is not None and o.t_start >= self._push_t and \
+        if self._versions_echoed and o.version is not None and \
+                o.t_start >= self._push_t + self.policy.republish_after_s and \
                 o.version < self.pusher.version:
             self._stale = True               # our newest version missed a step boundary it should have made
         ok, cand = self._attribute(ts, o)

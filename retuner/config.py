@@ -89,10 +89,13 @@ class PolicyConfig:
                                         # measured time (0 = one member, like every other candidate)
     max_republish: int = 3              # re-pushes of unchanged rules when inputs show (by version) that a step
                                         # began on an older version (a rank's copy was late or lost); 0 = never
+    republish_after_s: float = 3.0      # only steps starting this long (event time) after a push count as missed: the
+                                        # pipeline's lag (a live job's input is window + lateness ~3 s behind the job
+                                        # its pushes reach; the in-process evaluation has no lag and uses 0)
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
         for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
-                  "not_applied_s"):
+                  "not_applied_s", "republish_after_s"):
             _num(self, n, 0.0, where=where)
         _num(self, "exploration_budget", 0.0, 1.0, where=where)
         _num(self, "min_time_share", 0.0, 1.0, where=where)

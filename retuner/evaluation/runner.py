@@ -121,9 +121,11 @@ def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = No
         path = os.path.join(wd, "tuner.conf")
         if os.path.exists(path):
             os.unlink(path)
-        cfg = (retuner_cfg or RetunerConfig()).replace(dry_run=False, tuner_config_path=path, audit_path=None,
-                                                       topology=retuner_cfg.topology if retuner_cfg and
-                                                       retuner_cfg.topology else workload.topology.name)
+        # in process the job receives a push at the event time it is written (no window/lateness lag)
+        cfg = (retuner_cfg or RetunerConfig()).replace(policy={"republish_after_s": 0.0})
+        cfg = cfg.replace(dry_run=False, tuner_config_path=path, audit_path=None,
+                          topology=retuner_cfg.topology if retuner_cfg and retuner_cfg.topology
+                          else workload.topology.name)
         rt = Retuner(cfg, clock=lambda: 0.0)
         tuner = None
         if tuner_mode == "per-rank":
