@@ -24,6 +24,17 @@ def _name(table, code):
     return table[code] if code < len(table) else "UNKNOWN"
 
 
+def assert_row_matches(row: dict, ref: dict) -> None:
+    """One key row of a window against the reference's values (None, exact ints, floats to 1e-7)."""
+    for col, want in ref.items():
+        if want is None:
+            assert row[col] is None, col
+        elif isinstance(want, int):
+            assert row[col] == want, col
+        else:
+            assert row[col] == pytest.approx(want, rel=1e-7), col
+
+
 def reference(ev, job_id):
     """Plain-Python reference of the feature-stream contract for one window."""
     recs = []
@@ -127,14 +138,8 @@ def test_keys_and_ranks_match_reference(dataset):
     for row in wf.keys.iter_rows(named=True):
         assert row["job_id"] == "jobA" and row["nranks"] == NRANKS and row["nnodes"] == 1
         assert row["comm_name"] == ("world" if row["comm_hash"] == 0x1111_2222_3333_4444 else "")
-        ref = ref_keys[(row["comm_hash"], row["func"], row["algo"], row["proto"], row["size_bucket"])]
-        for col, want in ref.items():
-            if want is None:
-                assert row[col] is None, col
-            elif isinstance(want, int):
-                assert row[col] == want, col
-            else:
-                assert row[col] == pytest.approx(want, rel=1e-7), col
+        assert_row_matches(row, ref_keys[(row["comm_hash"], row["func"], row["algo"], row["proto"],
+                                          row["size_bucket"])])
     assert wf.ranks.height == len(ref_ranks)
     for row in wf.ranks.iter_rows(named=True):
         assert row["host"] == "host0" and row["job_id"] == "jobA"

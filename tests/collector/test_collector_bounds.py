@@ -17,7 +17,7 @@ from collector.processors.window_agg import COLUMNS, WindowAggregator
 from collector.testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config, wait_until  # noqa: F401 (fixture)
-from test_collector_aggregate import reference  # plain-Python reference of one window
+from test_collector_aggregate import assert_row_matches, reference  # plain-Python reference of one window
 
 NAMES = {0x1111_2222_3333_4444: "world"}
 ROW_BYTES = sum(np.dtype(dt).itemsize for _, dt in COLUMNS)
@@ -72,14 +72,8 @@ def test_flooded_window_drops_exact_excess_and_aggregates_the_kept_records(caplo
     ref_keys, ref_ranks = reference(ev[:cap], "jobA")
     assert wf.keys.height == len(ref_keys)
     for row in wf.keys.iter_rows(named=True):
-        ref = ref_keys[(row["comm_hash"], row["func"], row["algo"], row["proto"], row["size_bucket"])]
-        for col, want in ref.items():
-            if want is None:
-                assert row[col] is None, col
-            elif isinstance(want, int):
-                assert row[col] == want, col
-            else:
-                assert row[col] == pytest.approx(want, rel=1e-7), col
+        assert_row_matches(row, ref_keys[(row["comm_hash"], row["func"], row["algo"], row["proto"],
+                                          row["size_bucket"])])
     assert wf.ranks.height == len(ref_ranks)
     for row in wf.ranks.iter_rows(named=True):
         for col, want in ref_ranks[(row["comm_hash"], row["rank"])].items():
