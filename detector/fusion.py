@@ -251,9 +251,6 @@ class Fusion:
         lr = (level - med) * direction
         if not np.nanmax(np.abs(lr), initial=0.0) >= math.log(cfg.min_ratio):
             self.counters["small_shifts"] += 1
-            # not a change: keep monitoring against the old baseline (the bank reset the stream when it
-            # fired; re-learning would blind it for a whole warm-up)
-            tab.restore_baseline(idx, med, scale)
             return None, None
         # a latency change explained by a change in message sizes is a workload change
         with np.errstate(invalid="ignore", divide="ignore"):
