@@ -813,11 +813,10 @@ class Retuner:
                                         (cur[k].algo, cur[k].proto, str(cur[k].n_channels)))
         self.metrics.inc("pushes")
         self.metrics.set_version(v)
-        if republish:
-            self.audit.write("push", t=self.now, version=v, rules=len(rules), republish=self._republished,
-                             reason="the previous version was not applied at the last step boundary")
-        else:
-            self.audit.write("push", t=self.now, version=v, rules=len(rules))
+        self.audit.write("push", t=self.now, version=v, rules=len(rules),
+                         **({"republish": self._republished,
+                             "reason": "the previous version was not applied at the last step boundary"}
+                            if republish else {}))
         return v
 
     def _decide(self, action: str, tgt: Target | None, /, **details) -> None:
@@ -867,11 +866,7 @@ def _mean_between(history, cand: Candidate | None, t_lo: float, t_hi: float) -> 
 
 def _mean_before(ts: TargetState, cand: Candidate | None, onset: float) -> float | None:
     """Mean of ``cand`` measured before ``onset`` in the regime the target is in (since its onset)."""
-    r = Running()
-    for t0, t1, n, mean, var, c in ts.history:
-        if c == cand and t1 <= onset and t0 >= ts.regime_start:
-            r.add_batch(n, mean, var)
-    return r.mean if r.n >= 2 and r.mean > 0 else None
+    return _mean_between(ts.history, cand, ts.regime_start, onset)
 
 
 def _tname(t: Target) -> str:

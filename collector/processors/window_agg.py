@@ -101,9 +101,7 @@ class _Window:
         lo, hi = self.n, self.n + m
         for name, a in self.cols.items():
             v = cols[name]
-            if idx is None:
-                a[lo:hi] = v
-            elif np.ndim(v) == 0:
+            if idx is None or np.ndim(v) == 0:       # whole batch, or a per-batch scalar (host)
                 a[lo:hi] = v
             else:
                 np.take(v, idx, out=a[lo:hi])
