@@ -23,7 +23,7 @@ from simulator.perf_model import busbw, expected_time
 from simulator.topology import preset
 
 __all__ = ["CalPoint", "POINTS", "FLIP_TARGETS", "FLIP_GRID", "evaluate", "format_table", "flip_sizes", "nccl_flip_sizes",
-           "TOLERANCE"]
+           "flip_agreement", "TOLERANCE"]
 
 TOLERANCE = 0.15
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
@@ -155,14 +155,37 @@ def nccl_flip_sizes(topology: str, sizes: np.ndarray | None = None) -> list[tupl
     return out
 
 
+def _published_winner(topology: str, size: int) -> str:
+    for lo, hi, name in FLIP_TARGETS[topology]:
+        if lo <= size < hi:
+            return name
+    raise ValueError(f"no published band for {size} B on {topology}")
+
+
+def _winner_at(runs: list[tuple[int, str]], size: int) -> str:
+    return [name for s, name in runs if s <= size][-1]
+
+
+def flip_agreement(topology: str, sizes: np.ndarray = FLIP_GRID) -> tuple[float, float]:
+    """Share of ``sizes`` at which (the oracle's, NCCL's own) best (algo, proto) is the published winner."""
+    mod, ncc = flip_sizes(topology, sizes), nccl_flip_sizes(topology, sizes)
+    pub = [_published_winner(topology, int(s)) for s in sizes]
+    return (float(np.mean([_winner_at(mod, int(s)) == w for s, w in zip(sizes, pub)])),
+            float(np.mean([_winner_at(ncc, int(s)) == w for s, w in zip(sizes, pub)])))
+
+
 def format_flips() -> str:
     lines = ["| topology | published winners (AWS regions, §4.5) | modelled winners (oracle, idle) "
-             "| NCCL's own choice (cost model) |", "|---|---|---|---|"]
+             "| NCCL's own choice (cost model) | sizes agreeing: model / NCCL |", "|---|---|---|---|---|"]
     for topo, bands in FLIP_TARGETS.items():
         pub = "; ".join(f"{b[2]} ≥ {_size(b[0])}" if b[0] else f"{b[2]} from 0" for b in bands)
         mod = "; ".join(f"{w} ≥ {_size(s)}" for s, w in flip_sizes(topo, FLIP_GRID))
         ncc = "; ".join(f"{w} ≥ {_size(s)}" for s, w in nccl_flip_sizes(topo))
-        lines.append(f"| {topo} | {pub} | {mod} | {ncc} |")
+        a_mod, a_ncc = flip_agreement(topo)
+        lines.append(f"| {topo} | {pub} | {mod} | {ncc} | {100 * a_mod:.0f} % / {100 * a_ncc:.0f} % |")
+    lines.append("")
+    lines.append(f"Agreement: share of the {FLIP_GRID.size} sizes {_size(int(FLIP_GRID[0]))} - "
+                 f"{_size(int(FLIP_GRID[-1]))} (quarter octaves) whose winner is the published one.")
     return "\n".join(lines)
 
 
