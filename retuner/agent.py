@@ -67,6 +67,70 @@ class TargetState:
     observed_cell: tuple[str, str] | None = None
     observed_channels: int | None = None
     pinned: Candidate | None = None
+    # regime recognition from the measured durations (``_recognize``)
+    regime_key: tuple | None = None          # fingerprint of the regime it is in (Memory.key_for); None = baseline
+    sig: OrderedDict = field(default_factory=OrderedDict)   # regime key -> {cand: _Sig (newest (t0, n, mean))}
+    recog: tuple | None = None               # current streak: (regime key, observations, onset estimate)
+    recog_t: float = -math.inf               # event time of the last recognised switch
+    recog_onset: float = -math.inf           # the onset it estimated
+    recog_check: dict | None = None          # a recognised switch whose first measurement is still to be checked
+
+
+MAX_SIG_REGIMES = 16        # per target: regimes whose signature (per-config measured means) is kept
+MAX_SIG_BATCHES = 32        # per (regime, config): newest observations kept
+
+
+class _RKey(tuple):
+    """A regime fingerprint (Memory.key_for) with its hash computed once: it holds every affected communicator, and
+    it is looked up for every observation. Equal to (and hashes like) the plain tuple."""
+
+    def __new__(cls, t) -> "_RKey":
+        o = super().__new__(cls, t)
+        o._h = tuple.__hash__(o)
+        return o
+
+    def __hash__(self) -> int:
+        return self._h
+
+
+_BASE = _RKey(("baseline",))  # the baseline regime's key in TargetState.sig
+
+
+class _Sig:
+    """One config's newest observations in one regime: (t_start, n, mean), their collective count, and a cached
+    median of the means (recomputed after every 4th new observation: it moves slowly, and this runs per observation)."""
+    __slots__ = ("q", "n", "adds", "med", "med_at")
+
+    def __init__(self, entries=()) -> None:
+        self.q: deque = deque(maxlen=MAX_SIG_BATCHES)
+        self.n = 0
+        self.adds = 0
+        self.med: float | None = None
+        self.med_at = -1
+        for e in entries:
+            self.add(e)
+
+    def add(self, e: tuple[float, int, float]) -> None:
+        if len(self.q) == MAX_SIG_BATCHES:
+            self.n -= self.q[0][1]
+        self.q.append(e)
+        self.n += e[1]
+        self.adds += 1
+
+    def reset(self, entries) -> None:
+        self.q.clear()
+        self.n = 0
+        self.med = None
+        for e in entries:
+            self.add(e)
+
+    def median(self, min_n: int) -> float | None:
+        if self.n < min_n or not self.q:
+            return None
+        if self.med is None or self.adds - self.med_at >= 4:
+            ms = sorted(e[2] for e in self.q)
+            self.med, self.med_at = ms[len(ms) // 2], self.adds
+        return self.med
 
 
 class Retuner:
@@ -100,6 +164,7 @@ class Retuner:
         self._versions_echoed = False        # seen one of our versions in the input (else versions are not ours)
         self._lock = threading.RLock()
         self._xn = 0
+        self._rn = 0                          # regimes recognised from the measurements
         self._started = False
         self._self_induced: OrderedDict[str, None] = OrderedDict()   # ids of changes ignored as self-induced
 
@@ -233,6 +298,172 @@ class Retuner:
                 self.tokens -= excess
                 self.metrics.inc("excess_s", excess)
             x.record(ts.target.key, cand, o.n, o.mean_s, o.var_s2, o.t_end)
+        if ts.pinned is None:
+            if self.policy.recognize and not self.cfg.dry_run:
+                if ts.recog_check is not None and self.now - ts.recog_check["t"] > \
+                        max(self.policy.recognize_cooldown_s, self.policy.apply_grace_s):
+                    ts.recog_check = None                # the switch never showed up in the measurements
+                if ts.recog_check is not None:
+                    self._check_recognized(ts, cand, o)
+                else:
+                    self._recognize(ts, cand, o)
+            self._sig_add(ts, cand, o)
+
+    # ================================================================ regime recognition
+    # Every config's measured durations are kept per regime the target was in (its *signature*: the baseline and
+    # every regime fingerprint). When the config in force suddenly measures what it measured in another known
+    # regime -- and far from what it measures in the current one -- for ``recognize_obs`` observations in a row,
+    # that regime is back (or over): the remembered config is reused (the baseline's restored) at once instead of
+    # after the detector's delay. A later report of the same change is then only adopted (see _on_change).
+    def _sig_slot(self, ts: TargetState, key) -> dict:
+        per = ts.sig.get(key)
+        if per is None:
+            per = ts.sig[key] = {}
+            while len(ts.sig) > MAX_SIG_REGIMES:
+                old = next((k for k in ts.sig if k not in (key, _BASE, ts.regime_key)), None)
+                if old is None:
+                    break
+                del ts.sig[old]
+        return per
+
+    def _sig_add(self, ts: TargetState, cand: Candidate | None, o: Observation) -> None:
+        per = self._sig_slot(ts, ts.regime_key or _BASE)
+        sg = per.get(cand)
+        if sg is None:
+            if len(per) >= 64:
+                return
+            sg = per[cand] = _Sig()
+        sg.add((o.t_start, o.n, o.mean_s))
+
+    def _sig_mean(self, ts: TargetState, key, cand: Candidate | None) -> float | None:
+        """Median of the per-observation means of ``cand`` in regime ``key`` (robust to the one observation that
+        straddles a change); None with fewer than ``min_samples`` collectives."""
+        per = ts.sig.get(key)
+        sg = per.get(cand) if per is not None else None
+        return sg.median(self.policy.min_samples) if sg is not None else None
+
+    def _sig_move(self, ts: TargetState, old, new, t_from: float, t_keep: float) -> None:
+        """A change at ``t_from``: observations of regime ``old`` that started at or after it leave it; those that
+        started at or after ``t_keep`` (surely after the onset) go to ``new``."""
+        src = ts.sig.get(old)
+        if not src or old == new:
+            return
+        dst = None
+        for c, sg in list(src.items()):
+            if not sg.q or sg.q[-1][0] < t_from:
+                continue
+            moved = [e for e in sg.q if e[0] >= t_keep]
+            sg.reset([e for e in sg.q if e[0] < t_from])
+            if moved:
+                if dst is None:
+                    dst = self._sig_slot(ts, new)
+                d = dst.get(c)
+                if d is None:
+                    dst[c] = _Sig(moved)
+                else:
+                    d.reset(sorted(list(d.q) + moved))
+
+    def _recognizable(self, ts: TargetState, key) -> bool:
+        if key == _BASE:
+            return ts.regime_key is not None
+        r = (self.memory.get(key) or {}).get(ts.target.key)
+        return r is not None and r[3] and r[0] not in ts.unapplicable
+
+    def _recognize(self, ts: TargetState, cand: Candidate | None, o: Observation) -> None:
+        pol = self.policy
+        cur = ts.regime_key or _BASE
+        if len(ts.sig) < 2:
+            return
+        m_cur = self._sig_mean(ts, cur, cand)
+        if m_cur is None or o.mean_s <= 0:
+            ts.recog = None
+            return
+        d_cur = abs(math.log(o.mean_s / m_cur))
+        if d_cur < math.log1p(pol.min_change):
+            ts.recog = None
+            return
+        best, d_best, m_best = None, math.inf, math.nan
+        for k in ts.sig:
+            if k == cur:
+                continue
+            mk = self._sig_mean(ts, k, cand)
+            if mk is not None:
+                d = abs(math.log(o.mean_s / mk))
+                if d < d_best:
+                    best, d_best, m_best = k, d, mk
+        if best is None or d_best > math.log1p(pol.recognize_tolerance) or 3.0 * d_best > d_cur or \
+                not self._recognizable(ts, best):
+            ts.recog = None
+            return
+        if ts.recog is not None and ts.recog[0] == best:
+            ts.recog = (best, ts.recog[1] + 1, ts.recog[2])
+        else:
+            ts.recog = (best, 1, o.t_start)
+        if ts.recog[1] < pol.recognize_obs or self.now - ts.recog_t < pol.recognize_cooldown_s:
+            return
+        self._recognized(ts, best, ts.recog[2], {"config": _n(cand), "measured_s": o.mean_s,
+                                                 "current_regime_s": m_cur, "recognized_regime_s": m_best,
+                                                 "observations": ts.recog[1]})
+
+    def _recognized(self, ts: TargetState, key, onset: float, evidence: dict) -> None:
+        x = self.explorations.get(ts.exploration) if ts.exploration else None
+        old_key = ts.regime_key or _BASE
+        self._sig_move(ts, old_key, key, onset, onset)
+        ts.recog = None
+        ts.recog_t, ts.recog_onset = self.now, onset
+        ts.recog_check = {"old": old_key, "new": key, "onset": onset, "active": ts.active, "regime": ts.regime,
+                          "regime_kind": ts.regime_kind, "regime_start": ts.regime_start, "t": self.now}
+        ev = {"recognized": True, "onset_s": onset, **evidence}
+        if x is not None:
+            self._abort(x, reason="recognised a known regime from the measurements", cutoff=onset)
+        if key == _BASE:
+            old, prev = ts.active, ts.regime
+            ts.active = ts.baseline if ts.baseline not in ts.unapplicable else None
+            ts.regime = ts.regime_kind = ts.regime_key = None
+            self.metrics.set_gain(_labels(ts.target), None)
+            ts.last_decision_t = self.now
+            ts.recog_check["config"] = ts.active
+            self._decide("revert", ts.target, regime=None, recovers=prev, was=_n(old), now=_n(ts.active),
+                         note="the baseline recognised from the measurements (before any detector report)", **ev)
+            return
+        r = self.memory.get(key)[ts.target.key]
+        ts.recog_check["config"] = r[0]
+        self._rn += 1
+        rid = f"recognized-{self._rn}"
+        ts.regime, ts.regime_kind, ts.regime_start, ts.regime_key = rid, key[0], onset, key
+        self._start(Exploration(self._xid(), trigger=rid, kind=key[0], members=[ts.target], incumbent=ts.active,
+                                policy=self.policy, fingerprint=key, t_start=self.now, reuse=r[0], reuse_ref_s=r[1]),
+                    "reuse", candidate=_n(r[0]), remembered_mean_s=r[1], regime=rid, kind=key[0], magnitude=key[2],
+                    note="a remembered regime recognised from the measurements (before any detector report)", **ev)
+
+    def _check_recognized(self, ts: TargetState, cand: Candidate | None, o: Observation) -> None:
+        """The first measurement of the config a recognised switch put in force: if it measures what it measures in
+        the regime we thought had ended (and not what it measures in the recognised one), the recognition was
+        wrong (an odd step): undo the switch at once (no cooldown), restoring the regime and config before it."""
+        chk = ts.recog_check
+        if cand != chk.get("config", cand):
+            return                                   # the switch has not reached the job yet
+        ts.recog_check = None
+        m_old, m_new = self._sig_mean(ts, chk["old"], cand), self._sig_mean(ts, chk["new"], cand)
+        if m_old is None or o.mean_s <= 0:
+            return
+        d_old = abs(math.log(o.mean_s / m_old))
+        d_new = abs(math.log(o.mean_s / m_new)) if m_new is not None else math.inf
+        if d_old > math.log1p(self.policy.recognize_tolerance) or d_old >= d_new:
+            return
+        x = self.explorations.get(ts.exploration) if ts.exploration else None
+        if x is not None:
+            self._abort(x, reason="recognition undone")
+        self._sig_move(ts, chk["new"], chk["old"], chk["onset"], chk["onset"])
+        was = ts.active
+        ts.active = chk["active"]
+        ts.regime, ts.regime_kind, ts.regime_start = chk["regime"], chk["regime_kind"], chk["regime_start"]
+        ts.regime_key = None if chk["old"] == _BASE else chk["old"]
+        ts.recog_onset = -math.inf
+        self._decide("unrecognize", ts.target, was=_n(was), now=_n(ts.active), config=_n(cand), measured_s=o.mean_s,
+                     previous_regime_s=m_old, recognized_regime_s=m_new, regime=ts.regime,
+                     reason="the config put in force measures what it measured before the recognised change: "
+                            "the recognition was wrong; switched back")
 
     def _not_applied(self, ts: TargetState, cand: Candidate, o: Observation) -> None:
         ts.not_applied += 1
@@ -290,11 +521,14 @@ class Retuner:
         while len(self.regimes) > 1024:
             self.regimes.popitem(last=False)
         base = {"regime": rc.id, "kind": rc.kind, "magnitude": rc.magnitude}
+        adopted = self._adopt_recognized(rc, base)
+        if adopted is True:
+            return
         if rc.kind == "recovery" and rc.recovers is not None and rc.recovers in self._self_induced:
             self._decide("ignore", None, **base, self_induced=True, recovers=rc.recovers,
                          reason="recovery of a change that was ignored as self-induced")
             return
-        if rc.kind != "straggler":
+        if rc.kind != "straggler" and not adopted:     # adopted: the change is real, we recognised it ourselves
             why = self._self_induced_by_push(rc)
             if why is not None:
                 self._self_induced[rc.id] = None
@@ -307,12 +541,16 @@ class Retuner:
                 return
         if rc.kind == "recovery":
             tss = [ts for ts in self.targets.values() if rc.recovers is not None and ts.regime == rc.recovers]
-            if not tss:
-                tss = [ts for ts in self._targets_for(rc) if ts.regime is not None]
+            g = self.policy.apply_grace_s
+            if not tss:       # (targets that recognised a change of their own since this onset are not its)
+                tss = [ts for ts in self._targets_for(rc) if ts.regime is not None and ts.recog_onset < rc.start_s - g]
             for ts in tss:
                 self._revert(ts, rc)
             if not tss:
-                self._decide("ignore", None, **base, reason="recovery of a regime no target is in")
+                n_rec = sum(1 for ts in self._targets_for(rc) if ts.recog_onset >= rc.start_s - g)
+                self._decide("ignore", None, **base, reason="recovery of a regime no target is in" +
+                             (" (already recognised from the measurements)" if n_rec else ""),
+                             **({"recognized": True, "targets": n_rec} if n_rec else {}))
             return
         if rc.kind == "straggler":
             self._decide("ignore", None, **base, reason="straggler: not a configuration problem (reported only)")
@@ -320,16 +558,20 @@ class Retuner:
         if not (math.isfinite(rc.magnitude) and rc.magnitude > 0) or abs(rc.magnitude - 1.0) < self.policy.min_change:
             self._decide("ignore", None, **base, reason=f"|magnitude - 1| below hysteresis {self.policy.min_change}")
             return
-        tss = self._heavy(self._targets_for(rc))
+        all_tss = self._heavy(self._targets_for(rc))
+        tss = [ts for ts in all_tss if not adopted or ts.target.key not in adopted]
         if not tss:
             self._decide("ignore", None, **base, reason="no affected target carries enough collective time")
             return
+        comms = [ts.target.comm_hex for ts in all_tss]
+        key = _RKey(self.memory.key_for(rc.kind, comms, rc.magnitude))
+        t_keep = max(rc.start_s, rc.detected_s - 1.0)
         for ts in tss:
             x = self.explorations.get(ts.exploration) if ts.exploration else None
             if x is not None:
                 self._abort(x, reason=f"new regime {rc.id}", cutoff=rc.start_s)
-            ts.regime, ts.regime_kind, ts.regime_start = rc.id, rc.kind, rc.start_s
-        comms = [ts.target.comm_hex for ts in tss]
+            self._sig_move(ts, ts.regime_key or _BASE, key, rc.start_s, t_keep)
+            ts.regime, ts.regime_kind, ts.regime_start, ts.regime_key = rc.id, rc.kind, rc.start_s, key
         fp = (rc.kind, tuple(sorted(set(comms))), float(rc.magnitude))
         remembered = self.memory.lookup(rc.kind, comms, rc.magnitude) or {}
         if self.cfg.dry_run:
@@ -369,6 +611,32 @@ class Retuner:
                 self._step(x)
                 if x.id in self.explorations:
                     x.assign(allow_probe=self.tokens > 0)
+
+    def _adopt_recognized(self, rc, base: dict) -> bool | set:
+        """A detector report of a regime the targets already recognised from the measurements (same fingerprint, not
+        yet named by a report): they keep the reused config; the report only names their regime
+        (so its recovery finds them). True = every affected target had; else the keys of those that had."""
+        if not self.policy.recognize or rc.kind in ("recovery", "straggler", "flapping") or \
+                not (math.isfinite(rc.magnitude) and rc.magnitude > 0):
+            return set()
+        tss = self._heavy(self._targets_for(rc))
+        if not tss:
+            return set()
+        key = _RKey(self.memory.key_for(rc.kind, [ts.target.comm_hex for ts in tss], rc.magnitude))
+        done = [ts for ts in tss if ts.regime_key == key and ts.regime is not None and
+                ts.regime.startswith("recognized-")]
+        if not done:
+            return set()
+        for ts in done:
+            x = self.explorations.get(ts.exploration) if ts.exploration else None
+            if x is not None and x.trigger == ts.regime:
+                x.trigger = rc.id
+            ts.regime = rc.id
+        self._decide("ignore", None, **base, recognized=True, targets=len(done), of=len(tss),
+                     recognized_onset_s=min(ts.recog_onset for ts in done),
+                     reason="already recognised from the measurements (the remembered config is in force); "
+                            "adopted as this regime")
+        return True if len(done) == len(tss) else {ts.target.key for ts in done}
 
     def _seed_incumbent(self, x: Exploration, rc) -> int:
         """The incumbent already ran between the onset and the detection: those samples (from intervals that
@@ -446,7 +714,8 @@ class Retuner:
             self._abort(x, reason=f"recovery {rc.id}", cutoff=rc.start_s)
         old = ts.active
         ts.active = ts.baseline
-        ts.regime = ts.regime_kind = None
+        self._sig_move(ts, ts.regime_key or _BASE, _BASE, rc.start_s, max(rc.start_s, rc.detected_s - 1.0))
+        ts.regime = ts.regime_kind = ts.regime_key = None
         self.metrics.set_gain(_labels(ts.target), None)
         if old != ts.active:
             ts.last_decision_t = self.now

@@ -92,6 +92,11 @@ class PolicyConfig:
     republish_after_s: float = 3.0      # only steps starting this long (event time) after a push count as missed: the
                                         # pipeline's lag (a live job's input is window + lateness ~3 s behind the job
                                         # its pushes reach; the in-process evaluation has no lag and uses 0)
+    recognize: bool = True              # recognise a regime seen before (or the baseline) from the measured durations
+                                        # of the config in force, without waiting for the detector
+    recognize_tolerance: float = 0.05   # ... when its measured mean is within this of what it measured in that regime
+    recognize_obs: int = 1              # ... in this many consecutive observations (and far from the current regime's)
+    recognize_cooldown_s: float = 2.0   # at most one recognised switch per target in this long (event time)
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
         for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
@@ -107,14 +112,17 @@ class PolicyConfig:
         _num(self, "regime_prune_ratio", 1.0, where=where)
         _num(self, "recurrence_tolerance", 1.0, lo_open=True, where=where)
         _num(self, "history_s", 0.0, lo_open=True, where=where)
+        _num(self, "recognize_tolerance", 0.0, 0.5, lo_open=True, where=where)
+        _num(self, "recognize_cooldown_s", 0.0, where=where)
         for n, lo in (("max_cells", 1), ("start_cells", 1), ("channel_rounds", 0), ("min_samples", 2), ("max_samples", 2),
                       ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1),
-                      ("probe_parallel", 1), ("max_republish", 0)):
+                      ("probe_parallel", 1), ("max_republish", 0), ("recognize_obs", 1)):
             _int(self, n, lo, where=where)
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
-        if not isinstance(self.tune_at_start, bool):
-            raise ValueError(f"{where}tune_at_start must be true or false")
+        for n in ("tune_at_start", "recognize"):
+            if not isinstance(getattr(self, n), bool):
+                raise ValueError(f"{where}{n} must be true or false")
         return self
 
 

@@ -66,5 +66,16 @@ class Memory:
         self._entries.move_to_end(k)
         return dict(self._entries[k])
 
+    def key_for(self, kind: str, comms: Iterable[str], magnitude: float) -> tuple[str, tuple[str, ...], float]:
+        """The fingerprint a regime is remembered under: the nearest stored one, else its own (what ``store``
+        would create)."""
+        c = self._comms(comms)
+        return self._nearest(kind, c, magnitude) or (kind, c, float(magnitude))
+
+    def get(self, key) -> Remembered | None:
+        """What is remembered under exactly ``key`` (from :meth:`key_for`), without a magnitude match."""
+        e = self._entries.get(key)
+        return None if e is None else dict(e)
+
     def __len__(self) -> int:
         return len(self._entries)

@@ -9,7 +9,10 @@ within 5 % of the regime's oracle (expected times, noise-free) until the regime 
 
 ``reactive`` (a reference, not a score) is the oracle's configuration of each regime switched in at the moment
 the detection arrives, nothing paid to find it: :attr:`ScenarioResult.reactive_bound` is the share of the
-oracle's gain it captures, i.e. what the detection delay alone leaves for any retuner driven by detections.
+oracle's gain it captures, i.e. what the detection delay alone leaves for any retuner driven by detections alone.
+It is not a bound for ours: the retuner also recognises a regime it has seen before (and the baseline) from its own
+measurements, before the detector reports it (``PolicyConfig.recognize``), so on recurring and bursty regimes and
+on recoveries it can capture more than ``reactive``.
 """
 from __future__ import annotations
 
@@ -80,8 +83,9 @@ class ScenarioResult:
     @property
     def reactive_bound(self) -> float | None:
         """The share of the oracle's gain the ``reactive`` reference captures (the oracle's config of each regime
-        from its detection on, nothing paid to find it): what no retuner driven by these detections can beat
-        (up to noise). A reference, not a score."""
+        from its detection on, nothing paid to find it): what no retuner driven by these detections alone can beat
+        (up to noise). A reference, not a score; a retuner that recognises known regimes from its measurements
+        before the detection can exceed it."""
         if "reactive" not in self.runs:
             return None
         d, o, u = self.coll("default"), self.coll("oracle"), self.coll("reactive")
@@ -193,6 +197,8 @@ def summarize(results: list[ScenarioResult]) -> dict:
     caps = [r.captured for r in reg if r.captured is not None]
     bounds = [r.reactive_bound for r in reg if r.captured is not None and r.reactive_bound is not None]
     self_ign = [sum(1 for a in r.runs["ours"].audit if a.get("self_induced")) for r in results]
+    recog = [a for r in results for a in r.runs["ours"].audit      # switches made before any detector report
+             if a.get("recognized") is True and a.get("action") in ("revert", "reuse")]
     matters = [r for r in reg if r.tune_once_gap >= GAIN_FLOOR]
     first = [c.collectives for r in results for c in r.convergence if c.kind != "recovery" and not c.recurrence]
     rec = [c.collectives for r in results for c in r.convergence if c.kind != "recovery" and c.recurrence]
@@ -203,6 +209,9 @@ def summarize(results: list[ScenarioResult]) -> dict:
         "oracle_gain_captured_mean": float(np.mean(caps)) if caps else math.nan,
         "reactive_bound_min": min(bounds) if bounds else math.nan,
         "self_induced_ignored": sum(self_ign),
+        "recognized": len(recog), "recognized_reverts": sum(a["action"] == "revert" for a in recog),
+        "recognized_reuses": sum(a["action"] == "reuse" for a in recog),
+        "unrecognized": sum(1 for r in results for a in r.runs["ours"].audit if a.get("action") == "unrecognize"),
         "worst_stationary_slowdown": max(stat) if stat else math.nan,
         "beats_tune_once": sum(r.beats_tune_once for r in matters), "regime_scenarios": len(matters),
         "beats_tune_once_all": sum(r.beats_tune_once for r in reg), "regime_scenarios_all": len(reg),

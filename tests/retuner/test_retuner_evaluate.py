@@ -42,6 +42,13 @@ def test_one_regime_scenario_end_to_end_python_reference():
     assert first and again and max(c.collectives for c in again) < min(c.collectives for c in first)
     acts = [a["action"] for a in r.runs["ours"].audit]
     assert "explore" in acts and "reuse" in acts and "revert" in acts
+    # the recurrence is recognised from the measurements (the remembered config at once, before the detector's
+    # report, which is then only adopted); none of the ground-truth changes is misfiled as self-induced
+    audit = r.runs["ours"].audit
+    assert any(a.get("recognized") is True and a["action"] == "reuse" for a in audit)
+    assert any(a.get("recognized") is True and a["action"] == "ignore" for a in audit)
+    assert max(c.collectives for c in again) <= 50
+    assert not any(a.get("self_induced") for a in audit)
     line = summary_line(summarize([r]), "na")
     assert re.fullmatch(r"oracle_gain_captured=\S+ worst_stationary_slowdown=\S+ beats_tune_once=1/1 "
                         r"mismatches=na collectives_to_5pct_median=\d+", line), line
@@ -71,3 +78,12 @@ def test_cli_evaluate_quick_last_line():
                      r"beats_tune_once=(\d+)/(\d+) mismatches=(\d+) collectives_to_5pct_median=(\d+)", last)
     assert m, last
     assert int(m.group(5)) == 0 and int(m.group(3)) == int(m.group(4)) == 3
+
+
+def test_cli_evaluate_policy_override_is_validated_before_running():
+    for arg, msg in (("bogus=1", "unknown PolicyConfig field(s) ['bogus']"),
+                     ("recognize_tolerance=2", "recognize_tolerance must be in (0, 0.5]"),
+                     ("recognize", "expected KEY=VALUE")):
+        out = subprocess.run([sys.executable, "-m", "dynamiccl", "retuner", "evaluate", "--policy", arg], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and msg in out.stderr, (arg, out.stderr)

@@ -341,3 +341,71 @@ def test_a_clearly_promising_first_candidate_starts_on_half_the_cohort():
     assert list(x.assign(allow_probe=True).values()).count(a) == 1
     x, a = _lead_exploration(1000.0, lead_share=0.0)    # disabled
     assert list(x.assign(allow_probe=True).values()).count(a) == 1
+
+
+def _regime_cycle(rt: Retuner, job: FakeJob) -> None:
+    """Start-up tuning, then the "slow" regime (reported by the detector), explored and committed."""
+    run(rt, job, 40)
+    onset = job.t
+    run(rt, job, 40, {0: "slow", 4: rc("rc-1", "latency", onset + 1.0)})
+    assert "commit" in actions(rt) and running(job, 3) == [("TREE", "LL128")] * 3
+
+
+def _recognised(rt: Retuner) -> list[dict]:
+    return [a for a in rt.audit.recent if a.get("recognized") is True and a["action"] in ("revert", "reuse")]
+
+
+def test_the_baseline_and_a_known_regime_are_recognised_from_the_measurements_before_any_report(tmp_path):
+    """TREE/LL128 measured 1.15 ms at start-up and 1.54 ms in "slow": when it measures 1.15 ms again the baseline
+    is back (revert at once); when NCCL's choice then measures its "slow" time again, the regime is back (its
+    remembered config at once). The detector's later reports of the same changes are adopted, not acted on."""
+    rt = make(tmp_path, policy=PolicyConfig(tune_at_start=True))
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    _regime_cycle(rt, job)
+    n_probe, n_explore = actions(rt).count("probe"), actions(rt).count("explore")
+    run(rt, job, 4, {0: "base"})                          # no report: recognised from two observations
+    (rev,) = _recognised(rt)
+    assert rev["action"] == "revert" and rev["recovers"] == "rc-1" and rev["now"] == "NCCL-default"
+    assert rev["config"] == "TREE/LL128/0" and rev["recognized_regime_s"] == pytest.approx(1.15e-3, rel=0.03)
+    assert running(job, 1) == [DEFAULT_CELL]
+    t_base = job.t
+    run(rt, job, 16)
+    rt.on_change(rc("rc-2", "recovery", t_base, magnitude=0.5, recovers="rc-1"))   # the detector, later
+    assert rt.audit.recent[-1]["action"] == "ignore" and rt.audit.recent[-1]["recognized"] is True
+    onset = job.t
+    run(rt, job, 4, {0: "slow"})
+    reuse = _recognised(rt)[-1]
+    assert reuse["action"] == "reuse" and reuse["candidate"] == "TREE/LL128/0" and reuse["config"] == "NCCL-default"
+    assert reuse["onset_s"] == pytest.approx(onset + job.step_s)      # the first step wholly in the regime
+    assert running(job, 1) == [("TREE", "LL128")]
+    run(rt, job, 4, {2: rc("rc-3", "latency", onset + 1.0)})
+    adopt = [a for a in rt.audit.recent if a.get("regime") == "rc-3"]
+    assert [a["action"] for a in adopt] == ["ignore"] and adopt[0]["recognized"] is True
+    assert not any(a.get("self_induced") for a in rt.audit.recent)
+    assert rt.targets[target().key].regime == "rc-3"                  # so the detector's recovery finds it
+    assert (actions(rt).count("probe"), actions(rt).count("explore")) == (n_probe, n_explore)
+    assert running(job, 4) == [("TREE", "LL128")] * 4
+
+
+def test_a_wrong_recognition_is_undone_at_once_and_an_unknown_regime_or_recognize_off_is_not_acted_on(tmp_path):
+    rt = make(tmp_path, policy=PolicyConfig(tune_at_start=True))
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    _regime_cycle(rt, job)
+    n = len(job.ran)
+    run(rt, job, 6, {0: "base", 1: "slow"})               # one odd step that looks like the baseline
+    (rev,) = _recognised(rt)
+    assert rev["action"] == "revert"
+    undo = rt.audit.recent[-2] if rt.audit.recent[-1]["action"] == "push" else rt.audit.recent[-1]
+    assert undo["action"] == "unrecognize" and undo["now"] == "TREE/LL128/0" and undo["regime"] == "rc-1"
+    # NCCL's choice measured its "slow" time (2 ms), not its baseline time: one step on it, then TREE/LL128 again
+    assert [(r[2], r[3]) for r in job.ran[n:]] == [("TREE", "LL128"), ("TREE", "LL128"), DEFAULT_CELL] + \
+        [("TREE", "LL128")] * 3
+    assert rt.targets[target().key].regime == "rc-1"     # the detector's recovery still finds it
+    run(rt, job, 10, {0: "slow2"})                        # a regime never seen: left to the detector
+    assert len(_recognised(rt)) == 1 and running(job, 1) == [("TREE", "LL128")]
+    (tmp_path / "off").mkdir()
+    off = make(tmp_path / "off", policy=PolicyConfig(tune_at_start=True, recognize=False))
+    job2 = FakeJob(str(tmp_path / "off" / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    _regime_cycle(off, job2)
+    run(off, job2, 10, {0: "base"})
+    assert _recognised(off) == [] and running(job2, 1) == [("TREE", "LL128")]
