@@ -1,8 +1,10 @@
 """End to end: a sender process writes frames to the collector's Unix socket at a fixed rate.
 
-Counts sent vs received vs decoded vs dropped; the run passes only if nothing was lost.
-The collector runs in this process (Pipeline with the stream receiver, aggregation, the
-Prometheus state, the feature stream and — unless --no-parquet — the parquet history).
+Counts sent vs received vs decoded vs dropped; the run passes only if nothing was lost, the
+parquet history included (every record written, ``parquet_dropped=0``). The collector runs in
+this process (Pipeline with the stream receiver, aggregation, the Prometheus state, the feature
+stream and — unless --no-parquet — the parquet history, whose writer is a child process). CPU
+per million records is printed for the sender, the collector process and the writer process.
 Baseline, in the same process: the sender's raw socket throughput into a reader that discards.
 Last line: machine-readable key=value.
 """
@@ -63,7 +65,20 @@ def sender(path: str, rate: float, duration: float, ranks: int, frame: int, seed
     elapsed = time.monotonic() - t0
     for s in socks:
         s.close()
-    q.put({"sent": sent, "elapsed": elapsed, "sender_lag_max_s": lag_max, "connections": ranks})
+    q.put({"sent": sent, "elapsed": elapsed, "sender_lag_max_s": lag_max, "connections": ranks,
+           "cpu_s": time.process_time()})
+
+
+def _proc_cpu(pid: int | None) -> float:
+    """CPU seconds used so far by a live process (utime + stime from /proc); 0 if none."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def baseline(rate: float, duration: float, ranks: int, frame: int, seed: int) -> float:
@@ -114,6 +129,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-parquet", action="store_true")
     ap.add_argument("--compression", default=None, help="parquet compression (default: the collector's)")
+    ap.add_argument("--writer", default=None, choices=("process", "thread"),
+                    help="parquet writer (default: the collector's, a child process)")
     args = ap.parse_args()
     from collector.config import default_config
     from collector.pipeline import Pipeline
@@ -125,8 +142,11 @@ def main() -> int:
         receiver={"listen": (f"unix:{path}",)}, prometheus={"address": None},
         features={"address": None},
         parquet={"directory": None if args.no_parquet else os.path.join(d, "pq"),
-                 **({"compression": args.compression} if args.compression else {})})
+                 **({"compression": args.compression} if args.compression else {}),
+                 **({"writer": args.writer} if args.writer else {})})
     pipe = Pipeline(cfg).start()
+    writer_pid = pipe.parquet.writer_pid if pipe.parquet is not None else None
+    cpu0 = time.process_time()
     sub = pipe.subscribe(max_queue=10_000)
     q = mp.Queue()
     p = mp.Process(target=sender, args=(path, args.rate, args.duration, args.ranks, args.frame, args.seed, q))
@@ -137,9 +157,14 @@ def main() -> int:
     deadline = time.monotonic() + 60
     while pipe.metrics.received < res["sent"] + args.ranks and time.monotonic() < deadline:
         time.sleep(0.05)
+    pipe.flush(30)
+    writer_cpu = _proc_cpu(writer_pid)  # before shutdown reaps it (shutdown adds only the file footers)
     pipe.shutdown()
     wall = time.monotonic() - t0
+    collector_cpu = time.process_time() - cpu0
     m = pipe.metrics.snapshot()
+    parquet_rows = pipe.metrics.parquet_rows
+    parquet_dropped = m["records_dropped_total"]["parquet_queue_full"] + m["records_dropped_total"]["parquet_write_failed"]
     windows = 0
     while sub.get(0) is not None:
         windows += 1
@@ -154,10 +179,17 @@ def main() -> int:
     print(f"windows={m['windows_emitted_total']} delivered_to_subscriber={windows} "
           f"parquet={'off' if args.no_parquet else 'on'} wall={wall:.1f}s")
     print(f"baseline raw socket sender throughput: {base:.0f} rec/s; target rate / baseline = {args.rate / base:.3f}")
-    ok = received == res["sent"] and dropped == 0 and lost == 0
+    per_m = res["sent"] / 1e6
+    print(f"CPU-s per M records: sender {res['cpu_s'] / per_m:.3f}, collector process {collector_cpu / per_m:.3f}, "
+          f"parquet writer process {writer_cpu / per_m:.3f} (writer pid {writer_pid}); "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    history_ok = args.no_parquet or (parquet_rows == res["sent"] and parquet_dropped == 0)
+    ok = received == res["sent"] and dropped == 0 and lost == 0 and history_ok
     print(f"sent={res['sent']} received={received} dropped={dropped} lost={lost} "
           f"rate_rps={res['sent'] / res['elapsed']:.0f} baseline_rps={base:.0f} "
-          f"duration_s={res['elapsed']:.1f} parquet={int(not args.no_parquet)} pass={int(ok)}")
+          f"duration_s={res['elapsed']:.1f} parquet={int(not args.no_parquet)} "
+          f"parquet_rows={parquet_rows} parquet_dropped={parquet_dropped} "
+          f"sender_lag_max_s={res['sender_lag_max_s']:.2f} load1={os.getloadavg()[0]:.2f} pass={int(ok)}")
     return 0 if ok else 1
 
 

@@ -20,9 +20,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def rss_mb(pid: int | str = "self") -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:  # the writer process has exited
+        return 0.0
 
 
 def main() -> int:
@@ -53,12 +56,16 @@ def main() -> int:
     for r, dec in enumerate(decs):
         dec.feed(encode_frame(process_record(f"node{r // 8}", "mem", 7000 + r)))
     samples: list[tuple[float, float]] = []
+    writer_samples: list[float] = []
+    writer_pid = pipe.parquet.writer_pid
     stop = threading.Event()
 
     def sampler():
         t0 = time.monotonic()
         while not stop.wait(0.2):
             samples.append((time.monotonic() - t0, rss_mb()))
+            if writer_pid is not None:
+                writer_samples.append(rss_mb(writer_pid))
 
     def drain():
         while not stop.is_set():
@@ -94,10 +101,18 @@ def main() -> int:
           f"dropped={m['records_dropped_total']}")
     print(f"RSS MB: after imports {rss_import:.0f}, baseline (template) {rss_base:.0f}, "
           f"peak {peak:.0f}, steady (median of 2nd half) {steady:.0f}; peak/baseline {peak / rss_base:.2f}")
+    wr = np.array(writer_samples) if writer_samples else np.zeros(1)
+    w_peak, w_steady = float(wr.max()), float(np.median(wr[len(wr) // 2:]))
+    print(f"parquet writer process (pid {writer_pid}) RSS MB: peak {w_peak:.0f}, steady {w_steady:.0f} "
+          f"(includes the shared slabs, also counted in the collector's RSS: "
+          f"{pipe.parquet.n_slabs} x {pipe.parquet.slab_rows} rows x 128 B = "
+          f"{pipe.parquet.n_slabs * pipe.parquet.slab_rows * 128 / 2**20:.0f} MB at most)")
     first_q = float(np.median(rss[: max(1, len(rss) // 4)]))
     print(f"records={n} seconds_simulated={seconds} elapsed_s={elapsed:.1f} rps={n / elapsed:.0f} "
           f"rss_baseline_mb={rss_base:.0f} rss_peak_mb={peak:.0f} rss_steady_mb={steady:.0f} "
-          f"rss_first_quarter_mb={first_q:.0f} growth_mb={steady - first_q:.0f} lost={lost}")
+          f"rss_first_quarter_mb={first_q:.0f} growth_mb={steady - first_q:.0f} "
+          f"writer_rss_peak_mb={w_peak:.0f} writer_rss_steady_mb={w_steady:.0f} "
+          f"parquet_rows={pipe.metrics.parquet_rows} lost={lost}")
     return 0 if lost == 0 else 1
 
 

@@ -115,16 +115,27 @@ class WindowConfig:
 class ParquetConfig:
     """Rolling parquet history of raw records. ``directory=None`` disables it."""
     directory: str | None = DEFAULT_PARQUET_DIR
-    flush_rows: int = 1_000_000       # a partition's buffer is written once it holds this many rows
-    flush_interval_s: float = 60.0    # ... or once its oldest row is this old (wall time)
-    max_buffered_rows: int = 2_000_000  # all partitions; above it the largest is written early
-    queue_max_records: int = 2_000_000  # records waiting for the writer; overflow dropped
-    compression: str = "lz4"        # zstd: smaller files, but cannot keep up with 500 k records/s on 2 cores
+    flush_rows: int = 1_000_000       # a part file is finished once it holds this many rows
+    flush_interval_s: float = 60.0    # ... or once its first row is this old (wall time)
+    # Shared memory between the queue thread and the writer: slabs of row_group_rows raw records
+    # (128 B each; a full slab becomes one row group), max_buffered_rows in all (at most 64 slabs).
+    max_buffered_rows: int = 1_048_576
+    row_group_rows: int = 131_072
+    queue_max_records: int = 2_000_000  # records waiting in front of the slabs; overflow dropped
+    compression: str = "lz4"
+    writer: str = "process"           # "process": a child process encodes and writes; "thread": in process
+    writer_timeout_s: float = 30.0    # a writer that returns no slab for this long is killed and restarted
 
     def validate(self) -> None:
-        _positive(self, "flush_rows", "flush_interval_s", "max_buffered_rows", "queue_max_records")
+        _positive(self, "flush_rows", "flush_interval_s", "max_buffered_rows", "row_group_rows",
+                  "queue_max_records", "writer_timeout_s")
+        for name in ("flush_rows", "max_buffered_rows", "row_group_rows", "queue_max_records"):
+            if not isinstance(getattr(self, name), numbers.Integral):
+                raise ValueError(f"parquet.{name} must be an integer, got {getattr(self, name)!r}")
         if self.compression not in ("zstd", "snappy", "lz4", "gzip", "none"):
             raise ValueError(f"compression must be zstd, snappy, lz4, gzip or none, got {self.compression!r}")
+        if self.writer not in ("process", "thread"):
+            raise ValueError(f"parquet.writer must be process or thread, got {self.writer!r}")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ DURATION_BUCKETS_S = tuple(1e-5 * 2 ** k for k in range(21))
 
 #: why records were dropped after they were received (pre-initialised at 0)
 DROP_REASONS = ("late", "too_early", "queue_full", "parquet_queue_full", "invalid", "flood",
-                "aggregation_error", "window_full")
+                "aggregation_error", "window_full", "parquet_write_failed")
 #: why a frame / connection was rejected (pre-initialised at 0)
 MALFORMED_REASONS = ("bad_magic", "bad_version", "bad_record_size", "too_many_records",
                      "truncated", "no_process", "flood", "internal_error")
@@ -78,6 +78,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Rows written to parquet part files."),
     MetricSpec("dynamiccl_collector_parquet_write_errors_total", "counter",
                "Parquet part files that failed to write (rows lost)."),
+    MetricSpec("dynamiccl_collector_parquet_writer_deaths_total", "counter",
+               "Times the parquet writer process died or hung and was replaced."),
     MetricSpec("dynamiccl_collector_feature_subscribers", "gauge",
                "Feature-stream subscribers connected (in process and over sockets)."),
     MetricSpec("dynamiccl_collector_feature_windows_dropped_total", "counter",
@@ -159,6 +161,7 @@ class SelfMetrics:
         self.parquet_files = 0
         self.parquet_rows = 0
         self.parquet_errors = 0
+        self.parquet_writer_deaths = 0
         self.feature_subscribers = 0
         self.feature_windows_dropped = 0
         self.series_dropped = 0

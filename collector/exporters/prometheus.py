@@ -120,6 +120,7 @@ class MetricsCollector:
                 "dynamiccl_collector_parquet_files_written_total": m.parquet_files,
                 "dynamiccl_collector_parquet_rows_written_total": m.parquet_rows,
                 "dynamiccl_collector_parquet_write_errors_total": m.parquet_errors,
+                "dynamiccl_collector_parquet_writer_deaths_total": m.parquet_writer_deaths,
                 "dynamiccl_collector_feature_subscribers": m.feature_subscribers,
                 "dynamiccl_collector_feature_windows_dropped_total": m.feature_windows_dropped,
                 "dynamiccl_collector_last_window_end_timestamp_seconds": m.last_window_end_s,

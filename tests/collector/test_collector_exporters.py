@@ -38,12 +38,14 @@ def test_parquet_parts_are_atomic_partitioned_and_bounded(tmp_path):
     assert m.parquet_files == 0  # 600 rows: below flush_rows, not old enough
     now[0] = 6.0
     exp.tick()
+    assert exp.sync(30)  # the writer (a child process) has finished what it was given
     files = sorted(glob.glob(str(tmp_path / "**" / "*.parquet"), recursive=True))
     assert len(files) == 2 and m.parquet_rows == 600
     assert all(re.search(r"job_id=job_.._1/date=2023-11-1\d/hour=\d\d/part-\d+-\d+-\d+\.parquet$", f) for f in files)
     assert not glob.glob(str(tmp_path / "**" / "*.tmp.*"), recursive=True)
     # flush by size and by the memory bound
     exp.consume(RecordBatch(synthetic_events(600, nranks=2, start_ns=t0 + 10**9), "h1", "j2", {}))
+    assert exp.sync(30)
     assert m.parquet_files == 3  # 1200 rows >= flush_rows
     exp.shutdown()
     table = pl.read_parquet(files[0])

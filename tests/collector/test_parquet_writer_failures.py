@@ -1,0 +1,197 @@
+"""The parquet writer process dying, hanging, or outliving its collector."""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from collector.component import RecordBatch
+from collector.config import ParquetConfig
+from collector.exporters import parquet as parquet_mod
+from collector.exporters.parquet import ParquetExporter
+from collector.metrics import SelfMetrics
+from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+
+from collector_helpers import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+HOUR = 3600 * 10**9
+T0 = 1_700_000_000 * 10**9 // HOUR * HOUR
+
+
+def _rows(d) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows
+               for f in glob.glob(os.path.join(str(d), "**", "*.parquet"), recursive=True))
+
+
+def _tmp_files(d) -> list[str]:
+    return glob.glob(os.path.join(str(d), "**", "*.tmp.*"), recursive=True)
+
+
+def _batch(i: int, n: int = 100) -> RecordBatch:
+    return RecordBatch(synthetic_events(n, nranks=2, seed=i, start_ns=T0 + 10**9 + i * 10**7), "h", "j", {})
+
+
+def _gone(pid: int) -> bool:
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def _kill_writer(exp: ParquetExporter) -> int:
+    """SIGKILL the writer process and wait until it can be reaped. A killed multi-threaded process
+    shows state Z while its other threads still exit, and until then ``waitpid`` does not report
+    it (nor is its socket closed), so /proc is not a reliable sign of its death."""
+    channel = exp._channel
+    os.kill(channel.pid, signal.SIGKILL)
+    assert wait_until(lambda: channel.proc.poll() is not None, 10)
+    return channel.pid
+
+
+def _exporter(d, **kw) -> ParquetExporter:
+    cfg = ParquetConfig(directory=str(d), **{"row_group_rows": 1000, "max_buffered_rows": 2000,
+                                             "flush_rows": 10**6, "flush_interval_s": 3600, **kw})
+    exp = ParquetExporter(cfg, metrics=SelfMetrics())
+    exp.start()
+    return exp
+
+
+def test_writer_killed_is_counted_logged_once_and_replaced(tmp_path, caplog):
+    exp = _exporter(tmp_path)
+    m = exp.metrics
+    for i in range(15):  # 3000 rows: 3 slabs handed to the writer, none in a finished file yet
+        exp.consume(_batch(i))
+    assert exp.sync(30)
+    first = exp.writer_pid
+    with caplog.at_level(logging.ERROR, logger="collector.exporters.parquet"):
+        assert _kill_writer(exp) == first
+        for i in range(15, 20):  # the collector keeps consuming; the death is found on the next send
+            exp.consume(_batch(i))
+        exp.tick()
+        second = exp.writer_pid
+        assert second not in (None, first) and exp.writer_kind == "process", (first, second, m.dropped, exp._free)
+        assert _kill_writer(exp) == second  # a second death: counted, not logged again
+        exp.tick()
+        for i in range(20, 25):
+            exp.consume(_batch(i))
+        exp.shutdown()
+    assert m.parquet_writer_deaths == 2
+    # lost: the 3000 rows in the first writer's open file, the 1000 in the second's; the slab
+    # being sent when the first death was found went to the replacement
+    assert m.dropped["parquet_write_failed"] == 4000 and m.parquet_rows == 1000 == _rows(tmp_path)
+    assert m.parquet_errors == 2  # one unfinished part file per death
+    assert len([r for r in caplog.records if "writer died" in r.getMessage()]) == 1
+    assert not _tmp_files(tmp_path)
+
+
+def test_files_a_writer_finished_before_dying_are_not_counted_lost(tmp_path):
+    now = [0.0]
+    exp = ParquetExporter(ParquetConfig(directory=str(tmp_path), row_group_rows=1000, max_buffered_rows=2000,
+                                        flush_interval_s=5), metrics=SelfMetrics(), clock=lambda: now[0])
+    exp.start()
+    exp.consume(_batch(0))
+    now[0] = 6.0
+    exp.tick()  # sends the slab and the close; the confirmation is not read yet
+    assert wait_until(lambda: _rows(tmp_path) == 200, 30)
+    pid = exp.writer_pid
+    assert _kill_writer(exp) == pid
+    exp.tick()  # finds the death, reads the confirmation it left behind
+    m = exp.metrics
+    assert m.parquet_writer_deaths == 1 and m.parquet_files == 1 and m.parquet_rows == 200
+    assert m.dropped["parquet_write_failed"] == 0 and m.parquet_errors == 0
+    exp.shutdown()
+
+
+def test_hung_writer_is_killed_after_the_timeout(tmp_path):
+    exp = _exporter(tmp_path, writer_timeout_s=2.0)
+    pid = exp.writer_pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        for i in range(25):  # 5000 rows: needs a slab back after the first 2000
+            exp.consume(_batch(i))
+        waited = time.monotonic() - t0
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGCONT)
+    m = exp.metrics
+    # killed after 2 s; on a loaded machine its replacement may also be slow to start and killed
+    assert m.parquet_writer_deaths >= 1 and exp.writer_pid != pid and waited >= 2.0
+    exp.shutdown()
+    assert m.dropped["parquet_write_failed"] >= 2000
+    assert m.parquet_rows + m.dropped["parquet_write_failed"] == 5000 and m.parquet_rows == _rows(tmp_path)
+
+
+def test_three_quick_deaths_fall_back_to_a_writer_thread(tmp_path):
+    exp = _exporter(tmp_path)
+    for k in range(parquet_mod.DEATHS_BEFORE_THREAD):
+        pid = exp.writer_pid
+        assert exp.writer_kind == "process"
+        assert _kill_writer(exp) == pid
+        exp.tick()
+    assert exp.writer_kind == "thread" and exp.metrics.parquet_writer_deaths == 3
+    for i in range(12):
+        exp.consume(_batch(i))
+    exp.shutdown()
+    assert exp.metrics.parquet_rows == 2400 == _rows(tmp_path)
+
+
+_CRASHING_COLLECTOR = textwrap.dedent("""
+    import os, sys
+    from collector.component import RecordBatch
+    from collector.config import ParquetConfig
+    from collector.exporters.parquet import ParquetExporter
+    from collector.testing import synthetic_events
+    exp = ParquetExporter(ParquetConfig(directory=sys.argv[1], row_group_rows=1000, max_buffered_rows=2000))
+    exp.start()
+    for i in range(5):  # 1000 rows: one full slab, handed to the writer
+        exp.consume(RecordBatch(synthetic_events(100, nranks=2, seed=i, start_ns=10**18), "h", "j", {}))
+    assert exp.sync(30)
+    print(exp.writer_pid, flush=True)
+    os._exit(3)  # a crash: no shutdown, no atexit
+""")
+
+
+def test_writer_finishes_its_files_and_exits_when_the_collector_crashes(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", _CRASHING_COLLECTOR, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 3, proc.stderr
+    pid = int(proc.stdout.split()[0])
+    assert wait_until(lambda: _gone(pid), 30)  # the orphaned writer saw end of file and exited
+    assert _rows(tmp_path) == 1000 and not _tmp_files(tmp_path)
+
+
+def test_cli_sigterm_to_the_process_group_flushes_and_leaves_no_writer_behind(tmp_path):
+    """A service manager signals every process of the group: the writer ignores SIGTERM, the
+    collector hands it its last rows and closes the channel, then the writer exits."""
+    sock = os.path.join(tempfile.mkdtemp(prefix="dcpw"), "c.sock")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "dynamiccl", "collector", "--listen", f"unix:{sock}",
+                             "--metrics", "off", "--features", "off", "--parquet", str(tmp_path / "pq")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().startswith("collector ready:")
+        children = open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()
+        assert len(children) == 1 and "parquet_writer" in open(f"/proc/{children[0]}/cmdline").read()
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(sock)
+        s.sendall(encode_frame(process_record("h", "j", 1000)) + encode_frames(synthetic_events(100, nranks=2)))
+        s.close()
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert wait_until(lambda: _gone(int(children[0])), 10)
+    assert _rows(tmp_path / "pq") == 200
