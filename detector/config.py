@@ -32,6 +32,10 @@ class DetectorConfig:
                                              # max(arl0, streams x windows per day / this)
     warmup: int = 60                         # windows of median/MAD baseline
     threshold_warmup: int = 60               # thresholds are calibrated for max(warmup, this) samples
+    baseline_refine: int = 0                 # > warmup: a monitored stream's baseline keeps learning
+                                             # from its in-control windows (doubling: 60 -> 120 -> ...
+                                             # up to this many samples), with the threshold calibrated
+                                             # for its sample count (off by default: see README)
     scale_floor: float = 0.004               # minimum baseline sigma of log-latency (0.4 %)
     min_instances: int = 2                   # a stream's window needs this many instances
     max_latency_s: float = 3600.0            # lat_p50 above this (or <= 0, NaN) is invalid
@@ -55,6 +59,10 @@ class DetectorConfig:
     coverage_change: float = 0.04            # |log| change of ranks reporting per instance
     workload_settle: int = 5                 # windows after a job's workload change whose alarms are part of it
     workload_settle_ratio: float = 1.15      # ... when they shift latency by less than this
+    workload_settle_share: float = 0.02      # ... and the changed streams took this share of the
+                                             # job's collective time (instances x latency)
+    workload_settle_chain: bool = False      # a side-effect alarm extends the settling time (the old
+                                             # behaviour: one mix could blind the whole job in turn)
     partial_window: float = 0.3              # fewer instances than this x typical: window is partial
     history: int = 32                        # windows of per-stream history kept for estimates
     # --- straggler ------------------------------------------------------------------------
@@ -89,8 +97,11 @@ class DetectorConfig:
         if not (isinstance(self.quiet_z, (int, float)) and math.isfinite(self.quiet_z) and self.quiet_z >= 0):
             raise ValueError(f"detector config: quiet_z must be a finite number >= 0, got {self.quiet_z!r}")
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
-                     "flap_window_s", "workload_change", "coverage_change", "partial_window", "straggler_share"):
+                     "flap_window_s", "workload_change", "coverage_change", "workload_settle_share", "partial_window", "straggler_share"):
             positive(name)
+        if not (isinstance(self.baseline_refine, int) and not isinstance(self.baseline_refine, bool)
+                and self.baseline_refine >= 0):
+            raise ValueError(f"detector config: baseline_refine must be an int >= 0, got {self.baseline_refine!r}")
         for name in ("threshold_warmup", "confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
                      "flap_transitions", "history", "straggler_min_instances", "autoencoder_grace",
                      "top_statistics"):

@@ -92,6 +92,7 @@ class CUSUMBank(base.Base):
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES
         )
+        self._h_default = self._h
         self._use_up = mode in ("both", "up")
         self._use_down = mode in ("both", "down")
 
@@ -136,9 +137,11 @@ class CUSUMBank(base.Base):
         return self._ro(self._detected)
 
     @property
-    def threshold(self) -> float:
-        """Decision threshold h in standard-deviation units (same for every stream)."""
-        return self._h
+    def threshold(self):
+        """Decision threshold h in standard-deviation units: a float (the same for every
+        stream), or a read-only array of shape ``(n_streams,)`` once `set_threshold` gave
+        some streams their own."""
+        return self._h if np.ndim(self._h) == 0 else self._ro(self._h)
 
     @property
     def statistic_up(self) -> np.ndarray:
@@ -323,8 +326,9 @@ class CUSUMBank(base.Base):
         k = self._k
         if self._use_up and self._use_down:
             up = self._s_up[idx] >= self._s_down[idx]
-            up &= self._s_up[idx] >= self._h
-            up |= self._s_down[idx] < self._h
+            h = self._h if np.ndim(self._h) == 0 else self._h[idx]
+            up &= self._s_up[idx] >= h
+            up |= self._s_down[idx] < h
         else:
             up = np.full(idx.size, self._use_up)
         s_up, s_dn = self._s_up[idx], self._s_down[idx]
@@ -387,6 +391,8 @@ class CUSUMBank(base.Base):
         self._detected = ext(self._detected, False)
         self._direction = ext(self._direction, 0)
         self._magnitude = ext(self._magnitude, np.nan)
+        if np.ndim(self._h) != 0:
+            self._h = ext(self._h, self._h_default)
         self._n_warming += n
         self.n_streams += n
 
@@ -398,16 +404,30 @@ class CUSUMBank(base.Base):
         _, h, _ = _validate_and_derive(self.delta, arl0, self.warmup, self.mode, self.min_value,
                                        self.max_value, self.z_clip, self._VALID_MODES)
         self.arl0 = arl0
-        self._h = h
+        self._h = self._h_default = h
 
-    def set_threshold(self, h: float) -> None:
-        """Set the decision threshold directly (σ units, all streams; statistics kept).
+    def set_threshold(self, h, idx=None) -> None:
+        """Set the decision threshold directly (σ units; statistics kept).
 
-        For callers that calibrate the false-alarm rate themselves (the fusion stage floors
-        the baseline scale, so a short warm-up's scale error is bounded)."""
-        if not (isinstance(h, (int, float)) and h > 0 and np.isfinite(h)):
-            raise ValueError(f"threshold must be a finite number > 0, got {h!r}")
-        self._h = float(h)
+        Without ``idx``, ``h`` (a number) becomes every stream's threshold. With ``idx``,
+        ``h`` (a number or one per index) applies to those streams only, and the others keep
+        theirs: the stream table gives a stream whose baseline rests on more samples (a
+        more precise estimate) a lower threshold for the same false-alarm rate
+        (`detector.arl.cusum_threshold_estimated`). For callers that calibrate the
+        false-alarm rate themselves (the fusion stage floors the baseline scale, so a short
+        warm-up's scale error is bounded)."""
+        if idx is None:
+            if not (isinstance(h, (int, float, np.floating)) and h > 0 and np.isfinite(h)):
+                raise ValueError(f"threshold must be a finite number > 0, got {h!r}")
+            self._h = self._h_default = float(h)
+            return
+        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
+        hv = np.broadcast_to(np.asarray(h, dtype=np.float64), idx.shape)
+        if not (np.isfinite(hv).all() and (hv > 0).all()):
+            raise ValueError("set_threshold: thresholds must be finite numbers > 0")
+        if np.ndim(self._h) == 0:
+            self._h = np.full(self.n_streams, self._h, dtype=np.float64)
+        self._h[idx] = hv
 
     def reset_streams(self, idx) -> None:
         """Forget the baseline and statistics of streams ``idx`` (they warm up again)."""

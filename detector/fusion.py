@@ -20,8 +20,11 @@ Per window, after `detector.streams.StreamTable.update`:
    hiccups as readily as onsets, so it does not shorten the confirmation).
 3. **The change** gets its onset from the CUSUM's last reset point (``change_start``, the first
    window of the alarming excursion), its kind (flapping if the same streams re-degrade soon
-   after a recovery; straggler when one rank dominates the shortest durations; else bandwidth vs
-   latency from the size response, `detector.classify`), its magnitude (median new/old latency
+   after a recovery; straggler when one rank dominates the shortest durations or, the change
+   being already justified, has by far the shortest durations relative to its peers; else
+   bandwidth vs latency from the size response, `detector.classify`; a degradation first seen,
+   with a big shift, in the window holding its onset — partly the old regime — is classified
+   one window later, `rank_waits`), its magnitude (median new/old latency
    ratio over the fired streams) and where (communicators, collectives, size buckets, hosts,
    ranks).
 4. **Tracking.** Each window, an incident's streams are placed between their old baseline (0)
@@ -42,7 +45,7 @@ import polars as pl
 from .classify import classify_size_response
 from .config import DetectorConfig
 from .events import RegimeChange
-from .straggler import RankHistory, comm_hosts, find_stragglers
+from .straggler import STRAGGLER_REL_Z, RankHistory, comm_hosts, find_stragglers, has_rank_evidence
 from .streams import StreamTable, WindowStreams
 
 __all__ = ["Fusion", "Incident"]
@@ -101,6 +104,7 @@ class _Pending:
     start: np.ndarray
     step: int
     tries: int = 0
+    peak: bool = False     # judged on its alarm window once confirmed (deferred for rank evidence)
 
 
 class Fusion:
@@ -117,7 +121,7 @@ class Fusion:
         self.counters = {"spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
-                         "rank_triggers": 0}
+                         "rank_triggers": 0, "rank_waits": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
 
@@ -133,7 +137,11 @@ class Fusion:
         if ws.rebased.size:
             self._forget_streams(ws.rebased)
             for j in set(self.table.job[ws.rebased].tolist()):
-                self._rebased_at[j] = ws.t
+                # a workload change moves the job's other streams (arrival coupling) only if
+                # its collectives take a real share of the job's time: a scalar AllReduce
+                # changing size every few seconds is not a reason to ignore alarms
+                if self._time_share(j, ws.rebased) >= self.config.workload_settle_share:
+                    self._rebased_at[j] = ws.t
         groups = self._confirm_pending(ws)
         self._group_alarms(ws, groups)
         created = set()
@@ -159,6 +167,10 @@ class Fusion:
         for i in idx.tolist():
             inc = self.stream_incident.pop(i, None)
             if inc is not None:
+                # its pre-change baseline is the one of the workload it left
+                j = np.flatnonzero(inc.streams == i)
+                if j.size and np.isfinite(inc.base_scale[j[0]]) and inc.base_scale[j[0]] > 0:
+                    self.table.adopt_previous([i], inc.base_med[j[0]], inc.base_scale[j[0]])
                 inc.drop(np.array([i]))
         for p in self.pending:
             keep = ~np.isin(p.idx, idx)
@@ -177,6 +189,7 @@ class Fusion:
                 if np.median(z) >= self.config.confirm_z:
                     g = groups.setdefault((p.job, p.direction), _new_group())
                     _extend(g, p.idx, p.med, p.scale, p.start, confirmed=True)
+                    g["peak"] = g.get("peak", False) or p.peak
                     continue
             # not (yet) confirmed: a bursty regime (on/off every window) gets a second window;
             # a one-window hiccup does not come back
@@ -216,6 +229,13 @@ class Fusion:
         # the degraded level: this window's value (the excursion may start with noise windows)
         level = tab.current(idx)
         level = np.where(np.isfinite(level), level, tab.recent(idx, cusum_step))
+        if g.get("peak"):
+            # a big alarm held back one window for the straggler decision (`rank_waits`): a
+            # bursty regime (incast, a flapping link) may be in an off phase by now; judge it
+            # on the farthest window since its alarm, as it would have been judged at once
+            peak = self._peak(idx, med, direction, ws.t - cfg.confirm_windows)
+            level = np.where(np.isfinite(peak) & ((peak - med) * direction > (level - med) * direction),
+                             peak, level)
         onset_step = self._refine_onset(idx, med, level, cusum_step, ws.t)
         # merge into a recent incident of the same job and direction
         comms_new = set(tab.comm_hash[idx].tolist())
@@ -266,7 +286,11 @@ class Fusion:
         if explained.sum() * 2 > len(idx) or recent_rebase:
             self.counters["workload_changes"] += 1
             tab.rebase(idx)
-            self._rebased_at[job] = ws.t
+            if explained.sum() * 2 > len(idx) or self.config.workload_settle_chain:
+                # a size change of its own; or (``workload_settle_chain``) a side effect, which
+                # extends the settling time (fewer false alarms from arrival coupling while a
+                # mix lasts, but one workload change can blind every stream of the job in turn)
+                self._rebased_at[job] = ws.t
             return None, None
         ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
         if ae_score > ae_thr:
@@ -302,6 +326,15 @@ class Fusion:
                 self.counters["pending_dropped"] += 1
                 tab.restore_baseline(idx, med, scale)
             return None, None
+        if direction > 0 and big and not g["confirmed"] and ws.t <= onset_step and len(self.pending) < MAX_PENDING:
+            # seen in the window holding its onset (partly the old regime): without a straggler
+            # there yet, the kind is decided one window later (`straggler.has_rank_evidence`);
+            # a shift this big is confirmed by the next window unless it was a one-window hiccup
+            stragglers = stragglers or self._stragglers(job, idx, onset_step, rel=True)
+            if not stragglers and self._forming(job, idx, onset_step):
+                self.counters["rank_waits"] += 1
+                self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
+                return None, None
         return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
                             stragglers)
 
@@ -349,7 +382,8 @@ class Fusion:
             if not (np.max(lr) >= math.log(cfg.min_ratio) and np.median(lr / scale) >= 1.0):
                 continue
             cands = find_stragglers(self.ranks, job, {int(comm)}, onset_step=ws.t - 1,
-                                    share=cfg.straggler_share, min_instances=2 * cfg.straggler_min_instances)
+                                    share=cfg.straggler_share, min_instances=2 * cfg.straggler_min_instances,
+                                    later_alone=False)
             best = None
             for c in cands:
                 if not (c.share_before == c.share_before and c.share_before < 0.5 * cfg.straggler_share):
@@ -381,6 +415,32 @@ class Fusion:
             inc.rank_of = (best.comm_hash, best.rank)
             out.append((inc, change))
         return out
+
+    def _peak(self, idx, med, direction, since_step: int) -> np.ndarray:
+        """Per stream, its value farthest from ``med`` in ``direction`` from ``since_step`` to
+        now (NaN without values)."""
+        tab = self.table
+        H = self.config.history
+        steps = np.arange(max(since_step, tab.t - H + 1), tab.t + 1) % H
+        vals = tab.hist[steps][:, idx]
+        dev = np.where(np.isfinite(vals), (vals - med) * direction, -np.inf)
+        j = np.argmax(dev, axis=0)
+        out = vals[j, np.arange(idx.size)]
+        return np.where(np.isfinite(dev.max(axis=0, initial=-np.inf)), out, np.nan)
+
+    def _time_share(self, job, idx) -> float:
+        """Share of the job's collective time this window (instances x latency) spent in
+        streams ``idx``."""
+        tab = self.table
+        code = tab.jobs.get(job, -2)
+        n = tab.n
+        allj = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code))
+        with np.errstate(invalid="ignore", over="ignore"):
+            w_all = tab.instances[allj] * np.exp(tab.current(allj))
+            mine = idx[tab.job_code[idx] == code]
+            w_mine = tab.instances[mine] * np.exp(tab.current(mine))
+        tot = float(np.nansum(w_all))
+        return float(np.nansum(w_mine)) / tot if tot > 0 else 1.0
 
     def _network_only(self, job, idx, direction) -> bool:
         """All of ``idx`` are multi-node streams and the job's monitored intra-node streams
@@ -419,11 +479,18 @@ class Fusion:
                 return step
         return lo
 
-    def _stragglers(self, job, idx, onset_step):
+    def _stragglers(self, job, idx, onset_step, *, rel: bool = False):
+        """``rel``: also per-rank duration ratios (`detector.straggler`), for classifying a change
+        the latency streams already justify (one rank stalling for one window is no event)."""
         comms = {int(c) for c in self.table.comm_hash[idx].tolist()}
         return find_stragglers(self.ranks, job, comms, onset_step=onset_step,
                                share=self.config.straggler_share,
-                               min_instances=self.config.straggler_min_instances)
+                               min_instances=self.config.straggler_min_instances,
+                               rel_z=STRAGGLER_REL_Z if rel else None)
+
+    def _forming(self, job, idx, onset_step) -> bool:
+        comms = {int(c) for c in self.table.comm_hash[idx].tolist()}
+        return has_rank_evidence(self.ranks, job, comms, onset_step)
 
     def _create(self, ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr, stragglers):
         cfg, tab = self.config, self.table
@@ -436,8 +503,8 @@ class Fusion:
         ranks: list[int] = []
         hosts: list[str] = []
         if direction > 0:
-            if stragglers is None:
-                stragglers = self._stragglers(job, idx, onset_step)
+            if not stragglers:
+                stragglers = self._stragglers(job, idx, onset_step, rel=True)
             if stragglers:
                 best = stragglers[0]
                 evidence["stragglers"] = [
@@ -562,7 +629,9 @@ class Fusion:
             return self._track_rank(ws, inc, cur)
         shift = inc.level - inc.base_med
         ok = np.isfinite(cur) & np.isfinite(shift) & (np.abs(shift) > 0)
-        if not ok.any():
+        if not ok.any() or 2 * int(ok.sum()) < int(np.count_nonzero(np.isfinite(shift) & (shift != 0))):
+            # most of its streams silent (a pause, a size mix moving them to other buckets):
+            # the few left (often the ones the workload change moved) are no evidence either way
             return None
         p = (cur[ok] - inc.base_med[ok]) / shift[ok]
         score = float(np.median(p))

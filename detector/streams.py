@@ -79,6 +79,7 @@ class StreamTable:
         self.n_dropped_streams = 0
         self.n_rebased = 0
         self.n_restored = 0
+        self.n_refined = 0
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.arl0
         self._set_thresholds()
@@ -99,6 +100,21 @@ class StreamTable:
         self.prev_cov = np.full(cap, np.nan)
         self.prev_med = np.full(cap, np.nan)
         self.prev_scale = np.full(cap, np.nan)
+        self.prev_n = np.zeros(cap, np.int64)
+        self.rebase_warm = np.zeros(cap, bool)      # warming up after a workload change
+        self.old_bpr = np.full(cap, np.nan)         # the workload before the last change ...
+        self.old_cov = np.full(cap, np.nan)
+        self.old_unknown = np.zeros(cap, bool)      # ... whose baseline the stream did not know
+        # baseline refinement: samples behind the current baseline (0 while warming up), the
+        # in-control samples gathered since (count, sum and sum of squares of x - median), and
+        # the baseline a stream had when it last alarmed (to restore its sample count with it)
+        self.ref_n = np.zeros(cap, np.int64)
+        self.acc_n = np.zeros(cap, np.int64)
+        self.acc_s = np.zeros(cap, np.float64)
+        self.acc_q = np.zeros(cap, np.float64)
+        self.saved_med = np.full(cap, np.nan)
+        self.saved_n = np.zeros(cap, np.int64)
+        self.saved_acc = np.zeros((cap, 3), np.float64)
         self.ap_ref = np.zeros(cap, np.uint64)
         self.last_seen = np.full(cap, -np.inf)
         self.gap_step = np.full(cap, -(1 << 40), np.int64)
@@ -127,8 +143,12 @@ class StreamTable:
         self.coverage = ext(self.coverage, np.nan)
         self.instances_ref = ext(self.instances_ref, np.nan)
         self.instances = ext(self.instances, 0.0)
-        for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale"):
+        for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale", "saved_med"):
             setattr(self, name, ext(getattr(self, name), np.nan))
+        for name in ("prev_n", "ref_n", "acc_n", "saved_n"):
+            setattr(self, name, ext(getattr(self, name), 0))
+        for name in ("acc_s", "acc_q"):
+            setattr(self, name, ext(getattr(self, name), 0.0))
         self.ap_ref = ext(self.ap_ref, 0)
         self.last_seen = ext(self.last_seen, -np.inf)
         self.gap_step = ext(self.gap_step, -(1 << 40))
@@ -137,6 +157,11 @@ class StreamTable:
         self.job_code = ext(self.job_code, -1)
         self.func = ext(self.func, None)
         self.comm_name = ext(self.comm_name, None)
+        self.saved_acc = ext(self.saved_acc, 0.0)
+        self.rebase_warm = ext(self.rebase_warm, False)
+        self.old_bpr = ext(self.old_bpr, np.nan)
+        self.old_cov = ext(self.old_cov, np.nan)
+        self.old_unknown = ext(self.old_unknown, False)
         self.hist = np.concatenate([self.hist, np.full((self.hist.shape[0], extra), np.nan)], axis=1)
         self.capacity = new_cap
 
@@ -222,6 +247,26 @@ class StreamTable:
         rebased = i_ok[rebase]
         if rebased.size:
             self._rebase_streams(rebased, bpr[rebase], cov[rebase])
+        # a stream re-learning after a workload change whose workload is back to the previous
+        # one by now (the change's first window mixed both sizes, so it did not match then):
+        # its previous baseline comes back (no 60-window blind spell after a short mix)
+        back = self.rebase_warm[i_ok] & ~rebase
+        if back.any():
+            j = i_ok[back]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                match = (np.isfinite(self.prev_scale[j])
+                         & (np.abs(np.log(bpr[back] / self.prev_bpr[j])) <= 0.5 * cfg.workload_change)
+                         & (np.abs(np.log(cov[back] / self.prev_cov[j])) <= 0.5 * cfg.coverage_change))
+            j = j[match]
+            if j.size:
+                for bank in self.banks:
+                    bank.set_baseline(j, self.prev_med[j], self.prev_scale[j])
+                self._set_ref(j, np.maximum(self.prev_n[j], 1))
+                self.bytes_ref[j] = bpr[back][match]
+                self.coverage_ref[j] = cov[back][match]
+                self.rebase_warm[j] = False
+                self.monitor_since[j] = t
+                self.n_restored += int(j.size)
         self.ap_ref[i_ok] = b_ok
         # typical instances per window (EWMA), to spot partial windows
         iref = self.instances_ref[i_ok]
@@ -243,6 +288,8 @@ class StreamTable:
             if low.size:
                 for bank in self.banks:
                     bank.set_baseline(low, med[low], cfg.scale_floor)
+            self._set_ref(done, cfg.warmup)
+            self.rebase_warm[done] = False
         fired_any = self.banks[0].drift_detected.copy()
         for bank in self.banks[1:]:
             fired_any |= bank.drift_detected
@@ -257,6 +304,11 @@ class StreamTable:
                 start = np.where(f, np.maximum(start, bank.change_start[fired]), start)
             med, scale = self.banks[0].baseline
             base_med, base_scale = med[fired].copy(), scale[fired].copy()
+            self.saved_med[fired] = base_med
+            self.saved_n[fired] = self.ref_n[fired]
+            self.saved_acc[fired] = np.stack([self.acc_n[fired], self.acc_s[fired], self.acc_q[fired]], axis=1)
+            self._set_ref(fired, 0)
+            self.rebase_warm[fired] = False
             # the other banks reset too (one baseline per stream); the next update re-warms all
             for bank in self.banks:
                 bank.reset_streams(fired)
@@ -264,6 +316,8 @@ class StreamTable:
             direction = np.zeros(0, np.int8)
             start = np.zeros(0, np.int64)
             base_med = base_scale = np.zeros(0)
+        if cfg.baseline_refine > cfg.warmup and i_ok.size:
+            self._refine(i_ok, x_valid)
         if t % 64 == 63:
             self._evict(wf.window_start)
         return WindowStreams(t, wf.window_start, i_ok, x_valid, fired, direction, start, base_med,
@@ -288,16 +342,22 @@ class StreamTable:
                      & (np.abs(np.log(new_bpr / pb)) <= 0.5 * cfg.workload_change)
                      & (np.abs(np.log(new_cov / pc)) <= 0.5 * cfg.coverage_change))
         r_idx, r_med, r_scale = idx[match], self.prev_med[idx[match]], self.prev_scale[idx[match]]
+        r_n = self.prev_n[idx[match]].copy()
         known = np.isfinite(cur_scale)
+        self.old_bpr[idx], self.old_cov[idx], self.old_unknown[idx] = cur_bpr, cur_cov, ~known
         self.prev_bpr[idx[known]] = cur_bpr[known]
         self.prev_cov[idx[known]] = cur_cov[known]
         self.prev_med[idx[known]] = cur_med[known]
         self.prev_scale[idx[known]] = cur_scale[known]
+        self.prev_n[idx[known]] = self.ref_n[idx[known]]
         for bank in self.banks:
             bank.reset_streams(idx)
+        self._set_ref(idx, 0)
+        self.rebase_warm[idx] = ~match
         if r_idx.size:
             for bank in self.banks:
                 bank.set_baseline(r_idx, r_med, r_scale)
+            self._set_ref(r_idx, np.maximum(r_n, 1))
             self.n_restored += int(r_idx.size)
         self.bytes_ref[idx] = new_bpr
         self.coverage_ref[idx] = new_cov
@@ -326,6 +386,99 @@ class StreamTable:
             for bank in self.banks:
                 bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
             self.monitor_since[idx] = self.t
+            self.rebase_warm[idx] = False
+            # the baseline a stream had when it alarmed comes back with its sample count and
+            # the in-control windows it had gathered since
+            same = self.saved_med[idx] == np.asarray(median, np.float64)
+            n = np.where(same, self.saved_n[idx], 0)
+            self._set_ref(idx, np.maximum(n, self.config.warmup))
+            back = idx[same & (n > 0)]
+            if back.size:
+                acc = self.saved_acc[back]
+                self.acc_n[back] = acc[:, 0].astype(np.int64)
+                self.acc_s[back] = acc[:, 1]
+                self.acc_q[back] = acc[:, 2]
+
+    def adopt_previous(self, idx, median, scale) -> None:
+        """Streams ``idx`` were re-baselined for a workload change while re-learning (e.g.
+        during an incident): ``median``/``scale`` (the incident's pre-change baseline) become
+        the baseline of the workload they left, restored if that workload comes back."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        m = self.old_unknown[idx] & np.isfinite(self.old_bpr[idx])
+        idx = idx[m]
+        if idx.size == 0:
+            return
+        self.prev_bpr[idx] = self.old_bpr[idx]
+        self.prev_cov[idx] = self.old_cov[idx]
+        self.prev_med[idx] = np.broadcast_to(np.asarray(median, np.float64), m.shape)[m]
+        self.prev_scale[idx] = np.broadcast_to(np.asarray(scale, np.float64), m.shape)[m]
+        self.prev_n[idx] = self.config.warmup
+        self.old_unknown[idx] = False
+
+    # ------------------------------------------------------------------ baseline refinement
+    def _set_ref(self, idx, n) -> None:
+        """Streams ``idx`` now have a baseline from ``n`` samples (0: warming up): clear their
+        refinement sums and give them the threshold calibrated for ``n``."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        if idx.size == 0:
+            return
+        n = np.broadcast_to(np.asarray(n, np.int64), idx.shape)
+        self.ref_n[idx] = n
+        self.acc_n[idx] = 0
+        self.acc_s[idx] = 0.0
+        self.acc_q[idx] = 0.0
+        if len(self._ladder) > 1:
+            lev = self._level(n)
+            for bank, hs in zip(self.banks, self._h_ladder):
+                bank.set_threshold(hs[lev], idx)
+
+    def _level(self, n: np.ndarray) -> np.ndarray:
+        """Index in the threshold ladder of a baseline from ``n`` samples (the largest rung
+        not above n; warming streams and short warm-ups get the first rung)."""
+        return np.clip(np.searchsorted(self._ladder, n, side="right") - 1, 0, len(self._ladder) - 1)
+
+    def _refine(self, idx: np.ndarray, x: np.ndarray) -> None:
+        """Grow the baselines of monitored streams ``idx`` (values ``x``) with their in-control
+        windows. A window is in control when it is within 3 baseline sigma (a one-window
+        hiccup is not); when a stream has gathered as many such windows as its baseline has,
+        and its statistics are quiet (an excursion in progress is left alone), its baseline
+        becomes the pooled estimate: median + mean deviation, and the pooled sigma (the
+        variance of a normal truncated at 3 sigma is 0.9733 of the full one; floored at
+        ``scale_floor``), and its threshold drops to the one calibrated for the larger sample
+        (`detector.arl.cusum_threshold_estimated`): the same false-alarm rate, a shorter delay."""
+        cfg = self.config
+        n_ref = self.ref_n[idx]
+        m = (n_ref > 0) & (n_ref < cfg.baseline_refine) & (self.monitor_since[idx] < self.t)
+        if not m.any():
+            return
+        idx, x = idx[m], x[m]
+        med, scale = self.banks[0].baseline
+        d = x - med[idx]
+        ok = np.abs(d) < 3.0 * scale[idx]
+        idx, d = idx[ok], d[ok]
+        self.acc_n[idx] += 1
+        self.acc_s[idx] += d
+        self.acc_q[idx] += d * d
+        due = idx[self.acc_n[idx] >= self.ref_n[idx]]
+        if due.size == 0:
+            return
+        quiet = np.ones(due.size, bool)
+        for bank in self.banks:
+            h = bank.threshold if np.ndim(bank.threshold) == 0 else bank.threshold[due]
+            quiet &= np.maximum(bank.statistic_up[due], bank.statistic_down[due]) < 0.25 * h
+        due = due[quiet]
+        if due.size == 0:
+            return
+        n0, n1 = self.ref_n[due].astype(np.float64), self.acc_n[due].astype(np.float64)
+        mean = self.acc_s[due] / n1
+        var1 = np.maximum(self.acc_q[due] / n1 - mean * mean, 0.0) / 0.9733
+        n = n0 + n1
+        new_med = med[due] + mean * (n1 / n)
+        new_scale = np.maximum(np.sqrt((n0 * scale[due] ** 2 + n1 * var1) / n), cfg.scale_floor)
+        for bank in self.banks:
+            bank.set_baseline(due, new_med, new_scale)
+        self._set_ref(due, np.minimum(n, cfg.baseline_refine).astype(np.int64))
+        self.n_refined += int(due.size)
 
     def recent(self, idx, since_step: int) -> np.ndarray:
         """Mean of the valid values of streams ``idx`` from bank step ``since_step`` to now."""
@@ -410,9 +563,22 @@ class StreamTable:
         learned σ can be; a short warm-up therefore gets the 60-sample threshold (more false
         alarms than nominal on streams noisier than the floor, caught by the fusion rules)."""
         from .arl import cusum_threshold_estimated
-        n = max(self.config.warmup, self.config.threshold_warmup)
-        for bank in self.banks:
-            bank.set_threshold(cusum_threshold_estimated(float(self.arl0), bank.delta / 2.0, n, True))
+        cfg = self.config
+        n = max(cfg.warmup, cfg.threshold_warmup)
+        ladder = [n]
+        while cfg.baseline_refine > cfg.warmup and 2 * ladder[-1] <= cfg.baseline_refine:
+            ladder.append(2 * ladder[-1])
+        self._ladder = np.array(ladder, np.int64)
+        self._h_ladder = [np.array([cusum_threshold_estimated(float(self.arl0), bank.delta / 2.0, m, True)
+                                    for m in ladder]) for bank in self.banks]
+        for bank, hs in zip(self.banks, self._h_ladder):
+            bank.set_threshold(hs[0])
+        if len(ladder) > 1:
+            live = np.flatnonzero(self.ref_n[: self.n] > 0)
+            if live.size:
+                lev = self._level(self.ref_n[live])
+                for bank, hs in zip(self.banks, self._h_ladder):
+                    bank.set_threshold(hs[lev], live)
 
     def _allocate(self) -> int:
         if self._free:
@@ -437,8 +603,11 @@ class StreamTable:
         self.bytes_ref[idle] = np.nan
         self.coverage_ref[idle] = np.nan
         self.instances_ref[idle] = np.nan
-        for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale"):
+        for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale", "saved_med"):
             getattr(self, name)[idle] = np.nan
+        self.prev_n[idle] = 0
+        self.rebase_warm[idle] = False
+        self._set_ref(idle, 0)
         self.ap_ref[idle] = 0
         self.hist[:, idle] = np.nan
         for i in idle.tolist():

@@ -30,7 +30,7 @@ import math
 import sys
 from pathlib import Path
 
-__all__ = ["load_windows", "decompose", "replay", "main"]
+__all__ = ["load_windows", "decompose", "replay", "machine_noise", "main"]
 
 
 def _truth(run_dir: Path):
@@ -135,17 +135,70 @@ def decompose(run_dir: Path, *, settle_s: float = 2.0) -> list[dict]:
     return out
 
 
+def machine_noise(run_dir: Path, *, stall_ratio: float = 1.25) -> dict:
+    """How noisy the machine was, from the run's own windows in its quiet spans — the warm-up the
+    detector saw (its baseline) and 2-6.5 s after each release / bulk off (no change scripted
+    there; the truth timeline says where): each stream's log p50 off its median in that span.
+    ``stall_share`` is the share of (window, stream) values more than ``stall_ratio`` x off (a
+    collective-wide stall or a preempted rank), ``sigma`` their robust σ (1.4826 MAD); measured:
+    stall share 0-0.9 % on a quiet machine (load < 1), 3-7 % at load 6-10, 18-35 % at load 12-18."""
+    import numpy as np
+    import polars as pl
+    run_dir = Path(run_dir)
+    events = _truth(run_dir)
+    try:
+        detect_from = float(json.loads((run_dir / "summary.json").read_text()).get("detect_from", -math.inf))
+    except (OSError, ValueError):
+        detect_from = -math.inf
+    spans = [(detect_from, min(e.onset_wall for e in events))] + [
+        (e.onset_wall + 2.0, e.onset_wall + 6.5) for e in events if not e.degrades]
+    k = pl.read_parquet(run_dir / "windows_keys.parquet").filter(
+        pl.col("lat_p50_s").is_not_null() & (pl.col("lat_p50_s") > 0))
+    devs, windows = [], 0
+    for lo, hi in spans:
+        w = k.filter((pl.col("window_start") >= lo) & (pl.col("window_start") + pl.col("window_s") <= hi))
+        if w.height == 0:
+            continue
+        windows += w["window_start"].n_unique()
+        devs.append(w.select((pl.col("lat_p50_s").log() - pl.col("lat_p50_s").log().median()
+                              .over("comm_hash", "func", "size_bucket")).alias("d"))["d"].to_numpy())
+    dev = np.concatenate(devs) if devs else np.zeros(0)
+    if dev.size == 0:
+        return {"windows": 0, "stall_share": math.nan, "sigma": math.nan}
+    return {"windows": int(windows),
+            "stall_share": round(float(np.mean(np.abs(dev) > math.log(stall_ratio))), 4),
+            "sigma": round(1.4826 * float(np.median(np.abs(dev - np.median(dev)))), 4)}
+
+
+def _detect_span(run_dir: Path) -> tuple[float, float]:
+    """The event times whose windows the live run gave the detector (``summary.json``'s
+    ``detect_from`` / ``detect_until``). Runs recorded before ``detect_until`` existed: the end
+    of their built-in scenario's timeline (its windows after that are the job's shutdown)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return -math.inf, math.inf
+    lo = float(summary.get("detect_from", -math.inf))
+    hi = summary.get("detect_until")
+    if hi is None:
+        from testbed.scenario import BUILTIN, builtin
+        hi = math.inf
+        if summary.get("scenario") in BUILTIN:
+            sc, events = builtin(summary["scenario"]), _truth(run_dir)
+            if events:
+                hi = events[0].onset_wall - events[0].at_s + sc.duration_s - sc.warmup_s
+    return lo, float(hi)
+
+
 def replay(run_dir: Path, **overrides):
     """Score the run's saved windows through a fresh detector with ``overrides`` on top of the
     test bed's settings; returns the :class:`~testbed.score.Score`."""
     from testbed.detect import LiveDetector
     from testbed.score import score
     windows = load_windows(Path(run_dir))
-    try:  # the live run gave the detector only the windows from detect_from on
-        detect_from = float(json.loads((Path(run_dir) / "summary.json").read_text()).get("detect_from", -math.inf))
-    except (OSError, ValueError):
-        detect_from = -math.inf
-    windows = [(wf, r) for wf, r in windows if wf.window_start >= detect_from]
+    detect_from, detect_until = _detect_span(Path(run_dir))
+    windows = [(wf, r) for wf, r in windows
+               if wf.window_start >= detect_from and wf.window_start + wf.window_s <= detect_until]
     clock = {"now": 0.0}
     det = LiveDetector(windows[0][0].window_s if windows else 0.5, clock=lambda: clock["now"], **overrides)
     detections = []

@@ -91,6 +91,7 @@ class Run:
         self._latest = None
         self._saved: list = []
         self.detect_from = float("inf")  # event time from which windows go to the detector
+        self.detect_until = float("inf")  # ... and up to which (the scenario's end: not the shutdown)
         atexit.register(self.close)
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -140,6 +141,9 @@ class Run:
         # the detector learns its baseline from steady state, not from the start-up transient
         self.detect_from = time.time() + s.settle_s
         self._t0 = time.time() + s.warmup_s
+        # the job's shutdown (the stop flag, ranks exiting, the last records flushed) slows its
+        # last steps 3-8x: windows ending after the scenario are saved but not detected
+        self.detect_until = self._t0 + s.duration_s - s.warmup_s
         self.controller = Controller(s, topo, truth_path=self.out_dir / "truth.json", bulk=self.bulk,
                                      bulk_target=lambda r: f"{topo.node_ip(r)}:{SINK_PORT}",
                                      on_event=self._on_truth)
@@ -188,7 +192,7 @@ class Run:
         self._latest = wf
         if len(self._saved) < 100_000:  # the windows, for offline analysis (windows_*.parquet)
             self._saved.append((wf, time.time()))
-        if wf.window_start < self.detect_from:
+        if wf.window_start < self.detect_from or wf.window_start + wf.window_s > self.detect_until:
             return
         for d in self.detector.process(wf):
             self.detections.append(d)
@@ -237,7 +241,7 @@ class Run:
         m = self.pipeline.metrics.snapshot() if self.pipeline else {}
         summary = {"prefix": self.prefix, "scenario": self.scenario.name, "interrupted": interrupted,
                    "score": sc.as_dict(), "line": sc.line(), "windows": self.windows,
-                   "detect_from": self.detect_from,
+                   "detect_from": self.detect_from, "detect_until": self.detect_until,
                    "qdisc_drops": {"before_first_change": getattr(self, "_drops_at_start", {}), "end": drops},
                    "collector": {k: v for k, v in m.items() if isinstance(v, (int, float))},
                    "collector_dropped": dict(m.get("records_dropped_total") or {}),  # reason → records

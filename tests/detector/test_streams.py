@@ -7,7 +7,7 @@ import pytest
 from detector.config import DetectorConfig
 from detector.cusum_bank import CUSUMBank
 from detector.streams import StreamTable
-from detector.testing import SyntheticJob
+from detector.testing import Regime, SyntheticJob
 
 
 def test_grow_keeps_old_streams_and_new_ones_warm_up():
@@ -65,3 +65,62 @@ def test_table_scales_arl0_with_streams_and_reuses_slots():
     assert tab.n_active == 16 and tab.n == 32
     tab.update(job.window(300))
     assert tab.n == 32                       # the evicted slots were reused
+
+
+def test_per_stream_threshold():
+    """``set_threshold(h, idx)`` gives those streams their own threshold; the others keep the
+    bank's, and new streams (``grow``) get the bank's."""
+    bank = CUSUMBank(n_streams=2, warmup=10, mode="up", z_clip=1e9)
+    h0 = bank.threshold
+    bank.set_threshold(2.0, [1])
+    assert np.array_equal(bank.threshold, [h0, 2.0])
+    bank.set_baseline([0, 1], 0.0, 1.0)
+    bank.update_many([2.6, 2.6])          # z - k = 2.1 on both: above 2.0, below h0
+    assert bank.drift_detected.tolist() == [False, True]
+    bank.grow(1)
+    assert np.array_equal(bank.threshold, [h0, 2.0, h0])
+    bank.set_threshold(3.0)               # one number for all: scalar again
+    assert bank.threshold == 3.0
+    with pytest.raises(ValueError):
+        bank.set_threshold([1.0, -1.0], [0, 1])
+
+
+def test_baseline_refines_and_lowers_the_threshold():
+    """In-control windows after the warm-up double a stream's baseline sample (60 -> 120 ->
+    240); its threshold drops to the one calibrated for that many samples. Off: unchanged."""
+    job = SyntheticJob(seed=5)
+    on = StreamTable(DetectorConfig(autoencoder=False, baseline_refine=480))
+    off = StreamTable(DetectorConfig(autoencoder=False))                       # the default: off
+    for t in range(60 + 60 + 120 + 3):
+        wf = job.window(t)
+        on.update(wf)
+        off.update(wf)
+    live = np.flatnonzero(on.active[:on.n])
+    assert (on.ref_n[live] >= 240).mean() > 0.9, on.ref_n[live]
+    h_on = np.asarray(on.banks[0].threshold)[live]
+    assert np.all(h_on < 0.7 * off.banks[0].threshold)
+    assert np.ndim(off.banks[0].threshold) == 0 and off.n_refined == 0
+    med_on, sc_on = on.baseline(live)
+    med_off, sc_off = off.baseline(live)
+    assert np.all(np.abs(med_on - med_off) < 3 * sc_off)      # the same baseline, more precise
+
+
+def test_mix_return_restores_the_previous_baseline():
+    """A mix whose last window mixes both sizes (bytes per record only 7 % off the original:
+    no match, no new change after it) still gets its old baseline back once the original
+    sizes are seen again: no 60-window blind spell."""
+    job = SyntheticJob(seed=6)
+    tab = StreamTable(DetectorConfig(autoencoder=False, baseline_refine=0))
+    i = job.large()[0]
+    for t in range(70):
+        tab.update(job.window(t))
+    slot = int(np.flatnonzero(tab.active[:tab.n] & (tab.comm_name[:tab.n] == job.streams[i].comm)
+                              & (tab.size_bucket[:tab.n] == int(np.log2(job.streams[i].nbytes))))[0])
+    med0 = float(tab.baseline([slot])[0][0])
+    for t, m in ((70, 1.3), (71, 1.3), (72, 1.3), (73, 1.07)):
+        tab.update(job.window(t, Regime(size_mult={i: m})))
+    assert tab.banks[0].warming_up[slot]
+    tab.update(job.window(74))
+    assert not tab.banks[0].warming_up[slot]
+    assert float(tab.baseline([slot])[0][0]) == med0
+

@@ -5,9 +5,12 @@ collector, the detector service live, 10 scripted link changes of >= 50 %. Check
 with the machine-readable line, the ground truth and the detections are written, the stream was
 lossless, nothing is left behind: any of these failing fails the test. The issue's detection
 targets (every change detected within 3 s, no false alarm, single-rank throttles localised) are
-checked last; they depend on the detector service and on how busy the machine is, so a miss is
-reported as an xfail carrying the score line (see docs/testbed.md, "Measured") rather than
-failing the CI run. Needs root + iproute2.
+checked last and asserted when the machine was quiet during the run — at most ``QUIET_STALLS``
+of the quiet spans' windows (warm-up, 2-6.5 s after each release) more than 1.25x off their
+median (`testbed.analyse.machine_noise`, measured from the run's own windows: 0-0.9 % on a quiet
+machine) — and a miss on a busier machine is reported as an xfail carrying the score line and
+the measured noise (unscripted 1.3-2x stalls of a shared machine are changes too; see
+docs/testbed.md, "Measured"). Needs root + iproute2.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import time
 import pytest
 from testbed_helpers import leftovers, require_testbed, start_run
 
+QUIET_STALLS = 0.02   # measured: 0-0.9 % on a quiet machine (load < 1), 3-7 % at load 6-10, 18-35 % at 12-18
 LINE = re.compile(r"^changes=(\d+) detected=(\d+) false_alarms=(\d+) max_delay_s=(\S+) localised=(\d+)/(\d+)$")
 
 
@@ -78,5 +82,10 @@ def test_ci_scenario_end_to_end(tmp_path):
         missed.append(f"max delay {max_delay} s")
     if localised != localisable:
         missed.append(f"localised {localised}/{localisable}")
+    from testbed.analyse import machine_noise
+    noise = machine_noise(tmp_path / "out")
+    print(f"  machine noise in the quiet spans: {noise}")
+    if missed and noise["stall_share"] <= QUIET_STALLS:
+        pytest.fail(f"detection targets not met on a quiet machine ({', '.join(missed)}; {noise}): {last}")
     if missed:
-        pytest.xfail(f"detection targets not met ({', '.join(missed)}): {last}")
+        pytest.xfail(f"detection targets not met on a busy machine ({', '.join(missed)}; {noise}): {last}")
