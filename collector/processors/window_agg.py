@@ -636,7 +636,9 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     r_rel_n = np.bincount(rid[rel_ok], minlength=nrg)
     del others, rel, rel_ok
     im = iid[at_min]
-    shortest = at_min[(nt_r[at_min] >= 2) & (n_min[im] == 1)]
+    # only complete instances vote: a late rank's record falls into the next window, and the
+    # incomplete instance left behind would give its vote to one of the punctual peers
+    shortest = at_min[(nt_r[at_min] >= 2) & (n_min[im] == 1) & complete[im]]
     r_short = np.bincount(rid[shortest], minlength=nrg)
     del nt_r
     # start skew over records of instances seen on ≥ 2 ranks; a lone record's skew is exactly 0

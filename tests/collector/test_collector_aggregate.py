@@ -98,7 +98,7 @@ def reference(ev, job_id):
                 others = (sum(ds) - x["d"]) / (len(ds) - 1)   # leave-one-out mean of the other ranks
                 if others > 0:
                     per_rank[(comm, x["rank"])]["rel"].append(x["d"] / others)
-                if x["d"] == mn and ds.count(mn) == 1:
+                if x["d"] == mn and ds.count(mn) == 1 and len(xs) >= xs[0]["n"]:  # complete instances vote
                     per_rank[(comm, x["rank"])]["short"] += 1
     out_ranks = {k: dict(records=v["records"], lat_mean_s=float(np.mean(v["durs"])),
                          rel_lat_mean=float(np.mean(v["rel"])), shortest_count=v["short"],

@@ -124,7 +124,8 @@ def _reference(df: pl.DataFrame):
         rel=pl.when((pl.col("n_t") >= 2) & (pl.col("others") > 0)).then(pl.col("dur") / pl.col("others")),
         at_min=(pl.col("dur") == pl.col("dmin")) & (pl.col("n_t") >= 2))
     nmin = r.group_by(INST).agg(n_min=pl.col("at_min").sum())
-    r = r.join(nmin, on=INST).with_columns(short=pl.col("at_min") & (pl.col("n_min") == 1))
+    r = r.join(nmin, on=INST).with_columns(short=pl.col("at_min") & (pl.col("n_min") == 1)
+                                             & (pl.col("n_all") >= pl.col("nranks")))
     complete = inst.filter(pl.col("n_all") >= pl.col("nranks")).group_by("w", "comm_hash").agg(
         instances_complete=pl.len())
     r = r.with_columns(skew=pl.when(pl.col("n_all") >= 2).then((pl.col("t") - 10**18 - pl.col("tmean")) * 1e-9))
