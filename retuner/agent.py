@@ -46,6 +46,11 @@ MAX_TARGETS = 4096
 P2P_FUNCS = ("Send", "Recv")
 
 
+def _log_dist(a: float, b: float) -> float:
+    """How far apart two positive durations are, as a ratio: |log(a / b)|."""
+    return abs(math.log(a / b))
+
+
 @dataclass
 class TargetState:
     target: Target
@@ -378,7 +383,7 @@ class Retuner:
         if m_cur is None or o.mean_s <= 0:
             ts.recog = None
             return
-        d_cur = abs(math.log(o.mean_s / m_cur))
+        d_cur = _log_dist(o.mean_s, m_cur)
         if d_cur < math.log1p(pol.min_change):
             ts.recog = None
             return
@@ -388,7 +393,7 @@ class Retuner:
                 continue
             mk = self._sig_mean(ts, k, cand)
             if mk is not None:
-                d = abs(math.log(o.mean_s / mk))
+                d = _log_dist(o.mean_s, mk)
                 if d < d_best:
                     best, d_best, m_best = k, d, mk
         if best is None or d_best > math.log1p(pol.recognize_tolerance) or 3.0 * d_best > d_cur or \
@@ -447,8 +452,8 @@ class Retuner:
         m_old, m_new = self._sig_mean(ts, chk["old"], cand), self._sig_mean(ts, chk["new"], cand)
         if m_old is None or o.mean_s <= 0:
             return
-        d_old = abs(math.log(o.mean_s / m_old))
-        d_new = abs(math.log(o.mean_s / m_new)) if m_new is not None else math.inf
+        d_old = _log_dist(o.mean_s, m_old)
+        d_new = _log_dist(o.mean_s, m_new) if m_new is not None else math.inf
         if d_old > math.log1p(self.policy.recognize_tolerance) or d_old >= d_new:
             return
         x = self.explorations.get(ts.exploration) if ts.exploration else None
@@ -655,7 +660,7 @@ class Retuner:
             for t0, t1, k, mean, var, cand in hist:
                 # only intervals that look like the new regime: closer to before x magnitude than to before
                 if cand == x.incumbent and t0 >= t_min and t1 <= self.now and mean > 0 and \
-                        abs(math.log(mean / (pre * mag))) < abs(math.log(mean / pre)):
+                        _log_dist(mean, pre * mag) < _log_dist(mean, pre):
                     x.record(m.key, cand, k, mean, var, t1)
                     n += k
         x.fresh = {m.key: False for m in x.members}

@@ -73,7 +73,6 @@ class SlabMemory:
             raise ValueError("n_slabs and slab_rows must be > 0")
         self.n_slabs, self.slab_rows = n_slabs, slab_rows
         size = n_slabs * slab_rows * EVENT_DTYPE.itemsize
-        self.owner = fd is None
         if fd is None:
             fd = os.memfd_create("dynamiccl-parquet-slabs")
             os.ftruncate(fd, size)
