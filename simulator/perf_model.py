@@ -133,12 +133,6 @@ REAL = {
     # 22.5 / 19.0); corroborated by the A3 Mega 2x8 sweep (§4.4 (a), Intel hosts): ~20 GB/s algbw from 1 to
     # 16 MiB, i.e. 39 GB/s of bus bandwidth.
     "ll_net_bus_gbps": {"intel": (39.0, 20.4), "amd": (22.5, 19.0)},
-    # Multi-rail net devices (``InterNet.rails_per_nic`` > 1, aws-ofi-nccl's RDMA transport): a message larger
-    # than this is striped across rails, a smaller one goes whole to the next rail in round-robin order.
-    # aws-ofi-nccl include/nccl_ofi_param.h: ``OFI_NCCL_PARAM(unsigned long int, min_stripe_size,
-    # "MIN_STRIPE_SIZE", (128 * 1024))`` ("Messages sized larger than this threshold will be striped across
-    # multiple rails"); no AWS platform entry overrides it (src/platform-aws.cpp platform_data_map).
-    "min_stripe_bytes": 128 * 1024,
 }
 
 
@@ -211,18 +205,6 @@ def busbw_factor(func: str | int, n_ranks: int) -> float:
 def busbw(func: str | int, nbytes: np.ndarray, time_us: np.ndarray, n_ranks: int) -> np.ndarray:
     """busbw in GB/s for the nccl-tests "size" ``nbytes`` (full buffer for AllGather/ReduceScatter)."""
     return np.asarray(nbytes, dtype=np.float64) / np.asarray(time_us) / 1000.0 * busbw_factor(func, n_ranks)
-
-
-def _stripes(msg_bytes: np.ndarray, rails: int) -> np.ndarray:
-    """Rails one message is striped over: aws-ofi-nccl ``get_num_stripes`` (src/nccl_ofi_scheduler.cpp):
-    ``ceil(size / min_stripe_size)`` clamped to [1, rails], then lowered to the largest divisor of ``rails``.
-
-    >>> _stripes(np.array([64e3, 200e3, 300e3, 600e3]), 4).tolist()
-    [1.0, 2.0, 2.0, 4.0]
-    """
-    n = np.clip(np.ceil(np.asarray(msg_bytes, dtype=np.float64) / REAL["min_stripe_bytes"]), 1, rails)
-    divisors = [d for d in range(1, rails + 1) if rails % d == 0]
-    return np.asarray(divisors, dtype=np.float64)[np.searchsorted(divisors, n, side="right") - 1]
 
 
 def _ceil_log2(x: int) -> int:
@@ -301,20 +283,6 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
             NCCL_STEPS * (ck / chunk_steps) / rtt / 1000.0,
         ])
         B_net = np.minimum(B_node * eta_net, nch * per_ch)
-        rails = t.inter.rails_per_nic
-        if rails > 1:
-            # Multi-rail device: one message (a channel's network step) occupies ``_stripes`` rails, so a
-            # device keeps all its rails busy only with enough messages in flight (its channels x the steps a
-            # channel has outstanding, NCCL_STEPS at most); and a message alone moves at its rails' rate.
-            seg = S / nch
-            msg = np.minimum(ck / chunk_steps, seg) / eta                   # wire bytes of one step
-            stripes = _stripes(msg, rails)
-            in_flight = np.minimum(NCCL_STEPS, np.ceil(seg / (ck / chunk_steps)))
-            busy = np.minimum(rails, nch / t.nics_used * in_flight * stripes)
-            B_net = np.minimum(B_net, B_node * eta_net * busy / rails)
-            r_msg = B_node * eta_net / (t.nics_used * rails) * stripes     # one message's rate (data bytes)
-        else:
-            r_msg = np.full(S.shape, np.inf)
     else:
         B_net = np.full(S.shape, np.inf)
 
@@ -386,7 +354,7 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
         heads = max(1, min(t.nics_used, ppn)) if (N > 1 and t.intra.nvswitch) else 1
         r_fill = np.minimum(cap, b_intra * eta * heads / nch)
     fill_intra = hops_intra * np.minimum(np.minimum(ck, REAL["pipeline_grain"][p]), per_ch_seg) / r_fill
-    fill_net = hops_net * np.minimum(ck, per_ch_seg) / np.minimum(B_net / nch, r_msg) if N > 1 else 0.0
+    fill_net = hops_net * np.minimum(ck, per_ch_seg) / (B_net / nch) if N > 1 else 0.0
     fill = (fill_intra + fill_net) / 1000.0
     slow = float(st["rank_slowdown"].max())
     return REAL["launch_us"][p] + (t_lat + t_bw + fill) * slow

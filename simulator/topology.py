@@ -87,9 +87,6 @@ class InterNet:
     ``plugin_latency_us`` is the ``latency`` property the net plugin reports, which NCCL adds to its inter-node
     latency (``graph.latencyInter``; 0 for NCCL's IB plugin, 35/75 µs for aws-ofi-nccl; §1.2).
     ``latency_us`` is the *physical* one-way latency the performance model uses.
-    ``rails_per_nic`` is how many physical NICs the net plugin presents to NCCL as this one device
-    (aws-ofi-nccl's multi-rail RDMA transport: p5 4 x 100G, p5en 2 x 200G per GPU); ``nic_bw_gbps`` is then
-    the device's aggregate. A message moves on one rail or is striped across several (perf_model).
     """
 
     kind: str = "ib"
@@ -98,7 +95,6 @@ class InterNet:
     nics_per_node: int = 8
     plugin_latency_us: float = 0.0
     gpu_nic_local: bool = True
-    rails_per_nic: int = 1
 
     def validate(self) -> None:
         if self.kind not in NET_KINDS:
@@ -111,8 +107,6 @@ class InterNet:
             raise ValueError("inter.nics_per_node must be an int >= 1")
         if not self.plugin_latency_us >= 0:
             raise ValueError("inter.plugin_latency_us must be >= 0")
-        if not (isinstance(self.rails_per_nic, int) and self.rails_per_nic >= 1):
-            raise ValueError("inter.rails_per_nic must be an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -293,19 +287,14 @@ _PRESETS: dict[str, Topology] = {
         "p5en-2x8", 2, 8, "hopper", _H100_NVL,
         # 16 x 200G EFA per node = 2 rails x 25 GiB/s per GPU (AWS model, §8.4); plugin latency 35 µs (§1.2);
         # one-way latency 18 µs = AWS's measured 2-node 8 B RDMA-write-with-immediate (§8.4 net_lat).
-        # Rails: aws-ofi-nccl presents a GPU's 2 EFA devices as one NCCL net device (§8.4 num_rails 2).
-        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=18.0, nics_per_node=8, plugin_latency_us=35.0,
-                 rails_per_nic=2),
+        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=18.0, nics_per_node=8, plugin_latency_us=35.0),
         cpu_vendor="intel",   # p5en.48xlarge: 4th-gen Intel Xeon (Sapphire Rapids)
         description="AWS p5en (H200 ~ Hopper), 2 nodes x 8, EFAv3, Intel hosts; AWS region tuner data §4.5."),
     "p5-2x8": Topology(
         "p5-2x8", 2, 8, "hopper", _H100_NVL,
         # 32 x 100G EFA per node = 4 rails x 12.5 GiB/s per GPU (§8.4); plugin latency 75 µs (§1.2);
         # one-way latency 20 µs = AWS's measured net_lat for P5 (§8.4).
-        # Rails: 4 EFA devices per GPU as one NCCL net device (§8.4 num_rails 4; aws-ofi-nccl
-        # src/platform-aws.cpp platform_sort_rails: "On P5/P5e, there are up to 32 EFA devices").
-        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=20.0, nics_per_node=8, plugin_latency_us=75.0,
-                 rails_per_nic=4),
+        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=20.0, nics_per_node=8, plugin_latency_us=75.0),
         cpu_vendor="amd",     # p5.48xlarge: 3rd-gen AMD EPYC (Milan, 7R13)
         description="AWS p5 (H100), 2 nodes x 8, EFAv2, AMD hosts; AWS region tuner data §4.5."),
 }
