@@ -196,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readme", action="store_true", help="rewrite the table in simulator/README.md")
     args = ap.parse_args(argv)
-    text = format_table(evaluate()) + "\n\nWinner flips:\n\n" + format_flips()
+    from simulator.aws_regions import format_heldout
+
+    text = (format_table(evaluate()) + "\n\nWinner flips:\n\n" + format_flips()
+            + "\n\nHeld-out regions (AWS §4.5 regions the per-platform fit did not see; `python -m "
+            "simulator.aws_regions`):\n\n" + format_heldout())
     print(text)
     if args.readme:
         path = Path(__file__).with_name("README.md")

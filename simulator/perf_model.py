@@ -259,6 +259,8 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
     queue_lat = base_net_lat * share / (1.0 - share)
     one_way = base_net_lat + added + queue_lat                          # per node, one crossing
     hop_net = one_way * REAL["net_lat_mult"][p] + REAL["proto_net_us"][p]
+    if p == LL:     # per-platform fitted extra per crossing of host-staged LL (InterNet.ll_crossing_us)
+        hop_net = hop_net + t.inter.ll_crossing_us
     hop_net_max = float(hop_net.max())
     hop_intra = t.intra.latency_us * (REAL["intra_hop_rel"][t.intra.kind][a][p] if a in (TREE, RING) else 1.0)
 
@@ -321,7 +323,7 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
         W_intra = S
         W_net = (1.0 if N == 2 else 2.0) * S
         levels = _ceil_log2(N)
-        t_lat = REAL["nvls_lat_us"] + 2 * levels * hop_net_max
+        t_lat = REAL["nvls_lat_us"] + 2 * levels * hop_net_max + t.inter.nvls_tree_extra_us   # fitted, 0 default
         hops_intra, hops_net = 2, 2 * levels
         W_rank = W_intra
     else:  # PAT, one GPU per node
@@ -356,6 +358,8 @@ def expected_time(topology: Topology, func: str | int, nbytes: np.ndarray, algo:
     fill_intra = hops_intra * np.minimum(np.minimum(ck, REAL["pipeline_grain"][p]), per_ch_seg) / r_fill
     fill_net = hops_net * np.minimum(ck, per_ch_seg) / (B_net / nch) if N > 1 else 0.0
     fill = (fill_intra + fill_net) / 1000.0
+    if a == TREE and p == LL128 and N > 1 and t.inter.tree_ll128_eff != 1.0:   # per-platform fitted, 1 default
+        t_bw, fill = t_bw / t.inter.tree_ll128_eff, fill / t.inter.tree_ll128_eff
     slow = float(st["rank_slowdown"].max())
     return REAL["launch_us"][p] + (t_lat + t_bw + fill) * slow
 

@@ -95,6 +95,13 @@ class InterNet:
     nics_per_node: int = 8
     plugin_latency_us: float = 0.0
     gpu_nic_local: bool = True
+    # Per-platform FITTED terms, neutral by default (every preset but p5 leaves them so: bit-identical). Fitted to
+    # AWS's 16-rank AllReduce regions (reference §4.5) and checked on regions held out of the fit (32/64 ranks,
+    # AllGather/ReduceScatter): `python -m simulator.aws_regions --search`, simulator/README.md "Per-platform
+    # fit". Only ``ll_crossing_us`` on p5 passed that check; the other two are the candidates that did not.
+    ll_crossing_us: float = 0.0        # extra µs per network crossing of host-staged LL
+    tree_ll128_eff: float = 1.0        # efficiency of multi-node Tree/LL128's bandwidth + fill terms (candidate)
+    nvls_tree_extra_us: float = 0.0    # extra NVLSTree latency, µs (candidate)
 
     def validate(self) -> None:
         if self.kind not in NET_KINDS:
@@ -107,6 +114,12 @@ class InterNet:
             raise ValueError("inter.nics_per_node must be an int >= 1")
         if not self.plugin_latency_us >= 0:
             raise ValueError("inter.plugin_latency_us must be >= 0")
+        if not self.ll_crossing_us >= 0:
+            raise ValueError("inter.ll_crossing_us must be >= 0")
+        if not 0.0 < self.tree_ll128_eff <= 1.0:
+            raise ValueError("inter.tree_ll128_eff must be in (0, 1]")
+        if not self.nvls_tree_extra_us >= 0:
+            raise ValueError("inter.nvls_tree_extra_us must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -294,7 +307,14 @@ _PRESETS: dict[str, Topology] = {
         "p5-2x8", 2, 8, "hopper", _H100_NVL,
         # 32 x 100G EFA per node = 4 rails x 12.5 GiB/s per GPU (§8.4); plugin latency 75 µs (§1.2);
         # one-way latency 20 µs = AWS's measured net_lat for P5 (§8.4).
-        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=20.0, nics_per_node=8, plugin_latency_us=75.0),
+        # ll_crossing_us FITTED (not a sourced figure): AWS measured no LL region on p5 at any size or rank count
+        # (§4.5); NCCL's AMD figures (llMaxBw 22.5 GB/s, netOverhead 2 µs) leave Tree/LL best below 215 KiB at
+        # 16 ranks. Reading: host-staged LL (send buffer in host memory, proxy polls every line's flag) costs
+        # more per network crossing on these AMD hosts. Fitted on the 16-rank AllReduce region only (>= 10.5 µs
+        # needed; smallest value on a 2-µs grid that reaches the best 16-rank agreement: 12); held-out check:
+        # p5 AllReduce at 32 / 64 ranks 51 -> 85 % / 46 -> 82 % of sizes agree (simulator/aws_regions.py).
+        InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=20.0, nics_per_node=8, plugin_latency_us=75.0,
+                 ll_crossing_us=12.0),
         cpu_vendor="amd",     # p5.48xlarge: 3rd-gen AMD EPYC (Milan, 7R13)
         description="AWS p5 (H100), 2 nodes x 8, EFAv2, AMD hosts; AWS region tuner data §4.5."),
 }

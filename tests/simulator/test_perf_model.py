@@ -155,3 +155,21 @@ def test_tree_chain_fill_uses_the_per_position_nvlink_share():
     big = np.array([2 ** 30])
     assert expected_time(T2, "AllReduce", big, "TREE", "LL128", 32, 576000)[0] == pytest.approx(
         expected_time(no_switch, "AllReduce", big, "TREE", "LL128", 32, 576000)[0], rel=0.01)
+
+
+def test_fitted_ll_crossing_charges_each_network_crossing_of_ll_only():
+    # InterNet.ll_crossing_us (fitted on p5): a 2-node Tree crosses the network twice (reduce up, broadcast down),
+    # a 2-node Ring AllGather once (one inter-node step); LL128 and one-node runs are untouched.
+    import dataclasses
+    from simulator.aws_regions import with_fit
+
+    p5 = preset("p5-2x8")
+    base = with_fit(p5)
+    ll = lambda topo: t_of(None, SMALL, "TREE", "LL", topo=topo, nch=8, chunk=32768)        # noqa: E731
+    assert (ll(p5) - ll(base))[0] == pytest.approx(2 * 12.0)
+    ag = lambda topo: expected_time(topo, "AllGather", SMALL, "RING", "LL", 8, 32768)        # noqa: E731
+    assert (ag(p5) - ag(base))[0] == pytest.approx(12.0)
+    ll128 = lambda topo: t_of(None, SMALL, "TREE", "LL128", topo=topo, nch=8, chunk=32768)   # noqa: E731
+    assert ll128(p5)[0] == ll128(base)[0]
+    one = dataclasses.replace(p5, nodes=1)
+    assert ag(one)[0] == ag(with_fit(one))[0]

@@ -25,6 +25,9 @@ def test_required_presets_exist():
     ({"intra": IntraLink(kind="nvswitch")}, "intra.kind"),
     ({"inter": InterNet(kind="ethernet")}, "inter.kind"),
     ({"inter": InterNet(nics_per_node=0)}, "inter.nics_per_node"),
+    ({"inter": InterNet(ll_crossing_us=-1.0)}, "inter.ll_crossing_us"),
+    ({"inter": InterNet(tree_ll128_eff=0.0)}, "inter.tree_ll128_eff"),
+    ({"inter": InterNet(nvls_tree_extra_us=-1.0)}, "inter.nvls_tree_extra_us"),
     ({"graph": GraphParams(n_channels=0, bw_intra=1, bw_inter=1)}, "graph.n_channels"),
     ({"gpu": "ampere", "intra": IntraLink(nvls=True)}, "intra.nvls"),
 ])
@@ -67,3 +70,13 @@ def test_derived_graph_matches_reference_assumptions():
     assert (g.n_channels, g.bw_inter, g.latency_inter) == (8, 48.0, 0.0)
     g = preset("a100-2x8").graph_params()
     assert (g.n_channels, g.bw_intra) == (8, 24.0)
+
+
+def test_fitted_fields_are_neutral_except_p5():
+    # The per-platform fitted InterNet fields (simulator/aws_regions.py) leave every other preset bit-identical.
+    neutral = InterNet()
+    for name in preset_names():
+        inter = preset(name).inter
+        fitted = {f: getattr(inter, f) for f in ("ll_crossing_us", "tree_ll128_eff", "nvls_tree_extra_us")
+                  if getattr(inter, f) != getattr(neutral, f)}
+        assert fitted == ({"ll_crossing_us": 12.0} if name == "p5-2x8" else {}), (name, fitted)
