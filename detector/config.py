@@ -30,7 +30,12 @@ class DetectorConfig:
     arl0: float = 1e5                        # minimum windows between false alarms, per stream and bank
     stream_false_alarms_per_day: float = 1.0  # all streams together (before fusion): per-stream arl0 =
                                              # max(arl0, streams x windows per day / this)
-    warmup: int = 60                         # windows of median/MAD baseline
+    warmup: int = 60                         # windows of robust baseline
+    baseline_estimator: str = "mad"          # "mad" (median / 1.4826 MAD) or "winsorized" (mean/sd
+                                             # of the warm-up clipped at median +- 3 MAD-sigma: a
+                                             # less noisy scale, so h = 8.6 instead of 16 for
+                                             # delta = 2 at 60 windows; off by default: more false
+                                             # alarms on the suite's stationary runs, see README)
     threshold_warmup: int = 60               # thresholds are calibrated for max(warmup, this) samples
     baseline_refine: int = 0                 # > warmup: a monitored stream's baseline keeps learning
                                              # from its in-control windows (doubling: 60 -> 120 -> ...
@@ -51,6 +56,9 @@ class DetectorConfig:
     merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
     merge_similar_s: float = 30.0            # ... or this soon after its onset with a similar shift
     min_ratio: float = 1.03                  # latency ratio below this is not a regime change
+    small_shift_wait: bool = False           # ... judged on the next windows when first seen in
+                                             # the alarm window (confirmed or old baseline restored;
+                                             # off: 2 false changes on eval-mixed, see README)
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
     recovery_windows: int = 3                # ... for this many consecutive windows
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
@@ -99,6 +107,9 @@ class DetectorConfig:
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "workload_settle_share", "partial_window", "straggler_share"):
             positive(name)
+        if self.baseline_estimator not in ("mad", "winsorized"):
+            raise ValueError(f"detector config: baseline_estimator must be 'mad' or 'winsorized', "
+                             f"got {self.baseline_estimator!r}")
         if not (isinstance(self.baseline_refine, int) and not isinstance(self.baseline_refine, bool)
                 and self.baseline_refine >= 0):
             raise ValueError(f"detector config: baseline_refine must be an int >= 0, got {self.baseline_refine!r}")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 from river import base
 
-from ._baseline import robust_baseline
+from ._baseline import BASELINE_METHODS, robust_baseline
 from .arl import cusum_threshold_estimated
 
 __all__ = ["CUSUM"]
@@ -70,6 +70,11 @@ class CUSUM(base.DriftDetector):
     z_clip
         Limit, in standard deviations, beyond which a value is extreme (held back, then dropped
         if isolated or winsorised to this limit if not). None means ``delta + 4``.
+    estimator
+        How the warm-up's baseline is estimated: ``'mad'`` (median and 1.4826 x MAD) or
+        ``'winsorized'`` (mean and standard deviation of the warm-up clipped to median ± 3
+        MAD-sigma: as robust to a few outliers, a much less noisy scale, so a lower threshold
+        for the same `arl0`; see `detector._baseline.robust_baseline`).
 
     Attributes
     ----------
@@ -137,6 +142,7 @@ class CUSUM(base.DriftDetector):
         min_value: float | None = 0.0,
         max_value: float | None = None,
         z_clip: float | None = None,
+        estimator: str = "mad",
     ):
         super().__init__()
         self.delta = delta
@@ -146,9 +152,10 @@ class CUSUM(base.DriftDetector):
         self.min_value = min_value
         self.max_value = max_value
         self.z_clip = z_clip
+        self.estimator = estimator
 
         self._k, self._h, self._clip = _validate_and_derive(
-            delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES
+            delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
         )
         self._use_up = mode in ("both", "up")
         self._use_down = mode in ("both", "down")
@@ -356,7 +363,7 @@ class CUSUM(base.DriftDetector):
         return True
 
     def _learn_baseline(self) -> None:
-        med, scale = robust_baseline(np.asarray(self._buffer, dtype=np.float64))
+        med, scale = robust_baseline(np.asarray(self._buffer, dtype=np.float64), self.estimator)
         self._median = float(med)
         self._scale = float(scale)
         self._inv_scale = 1.0 / self._scale
@@ -368,8 +375,11 @@ class CUSUM(base.DriftDetector):
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
 
 
-def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip, valid_modes):
+def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip, valid_modes,
+                         estimator="mad"):
     """Shared by `CUSUM` and `CUSUMBank`: check hyperparameters, return (k, h, clip)."""
+    if estimator not in BASELINE_METHODS:
+        raise ValueError(f"estimator must be one of {BASELINE_METHODS}, got {estimator!r}")
     if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 0):
         raise ValueError(f"delta must be a finite number > 0, got {delta!r}")
     if not (isinstance(arl0, (int, float)) and arl0 > 1 and math.isfinite(arl0)):
@@ -383,6 +393,6 @@ def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip
     if z_clip is not None and not z_clip > 0:
         raise ValueError(f"z_clip must be > 0 or None, got {z_clip!r}")
     k = delta / 2.0
-    h = cusum_threshold_estimated(float(arl0), k, warmup, mode == "both")
+    h = cusum_threshold_estimated(float(arl0), k, warmup, mode == "both", estimator)
     clip = float(z_clip) if z_clip is not None else delta + 4.0
     return k, h, clip

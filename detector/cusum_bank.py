@@ -22,7 +22,7 @@ class CUSUMBank(base.Base):
     ----------
     n_streams
         Number of independent streams (e.g. one per (communicator, collective, size bucket)).
-    delta, arl0, warmup, mode, min_value, max_value, z_clip
+    delta, arl0, warmup, mode, min_value, max_value, z_clip, estimator
         As in `CUSUM`, shared by all streams.
 
     Attributes
@@ -77,6 +77,7 @@ class CUSUMBank(base.Base):
         min_value: float | None = 0.0,
         max_value: float | None = None,
         z_clip: float | None = None,
+        estimator: str = "mad",
     ):
         self.n_streams = n_streams
         self.delta = delta
@@ -86,11 +87,12 @@ class CUSUMBank(base.Base):
         self.min_value = min_value
         self.max_value = max_value
         self.z_clip = z_clip
+        self.estimator = estimator
 
         if not (isinstance(n_streams, int) and not isinstance(n_streams, bool) and n_streams >= 1):
             raise ValueError(f"n_streams must be an int >= 1, got {n_streams!r}")
         self._k, self._h, self._clip = _validate_and_derive(
-            delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES
+            delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
         )
         self._h_default = self._h
         self._use_up = mode in ("both", "up")
@@ -314,7 +316,7 @@ class CUSUMBank(base.Base):
         self._nbuf[idx] = pos
         done = idx[pos >= self.warmup]
         if done.size:
-            med, scale = robust_baseline(self._buf[done])
+            med, scale = robust_baseline(self._buf[done], self.estimator)
             self._median[done] = med
             self._scale[done] = scale
             self._inv_scale[done] = 1.0 / scale
@@ -402,7 +404,8 @@ class CUSUMBank(base.Base):
         The fusion stage raises ``arl0`` as streams are added, so that the false-alarm rate of the
         whole bank stays put (a union bound over streams)."""
         _, h, _ = _validate_and_derive(self.delta, arl0, self.warmup, self.mode, self.min_value,
-                                       self.max_value, self.z_clip, self._VALID_MODES)
+                                       self.max_value, self.z_clip, self._VALID_MODES,
+                                       self.estimator)
         self.arl0 = arl0
         self._h = self._h_default = h
 

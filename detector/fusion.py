@@ -14,7 +14,8 @@ Per window, after `detector.streams.StreamTable.update`:
    hiccup could also cause) it waits up to ``confirm_windows`` windows for confirmation (values
    again ≥ ``confirm_z`` old sigmas away; two windows let an on/off bursty regime confirm); an
    unconfirmed one restores the streams' old baselines (no blind re-warm-up). Shifts below
-   ``min_ratio`` are not regime changes. The per-stream CUSUM false-alarm rate is scaled with
+   ``min_ratio`` are not regime changes (with ``small_shift_wait``, off by default, an
+   unconfirmed group below it waits the same way: its alarm window may hold the onset). The per-stream CUSUM false-alarm rate is scaled with
    the number of streams (`StreamTable`), so more streams do not mean more false alarms. The
    job's autoencoder score and threshold go into the change's evidence (it flags one-window
    hiccups as readily as onsets, so it does not shorten the confirmation).
@@ -121,7 +122,7 @@ class Fusion:
         self.counters = {"spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
-                         "rank_triggers": 0, "rank_waits": 0}
+                         "rank_triggers": 0, "rank_waits": 0, "small_waits": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
 
@@ -136,11 +137,14 @@ class Fusion:
         self._window_s = window_s
         if ws.rebased.size:
             self._forget_streams(ws.rebased)
-            for j in set(self.table.job[ws.rebased].tolist()):
-                # a workload change moves the job's other streams (arrival coupling) only if
-                # its collectives take a real share of the job's time: a scalar AllReduce
-                # changing size every few seconds is not a reason to ignore alarms
-                if self._time_share(j, ws.rebased) >= self.config.workload_settle_share:
+            # a workload change moves the job's other streams (arrival coupling) only if
+            # its collectives take a real share of the job's time: a scalar AllReduce
+            # changing size every few seconds is not a reason to ignore alarms; nor is a
+            # stream's coverage alone (one window short of a rank's records: a collective
+            # straddling the window's end), which changes no one's timing
+            resized = ws.rebased if ws.resized is None else ws.resized
+            for j in set(self.table.job[resized].tolist()):
+                if self._time_share(j, resized) >= self.config.workload_settle_share:
                     self._rebased_at[j] = ws.t
         groups = self._confirm_pending(ws)
         self._group_alarms(ws, groups)
@@ -270,6 +274,13 @@ class Fusion:
                 return None, None
         lr = (level - med) * direction
         if not np.nanmax(np.abs(lr), initial=0.0) >= math.log(cfg.min_ratio):
+            if cfg.small_shift_wait and not g["confirmed"] and len(self.pending) < MAX_PENDING:
+                # an early alarm's window may still be half the old regime (the onset inside
+                # it): judge the shift on the next windows, which must confirm it (≥ confirm_z
+                # old sigmas) or the old baselines come back (the default was a blind re-learn)
+                self.counters["small_waits"] += 1
+                self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t))
+                return None, None
             self.counters["small_shifts"] += 1
             return None, None
         # a latency change explained by a change in message sizes is a workload change

@@ -55,6 +55,8 @@ class WindowStreams:
     base_scale: np.ndarray        # pre-alarm baseline sigma (log) per fired stream
     rebased: np.ndarray           # streams re-baselined for a workload/config change
     invalid: dict[str, int] = field(default_factory=dict)
+    resized: np.ndarray | None = None   # the rebased streams whose sizes or config changed (not
+                                        # only their coverage): a workload change (None: all)
 
 
 class StreamTable:
@@ -63,7 +65,8 @@ class StreamTable:
     def __init__(self, config: DetectorConfig | None = None):
         self.config = cfg = (config or DetectorConfig()).validate()
         self.banks = [CUSUMBank(n_streams=_GROW, delta=float(d), arl0=cfg.arl0, warmup=cfg.warmup,
-                                mode="both", min_value=None, z_clip=1e9) for d in cfg.deltas]
+                                mode="both", min_value=None, z_clip=1e9,
+                                estimator=cfg.baseline_estimator) for d in cfg.deltas]
         self.capacity = _GROW
         self.n = 0                                   # slots ever used (high-water mark)
         self._free: list[int] = []
@@ -245,6 +248,7 @@ class StreamTable:
         self.bytes_ref[i_ok[first]] = bpr[first]
         self.coverage_ref[i_ok[first]] = cov[first]
         rebased = i_ok[rebase]
+        resized = i_ok[rebase & (moved | cfg_changed)]
         if rebased.size:
             self._rebase_streams(rebased, bpr[rebase], cov[rebase])
         # a stream re-learning after a workload change whose workload is back to the previous
@@ -321,7 +325,7 @@ class StreamTable:
         if t % 64 == 63:
             self._evict(wf.window_start)
         return WindowStreams(t, wf.window_start, i_ok, x_valid, fired, direction, start, base_med,
-                             base_scale, self.last_rebased, invalid)
+                             base_scale, self.last_rebased, invalid, resized)
 
     def rebase(self, idx) -> None:
         """Treat streams ``idx`` as changed workload: new size reference, new warm-up."""
@@ -569,7 +573,8 @@ class StreamTable:
         while cfg.baseline_refine > cfg.warmup and 2 * ladder[-1] <= cfg.baseline_refine:
             ladder.append(2 * ladder[-1])
         self._ladder = np.array(ladder, np.int64)
-        self._h_ladder = [np.array([cusum_threshold_estimated(float(self.arl0), bank.delta / 2.0, m, True)
+        self._h_ladder = [np.array([cusum_threshold_estimated(float(self.arl0), bank.delta / 2.0, m, True,
+                                                              cfg.baseline_estimator)
                                     for m in ladder]) for bank in self.banks]
         for bank, hs in zip(self.banks, self._h_ladder):
             bank.set_threshold(hs[0])

@@ -222,3 +222,41 @@ def test_negligible_workload_change_does_not_hide_an_event():
     det, ch = run(job, regimes, WARM + 12)
     assert [c.kind for c in ch] == ["bandwidth"], ch
     assert ch[0].detected_s - (EPOCH + WARM + 2) <= 3.0
+
+
+def test_coverage_blip_does_not_hide_an_event():
+    """One window short of a rank's records (a collective straddling the window's end)
+    re-baselines the streams it touches but changes no one's timing: a bandwidth loss two
+    windows later is a change, not a side effect of a workload change (re-baselined away)."""
+    job = SyntheticJob(seed=8)
+    reg = bandwidth_regime(job, 1.12)
+
+    def regimes(t):
+        if t >= WARM + 2:
+            return reg
+        if t == WARM:
+            return Regime(missing_ranks=(5,))
+        return None
+    det, ch = run(job, regimes, WARM + 12)
+    assert det.table.n_rebased > 0                       # the blip did re-baseline streams
+    assert [c.kind for c in ch] == ["bandwidth"], ch
+    assert ch[0].detected_s - (EPOCH + WARM + 2) <= 2.0  # not 6 windows later
+
+
+@pytest.mark.parametrize("seed", [11, 13])
+def test_small_first_window_is_judged_on_the_next(seed):
+    """An alarm whose first window shows < ``min_ratio`` (the onset inside it) waits for the
+    next window instead of being dropped (which blinded the stream for a warm-up)."""
+    job = SyntheticJob(seed=seed, sigma=0.003)
+    i = max((k for k, s in enumerate(job.streams) if s.nnodes > 1), key=lambda k: job.streams[k].nbytes)
+    first, then = Regime(mult={i: 1.04}), Regime(mult={i: 1.12})   # 10 sigma, then 28
+
+    def regimes(t):
+        return then if t > WARM else (first if t == WARM else None)
+    cfg = DetectorConfig(autoencoder=False, min_ratio=1.05, small_shift_wait=True)   # option, off by default
+    det, ch = run(job, regimes, WARM + 8, cfg)
+    assert det.fusion.counters["small_waits"] == 1
+    assert [c.kind for c in ch] == ["bandwidth"] and ch[0].detected_s - (EPOCH + WARM) <= 2.0
+    _, old = run(job.__class__(seed=seed, sigma=0.003), regimes, WARM + 8,
+                 cfg.replace(small_shift_wait=False))
+    assert old == []                                      # the old behaviour: blind
