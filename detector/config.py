@@ -76,6 +76,9 @@ class DetectorConfig:
     # --- straggler ------------------------------------------------------------------------
     straggler_share: float = 0.6             # share of complete instances a rank is strictly shortest in
     straggler_min_instances: int = 3
+    straggler_recheck: bool = True           # a straggler named from its onset's window alone, on
+                                             # < 2 x straggler_min_instances instances, is named
+                                             # one window later, on both windows
     straggler_trigger_z: float = 8.0         # rank evidence alone opens a straggler change at this
                                              # binomial z over two windows (0: off)
     # --- autoencoder ----------------------------------------------------------------------

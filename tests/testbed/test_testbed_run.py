@@ -46,7 +46,8 @@ def test_ci_scenario_end_to_end(tmp_path):
     truth = json.loads((tmp_path / "out" / "truth.json").read_text())
     print(f"\n{last}  (wall {elapsed:.0f} s)")
     for row in summary["score"]["rows"]:
-        print(f"  {row['description']:<40} {row.get('kind', 'MISSED'):<10} {row.get('delay_s', '-')}")
+        print(f"  {row['description']:<40} {row.get('kind', 'MISSED'):<10} {row.get('delay_s', '-')}"
+              f"  ranks={row.get('ranks', '-')}" + ("" if "localised" not in row else f"  localised={row['localised']}"))
     for fa in summary["score"]["false"]:
         print(f"  false alarm {fa['detection']['kind']} {fa['why']}")
     # the run itself
