@@ -89,6 +89,9 @@ class DetectorConfig:
     top_statistics: int = 50                 # cusum_statistic series exported per job (largest)
 
     def validate(self) -> "DetectorConfig":
+        for f in dataclasses.fields(self):
+            if isinstance(f.default, bool) and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"detector config: {f.name} must be true or false, got {getattr(self, f.name)!r}")
         def positive(name, integer=False):
             v = getattr(self, name)
             ok = isinstance(v, int) and not isinstance(v, bool) if integer else (

@@ -97,6 +97,11 @@ def test_config_validation_names_the_field():
         DetectorConfig(warmup=0).validate()
     with pytest.raises(ValueError, match="recovery_fraction"):
         DetectorConfig(recovery_fraction=1.5).validate()
+    # switches must be booleans ("yes" or 1 from a YAML/--set typo is not silently truthy)
+    with pytest.raises(ValueError, match="straggler_recheck must be true or false"):
+        DetectorConfig(straggler_recheck="yes").validate()
+    with pytest.raises(ValueError, match="autoencoder"):
+        DetectorConfig(autoencoder=1).validate()
 
 
 def test_pending_alarm_on_a_stream_rebased_next_window():
