@@ -9,6 +9,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from ._baseline import BASELINE_METHODS
+
 __all__ = ["DetectorConfig", "DEFAULT_FEATURES", "DEFAULT_METRICS", "DEFAULT_SERVE"]
 
 DEFAULT_FEATURES = "tcp:127.0.0.1:9465"
@@ -77,8 +79,9 @@ class DetectorConfig:
     straggler_share: float = 0.6             # share of complete instances a rank is strictly shortest in
     straggler_min_instances: int = 3
     straggler_recheck: bool = True           # a straggler named from its onset's window alone, on
-                                             # < 2 x straggler_min_instances instances, is named
-                                             # one window later, on both windows
+                                             # < 2 x straggler_min_instances instances or on
+                                             # collectives >= 2 % of a window long, is named one
+                                             # window later, on both windows
     straggler_trigger_z: float = 8.0         # rank evidence alone opens a straggler change at this
                                              # binomial z over two windows (0: off)
     # --- autoencoder ----------------------------------------------------------------------
@@ -113,8 +116,8 @@ class DetectorConfig:
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "workload_settle_share", "partial_window", "straggler_share"):
             positive(name)
-        if self.baseline_estimator not in ("mad", "winsorized"):
-            raise ValueError(f"detector config: baseline_estimator must be 'mad' or 'winsorized', "
+        if self.baseline_estimator not in BASELINE_METHODS:
+            raise ValueError(f"detector config: baseline_estimator must be one of {BASELINE_METHODS}, "
                              f"got {self.baseline_estimator!r}")
         if not (isinstance(self.baseline_refine, int) and not isinstance(self.baseline_refine, bool)
                 and self.baseline_refine >= 0):

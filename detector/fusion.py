@@ -357,20 +357,19 @@ class Fusion:
         if (direction > 0 and cfg.straggler_recheck and not g.get("peak") and ws.t <= onset_step
                 and len(self.pending) < MAX_PENDING):
             stragglers = stragglers or self._stragglers(job, idx, onset_step, rel=True)
-        if (stragglers and cfg.straggler_recheck and not g.get("peak") and ws.t <= onset_step
-                and len(self.pending) < MAX_PENDING
-                and (stragglers[0].instances < 2 * cfg.straggler_min_instances
-                     or np.nanmax(med, initial=-np.inf) >= math.log(RECHECK_LATENCY_SHARE * self._window_s))):
-            # a rank named from the window holding the onset alone, on few instances (the test
-            # bed has 4-8 per window) or on collectives long against the window (the test bed's
-            # take 10-300 ms in 0.5 s windows): they are partly the old regime's or were in flight
-            # when the change began, and the shortest rank of such an instance is not the
-            # straggler (a test-bed run named the throttled rank's neighbour, 8 of 8 instances);
-            # the change waits for the next window, which must confirm the shift, and is named
-            # on both
-            self.counters["rank_rechecks"] += 1
-            self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
-            return None, None
+            thin = bool(stragglers) and stragglers[0].instances < 2 * cfg.straggler_min_instances
+            long_colls = np.nanmax(med, initial=-np.inf) >= math.log(RECHECK_LATENCY_SHARE * self._window_s)
+            if stragglers and (thin or long_colls):
+                # a rank named from the window holding the onset alone, on few instances (the test bed has
+                # 4-8 per window) or on collectives long against the window (the test bed's take
+                # 10-300 ms in 0.5 s windows): they are partly the old regime's or were in flight
+                # when the change began, and the shortest rank of such an instance is not the
+                # straggler (a test-bed run named the throttled rank's neighbour, 8 of 8
+                # instances); the change waits for the next window, which must confirm the
+                # shift, and is named on both
+                self.counters["rank_rechecks"] += 1
+                self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
+                return None, None
         return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
                             stragglers)
 
