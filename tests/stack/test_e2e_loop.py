@@ -69,7 +69,7 @@ def test_regime_change_reaches_the_webhook_with_its_labels_within_the_bound(loop
     first = next(c for _, c in loop.changes if c.kind != "recovery")
     lab, ann = alert["labels"], alert["annotations"]
     assert lab["severity"] == "warning" and lab["job_id"] == "e2e"
-    assert lab["kind"] == first.kind == "bandwidth"
+    assert lab["kind"] == first.kind == "bandwidth", (first.kind, first.ranks, first.evidence)
     assert lab["comm_name"] in first.comm_names
     assert "sim-node" in lab["where"]
     assert set(lab) == {"alertname", "severity", "job_id", "kind", "comm_name", "where"}
