@@ -82,6 +82,10 @@ class DetectorConfig:
                                              # < 2 x straggler_min_instances instances or on
                                              # collectives >= 2 % of a window long, is named one
                                              # window later, on both windows
+    onset_wait: bool = True                  # a change whose alarms come from a window holding its
+                                             # onset part-way through (both regimes mixed: p90/p50
+                                             # spread widened more than the p50 moved) is judged one
+                                             # window later: kind, ranks and magnitude
     straggler_trigger_z: float = 8.0         # rank evidence alone opens a straggler change at this
                                              # binomial z over two windows (0: off)
     # --- autoencoder ----------------------------------------------------------------------

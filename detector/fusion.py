@@ -130,7 +130,7 @@ class Fusion:
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
                          "rank_triggers": 0, "rank_waits": 0, "small_waits": 0,
-                         "rank_rechecks": 0}
+                         "rank_rechecks": 0, "onset_waits": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
 
@@ -370,6 +370,17 @@ class Fusion:
                 self.counters["rank_rechecks"] += 1
                 self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
                 return None, None
+        if (direction > 0 and cfg.onset_wait and not g["confirmed"] and not g.get("peak") and ws.t <= onset_step
+                and len(self.pending) < MAX_PENDING and self._mixed(idx, med, level)):
+            # the alarms come from a window that holds the onset part-way through: a mix of both
+            # regimes, its p90 already at the new level and its p50 barely moved (a 60 % bandwidth
+            # loss starting mid-window read as 1.10x, its size-dependent streams not yet moved),
+            # so neither the kind nor the magnitude would be the event's. The change is judged
+            # on the next window (`onset_wait`, counter `onset_waits`); a window wholly in the
+            # new regime keeps its p90/p50 spread and is judged at once.
+            self.counters["onset_waits"] += 1
+            self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
+            return None, None
         return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
                             stragglers)
 
@@ -522,6 +533,16 @@ class Fusion:
                                share=self.config.straggler_share,
                                min_instances=self.config.straggler_min_instances,
                                rel_z=STRAGGLER_REL_Z if rel else None)
+
+    def _mixed(self, idx, med, level) -> bool:
+        """This window mixes two regimes: over the streams, the p90/p50 spread widened by more
+        than the p50 moved (the p90 at least twice as far from the old level as the p50)."""
+        tab = self.table
+        with np.errstate(invalid="ignore"):
+            widened = tab.spread[idx] - tab.spread_prev[idx]
+            moved = level - med
+        ok = np.isfinite(widened) & np.isfinite(moved) & np.isfinite(tab.current(idx))
+        return bool(ok.any()) and float(np.median(widened[ok])) > max(float(np.median(moved[ok])), 0.0)
 
     def _forming(self, job, idx, onset_step) -> bool:
         comms = {int(c) for c in self.table.comm_hash[idx].tolist()}

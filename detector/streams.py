@@ -99,6 +99,10 @@ class StreamTable:
         self.coverage = np.full(cap, np.nan)
         self.instances_ref = np.full(cap, np.nan)
         self.instances = np.zeros(cap, np.float64)
+        # log(p90 / p50) of the stream's latest window and of the one before it: a window holding a
+        # regime change mixes both regimes, its p90 far ahead of its p50 (`Fusion`, `onset_wait`)
+        self.spread = np.full(cap, np.nan)
+        self.spread_prev = np.full(cap, np.nan)
         self.prev_bpr = np.full(cap, np.nan)      # the workload before the current one, and its baseline
         self.prev_cov = np.full(cap, np.nan)
         self.prev_med = np.full(cap, np.nan)
@@ -146,6 +150,8 @@ class StreamTable:
         self.coverage = ext(self.coverage, np.nan)
         self.instances_ref = ext(self.instances_ref, np.nan)
         self.instances = ext(self.instances, 0.0)
+        self.spread = ext(self.spread, np.nan)
+        self.spread_prev = ext(self.spread_prev, np.nan)
         for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale", "saved_med"):
             setattr(self, name, ext(getattr(self, name), np.nan))
         for name in ("prev_n", "ref_n", "acc_n", "saved_n"):
@@ -204,6 +210,7 @@ class StreamTable:
         if (~keep).any():
             invalid["stream_limit"] = int((~keep).sum())
         lat = agg.get_column("lat").to_numpy().astype(np.float64) if n_rows else np.zeros(0)
+        lat90 = agg.get_column("lat90").to_numpy().astype(np.float64) if n_rows else np.zeros(0)
         inst = agg.get_column("instances").to_numpy() if n_rows else np.zeros(0, np.int64)
         rec = agg.get_column("records").to_numpy() if n_rows else np.zeros(0, np.int64)
         byt = agg.get_column("bytes_total").to_numpy().astype(np.float64) if n_rows else np.zeros(0)
@@ -277,6 +284,10 @@ class StreamTable:
         self.instances_ref[i_ok] = np.where(np.isnan(iref) | rebase, inst[ok], 0.9 * iref + 0.1 * inst[ok])
         # ---- CUSUM ----------------------------------------------------------------------
         x_valid = np.log(lat[ok])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sp = np.log(lat90[ok]) - x_valid
+        self.spread_prev[i_ok] = self.spread[i_ok]
+        self.spread[i_ok] = np.where(np.isfinite(sp) & (sp >= 0), sp, np.nan)
         x = np.full(self.capacity, np.nan)
         x[i_ok] = x_valid
         self.hist[t % H] = np.nan
@@ -608,6 +619,8 @@ class StreamTable:
         self.bytes_ref[idle] = np.nan
         self.coverage_ref[idle] = np.nan
         self.instances_ref[idle] = np.nan
+        self.spread[idle] = np.nan
+        self.spread_prev[idle] = np.nan
         for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale", "saved_med"):
             getattr(self, name)[idle] = np.nan
         self.prev_n[idle] = 0
@@ -636,10 +649,11 @@ def _group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     if not (hs[1:] == hs[:-1]).any():
         agg = keys.select(*STREAM_KEY, "comm_name", "nnodes", "records", "instances", "bytes_total",
                           pl.col("lat_p50_s").fill_nan(None).alias("lat"),
+                          pl.col("lat_p90_s").fill_nan(None).alias("lat90"),
                           pl.Series("ap_bits", bit, dtype=pl.UInt64))
         return agg, h
     k = keys.with_columns(pl.Series("ap_bit", bit, dtype=pl.UInt64),
-                          pl.col("lat_p50_s").fill_nan(None))
+                          pl.col("lat_p50_s").fill_nan(None), pl.col("lat_p90_s").fill_nan(None))
     agg = k.group_by(STREAM_KEY, maintain_order=True).agg(
         pl.col("comm_name").first(),
         pl.col("nnodes").max(),
@@ -647,6 +661,7 @@ def _group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         pl.col("instances").sum(),
         pl.col("bytes_total").sum(),
         pl.col("lat_p50_s").sort_by("records", descending=True).first().alias("lat"),
+        pl.col("lat_p90_s").sort_by("records", descending=True).first().alias("lat90"),
         pl.col("ap_bit").unique().sum().alias("ap_bits"),
     )
     return agg, agg.select(pl.struct(*STREAM_KEY).hash(seed=7)).to_series().to_numpy()
