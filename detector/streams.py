@@ -639,6 +639,8 @@ def _group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     the streams' 64-bit key hashes. The common case, one row per stream, needs no group_by."""
     if keys.height == 0:
         return pl.DataFrame(), np.zeros(0, np.uint64)
+    if "lat_p90_s" not in keys.columns:     # optional: without it no window is seen as mixed
+        keys = keys.with_columns(pl.lit(None, dtype=pl.Float64).alias("lat_p90_s"))
     code = (keys.get_column("algo").replace_strict(_ALGO_CODE, default=-1, return_dtype=pl.Int64) * len(PROTOS)
             + keys.get_column("proto").replace_strict(_PROTO_CODE, default=-1, return_dtype=pl.Int64))
     code = code.to_numpy()

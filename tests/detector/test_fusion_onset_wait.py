@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from detector.config import DetectorConfig
@@ -47,3 +48,15 @@ def test_a_window_wholly_in_the_new_regime_is_judged_at_once(boundary):
     whole, t, n = boundary
     _, t_off, _ = _first_change(25.0, False)
     assert n == 0 and t == t_off and whole.kind == "bandwidth" and whole.magnitude > 1.5
+
+
+def test_windows_without_p90_are_processed_and_never_seen_as_mixed():
+    """``lat_p90_s`` is optional in a keys frame: without it no window is judged mixed."""
+    from detector.testing import SyntheticJob
+    job = SyntheticJob(seed=1)
+    det = Detector(DetectorConfig(autoencoder=False))
+    for t in range(70):
+        wf = job.window(t, None)
+        det.process(dataclasses.replace(wf, keys=wf.keys.drop("lat_p90_s")))
+    assert det.table.n_active > 0
+    assert np.isnan(det.table.spread).all()
