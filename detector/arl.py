@@ -44,6 +44,7 @@ __all__ = [
     "cusum_threshold_estimated",
     "expected_false_alarm_rate",
     "cusum_delay_bound",
+    "cusum_threshold_correlated",
 ]
 
 _SIEGMUND_CORRECTION = 1.166  # 2 * 0.583, the overshoot correction of the Gaussian random walk
@@ -232,3 +233,41 @@ def cusum_threshold_estimated(arl0: float, k: float, n: int, two_sided: bool = T
         if hi - lo < 1e-9:
             break
     return 0.5 * (lo + hi)
+
+
+def cusum_threshold_correlated(arl0: float, k: float, n: int, long_run_variance: float = 1.0,
+                               two_sided: bool = True, estimator: str = "mad") -> float:
+    """`cusum_threshold_estimated` for serially correlated noise: ``long_run_variance`` is
+    ``1 + 2 * sum of the autocorrelations`` of the standardised series (2.0 for an AR(1) with
+    ``rho = 1/3``).
+
+    Siegmund's approximation is a diffusion (Brownian) approximation of the CUSUM's random
+    walk, and for a correlated series the Brownian limit has the long-run variance
+    ``v * sigma**2``, not the per-sample one. In units of ``sqrt(v) * sigma`` the chart is a
+    ``(k / sqrt(v), h / sqrt(v))`` chart on independent data, so ``h = sqrt(v) *
+    cusum_threshold_estimated(arl0, k / sqrt(v), n)``. This holds when an in-control excursion
+    to the threshold spans several samples (``h > 2 k`` without correlation); a chart whose
+    threshold one sample can cross (``h <= 2 k``, e.g. ``k = 3``) is governed by the marginal
+    tail, and keeps the uncorrected threshold.
+
+    Examples
+    --------
+    The detector service's small-shift chart (delta = 2 sigma, 60-sample winsorised baseline,
+    per-stream ARL0 4.3e5) for independent and for correlated per-window noise; its
+    large-shift chart (delta = 6) is a one-window test and is not corrected:
+
+    >>> round(cusum_threshold_correlated(4.3e5, 1.0, 60, 1.0, estimator="winsorized"), 1)
+    8.6
+    >>> round(cusum_threshold_correlated(4.3e5, 1.0, 60, 2.0, estimator="winsorized"), 1)
+    19.5
+    >>> round(cusum_threshold_correlated(4.3e5, 3.0, 60, 2.0, estimator="winsorized"), 2)
+    2.16
+
+    """
+    if not (long_run_variance >= 1.0 and math.isfinite(long_run_variance)):
+        raise ValueError(f"long_run_variance must be a finite number >= 1, got {long_run_variance!r}")
+    h = cusum_threshold_estimated(arl0, k, n, two_sided, estimator)
+    if long_run_variance == 1.0 or h <= 2.0 * k:
+        return h
+    f = math.sqrt(long_run_variance)
+    return f * cusum_threshold_estimated(arl0, k / f, n, two_sided, estimator)

@@ -33,11 +33,19 @@ class DetectorConfig:
     stream_false_alarms_per_day: float = 1.0  # all streams together (before fusion): per-stream arl0 =
                                              # max(arl0, streams x windows per day / this)
     warmup: int = 60                         # windows of robust baseline
-    baseline_estimator: str = "mad"          # "mad" (median / 1.4826 MAD) or "winsorized" (mean/sd
-                                             # of the warm-up clipped at median +- 3 MAD-sigma: a
-                                             # less noisy scale, so h = 8.6 instead of 16 for
-                                             # delta = 2 at 60 windows; off by default: more false
-                                             # alarms on the suite's stationary runs, see README)
+    baseline_estimator: str = "winsorized"   # "winsorized" (mean/sd of the warm-up clipped at
+                                             # median +- 3 MAD-sigma: h = 2.2 instead of 4.1 for
+                                             # delta = 6 at 60 windows) or "mad" (median / 1.4826
+                                             # MAD: a noisier scale, a higher threshold)
+    instance_weight: float = 0.5             # a window holding fewer than this x its stream's
+                                             # typical instances (a noisier median, often a phase's
+                                             # edge) enters the CUSUM shrunk by sqrt(instances /
+                                             # (this x typical)); 0: off
+    long_run_variance: float = 2.0           # per-window noise's long-run variance / variance (1 +
+                                             # 2 x sum of autocorrelations; 1.0-2.8 measured on the
+                                             # suite's streams): the threshold of a chart that
+                                             # integrates over many windows (delta = 2) is set for it
+                                             # (`detector.arl.cusum_threshold_correlated`); 1: off
     threshold_warmup: int = 60               # thresholds are calibrated for max(warmup, this) samples
     baseline_refine: int = 0                 # > warmup: a monitored stream's baseline keeps learning
                                              # from its in-control windows (doubling: 60 -> 120 -> ...
@@ -120,6 +128,14 @@ class DetectorConfig:
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "workload_settle_share", "partial_window", "straggler_share"):
             positive(name)
+        if not (isinstance(self.long_run_variance, (int, float)) and not isinstance(self.long_run_variance, bool)
+                and math.isfinite(self.long_run_variance) and self.long_run_variance >= 1):
+            raise ValueError(f"detector config: long_run_variance must be a finite number >= 1, "
+                             f"got {self.long_run_variance!r}")
+        if not (isinstance(self.instance_weight, (int, float)) and not isinstance(self.instance_weight, bool)
+                and math.isfinite(self.instance_weight) and 0 <= self.instance_weight <= 1):
+            raise ValueError(f"detector config: instance_weight must be a number in [0, 1], "
+                             f"got {self.instance_weight!r}")
         if self.baseline_estimator not in BASELINE_METHODS:
             raise ValueError(f"detector config: baseline_estimator must be one of {BASELINE_METHODS}, "
                              f"got {self.baseline_estimator!r}")

@@ -14,8 +14,11 @@ One call per window, :meth:`StreamTable.update`, does everything vectorised:
    mix, or a retuned configuration) or whose ranks reporting per instance change by more than
    ``coverage_change`` (a rank or host vanished from the stream, e.g. its clock jumped) is
    re-baselined instead of alarming;
-5. feeds ``log(lat_p50_s)`` to one `CUSUMBank` per configured delta and floors the learned
-   baseline scale at ``scale_floor``.
+5. feeds ``log(lat_p50_s)`` to one `CUSUMBank` per configured delta (a window with fewer than
+   ``instance_weight`` x its usual instances shrunk towards the baseline by
+   sqrt(instances / (instance_weight x usual)): a noisier median) and floors the learned
+   baseline scale at ``scale_floor``; thresholds come from the per-stream ARL0
+   (`detector.arl.cusum_threshold_correlated`, for ``long_run_variance``).
 """
 from __future__ import annotations
 
@@ -290,6 +293,19 @@ class StreamTable:
         self.spread[i_ok] = np.where(np.isfinite(sp) & (sp >= 0), sp, np.nan)
         x = np.full(self.capacity, np.nan)
         x[i_ok] = x_valid
+        if cfg.instance_weight > 0 and i_ok.size:
+            # the median of a window with far fewer instances than usual is noisier (its
+            # sampling variance grows like 1 / instances) and often a phase's edge: its deviation
+            # from the baseline enters the CUSUM shrunk by sqrt(instances / (instance_weight x
+            # typical)) (history and fusion keep the raw value)
+            mon = ~self.banks[0].warming_up[i_ok] & ~rebase
+            with np.errstate(invalid="ignore", divide="ignore"):
+                w = np.sqrt(inst[ok] / (cfg.instance_weight * iref))
+            mon &= np.isfinite(w) & (w < 1.0)
+            if mon.any():
+                j = i_ok[mon]
+                med = self.banks[0].baseline[0][j]
+                x[j] = med + (x_valid[mon] - med) * w[mon]
         self.hist[t % H] = np.nan
         self.hist[t % H, i_ok] = x_valid
         warming_before = self.banks[0].warming_up
@@ -577,15 +593,16 @@ class StreamTable:
         (h = 1,600 σ at 20 samples) although the scale floor already bounds how small a
         learned σ can be; a short warm-up therefore gets the 60-sample threshold (more false
         alarms than nominal on streams noisier than the floor, caught by the fusion rules)."""
-        from .arl import cusum_threshold_estimated
+        from .arl import cusum_threshold_correlated
         cfg = self.config
         n = max(cfg.warmup, cfg.threshold_warmup)
         ladder = [n]
         while cfg.baseline_refine > cfg.warmup and 2 * ladder[-1] <= cfg.baseline_refine:
             ladder.append(2 * ladder[-1])
         self._ladder = np.array(ladder, np.int64)
-        self._h_ladder = [np.array([cusum_threshold_estimated(float(self.arl0), bank.delta / 2.0, m, True,
-                                                              cfg.baseline_estimator)
+        self._h_ladder = [np.array([cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, m,
+                                                               cfg.long_run_variance, True,
+                                                               cfg.baseline_estimator)
                                     for m in ladder]) for bank in self.banks]
         for bank, hs in zip(self.banks, self._h_ladder):
             bank.set_threshold(hs[0])

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from detector import CUSUM, CUSUMBank
-from detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_estimated,
+from detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_correlated,
+                          cusum_threshold_estimated,
                           siegmund_arl)
 
 
@@ -160,6 +161,33 @@ def test_false_alarm_rate_meets_arl0_winsorized_short_warmup(delta):
         bank.update_many(rng.standard_normal(n))
         alarms += int(bank.drift_detected.sum())
     assert alarms <= 1.2 * monitored / arl0, (alarms, monitored / arl0)
+
+
+def test_false_alarm_rate_on_correlated_noise_needs_the_long_run_variance():
+    """AR(1) noise (rho = 1/3: long-run variance 2x the per-sample one, as the suite's
+    multi-node streams under a shared background load): the small-shift chart's threshold for
+    independent noise raises alarms several times too often; the one for the long-run variance
+    (`cusum_threshold_correlated`) meets the target."""
+    n, steps, arl0, rho = 1000, 3000, 1e4, 1.0 / 3.0
+    k = 1.0
+    rates = {}
+    for lrv in (1.0, 2.0):                  # 2.0 = (1 + rho) / (1 - rho)
+        rng = np.random.default_rng(11)
+        bank = CUSUMBank(n_streams=n, delta=2 * k, arl0=arl0, warmup=60, min_value=None,
+                         estimator="winsorized")
+        bank.set_threshold(cusum_threshold_correlated(arl0, k, 60, lrv, estimator="winsorized"))
+        x = rng.standard_normal(n)
+        alarms = monitored = 0
+        for _ in range(steps):
+            x = rho * x + np.sqrt(1 - rho * rho) * rng.standard_normal(n)
+            monitored += int((~bank.warming_up).sum())
+            bank.update_many(x)
+            alarms += int(bank.drift_detected.sum())
+        rates[lrv] = alarms / (monitored / arl0)
+    assert rates[1.0] > 3.0, rates          # uncorrected: several times the nominal rate
+    assert rates[2.0] <= 1.2, rates         # corrected: within the target
+    # a one-sample chart (k = 3, h <= 2k) is governed by the marginal tail: left alone
+    assert cusum_threshold_correlated(arl0, 3.0, 60, 2.0) == cusum_threshold_estimated(arl0, 3.0, 60)
 
 
 def test_winsorized_baseline_is_robust_and_less_noisy():

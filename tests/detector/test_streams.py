@@ -124,3 +124,44 @@ def test_mix_return_restores_the_previous_baseline():
     assert not tab.banks[0].warming_up[slot]
     assert float(tab.baseline([slot])[0][0]) == med0
 
+
+
+def test_a_window_with_few_instances_counts_less():
+    """A window holding a tenth of a stream's usual instances (a phase's edge, a pause
+    starting) has a far noisier median: its 8-sigma deviation alarms the large-shift chart
+    unweighted, and not once shrunk by sqrt(instances / (instance_weight x typical))."""
+    fired = {}
+    for w in (0.0, DetectorConfig().instance_weight):     # off, and the default (0.5)
+        job = SyntheticJob(seed=3, sigma=0.01)
+        tab = StreamTable(DetectorConfig(autoencoder=False, instance_weight=w))
+        for t in range(80):
+            assert tab.update(job.window(t)).fired.size == 0
+        ws = tab.update(job.window(80, Regime(mult={0: float(np.exp(0.08))}, instances_frac=0.1)))
+        fired[w] = sorted(tab.comm_name[i] for i in ws.fired)
+        # a whole window with the same deviation alarms either way
+        job2 = SyntheticJob(seed=3, sigma=0.01)
+        tab2 = StreamTable(DetectorConfig(autoencoder=False, instance_weight=w))
+        for t in range(80):
+            tab2.update(job2.window(t))
+        ws2 = tab2.update(job2.window(80, Regime(mult={0: float(np.exp(0.08))})))
+        assert [tab2.comm_name[i] for i in ws2.fired] == ["tp0"]
+    assert fired == {0.0: ["tp0"], 0.5: []}
+
+
+def test_small_shift_threshold_is_set_for_correlated_noise():
+    """The delta = 2 chart integrates over many windows, so its threshold is set for the
+    per-window noise's long-run variance (`long_run_variance`, default 2); the delta = 6 chart,
+    which one window can fire, keeps the threshold for independent noise."""
+    from detector.arl import cusum_threshold_correlated, cusum_threshold_estimated
+    cfg = DetectorConfig(autoencoder=False)
+    tab = StreamTable(cfg)
+    small, large = tab.banks
+    assert cfg.baseline_estimator == "winsorized" and cfg.long_run_variance == 2.0
+    assert small.threshold == pytest.approx(cusum_threshold_correlated(tab.arl0, 1.0, 60, 2.0,
+                                                                        estimator="winsorized"))
+    assert small.threshold > 2 * cusum_threshold_estimated(tab.arl0, 1.0, 60, estimator="winsorized")
+    assert large.threshold == pytest.approx(cusum_threshold_estimated(tab.arl0, 3.0, 60, estimator="winsorized"))
+    with pytest.raises(ValueError, match="long_run_variance"):
+        DetectorConfig(long_run_variance=0.5).validate()
+    with pytest.raises(ValueError, match="instance_weight"):
+        DetectorConfig(instance_weight=2.0).validate()
