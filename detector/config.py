@@ -115,27 +115,23 @@ class DetectorConfig:
                 kind = "an int" if integer else "a finite number"
                 raise ValueError(f"detector config: {name} must be {kind} > 0, got {v!r}")
 
+        def within(name, lo, hi=math.inf):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi):
+                bound = f">= {lo}" if hi == math.inf else f"in [{lo}, {hi}]"
+                raise ValueError(f"detector config: {name} must be a finite number {bound}, got {v!r}")
+
         if not self.deltas or not all(isinstance(d, (int, float)) and d > 0 for d in self.deltas):
             raise ValueError(f"detector config: deltas must be a non-empty tuple of numbers > 0, got {self.deltas!r}")
         if not self.arl0 > 1:
             raise ValueError(f"detector config: arl0 must be > 1, got {self.arl0!r}")
-        if not (isinstance(self.straggler_trigger_z, (int, float)) and math.isfinite(self.straggler_trigger_z)
-                and self.straggler_trigger_z >= 0):
-            raise ValueError(f"detector config: straggler_trigger_z must be a finite number >= 0, "
-                             f"got {self.straggler_trigger_z!r}")
-        if not (isinstance(self.quiet_z, (int, float)) and math.isfinite(self.quiet_z) and self.quiet_z >= 0):
-            raise ValueError(f"detector config: quiet_z must be a finite number >= 0, got {self.quiet_z!r}")
+        within("straggler_trigger_z", 0)
+        within("quiet_z", 0)
+        within("long_run_variance", 1)
+        within("instance_weight", 0, 1)
         for name in ("stream_false_alarms_per_day", "scale_floor", "max_latency_s", "stream_idle_s", "confirm_z", "merge_s", "merge_similar_s",
                      "flap_window_s", "workload_change", "coverage_change", "workload_settle_share", "partial_window", "straggler_share"):
             positive(name)
-        if not (isinstance(self.long_run_variance, (int, float)) and not isinstance(self.long_run_variance, bool)
-                and math.isfinite(self.long_run_variance) and self.long_run_variance >= 1):
-            raise ValueError(f"detector config: long_run_variance must be a finite number >= 1, "
-                             f"got {self.long_run_variance!r}")
-        if not (isinstance(self.instance_weight, (int, float)) and not isinstance(self.instance_weight, bool)
-                and math.isfinite(self.instance_weight) and 0 <= self.instance_weight <= 1):
-            raise ValueError(f"detector config: instance_weight must be a number in [0, 1], "
-                             f"got {self.instance_weight!r}")
         if self.baseline_estimator not in BASELINE_METHODS:
             raise ValueError(f"detector config: baseline_estimator must be one of {BASELINE_METHODS}, "
                              f"got {self.baseline_estimator!r}")

@@ -345,40 +345,41 @@ class Fusion:
                 self.counters["pending_dropped"] += 1
                 tab.restore_baseline(idx, med, scale)
             return None, None
-        if direction > 0 and big and not g["confirmed"] and ws.t <= onset_step and len(self.pending) < MAX_PENDING:
-            # seen in the window holding its onset (partly the old regime): without a straggler
-            # there yet, the kind is decided one window later (`straggler.has_rank_evidence`);
-            # a shift this big is confirmed by the next window unless it was a one-window hiccup
-            stragglers = stragglers or self._stragglers(job, idx, onset_step, rel=True)
-            if not stragglers and self._forming(job, idx, onset_step):
-                self.counters["rank_waits"] += 1
-                self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
-                return None, None
-        if (direction > 0 and cfg.straggler_recheck and not g.get("peak") and ws.t <= onset_step
-                and len(self.pending) < MAX_PENDING):
-            stragglers = stragglers or self._stragglers(job, idx, onset_step, rel=True)
-            thin = bool(stragglers) and stragglers[0].instances < 2 * cfg.straggler_min_instances
-            long_colls = np.nanmax(med, initial=-np.inf) >= math.log(RECHECK_LATENCY_SHARE * self._window_s)
-            if stragglers and (thin or long_colls):
-                # a rank named from the window holding the onset alone, on few instances (the test bed has
-                # 4-8 per window) or on collectives long against the window (the test bed's take
-                # 10-300 ms in 0.5 s windows): they are partly the old regime's or were in flight
-                # when the change began, and the shortest rank of such an instance is not the
-                # straggler (a test-bed run named the throttled rank's neighbour, 8 of 8
-                # instances); the change waits for the next window, which must confirm the
-                # shift, and is named on both
-                self.counters["rank_rechecks"] += 1
-                self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
-                return None, None
-        if (direction > 0 and cfg.onset_wait and not g["confirmed"] and not g.get("peak") and ws.t <= onset_step
-                and len(self.pending) < MAX_PENDING and self._mixed(idx, med, level)):
-            # the alarms come from a window that holds the onset part-way through: a mix of both
-            # regimes, its p90 already at the new level and its p50 barely moved (a 60 % bandwidth
-            # loss starting mid-window read as 1.10x, its size-dependent streams not yet moved),
-            # so neither the kind nor the magnitude would be the event's. The change is judged
-            # on the next window (`onset_wait`, counter `onset_waits`); a window wholly in the
-            # new regime keeps its p90/p50 spread and is judged at once.
-            self.counters["onset_waits"] += 1
+        # judged one window later (pending, `peak`: on the farthest window since the alarm), with
+        # the counter that says why
+        wait = None
+        if direction > 0 and ws.t <= onset_step and len(self.pending) < MAX_PENDING:
+            if big and not g["confirmed"]:
+                # seen in the window holding its onset (partly the old regime): without a straggler
+                # there yet, the kind is decided one window later (`straggler.has_rank_evidence`);
+                # a shift this big is confirmed by the next window unless it was a one-window hiccup
+                stragglers = stragglers or self._stragglers(job, idx, onset_step, rel=True)
+                if not stragglers and self._forming(job, idx, onset_step):
+                    wait = "rank_waits"
+            if wait is None and cfg.straggler_recheck and not g.get("peak"):
+                stragglers = stragglers or self._stragglers(job, idx, onset_step, rel=True)
+                thin = bool(stragglers) and stragglers[0].instances < 2 * cfg.straggler_min_instances
+                long_colls = np.nanmax(med, initial=-np.inf) >= math.log(RECHECK_LATENCY_SHARE * self._window_s)
+                if stragglers and (thin or long_colls):
+                    # a rank named from the window holding the onset alone, on few instances (the test bed has
+                    # 4-8 per window) or on collectives long against the window (the test bed's take
+                    # 10-300 ms in 0.5 s windows): they are partly the old regime's or were in flight
+                    # when the change began, and the shortest rank of such an instance is not the
+                    # straggler (a test-bed run named the throttled rank's neighbour, 8 of 8
+                    # instances); the change waits for the next window, which must confirm the
+                    # shift, and is named on both
+                    wait = "rank_rechecks"
+            if (wait is None and cfg.onset_wait and not g["confirmed"] and not g.get("peak")
+                    and self._mixed(idx, med, level)):
+                # the alarms come from a window that holds the onset part-way through: a mix of both
+                # regimes, its p90 already at the new level and its p50 barely moved (a 60 % bandwidth
+                # loss starting mid-window read as 1.10x, its size-dependent streams not yet moved),
+                # so neither the kind nor the magnitude would be the event's. The change is judged
+                # on the next window (`onset_wait`); a window wholly in the new regime keeps its
+                # p90/p50 spread and is judged at once.
+                wait = "onset_waits"
+        if wait is not None:
+            self.counters[wait] += 1
             self.pending.append(_Pending(job, direction, idx, med, scale, start, ws.t, peak=True))
             return None, None
         return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
