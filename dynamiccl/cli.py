@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "report.cli",
     "retuner.cli",
     "testbed.cli",
+    "dynamiccl.validate",
 )
 
 

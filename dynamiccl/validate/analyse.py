@@ -1,0 +1,82 @@
+"""Run every check on a run's folder (what the launches left there) and write the reports.
+
+Used at the end of a live run and by ``--analyse DIR`` on a copied folder, on any machine.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from .checks import (Check, check_delivery, check_overhead, check_records, check_tuner, check_tuning_log,
+                     check_versions)
+from .detect import check_detection
+from .nccl_log import parse_file
+from .report import write_reports
+
+__all__ = ["analyse", "load_run"]
+
+
+def load_run(out: str) -> tuple[dict, dict, np.ndarray]:
+    with open(os.path.join(out, "run.json")) as f:
+        run = json.load(f)
+    with open(os.path.join(out, "env.json")) as f:
+        env = json.load(f)
+    return run, env, np.load(os.path.join(out, "events.npy"))
+
+
+def _overhead_samples(launches: list[dict]) -> dict:
+    samples: dict = {"with": {}, "without": {}}
+    for la in launches:
+        if "overhead" not in la["phases"] or not la["ok"]:
+            continue
+        side = samples["with" if la["plugins"] else "without"]
+        for res in la["results"]:
+            for size, rounds in res["marks"].get("overhead_us", {}).items():
+                side.setdefault(size, []).extend(rounds)
+    return samples
+
+
+def _launch_check(launches: list[dict]) -> Check:
+    bad = [la for la in launches if not la["ok"]]
+    rows = [f"{la['name']}: rc {la['returncodes']}, {la['wall_s']:.0f} s"
+            f"{' (timed out: ranks hung)' if la['timed_out'] else ''}" for la in launches]
+    rows += [f"{la['name']} rank 0 output tail: {la['stderr_tail'][-800:]}" for la in bad]
+    return Check("0 launches", not bad, f"{len(launches) - len(bad)}/{len(launches)} launches ended cleanly, "
+                 f"no rank hung: {not any(la['timed_out'] for la in launches)}", {}, rows)
+
+
+def analyse(out: str) -> bool:
+    run, env, events = load_run(out)
+    launches = run["launches"]
+    main = launches[0]
+    results = sorted(main["results"], key=lambda r: r["rank"])
+    checks = [_launch_check(launches)]
+    pids = {r["pid"]: r["rank"] for r in results}
+    logs = {pid: parse_file(p) for pid in pids
+            for p in glob.glob(os.path.join(out, f"nccl.{main['name']}.{pid}.log"))}
+    checks.append(check_versions(env.get("nccl", "?"), list(logs.values())))
+    if results:
+        checks.append(check_records(results, events))
+        rank0 = results[0]
+        if rank0["pid"] in logs:
+            checks.append(check_tuning_log(rank0, events, logs[rank0["pid"]]))
+        else:
+            checks.append(Check("3 NCCL's choice", False, "no NCCL debug log from rank 0"))
+        checks.append(check_tuner(results, events, env["spec"], main["ok"]))
+    checks.append(check_overhead(_overhead_samples(launches)))
+    plug_pids = [r["pid"] for la in launches if la["plugins"] for r in la["results"]]
+    checks.append(check_delivery(events, {int(k): v for k, v in run["stats"].items()}, plug_pids))
+    if results:
+        slow = events[np.isin(events["pid"], list(pids))]
+        marks = results[0]["marks"]
+        slow = slow[(slow["enqueue_ns"] >= marks.get("slow_start_ns", 0)) & (slow["enqueue_ns"] <= marks.get("slow_end_ns", 0))]
+        checks.append(check_detection(slow, {int(k): v for k, v in run["hosts"].items()},
+                                      int(marks.get("slow_onset_ns", 0)), env["spec"]["slow"]["slow_rank"]))
+    ok = write_reports(out, env, checks)
+    for c in checks:
+        print(f"validate-nccl: [{c.status}] {c.name}: {c.summary}", flush=True)
+    print(f"validate-nccl: {'PASS' if ok else 'FAIL'}; report in {os.path.join(out, 'report.md')}", flush=True)
+    return ok

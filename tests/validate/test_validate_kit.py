@@ -1,0 +1,107 @@
+"""The CPU-side parts of ``dynamiccl validate-nccl``: arguments, no-GPU exit, log parsing, the
+checks and reports on a recorded sample and on synthetic runs broken one way at a time."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dynamiccl.validate import cli
+from dynamiccl.validate.analyse import analyse
+from dynamiccl.validate.nccl_log import parse_file
+
+from .fake_run import fake_run
+
+SAMPLE = Path(__file__).with_name("data") / "nccl_tuning_sample.log"
+
+
+def _status(out: str) -> dict[str, str]:
+    doc = json.loads(Path(out, "report.json").read_text())
+    return {c["name"]: c["status"] for c in doc["checks"]}
+
+
+def test_no_gpu_is_one_clear_line_and_its_own_exit_code(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    rc = cli.main(["--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 3
+    assert len(err) == 1 and "no NVIDIA GPU" in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_fewer_than_two_ranks_is_a_usage_error(capsys):
+    assert cli.main(["--ranks", "1"]) == 2
+    assert "--ranks" in capsys.readouterr().err
+
+
+def test_recorded_nccl_log_sample_parses():
+    log = parse_file(str(SAMPLE))
+    assert log.version and log.version.startswith("2.")
+    assert log.profiler and log.profiler[0] == "dynamiccl"
+    assert log.tuner and log.tuner[0] == "dynamiccl"
+    assert log.choices and all(ch >= 1 for *_x, ch in log.choices)
+    assert {c[0] for c in log.choices} >= {"AllReduce", "AllGather"}
+
+
+def test_healthy_run_passes_every_check(tmp_path):
+    out = fake_run(str(tmp_path / "run"))
+    assert analyse(out)
+    st = _status(out)
+    assert st["2 records"] == st["3 NCCL's choice"] == st["4 tuner"] == st["5 overhead"] == "PASS"
+    md = Path(out, "report.md").read_text()
+    assert md.startswith("# DynamICCL on real NCCL: PASS")
+
+
+@pytest.mark.parametrize("breakage, check", [
+    ("stale", "2 records"),
+    ("slow_timer", "2 records"),
+    ("log_mismatch", "3 NCCL's choice"),
+    ("split_switch", "4 tuner"),
+])
+def test_each_defect_fails_its_check(tmp_path, breakage, check):
+    out = fake_run(str(tmp_path / "run"), breakage)
+    assert not analyse(out)
+    st = _status(out)
+    assert st[check] == "FAIL", st
+    others = {k: v for k, v in st.items() if k not in (check, "6b detection")}
+    assert all(v == "PASS" for v in others.values()), others
+
+
+def test_overhead_above_the_bound_fails(tmp_path):
+    out = fake_run(str(tmp_path / "run"))
+    run = json.loads(Path(out, "run.json").read_text())
+    for la in run["launches"]:
+        if la["plugins"] and la["name"] != "main":
+            marks = la["results"][0]["marks"]["overhead_us"]
+            marks["1048576"] = [x * 1.2 for x in marks["1048576"]]
+    Path(out, "run.json").write_text(json.dumps(run))
+    assert not analyse(out)
+    assert _status(out)["5 overhead"] == "FAIL"
+
+
+def test_worker_phases_run_on_gloo(tmp_path):
+    """Every phase of the rank program, two gloo ranks on the CPU (no NCCL: no records)."""
+    pytest.importorskip("torch")
+    import argparse
+
+    from dynamiccl.validate.launch import Launch, Plan, run_launch
+    spec = cli.make_spec(argparse.Namespace(max_bytes=4096, reps=1), 2)
+    spec.update(backend="gloo")
+    spec["slow"].update(base_s=0.5, slow_s=0.3)
+    spec["overhead"].update(sizes=[[1024, 3]], rounds=2)
+    spec["reload"].update(steps=3, write_at_step=1)
+    conf = tmp_path / "t.conf"
+    os.environ["DYNAMICCL_TUNER_CONFIG"] = str(conf)
+    try:
+        la = run_launch(Plan(2, [0, 0], False), Launch("smoke", ["sweep", "tuner", "reload", "slow", "overhead"],
+                                                         False), spec, {"out": str(tmp_path)}, 120)
+    finally:
+        del os.environ["DYNAMICCL_TUNER_CONFIG"]
+    assert la.ok, la.stderr_tail
+    funcs = {c[1] for c in la.results[0]["calls"] if c[0] == "sweep"}
+    assert funcs == {"AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "SendRecv"}
+    assert "3" in conf.read_text().split("version")[-1]      # rank 0 staged the mid-run version
