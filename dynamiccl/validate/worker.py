@@ -64,6 +64,8 @@ class Rank:
         for w in works if isinstance(works, list) else [works]:
             if w is not None:
                 w.wait()
+        if isinstance(works, list):    # batched P2P: wait() does not order the current stream after it
+            self.sync()
         end.record()
         end.synchronize()
         us = start.elapsed_time(end) * 1e3
@@ -169,17 +171,20 @@ class Rank:
         t0 = time.perf_counter()
         for _ in range(50):
             self.timed("slow_calibrate", "AllReduce", nb, call)
-        per = torch.tensor([(time.perf_counter() - t0) / 50 + spec["gap_s"]], device=self.device)
-        dist.all_reduce(per, op=dist.ReduceOp.MAX)       # one iteration count on every rank
-        n_base = int(spec["base_s"] / float(per.item()))
-        n_slow = int(spec["slow_s"] / (float(per.item()) + spec["delay_s"]))
+        per = torch.tensor([(time.perf_counter() - t0) / 50], device=self.device)
+        dist.all_reduce(per, op=dist.ReduceOp.MAX)       # one iteration count and delay on every rank
+        call_s = float(per.item())
+        delay_s = max(spec["delay_s"], spec["delay_ratio"] * call_s)   # peers wait >= (1 + ratio) x as long
+        n_base = int(spec["base_s"] / (call_s + spec["gap_s"]))
+        n_slow = int(spec["slow_s"] / (call_s + spec["gap_s"] + delay_s))
+        self.marks["slow_delay_s"] = delay_s
         self.marks["slow_onset_ns"] = 0
         for i in range(n_base + n_slow):
             slow = i >= n_base
             if slow and not self.marks["slow_onset_ns"]:
                 self.marks["slow_onset_ns"] = time.time_ns()
             if slow and self.rank == spec["slow_rank"]:
-                time.sleep(spec["delay_s"])
+                time.sleep(delay_s)
             self.timed("slow_after" if slow else "slow_before", "AllReduce", nb, call)
             time.sleep(spec["gap_s"])
 
