@@ -46,7 +46,10 @@ void dccl_tuner_link(void) {
   for (int i = 0; i < n; i++) {
     void* h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
     if (h == NULL) continue;
-    void* f = dlsym(h, "dynamiccl_tuner_config_version");
+    /* record_version knows when the applied version is not applied (tuner v4); older tuners
+       export only config_version */
+    void* f = dlsym(h, "dynamiccl_tuner_record_version");
+    if (f == NULL) f = dlsym(h, "dynamiccl_tuner_config_version");
     if (f == NULL) { /* another tuner: records keep version 0 */
       dlclose(h);
       continue;
