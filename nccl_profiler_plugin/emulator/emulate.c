@@ -1,6 +1,6 @@
 /* emulate: replay NCCL's profiler call sequence against a plugin and time it.
  *
- *   emulate PLUGIN.so [--abi 4|5|6] [--colls N] [--warmup N] [--threads 1|2] [--comms K]
+ *   emulate PLUGIN.so [--abi 4|5|6|7] [--colls N] [--warmup N] [--threads 1|2] [--comms K]
  *                     [--channels C] [--count ELEMS] [--reps R]
  *
  * Eager AllReduce (float32, RING/SIMPLE), one Coll + C KernelCh per operation, split
@@ -30,7 +30,7 @@ static int cmp_double(const void* a, const void* b) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: emulate PLUGIN.so [--abi 4|5|6] [--colls N] [--warmup N] [--threads 1|2] [--comms K]\n"
+          "usage: emulate PLUGIN.so [--abi 4|5|6|7] [--colls N] [--warmup N] [--threads 1|2] [--comms K]\n"
           "                         [--channels C] [--count ELEMS] [--reps R]\n");
 }
 

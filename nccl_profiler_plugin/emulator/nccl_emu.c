@@ -88,6 +88,7 @@ struct emu {
   const ncclProfiler_v4_t* t4;
   const ncclProfiler_v5_t* t5; /* v6 table has the same function-pointer layout, but we keep both typed */
   const ncclProfiler_v6_t* t6;
+  const ncclProfiler_v7_t* t7;
   void (*stats)(void*);
   int mask; /* NCCL's process-global ncclProfilerEventMask */
   emu_comm_t* comms[EMU_MAX_COMMS];
@@ -99,8 +100,9 @@ struct emu {
 
 static const char* const k_unknown = "Unknown";
 static inline const char* s_func(int c) { return (c >= 0 && c < DCCL_FUNC_COUNT) ? dccl_func_names[c] : k_unknown; }
+/* NCCL 2.27-2.30's ncclDatatypeToString has no ncclUint8 case: it passes "Unknown". */
 static inline const char* s_dtype(int c) {
-  return (c >= 0 && c < DCCL_DTYPE_COUNT) ? dccl_dtype_names[c] : k_unknown;
+  return (c >= 0 && c < DCCL_DTYPE_COUNT && c != DCCL_DTYPE_NCCLUINT8) ? dccl_dtype_names[c] : k_unknown;
 }
 static inline const char* s_algo(int c) { return (c >= 0 && c < DCCL_ALGO_COUNT) ? dccl_algo_names[c] : k_unknown; }
 static inline const char* s_proto(int c) {
@@ -130,7 +132,7 @@ static inline const char* s_proto(int c) {
       d.rank = (c)->rank;                                                    \
       FILL;                                                                  \
       e_->t5->startEvent((c)->ctx, (hp), &d);                                \
-    } else {                                                                 \
+    } else if (e_->version == 6) {                                           \
       ncclProfilerEventDescr_v6_t d;                                         \
       memset(&d, 0, sizeof d);                                               \
       d.type = (TYPE);                                                       \
@@ -138,10 +140,18 @@ static inline const char* s_proto(int c) {
       d.rank = (c)->rank;                                                    \
       FILL;                                                                  \
       e_->t6->startEvent((c)->ctx, (hp), &d);                                \
+    } else {                                                                 \
+      ncclProfilerEventDescr_v7_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (TYPE);                                                       \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t7->startEvent((c)->ctx, (hp), &d);                                \
     }                                                                        \
   } while (0)
 
-/* v5/v6-only events (API level). */
+/* v5+ events (API level). */
 #define EMU_START56(c, hp, TYPE, PARENT, FILL)                               \
   do {                                                                       \
     struct emu* e_ = (c)->emu;                                               \
@@ -162,6 +172,14 @@ static inline const char* s_proto(int c) {
       d.rank = (c)->rank;                                                    \
       FILL;                                                                  \
       e_->t6->startEvent((c)->ctx, (hp), &d);                                \
+    } else if (e_->version == 7) {                                           \
+      ncclProfilerEventDescr_v7_t d;                                         \
+      memset(&d, 0, sizeof d);                                               \
+      d.type = (TYPE);                                                       \
+      d.parentObj = (PARENT);                                                \
+      d.rank = (c)->rank;                                                    \
+      FILL;                                                                  \
+      e_->t7->startEvent((c)->ctx, (hp), &d);                                \
     }                                                                        \
   } while (0)
 
@@ -171,8 +189,10 @@ static inline void ev_stop(const struct emu* e, void* h) {
     e->t4->stopEvent(h);
   else if (e->version == 5)
     e->t5->stopEvent(h);
-  else
+  else if (e->version == 6)
     e->t6->stopEvent(h);
+  else
+    e->t7->stopEvent(h);
 }
 
 static inline void ev_record(const struct emu* e, void* h, ncclProfilerEventState_t st, uint64_t ptimer) {
@@ -184,8 +204,10 @@ static inline void ev_record(const struct emu* e, void* h, ncclProfilerEventStat
     e->t4->recordEventState(h, st, &a);
   else if (e->version == 5)
     e->t5->recordEventState(h, st, &a);
-  else
+  else if (e->version == 6)
     e->t6->recordEventState(h, st, &a);
+  else
+    e->t7->recordEventState(h, st, &a);
 }
 
 static inline int is_p2p(const emu_coll_t* op) { return op->func == DCCL_FUNC_SEND || op->func == DCCL_FUNC_RECV; }
@@ -197,6 +219,9 @@ static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64
   void* kparent = (op->flags & EMU_F_NULL_KCH_PARENT) ? NULL : coll;
   uint64_t n = 0;
   int nch = op->n_channels < 0 ? 0 : (op->n_channels > 64 ? 64 : op->n_channels);
+  /* A send/recv to self has no proxy ops and hence no proxy or KernelCh events
+     (enqueue.cc addP2pToPlan: nProxyOps = selfSend ? 0 : 2). */
+  if (is_p2p(op) && op->root == c->rank) nch = 0;
   if ((op->flags & EMU_F_CROSS_NODE) && (mask & (ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileNetPlugin))) {
     for (int ch = 0; ch < nch; ch++) {
       void* pop;
@@ -310,17 +335,34 @@ static void* replay_app(emu_comm_t* c, const emu_coll_t* op) {
         d.p2p.nChannels = (uint8_t)op->n_channels;
       });
     } else {
-      EMU_START(c, &coll, ncclProfileColl, parent, {
-        d.coll.seqNumber = op->seq_number;
-        d.coll.func = s_func(op->func);
-        d.coll.count = op->count;
-        d.coll.root = op->root;
-        d.coll.datatype = s_dtype(op->datatype);
-        d.coll.nChannels = (uint8_t)op->n_channels;
-        d.coll.nWarps = (uint8_t)op->n_warps;
-        d.coll.algo = s_algo(op->algo);
-        d.coll.proto = s_proto(op->proto);
-      });
+#define EMU_COLL_FILL                                                                             \
+  do {                                                                                            \
+    d.coll.seqNumber = op->seq_number;                                                            \
+    d.coll.func = s_func(op->func);                                                               \
+    d.coll.count = op->count;                                                                     \
+    d.coll.root = op->root;                                                                       \
+    d.coll.datatype = s_dtype(op->datatype);                                                      \
+    /* CollNet paths report nChannels = 0; their KernelCh children still come (replay_proxy). */ \
+    d.coll.nChannels = (op->flags & EMU_F_COLLNET) ? 0 : (uint8_t)op->n_channels;                 \
+    d.coll.nWarps = (uint8_t)op->n_warps;                                                         \
+    d.coll.algo = s_algo(op->algo);                                                               \
+    d.coll.proto = s_proto(op->proto);                                                            \
+  } while (0)
+      if (e->version == 7) {
+        ncclProfilerEventDescr_v7_t d;
+        memset(&d, 0, sizeof d);
+        d.type = ncclProfileColl;
+        d.parentObj = parent;
+        d.rank = c->rank;
+        EMU_COLL_FILL;
+        d.coll.userTag = (op->flags & EMU_F_TAGGED) ? EMU_USER_TAG(op) : 0;
+        d.coll.isSymColl = (op->flags & EMU_F_SYMMETRIC) != 0;
+        d.coll.kernelVariant = (op->flags & EMU_F_SYMMETRIC) ? "sym" : "default";
+        coll = NULL;
+        e->t7->startEvent(c->ctx, &coll, &d);
+      } else {
+        EMU_START(c, &coll, ncclProfileColl, parent, EMU_COLL_FILL);
+      }
     }
     ev_stop(e, coll); /* "enqueued" */
     n += 1 + (coll != NULL);
@@ -365,8 +407,8 @@ static void* proxy_main(void* arg) {
 /* public API                                                                                  */
 
 EMU_EXPORT emu_t* emu_open(const char* plugin_path, int abi_version) {
-  if (abi_version < 4 || abi_version > 6) {
-    set_err("unsupported profiler ABI version %d (this emulator speaks 4, 5, 6)", abi_version);
+  if (abi_version < 4 || abi_version > 7) {
+    set_err("unsupported profiler ABI version %d (this emulator speaks 4, 5, 6, 7)", abi_version);
     return NULL;
   }
   void* dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
@@ -393,6 +435,7 @@ EMU_EXPORT emu_t* emu_open(const char* plugin_path, int abi_version) {
   if (abi_version == 4) e->t4 = table;
   if (abi_version == 5) e->t5 = table;
   if (abi_version == 6) e->t6 = table;
+  if (abi_version == 7) e->t7 = table;
   *(void**)&e->stats = dlsym(dl, "dynamicclProfilerStats");
   return e;
 }
@@ -425,8 +468,10 @@ EMU_EXPORT int emu_comm_init(emu_t* e, uint64_t comm_hash, const char* name, int
     r = e->t4->init(&c->ctx, &e->mask, name, comm_hash, nnodes, nranks, rank, emu_logger);
   else if (e->version == 5)
     r = e->t5->init(&c->ctx, comm_hash, &e->mask, name, nnodes, nranks, rank, emu_logger);
-  else
+  else if (e->version == 6)
     r = e->t6->init(&c->ctx, comm_hash, &e->mask, name, nnodes, nranks, rank, emu_logger);
+  else
+    r = e->t7->init(&c->ctx, comm_hash, &e->mask, name, nnodes, nranks, rank, emu_logger);
   if (r != ncclSuccess) {
     set_err("profiler init failed (ncclResult %d): %s", (int)r, g_last_warn[0] ? g_last_warn : "(no message)");
     free(c);
@@ -439,7 +484,8 @@ EMU_EXPORT int emu_comm_init(emu_t* e, uint64_t comm_hash, const char* name, int
       free(c->items);
       if (e->version == 4) e->t4->finalize(c->ctx);
       else if (e->version == 5) e->t5->finalize(c->ctx);
-      else e->t6->finalize(c->ctx);
+      else if (e->version == 6) e->t6->finalize(c->ctx);
+      else e->t7->finalize(c->ctx);
       free(c);
       return -1;
     }
@@ -495,8 +541,10 @@ EMU_EXPORT int emu_comm_finalize(emu_t* e, int comm) {
     e->t4->finalize(c->ctx);
   else if (e->version == 5)
     e->t5->finalize(c->ctx);
-  else
+  else if (e->version == 6)
     e->t6->finalize(c->ctx);
+  else
+    e->t7->finalize(c->ctx);
   e->calls_closed += c->calls_app + c->calls_proxy + 2;
   e->comms[comm] = NULL;
   free(c);
@@ -514,7 +562,7 @@ EMU_EXPORT void emu_close(emu_t* e) {
 EMU_EXPORT int emu_mask(const emu_t* e) { return __atomic_load_n(&e->mask, __ATOMIC_RELAXED); }
 
 EMU_EXPORT const char* emu_plugin_name(const emu_t* e) {
-  return e->version == 4 ? e->t4->name : e->version == 5 ? e->t5->name : e->t6->name;
+  return e->version == 4 ? e->t4->name : e->version == 5 ? e->t5->name : e->version == 6 ? e->t6->name : e->t7->name;
 }
 
 EMU_EXPORT int emu_plugin_stats(emu_t* e, void* out) {

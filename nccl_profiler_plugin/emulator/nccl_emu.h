@@ -1,6 +1,7 @@
-/* A GPU-free emulator of NCCL 2.27-2.30's profiler call sequence, for testing and
- * benchmarking profiler plugins. It dlopens a plugin, resolves ncclProfiler_v6/v5/v4 and
- * replays, per operation:
+/* A GPU-free emulator of NCCL 2.27-2.31's profiler call sequence, for testing and
+ * benchmarking profiler plugins. It dlopens a plugin, resolves ncclProfiler_v7/v6/v5/v4 and
+ * replays, per operation (real paths: a send/recv to self gets no proxy or KernelCh events;
+ * CollNet reports nChannels = 0 while its KernelCh still come; ncclUint8 is named "Unknown"):
  *   application thread:  [v5/v6] GroupApi start -> CollApi|P2pApi start -> CollApi|P2pApi stop
  *                        -> GroupApi record(GroupEndApiStart) -> [KernelLaunch start/stop if in mask]
  *                        -> Coll|P2p start (parent = CollApi|P2pApi handle) -> Coll|P2p stop
@@ -32,6 +33,10 @@ extern "C" {
 #define EMU_F_CROSS_NODE 0x8     /* ProxyOp (+ProxyStep) events per channel, if in the mask */
 #define EMU_F_PXN 0x10           /* plus a ProxyOp from a foreign pid with a foreign parentObj */
 #define EMU_F_NO_GPU_TIMER 0x20  /* KernelCh pTimers are 0 (host times only) */
+#define EMU_F_COLLNET 0x40       /* CollNet/multi-node NVLS: Coll reports nChannels = 0, KernelCh still come */
+#define EMU_F_TAGGED 0x80        /* v7: coll.userTag = EMU_USER_TAG(op) (else 0, untagged) */
+#define EMU_F_SYMMETRIC 0x100    /* v7: isSymColl = 1, kernelVariant "sym" */
+#define EMU_USER_TAG(op) (0x5400000000000000ull | (op)->seq_number)
 
 /* One operation. Codes are the wire-format enums (DCCL_FUNC_*, DCCL_DTYPE_*, ...); a code out of
    range is passed to the plugin as the string "Unknown". func Send/Recv makes a P2P operation
@@ -53,7 +58,7 @@ typedef struct emu_coll {
 
 typedef struct emu emu_t;
 
-/* Open a plugin and resolve ncclProfiler_v<abi_version> (4, 5 or 6). NULL on error (emu_error). */
+/* Open a plugin and resolve ncclProfiler_v<abi_version> (4, 5, 6 or 7). NULL on error (emu_error). */
 emu_t* emu_open(const char* plugin_path, int abi_version);
 /* Message of the last failure in this process (open, init). */
 const char* emu_error(void);

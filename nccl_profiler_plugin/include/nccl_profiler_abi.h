@@ -1,4 +1,4 @@
-/* NCCL profiler plugin ABI, versions 4, 5 and 6, declared by DynamICCL.
+/* NCCL profiler plugin ABI, versions 4, 5, 6 and 7, declared by DynamICCL.
  *
  * Written from the field lists in docs (nccl-plugin-abi.md §1.4-§1.7), not copied from NCCL.
  * NCCL does not install its profiler headers; every plugin carries its own declarations.
@@ -10,6 +10,9 @@
  *   - v5/v6 add `parentGroup` at the end of coll/p2p (the legacy Group parent); Coll's
  *     parentObj is the CollApi event in v5/v6 and the Group event in v4.
  *   - v6 adds copy-engine (CE) events; the function table is the same as v5.
+ *   - v7 (NCCL 2.31+, profiler_v7.h) appends userTag to collApi/p2pApi/coll/p2p/ceColl,
+ *     kernelVariant + isSymColl to coll (before userTag), and the KernelPhase event (type 1<<15,
+ *     child of a KernelCh; its stop state 31 reuses the kernelCh state-args member).
  */
 #ifndef DYNAMICCL_NCCL_PROFILER_ABI_H_
 #define DYNAMICCL_NCCL_PROFILER_ABI_H_
@@ -44,6 +47,7 @@ enum {
   ncclProfileCeColl = (1 << 12),       /* v6 */
   ncclProfileCeSync = (1 << 13),       /* v6 */
   ncclProfileCeBatch = (1 << 14),      /* v6 */
+  ncclProfileKernelPhase = (1 << 15),  /* v7: initial_sync / compute / final_sync of a KernelCh */
 };
 
 /* ---- event states (one numbering for all versions) ---- */
@@ -79,11 +83,13 @@ typedef enum {
   ncclProfilerCeSyncComplete = 28,
   ncclProfilerCeBatchStart = 29,
   ncclProfilerCeBatchComplete = 30,
+  ncclProfilerKernelPhaseStop = 31,   /* v7: args->kernelCh.pTimer = GPU stop time of the phase */
 } ncclProfilerEventState_t;
 
 typedef ncclProfilerEventState_t ncclProfilerEventState_v4_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v5_t;
 typedef ncclProfilerEventState_t ncclProfilerEventState_v6_t;
+typedef ncclProfilerEventState_t ncclProfilerEventState_v7_t;
 
 /* State arguments (same union in v4, v5, v6). */
 typedef union {
@@ -94,6 +100,7 @@ typedef union {
 } ncclProfilerEventStateArgs_v4_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v5_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
+typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v7_t;
 
 /* ---- union members shared by several versions ---- */
 #define DCCL_ABI_PROXY_MEMBERS_                                                                                   \
@@ -268,10 +275,117 @@ typedef struct {
   ncclResult_t (*finalize)(void* context);
 } ncclProfiler_v6_t;
 
+/* ---- v7 (NCCL 2.31+) ---- */
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct {
+      bool graphCaptured;
+      int groupDepth;
+    } groupApi;
+    struct {
+      const char* func;
+      size_t count;
+      const char* datatype;
+      int root;
+      void* stream;
+      bool graphCaptured;
+      uint64_t userTag; /* per-call user tag (0: untagged; MSB set: reserved by NCCL) */
+    } collApi;
+    struct {
+      const char* func;
+      size_t count;
+      const char* datatype;
+      void* stream;
+      bool graphCaptured;
+      uint64_t userTag;
+    } p2pApi;
+    struct { void* stream; } kernelLaunch;
+    struct {
+      uint64_t seqNumber;
+      const char* func;
+      void const* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char* algo;
+      const char* proto;
+      void* parentGroup;
+      const char* kernelVariant;
+      bool isSymColl;
+      uint64_t userTag;
+    } coll;
+    struct {
+      const char* func;
+      void* buff;
+      const char* datatype;
+      size_t count;
+      int peer;
+      uint8_t nChannels;
+      void* parentGroup;
+      uint64_t userTag;
+    } p2p;
+    DCCL_ABI_PROXY_MEMBERS_
+    struct {
+      uint64_t seqNumber;
+      const char* func;
+      void const* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      const char* syncStrategy;
+      bool intraBatchSync;
+      uint32_t batchSize;
+      uint32_t numBatches;
+      uint32_t ceSeqNum;
+      void* stream;
+      uint64_t userTag;
+    } ceColl;
+    struct {
+      bool isComplete;
+      int nRanks;
+    } ceCollSync;
+    struct {
+      int numOps;
+      size_t totalBytes;
+      bool useIntraSync;
+    } ceCollBatch;
+    struct {
+      uint8_t channelId;
+      uint8_t phaseId; /* 0 initial_sync, 1 compute, 2 final_sync */
+      const char* phaseName;
+      uint64_t pTimer; /* GPU globaltimer at phase start */
+    } kernelPhase;
+  };
+} ncclProfilerEventDescr_v7_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
+                       int nranks, int rank, ncclDebugLogger_t logfn);
+  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v7_t* eDescr);
+  ncclResult_t (*stopEvent)(void* eHandle);
+  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v7_t eState,
+                                   ncclProfilerEventStateArgs_v7_t* eStateArgs);
+  ncclResult_t (*finalize)(void* context);
+} ncclProfiler_v7_t;
+
 /* The union starts at the same offset in every version; the plugin relies on it only through
    these checks (each version still has its own entry points). */
 _Static_assert(offsetof(ncclProfilerEventDescr_v4_t, coll) == 24, "v4 union offset");
 _Static_assert(offsetof(ncclProfilerEventDescr_v5_t, coll) == 24, "v5 union offset");
 _Static_assert(offsetof(ncclProfilerEventDescr_v6_t, coll) == 24, "v6 union offset");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll) == 24, "v7 union offset");
+/* v7 appends members: the v6 members keep their offsets (a v7 descriptor read as v6 is valid). */
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, coll.parentGroup) ==
+                   offsetof(ncclProfilerEventDescr_v6_t, coll.parentGroup), "v7 coll prefix");
+_Static_assert(offsetof(ncclProfilerEventDescr_v7_t, kernelCh.pTimer) ==
+                   offsetof(ncclProfilerEventDescr_v6_t, kernelCh.pTimer), "v7 kernelCh");
 
 #endif /* DYNAMICCL_NCCL_PROFILER_ABI_H_ */

@@ -63,28 +63,57 @@ int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), 
 struct dccl_ctx;
 struct dccl_slot;
 
-/* One KernelCh child. `owner` is fixed when the pool is built, so a KernelCh handle (a tagged
-   pointer to this entry) leads back to its Coll/P2p slot without a lookup. */
+/* One KernelCh child of a slot. `gen` is the slot generation the child belongs to: a child
+   counts toward a record only when it matches (a stray late child never lends its timestamps). */
 typedef struct dccl_kch {
-  struct dccl_slot* owner;
   uint64_t start_ptimer;
   uint64_t stop_ptimer;
+  _Atomic uint32_t gen;
+  uint32_t pad_;
 } dccl_kch_t;
 
 /* One in-flight Coll or P2p operation. Written by the starting thread, completed by whichever
    thread (proxy thread, application thread, reaper) makes the completion condition true. */
 typedef struct dccl_slot {
   dccl_event_record_t rec;      /* prebuilt at start; timing fields filled at completion */
-  struct dccl_ctx* ctx;
   _Atomic uint32_t busy;        /* 0 free, 1 allocated */
   _Atomic uint32_t stopped;     /* Coll/P2p stopEvent seen */
   _Atomic uint64_t ctl;         /* (generation << 1) | finished */
   _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c stopped */
-  _Atomic uint64_t armed_ns;    /* enqueue time once fully built, 0 when free (for the reaper) */
-  uint32_t expect_kch;          /* nChannels KernelCh stops expected (0: complete at stopEvent) */
+  _Atomic uint64_t armed_ns;    /* CLOCK_MONOTONIC enqueue time once fully built, 0 when free (reaper) */
+  uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
   uint32_t pad_;
   dccl_kch_t ch[DCCL_MAX_CHANNELS];
 } __attribute__((aligned(64))) dccl_slot_t;
+
+/* ---- event handles ----
+   NCCL treats a handle as opaque and only tests it for NULL, so a handle is an encoded value,
+   never a pointer: it names the communicator (an index into dccl_ctx_tab), the slot, the slot
+   generation at start and, for KernelCh, the channel. A stop or child that arrives after its
+   operation finished, was reaped, or its communicator was finalized (shared proxies of split
+   communicators) decodes to a generation or table entry that no longer matches and is dropped
+   (counted) instead of touching the slot's next occupant.
+     bits 0-1 tag | 2-7 channel | 8-19 ctx index | 20-39 slot index | 40-63 generation */
+#define DCCL_H_TAG_SLOT 1u
+#define DCCL_H_TAG_KCH 2u
+#define DCCL_H_TAG_DUMMY 3u
+#define DCCL_H_CTX_BITS 12
+#define DCCL_MAX_CTX (1u << DCCL_H_CTX_BITS) /* live + recently finalized communicators */
+#define DCCL_H_GEN_MASK ((1ull << 24) - 1)
+#define DCCL_H_MAKE(tag, ch, ctx, slot, gen)                                                           \
+  ((uint64_t)(tag) | ((uint64_t)(ch) << 2) | ((uint64_t)(ctx) << 8) | ((uint64_t)(slot) << 20) |     \
+   (((uint64_t)(gen) & DCCL_H_GEN_MASK) << 40))
+#define DCCL_H_TAG(h) ((uint32_t)(h) & 3u)
+#define DCCL_H_CH(h) ((uint32_t)((h) >> 2) & 63u)
+#define DCCL_H_CTX(h) ((uint32_t)((h) >> 8) & (DCCL_MAX_CTX - 1))
+#define DCCL_H_SLOT(h) ((uint32_t)((h) >> 20) & ((1u << 20) - 1))
+#define DCCL_H_GEN(h) ((uint64_t)(h) >> 40)
+
+/* A finalized communicator stays registered (dead) for at least DCCL_GRAVE_MIN_MS so that late
+   stops from a shared proxy find valid memory, and until its COMM record was announced (at most
+   DCCL_GRAVE_MAX_MS), so a communicator shorter than one flush still gets its COMM record. */
+#define DCCL_GRAVE_MIN_MS 1000
+#define DCCL_GRAVE_MAX_MS 30000
 
 typedef struct dccl_ctx {
   /* read-mostly */
@@ -101,6 +130,8 @@ typedef struct dccl_ctx {
   int abi_version;
   char name[88];
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
+  uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
+  uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
   uint64_t announced_conn;       /* sender: connection on which the COMM record was sent (registry lock) */
   /* written on the hot path */
@@ -157,12 +188,20 @@ typedef struct dccl_global {
 } dccl_global_t;
 
 extern dccl_global_t dccl_g;
+extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
-uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME */
+uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME: record timestamps */
+uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC: ages (a clock step never reaps) */
 uint64_t dccl_monotonic_ms(void);
 void dccl_stats_snapshot(dccl_stats_record_t* out);
-/* Reap slots older than stale_ms (stale_ms 0: every busy slot). Caller holds the registry lock. */
+/* Reap slots armed more than stale_ns before mono_now_ns (stale_ns 0: every busy slot). Caller
+   holds the registry lock. */
+void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns);
+/* The sender's entry: ages are measured on CLOCK_MONOTONIC now; now_ns (a CLOCK_REALTIME reading
+   in older callers) is ignored so an NTP step cannot reap operations in flight. */
 void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns);
+/* Complete a slot (the caller won the ctl "finished" bit); stale: reaped. plugin.c */
+void dccl_slot_finish(dccl_slot_t* s, int stale);
 
 /* Tuner link (plugin.c): find the DynamICCL tuner NCCL loaded ($NCCL_TUNER_PLUGIN, dlopen with
    RTLD_NOLOAD, so nothing is loaded here) and its dynamiccl_tuner_config_version(); retried by the
@@ -176,6 +215,12 @@ static inline uint32_t dccl_tuner_version(uint64_t comm_hash) {
   uintptr_t f = atomic_load_explicit(&dccl_g.tuner_version_fn, memory_order_acquire);
   return f ? ((dccl_tuner_version_fn_t)f)(comm_hash) : 0;
 }
+
+/* lifecycle.c: init (every ABI version) and finalize */
+ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eActivationMask, const char* commName,
+                              int nNodes, int nranks, int rank, ncclDebugLogger_t logfn);
+ncclResult_t dccl_finalize(void* context);
+extern uint64_t dccl_seq_base;
 
 /* sender thread (sender.c) */
 int dccl_sender_start(void);

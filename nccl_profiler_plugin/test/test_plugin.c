@@ -9,6 +9,7 @@
 #define DCCL_TESTING_NO_SENDER 1
 #include "../src/config.c"
 #include "../src/plugin.c"
+#include "../src/lifecycle.c"
 #include "../src/sender.c"
 
 #include "harness.h"
@@ -168,7 +169,7 @@ static int test_ring_wraps_and_fills(void) {
   TEST_ASSERT(dccl_ring_init(&r, 4) == 0, "init");
   dccl_event_record_t rec, out[8];
   memset(&rec, 0, sizeof rec);
-  uint64_t base = g_seq_base;
+  uint64_t base = dccl_seq_base;
   for (int round = 0; round < 3; round++) {
     for (int i = 0; i < 4; i++) {
       rec.seq_number = (uint64_t)(round * 4 + i);
@@ -317,7 +318,8 @@ static int test_pool_exhaustion(void) {
   ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 9, "AllReduce", "ncclInt8", 1, 1);
   void* again = NULL;
   ncclProfiler_v6.startEvent(ctx, &again, &d);
-  TEST_ASSERT(again == h[1], "freed slot reused");
+  TEST_ASSERT(DCCL_H_SLOT((uintptr_t)again) == DCCL_H_SLOT((uintptr_t)h[1]), "freed slot reused");
+  TEST_ASSERT(again != h[1], "with a new generation");
   /* finalize emits the 4 in-flight operations as stale */
   ncclProfiler_v6.finalize(ctx);
   dccl_stats_snapshot(&st);
@@ -337,16 +339,16 @@ static int test_stale_reaper(void) {
   kch_stop(kch_start(ctx, h, 1, 111), 222); /* 1 of 4 channels, the rest lost */
   dccl_event_record_t out[4];
   TEST_ASSERT(ring_take(out, 4) == 0, "incomplete");
-  dccl_reap_ctx(ctx, dccl_now_ns(), 10ull * 1000000000ull);
-  TEST_ASSERT(ring_take(out, 4) == 0, "young slots are not reaped");
-  dccl_reap_ctx(ctx, dccl_now_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull);
+  dccl_reap_ctx(ctx, dccl_now_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull); /* a realtime step */
+  TEST_ASSERT(ring_take(out, 4) == 0, "young slots are not reaped, whatever CLOCK_REALTIME says");
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull);
   TEST_ASSERT(ring_take(out, 4) == 1, "reaped");
   TEST_ASSERT(out[0].flags == DCCL_FLAG_STALE && out[0].timing_source == DCCL_TIMING_NONE, "stale flags");
   TEST_ASSERT(out[0].channels_seen == 1 && out[0].gpu_start_ns == 111 && out[0].gpu_end_ns == 222, "partial data");
   TEST_ASSERT(out[0].bytes == 16, "bytes");
   TEST_ASSERT(atomic_load(&dccl_g.events_stale) == stale0 + 1, "counted");
   /* a reaped slot is free again, and a second reap finds nothing */
-  dccl_reap_ctx(ctx, dccl_now_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull);
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull);
   TEST_ASSERT(ring_take(out, 4) == 0 && atomic_load(&dccl_g.events_stale) == stale0 + 1, "reaped once");
   ncclProfiler_v6.finalize(ctx);
   return 0;
@@ -584,6 +586,199 @@ static int test_two_comms_refcount(void) {
   return 0;
 }
 
+
+/* ---- real NCCL paths (issue 23) ---- */
+
+static void* p2p_start(void* ctx, const char* func, int peer, uint8_t nch) {
+  ncclProfilerEventDescr_v6_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileP2p;
+  d.p2p.func = func;
+  d.p2p.datatype = "ncclInt8";
+  d.p2p.count = 4096;
+  d.p2p.peer = peer;
+  d.p2p.nChannels = nch;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  return h;
+}
+
+/* enqueue.cc addP2pToPlan: nProxyOps = selfSend ? 0 : 2, so a send/recv to self gets no KernelCh
+   although nChannels >= 1. Without the fix its slot waits for the reaper and a grouped
+   all-to-all fills the pool. */
+static int test_self_send_completes(void) {
+  clear_env();
+  setenv("DYNAMICCL_POOL_SIZE", "8", 1);
+  void* ctx = init6(5, 1, 4);
+  dccl_stats_record_t st;
+  dccl_stats_snapshot(&st);
+  uint64_t drops0 = st.events_dropped_pool_full;
+  dccl_event_record_t out[64];
+  for (int step = 0; step < 40; step++) { /* 5x the pool: every step must free its slots */
+    void* s = p2p_start(ctx, "Send", 1, 2);
+    void* r = p2p_start(ctx, "Recv", 1, 2);
+    TEST_ASSERT(s != NULL && r != NULL, "step %d: pool not exhausted", step);
+    ncclProfiler_v6.stopEvent(s);
+    ncclProfiler_v6.stopEvent(r);
+    TEST_ASSERT(ring_take(out, 64) == 2, "step %d: both self records at stop", step);
+    TEST_ASSERT(out[0].timing_source == DCCL_TIMING_NONE && out[0].root == 1 && out[0].n_channels == 2, "fields");
+  }
+  /* a send to another peer still waits for its children */
+  void* o = p2p_start(ctx, "Send", 2, 1);
+  ncclProfiler_v6.stopEvent(o);
+  TEST_ASSERT(ring_take(out, 64) == 0, "non-self waits for KernelCh");
+  kch_stop(kch_start(ctx, o, 0, 10), 20);
+  TEST_ASSERT(ring_take(out, 64) == 1 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU, "then completes");
+  dccl_stats_snapshot(&st);
+  TEST_ASSERT(st.events_dropped_pool_full == drops0, "no drops %llu", (unsigned long long)st.events_dropped_pool_full);
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
+
+/* CollNet Direct/Chain and multi-node NVLS: nChannels = 0 in the Coll descriptor, KernelCh
+   children still arrive, after the slot completed and (pool of 1) was given to the next op.
+   They must be refused, never lend their timestamps to the next occupant. */
+static int test_collnet_zero_channels_late_children(void) {
+  clear_env();
+  setenv("DYNAMICCL_POOL_SIZE", "1", 1);
+  void* ctx = init6(6, 0, 16);
+  uint64_t rej0 = atomic_load(&dccl_g.kch_dropped);
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 1, "AllReduce", "ncclFloat32", 1 << 20, 0);
+  d.coll.algo = "COLLNET_DIRECT";
+  void* a = NULL;
+  ncclProfiler_v6.startEvent(ctx, &a, &d);
+  TEST_ASSERT(a != NULL, "collnet op");
+  ncclProfiler_v6.stopEvent(a);
+  dccl_event_record_t out[4];
+  TEST_ASSERT(ring_take(out, 4) == 1 && out[0].algo == DCCL_ALGO_COLLNET_DIRECT, "completes at stop");
+  TEST_ASSERT(out[0].n_channels == 0 && out[0].timing_source == DCCL_TIMING_NONE, "timing none");
+  /* the next op takes the same (only) slot */
+  d = coll_descr(NULL, 2, "AllReduce", "ncclFloat32", 1000, 2);
+  void* b = NULL;
+  ncclProfiler_v6.startEvent(ctx, &b, &d);
+  TEST_ASSERT(b != NULL && DCCL_H_SLOT((uintptr_t)b) == DCCL_H_SLOT((uintptr_t)a), "slot reused");
+  ncclProfiler_v6.stopEvent(b);
+  /* a's children arrive now */
+  for (uint8_t c = 0; c < 2; c++) {
+    void* k = kch_start(ctx, a, c, 1);
+    TEST_ASSERT(k == NULL, "late child of a refused");
+  }
+  TEST_ASSERT(ring_take(out, 4) == 0, "b not completed by a's children");
+  kch_stop(kch_start(ctx, b, 0, 5000), 6000);
+  kch_stop(kch_start(ctx, b, 1, 5001), 5999);
+  TEST_ASSERT(ring_take(out, 4) == 1 && out[0].seq_number == 2, "b completes with its own children");
+  TEST_ASSERT(out[0].gpu_start_ns == 5000 && out[0].gpu_end_ns == 6000 && out[0].channels_seen == 2, "b's timing");
+  TEST_ASSERT(atomic_load(&dccl_g.kch_dropped) == rej0 + 2, "late children counted");
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
+
+/* A child started before its op was reaped stops after the slot holds the next op. */
+static int test_late_child_after_reap(void) {
+  clear_env();
+  setenv("DYNAMICCL_POOL_SIZE", "1", 1);
+  void* ctx = init6(7, 0, 2);
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 1, "AllGather", "ncclFloat32", 1000, 2);
+  void* a = NULL;
+  ncclProfiler_v6.startEvent(ctx, &a, &d);
+  ncclProfiler_v6.stopEvent(a);
+  void* ka = kch_start(ctx, a, 0, 111);
+  TEST_ASSERT(ka != NULL, "child of a");
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns() + 20ull * 1000000000ull, 10ull * 1000000000ull);
+  dccl_event_record_t out[4];
+  TEST_ASSERT(ring_take(out, 4) == 1 && (out[0].flags & DCCL_FLAG_STALE), "a reaped");
+  d = coll_descr(NULL, 2, "AllGather", "ncclFloat32", 1000, 1);
+  void* b = NULL;
+  ncclProfiler_v6.startEvent(ctx, &b, &d);
+  TEST_ASSERT(b != NULL, "b in the same slot");
+  ncclProfiler_v6.stopEvent(b);
+  kch_stop(ka, 999999); /* a's child, late */
+  TEST_ASSERT(ring_take(out, 4) == 0, "a's late child does not complete b");
+  kch_stop(kch_start(ctx, b, 0, 7000), 8000);
+  TEST_ASSERT(ring_take(out, 4) == 1 && out[0].seq_number == 2, "b");
+  TEST_ASSERT(out[0].gpu_start_ns == 7000 && out[0].gpu_end_ns == 8000, "b's own timestamps %llu..%llu",
+              (unsigned long long)out[0].gpu_start_ns, (unsigned long long)out[0].gpu_end_ns);
+  ncclProfiler_v6.stopEvent(a); /* a second, late stop of a: no effect */
+  TEST_ASSERT(ring_take(out, 4) == 0, "nothing");
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
+
+/* NCCL unloads the library when init fails, and again at finalize: after one success, init never
+   fails (success with a NULL context: that communicator is not profiled). */
+static int test_init_never_fails_after_success(void) {
+  clear_env();
+  void* a = init6(8, 0, 2);
+  TEST_ASSERT(a != NULL, "first init");
+  setenv("DYNAMICCL_RING_SIZE", "1000", 1); /* invalid */
+  void* b = (void*)1;
+  ncclResult_t r = ncclProfiler_v6.init(&b, 9, &g_mask, "c", 1, 2, 1, mock_logger);
+  TEST_ASSERT(r == ncclSuccess && b == NULL, "success with NULL context (r=%d)", (int)r);
+  TEST_ASSERT(dccl_g.refcount == 1, "not registered");
+  void* h = (void*)1;
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 1, "AllReduce", "ncclInt8", 1, 1);
+  TEST_ASSERT(ncclProfiler_v6.startEvent(b, &h, &d) == ncclSuccess && h == NULL, "NULL context: no events");
+  TEST_ASSERT(ncclProfiler_v6.finalize(b) == ncclSuccess, "finalize NULL");
+  ncclProfiler_v6.finalize(a);
+  /* a new lifetime (all finalized) still never fails */
+  r = ncclProfiler_v6.init(&b, 10, &g_mask, "c", 1, 2, 1, mock_logger);
+  TEST_ASSERT(r == ncclSuccess && b == NULL, "later lifetime too");
+  clear_env();
+  return 0;
+}
+
+/* NCCL 2.27-2.30 pass ncclUint8 as "Unknown" (ncclDatatypeToString has no case for it). */
+static int test_uint8_bytes(void) {
+  clear_env();
+  void* ctx = init6(11, 0, 2);
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 1, "AllReduce", "Unknown", 777, 0);
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1, "record");
+  TEST_ASSERT(out[0].bytes == 777 && out[0].datatype == DCCL_DTYPE_NCCLUINT8, "bytes %llu dtype %d",
+              (unsigned long long)out[0].bytes, out[0].datatype);
+  ncclProfiler_v6.finalize(ctx);
+  return 0;
+}
+
+/* A split communicator sharing its parent's proxy can deliver KernelCh stops after its own
+   finalize; a communicator shorter than one flush must still be announced (COMM record). */
+static int test_retired_comm_late_stop_and_announce(void) {
+  clear_env();
+  void* parent = init6(12, 0, 2);
+  void* child = init6(13, 0, 2);
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 1, "AllReduce", "ncclInt8", 64, 2);
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(child, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  void* k0 = kch_start(child, h, 0, 1);
+  void* k1 = kch_start(child, h, 1, 1);
+  ncclProfiler_v6.finalize(child); /* reaps h */
+  dccl_event_record_t out[4];
+  TEST_ASSERT(ring_take(out, 4) == 1 && (out[0].flags & DCCL_FLAG_STALE), "reaped at finalize");
+  uint64_t rej0 = atomic_load(&dccl_g.kch_dropped);
+  kch_stop(k0, 5); /* late, from the shared proxy: must not touch freed memory (ASan) */
+  kch_stop(k1, 5);
+  TEST_ASSERT(kch_start(child, h, 0, 1) == NULL, "late start refused");
+  TEST_ASSERT(atomic_load(&dccl_g.kch_dropped) >= rej0 + 2, "late stops counted");
+  TEST_ASSERT(ring_take(out, 4) == 0, "nothing emitted");
+  int retired = 0;
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) retired += (c == child && c->dead_ms != 0);
+  pthread_mutex_unlock(&dccl_g.registry);
+  TEST_ASSERT(retired == 1, "kept registered until announced (COMM record)");
+  dccl_stats_record_t st;
+  dccl_stats_snapshot(&st); /* retired counters are not counted twice */
+  ncclProfiler_v6.finalize(parent);
+  TEST_ASSERT(dccl_g.ctxs == NULL, "all freed at the last finalize");
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -603,6 +798,12 @@ static const test_case_t k_tests[] = {
     {"two_threads_every_record_once", test_two_threads_every_record_once},
     {"ring_full_counted", test_ring_full_counted},
     {"two_comms_refcount", test_two_comms_refcount},
+    {"self_send_completes", test_self_send_completes},
+    {"collnet_zero_channels_late_children", test_collnet_zero_channels_late_children},
+    {"late_child_after_reap", test_late_child_after_reap},
+    {"uint8_bytes", test_uint8_bytes},
+    {"retired_comm_late_stop_and_announce", test_retired_comm_late_stop_and_announce},
+    {"init_never_fails_after_success", test_init_never_fails_after_success},
 };
 
 int main(int argc, char** argv) {

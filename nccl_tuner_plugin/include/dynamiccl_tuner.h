@@ -1,4 +1,4 @@
-/* DynamICCL tuner plugin: control functions exported next to ncclTunerPlugin_v6/_v5/_v4.
+/* DynamICCL tuner plugin: control functions exported next to ncclTunerPlugin_v7/_v6/_v5/_v4.
  *
  * Not part of NCCL's ABI. Reached with dlopen(path, RTLD_NOLOAD) + dlsym from the same process:
  * the PyTorch agreement hook (nccl_tuner_plugin/sync.py, via ctypes), the profiler plugin
@@ -79,6 +79,10 @@ uint64_t dynamiccl_tuner_applied_version(void);
    The applied version is process-wide today; comm_hash is reserved for per-communicator scopes.
    Lock-free, allocation-free, no syscall. */
 uint32_t dynamiccl_tuner_config_version(uint64_t comm_hash);
+/* What the profiler stamps on a record: dynamiccl_tuner_config_version, except 0 when NCCL loaded
+   this tuner as v4 (no communicator id) and the applied version has communicator-specific rules,
+   which v4 cannot match, so the version is not applied there. Lock-free, allocation-free. */
+uint32_t dynamiccl_tuner_record_version(uint64_t comm_hash);
 void dynamiccl_tuner_stats(dynamiccl_tuner_stats_t* out);
 /* Copy the last error message (empty if none) into buf; returns its length. */
 size_t dynamiccl_tuner_last_error(char* buf, size_t len);

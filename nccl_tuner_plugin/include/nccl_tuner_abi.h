@@ -1,4 +1,4 @@
-/* NCCL tuner plugin ABI, versions 4, 5 and 6, declared by DynamICCL.
+/* NCCL tuner plugin ABI, versions 4, 5, 6 and 7, declared by DynamICCL.
  *
  * Written from the field lists in nccl-plugin-abi.md §2.1-§2.3 (not copied from NCCL; NCCL does
  * not install its plugin headers, every plugin carries its own declarations). libc only.
@@ -8,6 +8,8 @@
  *   - v5: name, init(void** ctx, commId, nRanks, nNodes, logFn, nvlDomainInfo, constants),
  *         getCollInfo (same as v4), finalize.
  *   - v6: v5's table + getChunkSize as the LAST member (after finalize), optional (may be NULL).
+ *   - v7 (NCCL 2.32.6, tuner_v7.h): v6's function table; only the constants struct grows (5
+ *     compute capabilities instead of 4 in the per-capability bandwidth tables).
  *   - The cost table is really float[numAlgo][numProto] cast to float**; numAlgo is 6 before
  *     NCCL 2.23 (no PAT) and 7 since; always bounds-check against the arguments.
  */
@@ -19,8 +21,9 @@
 
 #include "../../nccl_profiler_plugin/include/nccl_common_abi.h"   /* ncclResult_t, log types: one definition */
 
-/* Debug subsystem flag for tuner messages (NCCL_DEBUG_SUBSYS=TUNING). */
-#define NCCL_TUNING 0x2000
+/* Debug subsystem flag for tuner messages (NCCL_DEBUG_SUBSYS=TUNING; nccl_common.h ncclDebugLogSubSys:
+   NCCL_TUNING = 0x40, 0x2000 is NCCL_REG). */
+#define NCCL_TUNING 0x40
 
 /* ncclFunc_t (nccl_common.h). The tuner is called for the first five only; AllGatherV comes as
    AllGather. */
@@ -104,5 +107,29 @@ typedef struct {
   ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
                                int nChannels, size_t* chunkSize);
 } ncclTuner_v6_t;
+
+#define NCCL_NUM_COMPCAPS_V7 5
+
+typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v7_t;
+
+typedef struct {
+  double baseLatencies[NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];
+  double hwLatencies[NCCL_NUM_HW_LINKS_V5][NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];
+  double llMaxBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
+  double perChMaxRingLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
+  double perChMaxTreeLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
+  double perChMaxTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
+  double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
+} ncclTunerConstants_v7_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
+                       ncclNvlDomainInfo_v7_t* nvlDomainInfo, ncclTunerConstants_v7_t* constants);
+  ncclTunerGetCollInfo_t getCollInfo;
+  ncclResult_t (*finalize)(void* context);
+  ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
+                               int nChannels, size_t* chunkSize);
+} ncclTuner_v7_t;
 
 #endif /* DYNAMICCL_NCCL_TUNER_ABI_H_ */

@@ -64,6 +64,7 @@ typedef struct {
   uint64_t version;
   uint64_t apply_at_ns;     /* `version N at T`: epoch mode switches at unix time T ns (0: none) */
   uint32_t n_rules;
+  uint32_t has_comm_rules;  /* a rule names a communicator: cannot be applied as written under tuner v4 */
   uint16_t func_start[DCT_NFUNC + 1];
   uint16_t bnd_start[DCT_NFUNC + 1];
   dct_rule_t rules[DCT_MAX_RULES];
@@ -95,6 +96,10 @@ typedef struct dct_ctx {
   uint64_t comm;
   size_t nranks, nnodes;
   int abi;
+  int comm_known;           /* 0 under tuner v4 (init gets no communicator id) */
+  /* nBytes of the last getCollInfo per function: getChunkSize looks its rule up by the size
+     getCollInfo saw, not the per-channel part NCCL passes it (one writer: NCCL's thread) */
+  uint64_t last_bytes[DCT_NFUNC];
   /* hot-path counters: calls on one communicator are serialized by NCCL, so load+store */
   _Atomic uint64_t calls, decisions, no_enabled, chunk_set, retries;
   struct dct_ctx* next;

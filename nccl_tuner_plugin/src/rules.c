@@ -84,6 +84,8 @@ static void finish_version(dct_version_t* v, const dct_rule_t* in) {
       if (in[i].func == f) v->rules[k++] = in[i];
   }
   v->func_start[DCT_NFUNC] = (uint16_t)k;
+  v->has_comm_rules = 0;
+  for (uint32_t i = 0; i < v->n_rules; i++) v->has_comm_rules |= !v->rules[i].any_comm;
   uint32_t nb = 0;
   for (int f = 0; f < DCT_NFUNC; f++) {
     v->bnd_start[f] = (uint16_t)nb;

@@ -1,4 +1,4 @@
-/* DynamICCL NCCL tuner plugin: ABI tables (v6, v5, v4), per-communicator contexts, hot path.
+/* DynamICCL NCCL tuner plugin: ABI tables (v7, v6, v5, v4), per-communicator contexts, hot path.
  *
  * Hot path (getCollInfo, getChunkSize): no allocation, no lock, no syscall. One acquire load of
  * the published tag, a seqlock-validated scan of the applied version's rules for this function,
@@ -9,10 +9,18 @@
  *   - the first rule matching (function, nBytes in [min, max], communicator) is used;
  *   - among the cells its algo/proto allow that NCCL left enabled (cost >= 0), the cheapest one
  *     is set to 0.0 (NCCL's argmin then picks it); a -1 cell is never revived;
- *   - its channel count (if > 0) is written as NCCL's per-task channel budget;
+ *   - its channel count (if > 0) is written as NCCL's per-task channel budget only when the cell
+ *     is Tree, Ring or PAT: on CollNet and NVLS NCCL uses the budget without clamping it to the
+ *     channels it built (enqueue.cc scheduleCollTasksToPlan, isCollnet branch), so there NCCL's
+ *     own count stands;
  *   - no rule, or no enabled cell allowed: nothing is touched (NCCL's choice stands);
- *   - getChunkSize (v6) sets the rule's chunk (if > 0) when NCCL runs an (algo, proto) the rule
- *     allows; NCCL clamps it to its buffer.
+ *   - getChunkSize (v6+) sets the rule's chunk (if > 0) when NCCL runs an (algo, proto) the rule
+ *     allows, looked up by the size getCollInfo saw for that function; the chunk is rounded up to
+ *     the protocol's grain (NCCL rounds it down to the grain and divides by the result) and capped
+ *     at DCT_MAX_CHUNK; NCCL then clamps it to its buffer;
+ *   - tuner v4 (NCCL 2.27) gives no communicator id: a version with communicator-specific rules
+ *     cannot be applied as written there, so it is not applied at all (NCCL's choice stands and
+ *     records carry version 0; see dynamiccl_tuner_record_version).
  *   Every entry point returns ncclSuccess (a non-success getCollInfo fails the collective).
  */
 #ifndef _GNU_SOURCE
@@ -49,6 +57,23 @@ static inline void maybe_switch(void) {
   }
 }
 
+/* NCCL's chunk grain per protocol (device.h ncclProtoGrainSize: LL 16, LL128 1920, Simple 512). */
+static const uint32_t k_proto_grain[3] = {16, 1920, 512};
+#define DCT_MAX_CHUNK (UINT64_C(1) << 30) /* absurd values (2^64-1) stop here; NCCL clamps to its buffer */
+
+/* The chunk NCCL may use for `proto`: 0 when the protocol is unknown (NCCL's chunk stands). */
+static inline uint64_t chunk_for_proto(uint64_t chunk, int proto) {
+  if (proto < 0 || proto >= 3) return 0;
+  uint64_t g = k_proto_grain[proto];
+  if (chunk > DCT_MAX_CHUNK) chunk = DCT_MAX_CHUNK;
+  return (chunk + g - 1) / g * g;
+}
+
+/* Algorithms whose channel budget NCCL clamps to the channels it built. */
+static inline int nccl_clamps_channels(int algo) {
+  return algo == NCCL_ALGO_TREE || algo == NCCL_ALGO_RING || algo == NCCL_ALGO_PAT;
+}
+
 /* The applied rule for (function, nBytes, communicator): 1 found (copied into *out), 0 none. */
 static inline int find_rule(dct_ctx_t* ctx, int f, uint64_t nbytes, dct_rule_t* out) {
   maybe_switch();
@@ -65,10 +90,11 @@ static inline int find_rule(dct_ctx_t* ctx, int f, uint64_t nbytes, dct_rule_t* 
     }
     const dct_version_t* v = &s->v;
     int found = 0;
+    int applicable = ctx->comm_known || !v->has_comm_rules;
     /* every index is clamped: a torn read (detected below) must still stay in bounds */
     uint32_t lo = v->bnd_start[f], hi = v->bnd_start[f + 1];
     if (hi > DCT_MAX_BND) hi = DCT_MAX_BND;
-    if (lo < hi) {
+    if (applicable && lo < hi) {
       while (hi - lo > 1) { /* last boundary <= nbytes; bnd[first] is 0 */
         uint32_t mid = (lo + hi) / 2;
         if (v->bnd[mid] <= nbytes) lo = mid;
@@ -92,6 +118,9 @@ static inline int find_rule(dct_ctx_t* ctx, int f, uint64_t nbytes, dct_rule_t* 
   return 0;
 }
 
+/* Live tuner-v4 contexts (lifecycle lock for writes). */
+static _Atomic int g_v4_contexts;
+
 static ncclResult_t dct_get_coll_info(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
                                       float** collCostTable, int numAlgo, int numProto, int regBuff,
                                       int* nChannels) {
@@ -102,6 +131,7 @@ static ncclResult_t dct_get_coll_info(void* context, ncclFunc_t collType, size_t
   ctr_inc(&ctx->calls);
   int f = dct_func_index((int)collType);
   if (f < 0 || collCostTable == NULL || numAlgo <= 0 || numProto <= 0) return ncclSuccess;
+  ctx->last_bytes[f] = (uint64_t)nBytes;
   dct_rule_t r;
   if (!find_rule(ctx, f, (uint64_t)nBytes, &r)) return ncclSuccess;
   float* t = (float*)collCostTable; /* really float[numAlgo][numProto] */
@@ -129,7 +159,8 @@ static ncclResult_t dct_get_coll_info(void* context, ncclFunc_t collType, size_t
     return ncclSuccess;
   }
   t[best] = 0.0f;
-  if (r.nch > 0 && nChannels != NULL) *nChannels = r.nch; /* <= 64 by parse: NCCL's 8-bit budget */
+  /* <= 64 by parse: NCCL's 8-bit budget */
+  if (r.nch > 0 && nChannels != NULL && nccl_clamps_channels(best / numProto)) *nChannels = r.nch;
   ctr_inc(&ctx->decisions);
   return ncclSuccess;
 }
@@ -141,10 +172,16 @@ static ncclResult_t dct_get_chunk_size(void* context, ncclFunc_t collType, size_
   if (ctx == NULL || chunkSize == NULL) return ncclSuccess;
   int f = dct_func_index((int)collType);
   if (f < 0) return ncclSuccess;
+  /* NCCL passes the bytes of one channel part (enqueue.cc calcCollChunking callers); the rule is
+     the one getCollInfo chose for this function, found by the size it saw. A part larger than that
+     size belongs to another call: look up by the part then. */
+  uint64_t key = ctx->last_bytes[f] >= (uint64_t)nBytes ? ctx->last_bytes[f] : (uint64_t)nBytes;
   dct_rule_t r;
-  if (!find_rule(ctx, f, (uint64_t)nBytes, &r) || r.chunk == 0) return ncclSuccess;
+  if (!find_rule(ctx, f, key, &r) || r.chunk == 0) return ncclSuccess;
   if ((r.algo >= 0 && r.algo != algo) || (r.proto >= 0 && r.proto != proto)) return ncclSuccess;
-  *chunkSize = (size_t)r.chunk;
+  uint64_t c = chunk_for_proto(r.chunk, proto);
+  if (c == 0) return ncclSuccess;
+  *chunkSize = (size_t)c;
   ctr_inc(&ctx->chunk_set);
   return ncclSuccess;
 }
@@ -176,9 +213,15 @@ static ncclResult_t init_common(int abi, void** context, uint64_t commId, size_t
   ctx->nranks = nRanks;
   ctx->nnodes = nNodes;
   ctx->abi = abi;
+  ctx->comm_known = abi >= 5;
   ctx->next = dct_g.ctxs;
   dct_g.ctxs = ctx;
   dct_g.refcount++;
+  if (abi == 4) {
+    atomic_fetch_add(&g_v4_contexts, 1);
+    DCT_INFO("DynamICCL tuner (v4): NCCL gives no communicator id; a version with communicator-specific rules is "
+             "not applied (NCCL's choice stands, records carry version 0)");
+  }
   pthread_mutex_lock(&dct_g.ctl);
   DCT_INFO("DynamICCL tuner (v%d): comm %016llx nranks %zu nnodes %zu, config %s, apply %s, poll %d ms", abi,
            (unsigned long long)commId, nRanks, nNodes, dct_g.path, dct_mode_name(dct_g.mode), dct_g.poll_ms);
@@ -209,6 +252,7 @@ static ncclResult_t dct_finalize(void* context) {
   atomic_fetch_add(&dct_g.f_no_enabled, atomic_load(&ctx->no_enabled));
   atomic_fetch_add(&dct_g.f_chunk_set, atomic_load(&ctx->chunk_set));
   atomic_fetch_add(&dct_g.f_retries, atomic_load(&ctx->retries));
+  if (ctx->abi == 4) atomic_fetch_sub(&g_v4_contexts, 1);
   if (--dct_g.refcount == 0) dct_thread_stop();
   pthread_mutex_unlock(&dct_g.lifecycle);
   free(ctx);
@@ -223,6 +267,14 @@ static ncclResult_t dct_init_v6(void** context, uint64_t commId, size_t nRanks, 
   return init_common(6, context, commId, nRanks, nNodes, logFunction);
 }
 
+static ncclResult_t dct_init_v7(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
+                                ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v7_t* nvl,
+                                ncclTunerConstants_v7_t* constants) {
+  (void)nvl;
+  (void)constants;
+  return init_common(7, context, commId, nRanks, nNodes, logFunction);
+}
+
 static ncclResult_t dct_init_v5(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
                                 ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v5_t* nvl,
                                 ncclTunerConstants_v5_t* constants) {
@@ -235,6 +287,32 @@ static ncclResult_t dct_init_v5(void** context, uint64_t commId, size_t nRanks, 
 static ncclResult_t dct_init_v4(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context) {
   return init_common(4, context, 0, nRanks, nNodes, logFunction);
 }
+
+/* The version to stamp on profiler records for communicator comm_hash: the applied version, or 0
+   when NCCL runs this tuner through v4 and the applied version has communicator-specific rules
+   (then it is not applied: see find_rule). Lock-free; a torn read gives the applied version. */
+DCT_EXPORT uint32_t dynamiccl_tuner_record_version(uint64_t comm_hash) {
+  uint32_t v = dynamiccl_tuner_config_version(comm_hash);
+  if (v == 0 || atomic_load_explicit(&g_v4_contexts, memory_order_relaxed) == 0) return v;
+  uint64_t tag = atomic_load_explicit(&dct_g.applied_tag, memory_order_acquire);
+  int i = DCT_TAG_SLOT(tag);
+  if (tag == 0 || i < 0 || i >= DCT_NSLOTS) return v;
+  const dct_slot_t* s = &dct_g.slots[i];
+  uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
+  uint32_t has_comm = s->v.has_comm_rules;
+  atomic_thread_fence(memory_order_acquire);
+  if (q != (tag & DCT_TAG_SEQ_MASK) || atomic_load_explicit(&s->seq, memory_order_relaxed) != q) return v;
+  return has_comm ? 0 : v;
+}
+
+/* NCCL tries v7 first (2.32.6+), then v6 (2.30-2.32), v5 (2.28-2.29), v4 (2.27). */
+DCT_EXPORT const ncclTuner_v7_t ncclTunerPlugin_v7 = {
+    .name = DCT_PLUGIN_NAME,
+    .init = dct_init_v7,
+    .getCollInfo = dct_get_coll_info,
+    .finalize = dct_finalize,
+    .getChunkSize = dct_get_chunk_size,
+};
 
 DCT_EXPORT const ncclTuner_v6_t ncclTunerPlugin_v6 = {
     .name = DCT_PLUGIN_NAME,

@@ -249,13 +249,15 @@ static int test_first_match_and_comm(void) {
   TEST_ASSERT(call(b, ncclFuncAllReduce, 50, t, &nch) == 3, "other comm: the first rule that matches");
   ncclTunerPlugin_v6.finalize(a);
   ncclTunerPlugin_v6.finalize(b);
-  /* v4 has no commId: only '*' rules */
+  /* v4 has no commId: a version with a communicator-specific rule is not applied at all */
   void* c = NULL;
   ncclTunerPlugin_v4.init(8, 1, mock_logger, &c);
   fill(t, 10);
+  float ref[21];
+  memcpy(ref, t, sizeof t);
   nch = 0;
   ncclTunerPlugin_v4.getCollInfo(c, ncclFuncAllReduce, 50, 1, (float**)t, 7, 3, 0, &nch);
-  TEST_ASSERT(argmin(t, 21) == 3, "v4");
+  TEST_ASSERT(memcmp(t, ref, sizeof t) == 0, "v4: version with comm rules not applied");
   ncclTunerPlugin_v4.destroy(c);
   /* v5 table */
   void* d = NULL;
@@ -553,6 +555,144 @@ static int test_env(void) {
   return 0;
 }
 
+
+/* ---- real NCCL paths (issue 23) ---- */
+
+/* NCCL rounds the tuner's chunk down to the protocol grain and divides by it (enqueue.cc
+   calcCollChunking): a chunk below the grain would be 0 there. */
+static int test_chunk_rounded_to_protocol_grain(void) {
+  reset(DCT_MODE_IMMEDIATE);
+  write_file("version 1\nAllReduce 0 max * * 0 1 *\nAllGather 0 max * * 0 18446744073709551615 *\n"
+             "ReduceScatter 0 max * * 0 4096 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1, "reload: %s", dct_g.last_error);
+  void* ctx = init6(1);
+  const size_t grain[3] = {16, 1920, 512};
+  for (int p = 0; p < 3; p++) {
+    size_t chunk = 524288;
+    ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllReduce, 1 << 20, NCCL_ALGO_RING, p, 1, &chunk);
+    TEST_ASSERT(chunk == grain[p], "proto %d: chunk 1 -> %zu", p, chunk);
+    chunk = 524288;
+    ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllGather, 1 << 20, NCCL_ALGO_RING, p, 1, &chunk);
+    TEST_ASSERT(chunk >= (1u << 30) && chunk < (1u << 30) + grain[p] && chunk % grain[p] == 0, "proto %d: huge -> %zu",
+                p, chunk);
+    chunk = 524288;
+    ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncReduceScatter, 1 << 20, NCCL_ALGO_RING, p, 1, &chunk);
+    TEST_ASSERT(chunk % grain[p] == 0 && chunk >= 4096 && chunk < 4096 + grain[p], "proto %d: 4096 -> %zu", p, chunk);
+  }
+  size_t chunk = 524288;
+  ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllReduce, 1 << 20, NCCL_ALGO_RING, 7, 1, &chunk);
+  TEST_ASSERT(chunk == 524288, "unknown protocol: NCCL's chunk");
+  ncclTunerPlugin_v6.finalize(ctx);
+  return 0;
+}
+
+/* On CollNet and NVLS NCCL uses the tuner's channel budget without clamping it. */
+static int test_channels_only_where_nccl_clamps(void) {
+  reset(DCT_MODE_IMMEDIATE);
+  write_file("version 1\nAllReduce 0 100 COLLNET_DIRECT * 32 0 *\nAllReduce 101 200 NVLS * 32 0 *\n"
+             "AllReduce 201 300 COLLNET_CHAIN * 32 0 *\nAllReduce 301 400 NVLS_TREE * 32 0 *\n"
+             "AllReduce 401 500 RING * 32 0 *\nAllReduce 501 600 * * 32 0 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1, "reload");
+  void* ctx = init6(1);
+  float t[21];
+  int nch;
+  const size_t sizes[4] = {50, 150, 250, 350};
+  const int algos[4] = {NCCL_ALGO_COLLNET_DIRECT, NCCL_ALGO_NVLS, NCCL_ALGO_COLLNET_CHAIN, NCCL_ALGO_NVLS_TREE};
+  for (int i = 0; i < 4; i++) {
+    fill(t, 10);
+    TEST_ASSERT(call(ctx, ncclFuncAllReduce, sizes[i], t, &nch) / 3 == algos[i], "algo %d forced", algos[i]);
+    TEST_ASSERT(nch == 0, "algo %d: NCCL's channel count kept (got %d)", algos[i], nch);
+  }
+  fill(t, 10);
+  TEST_ASSERT(call(ctx, ncclFuncAllReduce, 450, t, &nch) / 3 == NCCL_ALGO_RING && nch == 32, "RING: 32");
+  fill(t, 10); /* '*' rule, cheapest cell is NVLS: no channels */
+  for (int a = 0; a < 7; a++)
+    for (int p = 0; p < 3; p++) t[a * 3 + p] = (a == NCCL_ALGO_NVLS) ? 1.0f + p : 50.0f;
+  TEST_ASSERT(call(ctx, ncclFuncAllReduce, 550, t, &nch) / 3 == NCCL_ALGO_NVLS && nch == 0, "* on NVLS: none");
+  ncclTunerPlugin_v6.finalize(ctx);
+  return 0;
+}
+
+static int test_tuning_subsystem_flag(void) {
+  TEST_ASSERT(NCCL_TUNING == 0x40, "NCCL_TUNING is 0x40 in nccl_common.h (0x2000 is NCCL_REG): %#x", NCCL_TUNING);
+  return 0;
+}
+
+/* Tuner v4 has no communicator id: a version with communicator-specific rules is neither applied
+   nor stamped; one without them is both. */
+static int test_v4_version_stamp(void) {
+  reset(DCT_MODE_IMMEDIATE);
+  write_file("version 3\nAllReduce 0 100 RING LL 0 0 0xabc\nAllReduce 0 100 TREE SIMPLE 0 0 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1, "reload");
+  void* six = init6(0xabc);
+  TEST_ASSERT(dynamiccl_tuner_record_version(0xabc) == 3, "v6 only: stamped");
+  void* c = NULL;
+  ncclTunerPlugin_v4.init(8, 1, mock_logger, &c);
+  TEST_ASSERT(dynamiccl_tuner_record_version(0) == 0, "v4 + comm rules: not stamped");
+  float t[21], ref[21];
+  int nch = 0;
+  fill(t, 10);
+  memcpy(ref, t, sizeof t);
+  ncclTunerPlugin_v4.getCollInfo(c, ncclFuncAllReduce, 50, 1, (float**)t, 7, 3, 0, &nch);
+  TEST_ASSERT(memcmp(t, ref, sizeof t) == 0, "v4 + comm rules: not applied");
+  write_file("version 4\nAllReduce 0 100 TREE SIMPLE 0 0 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1, "reload 2");
+  TEST_ASSERT(dynamiccl_tuner_record_version(0) == 4, "no comm rules: stamped");
+  fill(t, 10);
+  ncclTunerPlugin_v4.getCollInfo(c, ncclFuncAllReduce, 50, 1, (float**)t, 7, 3, 0, &nch);
+  TEST_ASSERT(argmin(t, 21) == 2, "and applied");
+  ncclTunerPlugin_v4.destroy(c);
+  ncclTunerPlugin_v6.finalize(six);
+  return 0;
+}
+
+/* NCCL passes getChunkSize the bytes of one channel part (calcCollChunking with nChannels = 1),
+   getCollInfo the collective's bytes: the rule is the one getCollInfo's size selects. */
+static int test_chunk_rule_by_collective_size(void) {
+  reset(DCT_MODE_IMMEDIATE);
+  write_file("version 1\nAllReduce 1048576 max RING SIMPLE 0 131072 *\nAllReduce 0 1048575 RING SIMPLE 0 8192 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1, "reload");
+  void* ctx = init6(1);
+  float t[21];
+  int nch;
+  fill(t, 10);
+  call(ctx, ncclFuncAllReduce, 8u << 20, t, &nch); /* 8 MiB collective */
+  size_t chunk = 524288;
+  ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllReduce, 512u << 10, NCCL_ALGO_RING, NCCL_PROTO_SIMPLE, 1, &chunk);
+  TEST_ASSERT(chunk == 131072, "8 MiB rule, not the 512 KiB part's: %zu", chunk);
+  fill(t, 10);
+  call(ctx, ncclFuncAllReduce, 4096, t, &nch);
+  chunk = 524288;
+  ncclTunerPlugin_v6.getChunkSize(ctx, ncclFuncAllReduce, 4096, NCCL_ALGO_RING, NCCL_PROTO_SIMPLE, 1, &chunk);
+  TEST_ASSERT(chunk == 8192, "small collective: %zu", chunk);
+  ncclTunerPlugin_v6.finalize(ctx);
+  return 0;
+}
+
+/* Tuner v7 (NCCL 2.32.6): v6's functions, larger constants. */
+static int test_v7_table(void) {
+  reset(DCT_MODE_IMMEDIATE);
+  write_file("version 1\nAllReduce 0 max RING SIMPLE 4 131072 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1, "reload");
+  ncclTunerConstants_v7_t k;
+  memset(&k, 0, sizeof k);
+  ncclNvlDomainInfo_v7_t nvl = {1, 8, 8};
+  void* ctx = NULL;
+  TEST_ASSERT(ncclTunerPlugin_v7.init(&ctx, 0x7, 8, 1, mock_logger, &nvl, &k) == ncclSuccess && ctx, "v7 init");
+  float t[21];
+  int nch = 0;
+  fill(t, 10);
+  ncclTunerPlugin_v7.getCollInfo(ctx, ncclFuncAllReduce, 1 << 20, 1, (float**)t, 7, 3, 0, &nch);
+  TEST_ASSERT(argmin(t, 21) == 5 && nch == 4, "v7 decides");
+  size_t chunk = 524288;
+  ncclTunerPlugin_v7.getChunkSize(ctx, ncclFuncAllReduce, 1 << 20, NCCL_ALGO_RING, NCCL_PROTO_SIMPLE, 4, &chunk);
+  TEST_ASSERT(chunk == 131072, "v7 chunk");
+  TEST_ASSERT(strcmp(ncclTunerPlugin_v7.name, "dynamiccl") == 0 && sizeof k.llMaxBws == 5 * 3 * sizeof(double),
+              "v7 constants: 5 compute capabilities");
+  ncclTunerPlugin_v7.finalize(ctx);
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"parse_valid", test_parse_valid},
     {"parse_rejects", test_parse_rejects},
@@ -568,6 +708,12 @@ static const test_case_t k_tests[] = {
     {"stale_tag_rejected", test_stale_tag_rejected},
     {"reload_thread", test_reload_thread},
     {"env", test_env},
+    {"chunk_rounded_to_protocol_grain", test_chunk_rounded_to_protocol_grain},
+    {"channels_only_where_nccl_clamps", test_channels_only_where_nccl_clamps},
+    {"tuning_subsystem_flag", test_tuning_subsystem_flag},
+    {"v4_version_stamp", test_v4_version_stamp},
+    {"chunk_rule_by_collective_size", test_chunk_rule_by_collective_size},
+    {"v7_table", test_v7_table},
 };
 
 int main(int argc, char** argv) {

@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 18)
+    run_unit_binary(built["test_plugin"], 24)
 
 
 def test_c_unit_asan(built):
@@ -42,4 +42,4 @@ def test_emulator_under_valgrind(built, sock_addr, collector_factory):
 
 
 def test_plugin_builds_without_warnings(built, tmp_path):
-    assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "config.c", "sender.c"], tmp_path / "p.so")
+    assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "lifecycle.c", "config.c", "sender.c"], tmp_path / "p.so")

@@ -1,0 +1,293 @@
+/* DynamICCL NCCL profiler plugin: lifecycle (init/finalize, the communicator table, retired
+ * communicators), the tuner link, counters, and the ABI tables. Never on the hot path: mutexes
+ * and allocation are fine here.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static uint64_t g_emitted_prev; /* ring pushes of earlier plugin lifetimes */
+/* Set by the first successful init; from then on init never fails (NCCL unloads the library
+   when init fails, and again at finalize, while our sender thread runs). */
+static int g_init_succeeded;
+static uint32_t g_ctx_next; /* round-robin index hint (lifecycle lock) */
+static uint32_t g_ctx_serial;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tuner link (never on the hot path: init and the sender thread)                              */
+
+static pthread_mutex_t g_tuner_link_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void dccl_tuner_link(void) {
+  if (atomic_load(&dccl_g.tuner_version_fn)) return;
+  pthread_mutex_lock(&g_tuner_link_lock);
+  if (atomic_load(&dccl_g.tuner_version_fn)) goto out;
+  /* NCCL's search order (nccl-plugin-abi.md §2.6): unset -> libnccl-tuner.so; else the value,
+     then libnccl-tuner-<value>.so; "none" disables. */
+  const char* v = getenv("NCCL_TUNER_PLUGIN");
+  char names[2][512];
+  int n = 0;
+  if (v == NULL || *v == '\0') {
+    snprintf(names[n++], sizeof names[0], "libnccl-tuner.so");
+  } else if (strcasecmp(v, "none") != 0) {
+    snprintf(names[n++], sizeof names[0], "%s", v);
+    size_t len = strlen(v);
+    if (strchr(v, '/') == NULL && !(strncmp(v, "lib", 3) == 0 && len > 3 && strcmp(v + len - 3, ".so") == 0))
+      snprintf(names[n++], sizeof names[0], "libnccl-tuner-%s.so", v);
+  }
+  for (int i = 0; i < n; i++) {
+    void* h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL) continue;
+    /* record_version knows when the applied version is not applied (tuner v4); older tuners
+       export only config_version */
+    void* f = dlsym(h, "dynamiccl_tuner_record_version");
+    if (f == NULL) f = dlsym(h, "dynamiccl_tuner_config_version");
+    if (f == NULL) { /* another tuner: records keep version 0 */
+      dlclose(h);
+      continue;
+    }
+    dccl_g.tuner_handle = h;
+    atomic_store_explicit(&dccl_g.tuner_version_fn, (uintptr_t)f, memory_order_release);
+    DCCL_INFO("DynamICCL profiler: records carry the applied config version of tuner %s", names[i]);
+    goto out;
+  }
+out:
+  pthread_mutex_unlock(&g_tuner_link_lock);
+}
+
+void dccl_tuner_unlink(void) {
+  pthread_mutex_lock(&g_tuner_link_lock);
+  atomic_store(&dccl_g.tuner_version_fn, 0);
+  if (dccl_g.tuner_handle) dlclose(dccl_g.tuner_handle);
+  dccl_g.tuner_handle = NULL;
+  pthread_mutex_unlock(&g_tuner_link_lock);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* init / finalize (not the hot path: mutexes and allocation are fine here)                     */
+
+static void ctx_free(dccl_ctx_t* ctx) {
+  if (ctx == NULL) return;
+  free(ctx->slots);
+  free(ctx->p2p_seq);
+  free(ctx);
+}
+
+static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const char* commName, int nNodes,
+                              int nranks, int rank, int* mask, int abi) {
+  dccl_ctx_t* ctx = aligned_alloc(64, (sizeof(dccl_ctx_t) + 63) & ~(size_t)63);
+  if (ctx == NULL) return NULL;
+  memset(ctx, 0, sizeof *ctx);
+  size_t bytes = (size_t)cfg->pool_size * sizeof(dccl_slot_t);
+  ctx->slots = aligned_alloc(64, bytes);
+  ctx->p2p_seq = calloc(2 * (size_t)(nranks > 0 ? nranks : 1), sizeof(uint64_t));
+  if (ctx->slots == NULL || ctx->p2p_seq == NULL) {
+    ctx_free(ctx);
+    return NULL;
+  }
+  memset(ctx->slots, 0, bytes);
+  /* Each communicator starts its generations elsewhere, so a handle of a retired communicator
+     whose table index was reused is unlikely to name a live generation by chance. */
+  uint64_t gen0 = (uint64_t)(++g_ctx_serial) << 12;
+  for (uint32_t i = 0; i < cfg->pool_size; i++) atomic_init(&ctx->slots[i].ctl, (gen0 << 1) | 1);
+  ctx->pool_size = cfg->pool_size;
+  ctx->comm_hash = commId;
+  ctx->rank = rank;
+  ctx->nranks = nranks;
+  ctx->nnodes = nNodes;
+  ctx->pid = (uint32_t)getpid();
+  ctx->record_mask = cfg->event_mask;
+  ctx->local_mask = cfg->event_mask;
+  ctx->mask_ptr = mask ? mask : &ctx->local_mask;
+  ctx->min_bytes = cfg->min_bytes;
+  ctx->sample = cfg->sample;
+  ctx->abi_version = abi;
+  if (commName) snprintf(ctx->name, sizeof ctx->name, "%s", commName);
+  return ctx;
+}
+
+/* A free communicator-table index, or -1 (lifecycle lock). */
+static int ctx_index_alloc(void) {
+  for (uint32_t k = 0; k < DCCL_MAX_CTX; k++) {
+    uint32_t i = (g_ctx_next + k) % DCCL_MAX_CTX;
+    int used = atomic_load(&dccl_ctx_tab[i]) != NULL;
+    for (dccl_ctx_t* c = dccl_g.ctxs; c && !used; c = c->next) used = (c->index == i); /* retired ones too */
+    if (!used) {
+      g_ctx_next = i + 1;
+      return (int)i;
+    }
+  }
+  return -1;
+}
+
+/* Free retired communicators whose grace is over (all of them when `all`). Caller holds lifecycle. */
+static void retired_sweep(int all) {
+  uint64_t now = dccl_monotonic_ms();
+  dccl_ctx_t* doomed = NULL;
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t** p = &dccl_g.ctxs; *p;) {
+    dccl_ctx_t* c = *p;
+    uint64_t age = c->dead_ms ? now - c->dead_ms : 0;
+    int expired = c->dead_ms && (all || (age >= DCCL_GRAVE_MIN_MS && (c->announced_conn != 0 || age >= DCCL_GRAVE_MAX_MS)));
+    if (!expired) {
+      p = &c->next;
+      continue;
+    }
+    *p = c->next;
+    c->next = doomed;
+    doomed = c;
+  }
+  pthread_mutex_unlock(&dccl_g.registry);
+  while (doomed) {
+    dccl_ctx_t* n = doomed->next;
+    ctx_free(doomed);
+    doomed = n;
+  }
+}
+
+/* Init failed: before any success NCCL may disable the plugin; after one, report success with no
+   context (this communicator is simply not profiled). */
+static ncclResult_t init_refuse(ncclResult_t rc) {
+  return g_init_succeeded ? ncclSuccess : rc;
+}
+
+ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eActivationMask, const char* commName,
+                                int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
+  if (context == NULL) return init_refuse(ncclInvalidArgument);
+  *context = NULL;
+  pthread_mutex_lock(&dccl_g.lifecycle);
+  if (logfn) dccl_g.logfn = logfn;
+  retired_sweep(0);
+  dccl_config_t cfg;
+  char err[512];
+  ncclResult_t rc = ncclSuccess;
+  dccl_ctx_t* ctx = NULL;
+  int first = (dccl_g.refcount == 0);
+  if (dccl_config_load(&cfg, err, sizeof err) != 0) {
+    DCCL_WARN("DynamICCL profiler: invalid configuration: %s (profiler disabled for this communicator)", err);
+    rc = ncclInvalidUsage;
+    goto out;
+  }
+  if (first) {
+    dccl_g.cfg = cfg;
+    dccl_g.abi_version = abi;
+    dccl_g.start_ns = dccl_now_ns();
+    if (dccl_ring_init(&dccl_g.ring, cfg.ring_size) != 0) {
+      DCCL_WARN("DynamICCL profiler: cannot allocate a ring of %u records", cfg.ring_size);
+      rc = ncclSystemError;
+      goto out;
+    }
+  }
+  int index = ctx_index_alloc();
+  ctx = index < 0 ? NULL : ctx_create(&cfg, commId, commName, nNodes, nranks, rank, eActivationMask, abi);
+  if (ctx == NULL) {
+    DCCL_WARN("DynamICCL profiler: cannot allocate %u event slots (or %u communicators are registered)", cfg.pool_size,
+              DCCL_MAX_CTX);
+    if (first) dccl_ring_free(&dccl_g.ring);
+    rc = ncclSystemError;
+    goto out;
+  }
+  ctx->index = (uint32_t)index;
+  if (first && dccl_sender_start() != 0) {
+    DCCL_WARN("DynamICCL profiler: cannot start the sender thread");
+    ctx_free(ctx);
+    ctx = NULL;
+    dccl_ring_free(&dccl_g.ring);
+    rc = ncclSystemError;
+    goto out;
+  }
+  if (eActivationMask) __atomic_store_n(eActivationMask, cfg.event_mask, __ATOMIC_RELAXED);
+  dccl_tuner_link(); /* NCCL loads the tuner after the profiler for the first communicator: retried later */
+  pthread_mutex_lock(&dccl_g.registry);
+  ctx->next = dccl_g.ctxs;
+  dccl_g.ctxs = ctx;
+  dccl_g.refcount++;
+  atomic_store_explicit(&dccl_ctx_tab[ctx->index], ctx, memory_order_release);
+  pthread_mutex_unlock(&dccl_g.registry);
+  g_init_succeeded = 1;
+  DCCL_INFO("DynamICCL profiler (v%d): comm %016llx \"%s\" rank %d/%d nodes %d, mask %d, pool %u, collector %s",
+            abi, (unsigned long long)commId, ctx->name, rank, nranks, nNodes, cfg.event_mask, cfg.pool_size,
+            dccl_g.cfg.collector);
+out:
+  pthread_mutex_unlock(&dccl_g.lifecycle);
+  if (rc != ncclSuccess) {
+    if (g_init_succeeded) DCCL_WARN("DynamICCL profiler: this communicator is not profiled (an earlier init succeeded)");
+    return init_refuse(rc);
+  }
+  *context = ctx;
+  return ncclSuccess;
+}
+
+/* Retire a communicator: off the handle table at once (its late stops are dropped), reaped,
+   counters folded; its memory and registry entry stay until retired_sweep frees them. */
+ncclResult_t dccl_finalize(void* context) {
+  dccl_ctx_t* ctx = (dccl_ctx_t*)context;
+  if (ctx == NULL) return ncclSuccess;
+  pthread_mutex_lock(&dccl_g.lifecycle);
+  pthread_mutex_lock(&dccl_g.registry);
+  int found = 0;
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) found |= (c == ctx && c->dead_ms == 0);
+  if (!found) { /* not ours, or finalized twice */
+    pthread_mutex_unlock(&dccl_g.registry);
+    pthread_mutex_unlock(&dccl_g.lifecycle);
+    return ncclSuccess;
+  }
+  atomic_store_explicit(&dccl_ctx_tab[ctx->index], NULL, memory_order_release);
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), 0); /* operations whose children never came */
+  ctx->dead_ms = dccl_monotonic_ms();
+  if (ctx->dead_ms == 0) ctx->dead_ms = 1;
+  atomic_fetch_add(&dccl_g.events_dropped_pool_full, atomic_load(&ctx->dropped_pool_full));
+  atomic_fetch_add(&dccl_g.sampled_out, atomic_load(&ctx->sampled_out));
+  int last = (--dccl_g.refcount == 0);
+  pthread_mutex_unlock(&dccl_g.registry);
+  if (last) {
+    dccl_sender_stop(); /* final bounded flush (announces retired communicators too), then join */
+    dccl_seq_base += atomic_load(&dccl_g.ring.enqueue_pos);
+    g_emitted_prev += atomic_load(&dccl_g.ring.enqueue_pos);
+    dccl_ring_free(&dccl_g.ring);
+    dccl_tuner_unlink();
+  }
+  retired_sweep(last);
+  pthread_mutex_unlock(&dccl_g.lifecycle);
+  return ncclSuccess;
+}
+
+/* Counters for the STATS record. Takes the registry lock (sender thread, tests). */
+void dccl_stats_snapshot(dccl_stats_record_t* out) {
+  memset(out, 0, sizeof *out);
+  out->kind = DCCL_KIND_STATS;
+  out->pid = (uint32_t)getpid();
+  out->time_ns = dccl_now_ns();
+  uint64_t pool = atomic_load(&dccl_g.events_dropped_pool_full), sampled = atomic_load(&dccl_g.sampled_out);
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) {
+    if (c->dead_ms) continue; /* retired: folded into the globals at finalize */
+    pool += atomic_load_explicit(&c->dropped_pool_full, memory_order_relaxed);
+    sampled += atomic_load_explicit(&c->sampled_out, memory_order_relaxed);
+  }
+  uint64_t emitted = g_emitted_prev + (dccl_g.ring.seq ? atomic_load(&dccl_g.ring.enqueue_pos) : 0);
+  pthread_mutex_unlock(&dccl_g.registry);
+  out->events_dropped_pool_full = pool;
+  out->records_dropped_ring_full = atomic_load(&dccl_g.records_dropped_ring_full);
+  out->records_undelivered = atomic_load(&dccl_g.records_undelivered);
+  out->records_sent = atomic_load(&dccl_g.records_sent);
+  out->records_emitted = emitted;
+  out->events_stale = atomic_load(&dccl_g.events_stale);
+  out->reconnects = atomic_load(&dccl_g.reconnects);
+  out->sampled_out = sampled;
+  out->kernel_ch_rejected = atomic_load(&dccl_g.kch_dropped);
+}
+
+/* Debug/test hook: a snapshot of the plugin's counters (same content as the STATS record). Not part of NCCL's ABI. */
+DCCL_EXPORT void dynamicclProfilerStats(dccl_stats_record_t* out) {
+  if (out) dccl_stats_snapshot(out);
+}
+

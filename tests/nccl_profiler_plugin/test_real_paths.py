@@ -1,0 +1,110 @@
+"""Paths real NCCL takes that the emulator now replays (issue 23): a send/recv to self has no
+KernelCh children, CollNet reports nChannels = 0 while its children still arrive, ncclUint8 is
+named "Unknown", a communicator can live shorter than one flush. End to end through the real .so,
+its sender thread and a collector."""
+from __future__ import annotations
+
+import numpy as np
+
+from collector import wire_format as wf
+from test_emulator_stream import FLAG, F, check_events, make_ops, proc_and_comms
+
+
+def alltoall_steps(n_steps: int, nranks: int, rank: int) -> list[dict]:
+    """A grouped all-to-all per step (MoE): a Send and a Recv to every peer, self included."""
+    ops, seq = [], {}
+    base = make_ops(1)[0]
+    for step in range(n_steps):
+        for peer in range(nranks):
+            for func in ("Send", "Recv"):
+                k = (func, peer)
+                ops.append(dict(base, func=F[func], root=peer, seq_number=seq.get(k, 0), n_channels=2,
+                                gpu_start_ns=base["gpu_start_ns"] + step, gpu_end_ns=base["gpu_end_ns"] + step))
+                seq[k] = seq.get(k, 0) + 1
+    return ops
+
+
+def test_alltoall_with_self_send_never_fills_the_pool(run_scenario, collector_factory, sock_addr):
+    col = collector_factory(sock_addr)
+    ops = alltoall_steps(100, nranks=4, rank=1)  # 800 operations, 200 of them to self, pool of 32
+    res = run_scenario([
+        {"op": "init", "hash": 0x77, "nnodes": 1, "nranks": 4, "rank": 1, "threads": 1},
+        {"op": "run", "ops": ops}, {"op": "sync"}, {"op": "finalize"},
+    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "32"})
+    assert res["ok"], res
+    st = res["stats"]
+    assert st["events_dropped_pool_full"] == 0 and st["events_stale"] == 0, st
+    assert st["records_emitted"] == len(ops) == st["records_sent"]
+    ev = col.events()
+    check_events(ev, ops, comm_hash=0x77, rank=1, nranks=4, nnodes=1)
+    self_recs = ev[ev["root"] == 1]
+    assert len(self_recs) == 200 and np.all(self_recs["timing_source"] == wf.TimingSource.NONE)
+
+
+def test_collnet_zero_channels_children_refused(run_scenario, collector_factory, sock_addr):
+    col = collector_factory(sock_addr)
+    collnet = make_ops(60, seq0=0, algo=wf.ALGOS.index("COLLNET_DIRECT"), flags=FLAG["COLLNET"])
+    normal = make_ops(60, seq0=1000)
+    mixed = [op for pair in zip(collnet, normal) for op in pair]
+    res = run_scenario([
+        {"op": "init", "hash": 0x99, "nnodes": 2, "nranks": 16, "rank": 3, "threads": 1},
+        {"op": "run", "ops": mixed}, {"op": "sync"}, {"op": "finalize"},
+    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "1"})
+    assert res["ok"], res
+    ev = col.events()
+    check_events(ev[ev["seq_number"] >= 1000], normal, comm_hash=0x99, rank=3, nranks=16, nnodes=2)
+    cn = ev[ev["seq_number"] < 1000]
+    assert len(cn) == 60 and np.all(cn["n_channels"] == 0) and np.all(cn["timing_source"] == wf.TimingSource.NONE)
+    assert np.all(cn["channels_seen"] == 0) and np.all(cn["flags"] == 0)
+    st = res["stats"]
+    assert st["kernel_ch_rejected"] == sum(op["n_channels"] for op in collnet), st
+    assert st["events_stale"] == 0 and st["events_dropped_pool_full"] == 0
+
+
+def test_collnet_late_children_never_reach_the_next_occupant(run_scenario, collector_factory, sock_addr):
+    """Proxy thread behind the application: a CollNet op's children arrive while its slot holds
+    later operations. Every record emitted carries exactly its own operation's timing."""
+    col = collector_factory(sock_addr)
+    collnet = make_ops(200, seq0=0, algo=wf.ALGOS.index("COLLNET_CHAIN"), flags=FLAG["COLLNET"])
+    normal = make_ops(200, seq0=1000)
+    mixed = [op for pair in zip(collnet, normal) for op in pair]
+    res = run_scenario([
+        {"op": "init", "hash": 0x9A, "nnodes": 2, "nranks": 16, "rank": 3, "threads": 2},
+        {"op": "run", "ops": mixed}, {"op": "sync"}, {"op": "finalize"},
+    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "2"})
+    assert res["ok"], res
+    ev = col.events()
+    st = res["stats"]
+    assert len(ev) + st["events_dropped_pool_full"] == len(mixed), "every operation accounted for"
+    by_seq = {op["seq_number"]: op for op in normal}
+    for r in ev[(ev["seq_number"] >= 1000) & (ev["flags"] == 0)]:
+        op = by_seq[int(r["seq_number"])]
+        assert r["channels_seen"] == op["n_channels"], (r["channels_seen"], op["n_channels"])
+        assert (r["gpu_start_ns"], r["gpu_end_ns"]) == (op["gpu_start_ns"], op["gpu_end_ns"])
+    assert np.all(ev[ev["seq_number"] < 1000]["channels_seen"] == 0)
+
+
+def test_uint8_bytes_counted(run_scenario, collector_factory, sock_addr):
+    col = collector_factory(sock_addr)
+    ops = make_ops(20, datatype=wf.DATATYPES.index("ncclUint8"))
+    res = run_scenario([{"op": "init", "hash": 0x8}, {"op": "run", "ops": ops}, {"op": "finalize"}], sock_addr)
+    assert res["ok"], res
+    check_events(col.events(), ops, comm_hash=0x8, rank=0, nranks=2, nnodes=1)
+
+
+def test_short_lived_comm_is_announced(run_scenario, collector_factory, sock_addr):
+    col = collector_factory(sock_addr)
+    res = run_scenario([
+        {"op": "init", "hash": 0x1, "name": "world", "threads": 1},
+        {"op": "sleep", "s": 0.3},                      # connected, world announced
+        {"op": "init", "hash": 0x2, "name": "probe", "threads": 1},
+        {"op": "run", "comm": 1, "ops": make_ops(3)},
+        {"op": "finalize", "comm": 1},                   # gone long before the next flush
+        {"op": "sleep", "s": 1.5},
+        {"op": "finalize", "comm": 0},
+    ], sock_addr, env={"DYNAMICCL_FLUSH_MS": "1000"})
+    assert res["ok"], res
+    _, comms = proc_and_comms(col)
+    names = {int(c["comm_hash"]): c["comm_name"] for c in comms}
+    assert names.get(0x2) == b"probe", names
+    assert len(col.events()) == 3
