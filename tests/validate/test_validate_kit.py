@@ -12,7 +12,7 @@ from dynamiccl.validate import cli
 from dynamiccl.validate.analyse import analyse
 from dynamiccl.validate.nccl_log import parse_file
 
-from .fake_run import fake_run
+from fake_run import fake_run
 
 SAMPLE = Path(__file__).with_name("data") / "nccl_tuning_sample.log"
 
