@@ -7,10 +7,11 @@ from __future__ import annotations
 import glob
 import json
 import os
+import statistics
 
 import numpy as np
 
-from .checks import (Check, check_delivery, check_overhead, check_records, check_tuner, check_tuning_log,
+from .checks import (Check, check_after_self_send, check_delivery, check_overhead, check_records, check_tuner, check_tuning_log,
                      check_versions)
 from .detect import check_detection
 from .nccl_log import parse_file
@@ -35,7 +36,7 @@ def _overhead_samples(launches: list[dict]) -> dict:
         side = samples["with" if la["plugins"] else "without"]
         for res in la["results"]:
             for size, rounds in res["marks"].get("overhead_us", {}).items():
-                side.setdefault(size, []).extend(rounds)
+                side.setdefault(size, []).append(statistics.median(rounds))
     return samples
 
 
@@ -60,6 +61,8 @@ def analyse(out: str) -> bool:
     checks.append(check_versions(env.get("nccl", "?"), list(logs.values())))
     if results:
         checks.append(check_records(results, events))
+        if any(c[0] == "after_a2a" for c in results[0]["calls"]):
+            checks.append(check_after_self_send(results, events))
         rank0 = results[0]
         if rank0["pid"] in logs:
             checks.append(check_tuning_log(rank0, events, logs[rank0["pid"]]))

@@ -67,7 +67,7 @@ def make_spec(args: argparse.Namespace, ranks: int) -> dict:
         # a size no tuner rule above covers, so the phase runs on NCCL's own choice
         "slow": {"bytes": 256 << 10, "base_s": 15.0, "slow_s": 10.0, "gap_s": 0.01, "delay_s": 0.005,
                  "delay_ratio": 1.0, "slow_rank": ranks - 1},
-        "overhead": {"sizes": [[MIB, 100], [64 * MIB, 10]], "rounds": 5},
+        "overhead": {"sizes": [[MIB, 1000], [64 * MIB, 200]], "rounds": 7},
     }
 
 
@@ -85,13 +85,13 @@ def _launch_all(args, plan, spec, paths) -> list[Launch]:
             launches.append(la)
             return la
 
-        go("main", ["sweep", "tuner", "reload", "slow"], True, debug=True)
+        go("main", ["sweep", "tuner", "reload", "slow", "alltoall"], True, debug=True)
         # Ranks sharing a GPU are time-sliced by the driver: their collective times jump between
         # launches by whole time slices (2x seen on an H100), far above any plugin cost. The
         # overhead is therefore measured on one rank per GPU (a 1-rank job when there is one GPU).
         solo = plan if not plan.shared else Plan(max(1, min(plan.ranks, len(set(plan.devices)))),
                                                   sorted(set(plan.devices)), False, "one rank per GPU")
-        for i in range(2):     # interleaved: without, with, without, with
+        for i in range(3):     # interleaved: without, with, without, with, ...
             go(f"bare{i}", ["overhead"], False, ranks=solo)
             go(f"plug{i}", ["overhead"], True, ranks=solo)
         time.sleep(0.5)

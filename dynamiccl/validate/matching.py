@@ -27,15 +27,23 @@ class CallRecords:
     records: np.ndarray     # EVENT_DTYPE rows of this call on this rank
 
     @property
-    def complete(self) -> bool:
+    def _self(self) -> np.ndarray:
+        """Send/recv to self: NCCL runs no proxy op and emits no KernelCh for them (no GPU timing)."""
         r = self.records
-        return bool(len(r)) and bool(np.all((r["timing_source"] == TimingSource.KERNEL_GPU)
-                                            & ((r["flags"] & EventFlags.STALE) == 0)
-                                            & (r["gpu_start_ns"] > 0) & (r["gpu_end_ns"] >= r["gpu_start_ns"])))
+        return (r["kind"] == Kind.P2P) & (r["root"] == r["rank"])
+
+    @property
+    def complete(self) -> bool:
+        r, own = self.records, self._self
+        timed = ((r["timing_source"] == TimingSource.KERNEL_GPU) & (r["gpu_start_ns"] > 0)
+                 & (r["gpu_end_ns"] >= r["gpu_start_ns"]))
+        return bool(len(r)) and bool(np.all(((r["flags"] & EventFlags.STALE) == 0) & (timed | own)))
 
     @property
     def gpu_us(self) -> float:
-        r = self.records
+        r = self.records[~self._self]
+        if not len(r):
+            return float("nan")
         return float(int(r["gpu_end_ns"].max()) - int(r["gpu_start_ns"].min())) / 1e3
 
     def expected(self, nranks: int) -> tuple[bool, str]:

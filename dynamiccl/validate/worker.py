@@ -14,7 +14,10 @@ import sys
 import time
 
 # torch functions by the name the profiler records them under
-SWEEP_FUNCS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "SendRecv")
+# AlltoAll has its own phase, last: NCCL 2.28's kernels count a send/recv-to-self work item in the
+# per-channel profiler counter while the host does not, so every later KernelCh event on those
+# channels carries another kernel's timestamps (docs/real-nccl.md). Phase "after_a2a" shows it.
+SWEEP_FUNCS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "SendRecv")
 TUNED_BYTES = 1 << 20   # the AllReduce size the tuner phases force
 
 
@@ -116,13 +119,13 @@ class Rank:
         raise ValueError(f"unknown collective {func!r}")
 
     # --- phases ---------------------------------------------------------------------------------
-    def phase_sweep(self) -> None:
-        for func in SWEEP_FUNCS:
+    def phase_sweep(self, funcs=SWEEP_FUNCS, name: str = "sweep") -> None:
+        for func in funcs:
             for size in self.spec["sizes"]:
                 call, nb = self.enqueue(func, size)
                 reps = 1 + (self.spec["reps"] if size < (64 << 20) else max(1, self.spec["reps"] - 1))
                 for i in range(reps):
-                    self.timed("sweep" if i else "warmup", func, nb, call)
+                    self.timed(name if i else "warmup", func, nb, call)
                 del call
             if self.device.type == "cuda":
                 self.torch.cuda.empty_cache()
@@ -187,6 +190,14 @@ class Rank:
                 time.sleep(delay_s)
             self.timed("slow_after" if slow else "slow_before", "AllReduce", nb, call)
             time.sleep(spec["gap_s"])
+
+    def phase_alltoall(self) -> None:
+        """The AlltoAll sweep, then AllReduce calls whose KernelCh timing shows whether NCCL's
+        profiler counters still match the kernels after a send/recv to self."""
+        self.phase_sweep(("AlltoAll",), "a2a")
+        call, nb = self.enqueue("AllReduce", self.spec["slow"]["bytes"])
+        for _ in range(10):
+            self.timed("after_a2a", "AllReduce", nb, call)
 
     def phase_overhead(self) -> None:
         """Mean time per AllReduce in back-to-back loops (wall clock, synchronised), per round."""

@@ -20,7 +20,7 @@ DEFAULT = ("RING", "LL128", 2)      # "NCCL's" choice for every collective in th
 def _calls(spec: dict) -> list[tuple[str, str, int, int]]:
     """(phase, func, bytes, tuner version) in issue order."""
     out = []
-    for func in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AlltoAll", "SendRecv"):
+    for func in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "SendRecv"):
         for size in spec["sizes"]:
             out += [("warmup", func, size, 0)] + [("sweep", func, size, 0)] * spec["reps"]
     nb = spec["tuned_bytes"]
@@ -32,6 +32,13 @@ def _calls(spec: dict) -> list[tuple[str, str, int, int]]:
         v = spec["reload"]["version"]["version"] if step > spec["reload"]["write_at_step"] else last
         out += [(f"reload_step{step}_v{v}", "AllReduce", nb, v)] * 4
     return out
+
+
+def _a2a_calls(spec: dict) -> list[tuple[str, str, int, int]]:
+    out = []
+    for size in spec["sizes"]:
+        out += [("warmup", "AlltoAll", size, 0)] + [("a2a", "AlltoAll", size, 0)] * spec["reps"]
+    return out + [("after_a2a", "AllReduce", spec["slow"]["bytes"], 0)] * 10
 
 
 def _slow_calls(spec: dict, t0: int, rank: int, rng: np.random.Generator) -> list[list]:
@@ -53,53 +60,65 @@ def _choice(spec: dict, func: str, version: int) -> tuple[str, str, int]:
     return DEFAULT
 
 
+def _records(spec: dict, rank: int, ranks: int, call: list, version: int, seq: int, log: list) -> list:
+    """The records one call leaves on ``rank`` (and rank 0's TUNING line for a collective)."""
+    phase, func, nb, t, _cuda, dur_us = call
+    algo, proto, ch = _choice(spec, func, version)
+    kinds = [(func, Kind.COLL, 0)]
+    if func == "SendRecv":
+        kinds = [("Send", Kind.P2P, (rank + 1) % ranks), ("Recv", Kind.P2P, (rank - 1) % ranks)]
+    elif func == "AlltoAll":
+        kinds = [(n, Kind.P2P, p) for p in range(ranks) for n in ("Send", "Recv")]
+    out = []
+    for name, kind, peer in kinds:
+        r = np.zeros(1, EVENT_DTYPE)
+        r["kind"], r["func"], r["rank"], r["nranks"], r["pid"] = kind, FUNCS.index(name), rank, ranks, 1000 + rank
+        if kind == Kind.COLL:
+            r["algo"], r["proto"], r["n_channels"] = ALGOS.index(algo), PROTOS.index(proto), ch
+            if rank == 0:
+                log.append(f"h:1000:1 [0] NCCL INFO {func}: {nb} Bytes -> Algo {algo} proto {proto} "
+                           f"channel{{Lo..Hi}}={{0..{ch - 1}}}")
+        else:
+            r["algo"] = r["proto"] = 255
+            r["root"] = peer
+        r["bytes"], r["count"], r["seq_number"], r["comm_hash"] = nb, nb // 4, seq, 0x1234
+        r["enqueue_ns"], r["gpu_start_ns"] = t + 2_000, t + 5_000
+        r["gpu_end_ns"] = t + 5_000 + int(dur_us * 1e3)
+        r["timing_source"], r["tuner_config_version"] = TimingSource.KERNEL_GPU, version
+        if kind == Kind.P2P and peer == rank:       # send/recv to self: no KernelCh in NCCL
+            r["timing_source"], r["gpu_start_ns"], r["gpu_end_ns"] = TimingSource.NONE, 0, 0
+        out.append(r)
+    return out
+
+
 def fake_run(out: str, breakage: str | None = None, ranks: int = 2) -> str:
     args = argparse.Namespace(max_bytes=1 << 20, reps=2)
     spec = make_spec(args, ranks)
     t0 = 1_800_000_000_000_000_000
     results, recs, log = [], [], []
     for rank in range(ranks):
-        pid = 1000 + rank
         calls, t, seq = [], t0, 0
         for phase, func, nb, version in _calls(spec):
             dur_us = 50.0 + nb / 1e4
             calls.append([phase, func, nb, t, dur_us + 3.0, dur_us + 1.0])
-            algo, proto, ch = _choice(spec, func, version)
-            kinds = [("Send", Kind.P2P), ("Recv", Kind.P2P)] if func in ("SendRecv", "AlltoAll") else [(func, Kind.COLL)]
-            for name, kind in kinds:
-                r = np.zeros(1, EVENT_DTYPE)
-                r["kind"], r["func"], r["rank"], r["nranks"], r["pid"] = kind, FUNCS.index(name), rank, ranks, pid
-                if kind == Kind.COLL:
-                    r["algo"], r["proto"], r["n_channels"] = ALGOS.index(algo), PROTOS.index(proto), ch
-                    if rank == 0:
-                        log.append(f"h:{pid}:1 [0] NCCL INFO {func}: {nb} Bytes -> Algo {algo} proto {proto} "
-                                   f"channel{{Lo..Hi}}={{0..{ch - 1}}}")
-                else:
-                    r["algo"] = r["proto"] = 255
-                r["bytes"], r["count"], r["seq_number"] = nb, nb // 4, seq
-                r["enqueue_ns"], r["gpu_start_ns"] = t + 2_000, t + 5_000
-                r["gpu_end_ns"] = t + 5_000 + int(dur_us * 1e3)
-                r["timing_source"], r["tuner_config_version"] = TimingSource.KERNEL_GPU, version
-                recs.append(r)
+            recs += _records(spec, rank, ranks, calls[-1], version, seq, log)
             seq += func not in ("SendRecv", "AlltoAll")
             t += 1_000_000
         slow = _slow_calls(spec, t, rank, np.random.default_rng(rank))
+        marks = {"slow_start_ns": t, "slow_end_ns": slow[-1][3] + 1,
+                 "slow_onset_ns": t + int(spec["slow"]["base_s"] * 1e9)}
         for c in slow:
-            r = np.zeros(1, EVENT_DTYPE)
-            r["kind"], r["func"], r["rank"], r["nranks"], r["pid"] = Kind.COLL, FUNCS.index("AllReduce"), rank, ranks, pid
-            r["algo"], r["proto"], r["n_channels"] = ALGOS.index(DEFAULT[0]), PROTOS.index(DEFAULT[1]), DEFAULT[2]
-            r["bytes"], r["count"], r["seq_number"], r["comm_hash"] = c[2], c[2] // 4, seq, 0x1234
-            r["enqueue_ns"], r["gpu_start_ns"] = c[3] + 2_000, c[3] + 5_000
-            r["gpu_end_ns"] = c[3] + 5_000 + int(c[5] * 1e3)
-            r["timing_source"] = TimingSource.KERNEL_GPU
-            recs.append(r)
+            calls.append(c)
+            recs += _records(spec, rank, ranks, c, 0, seq, log)
             seq += 1
-            if rank == 0:
-                log.append(f"h:{pid}:1 [0] NCCL INFO AllReduce: {c[2]} Bytes -> Algo {DEFAULT[0]} proto "
-                           f"{DEFAULT[1]} channel{{Lo..Hi}}={{0..{DEFAULT[2] - 1}}}")
-        marks = {"slow_start_ns": t, "slow_end_ns": slow[-1][3] + 1, "slow_onset_ns": t + int(spec["slow"]["base_s"] * 1e9)}
-        calls += slow
-        results.append({"rank": rank, "pid": pid, "world": ranks, "calls": calls,
+        t = slow[-1][3] + 100_000_000
+        for phase, func, nb, version in _a2a_calls(spec):
+            dur_us = 50.0 + nb / 1e4
+            calls.append([phase, func, nb, t, dur_us + 3.0, dur_us + 1.0])
+            recs += _records(spec, rank, ranks, calls[-1], version, seq, log)
+            seq += func != "AlltoAll"
+            t += 1_000_000
+        results.append({"rank": rank, "pid": 1000 + rank, "world": ranks, "calls": calls,
                         "cols": ["phase", "func", "bytes", "t_ns", "cuda_us", "nccl_us"], "marks": marks})
     events = np.concatenate(recs)
     _break(breakage, events, results, log)
@@ -145,6 +164,11 @@ def _break(breakage: str | None, events: np.ndarray, results: list[dict], log: l
         events["gpu_end_ns"][sweep] += ((events["gpu_end_ns"][sweep] - events["gpu_start_ns"][sweep]) // 2)
     elif breakage == "log_mismatch":         # NCCL says TREE where the record says RING
         log[5] = log[5].replace("Algo RING", "Algo TREE")
+    elif breakage == "counter_divergence":   # KernelCh times of the calls after the all-to-all: another kernel's
+        r0 = next(r for r in results if r["rank"] == 0)
+        after = min(c[3] for c in r0["calls"] if c[0] == "after_a2a")
+        late = (events["enqueue_ns"] > after) & (events["rank"] == 0)
+        events["gpu_start_ns"][late] -= 900_000_000
     elif breakage == "split_switch":         # rank 1 applies the mid-run version one collective late
         ix = np.flatnonzero((events["rank"] == 1) & (events["tuner_config_version"] == 3))[0]
         events["tuner_config_version"][ix] = 2
