@@ -70,12 +70,16 @@ def match_calls(result: dict, events: np.ndarray, phases: tuple[str, ...]) -> li
     mine = mine[np.argsort(mine["enqueue_ns"], kind="stable")]
     t = mine["enqueue_ns"].astype(np.int64)
     calls = result["calls"]
+    # a phase's end also ends its last call's interval (the next phase may start with untimed calls)
+    ends = np.sort(np.array([v for k, v in result["marks"].items() if k.endswith("_end_ns")], np.int64))
     out: list[CallRecords] = []
     for i, c in enumerate(calls):
         if c[ix["phase"]] not in phases:
             continue
         lo = int(c[ix["t_ns"]])
         hi = int(calls[i + 1][ix["t_ns"]]) if i + 1 < len(calls) else np.iinfo(np.int64).max
+        later = ends[ends > lo]
+        hi = min(hi, int(later[0]) + 1) if len(later) else hi
         sel = mine[(t >= lo) & (t < hi)]
         cuda = c[ix["nccl_us"]] if c[ix["nccl_us"]] is not None else c[ix["cuda_us"]]
         out.append(CallRecords(result["rank"], c[ix["phase"]], c[ix["func"]], int(c[ix["bytes"]]),

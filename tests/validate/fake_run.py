@@ -105,7 +105,7 @@ def fake_run(out: str, breakage: str | None = None, ranks: int = 2) -> str:
             seq += func not in ("SendRecv", "AlltoAll")
             t += 1_000_000
         slow = _slow_calls(spec, t, rank, np.random.default_rng(rank))
-        marks = {"slow_start_ns": t, "slow_end_ns": slow[-1][3] + 1,
+        marks = {"slow_start_ns": t, "slow_end_ns": slow[-1][3] + 10_000_000,
                  "slow_onset_ns": t + int(spec["slow"]["base_s"] * 1e9)}
         for c in slow:
             calls.append(c)
