@@ -28,14 +28,16 @@ def load_run(out: str) -> tuple[dict, dict, np.ndarray]:
     return run, env, np.load(os.path.join(out, "events.npy"))
 
 
-def _overhead_samples(launches: list[dict]) -> dict:
+def _overhead_samples(launches: list[dict], metric: str) -> dict:
+    """One median per launch and rank of ``metric`` (``overhead_us``: time per collective;
+    ``enqueue_us``: the application thread's time per enqueue), by side and size."""
     samples: dict = {"with": {}, "without": {}}
     for la in launches:
         if "overhead" not in la["phases"] or not la["ok"]:
             continue
         side = samples["with" if la["plugins"] else "without"]
         for res in la["results"]:
-            for size, rounds in res["marks"].get("overhead_us", {}).items():
+            for size, rounds in res["marks"].get(metric, {}).items():
                 side.setdefault(size, []).append(statistics.median(rounds))
     return samples
 
@@ -69,8 +71,11 @@ def analyse(out: str) -> bool:
         else:
             checks.append(Check("3 NCCL's choice", False, "no NCCL debug log from rank 0"))
         checks.append(check_tuner(results, events, env["spec"], main["ok"]))
-    checks.append(check_overhead(_overhead_samples(launches)))
+    metric = env["spec"]["overhead"].get("metric", "overhead_us")
     plug_pids = [r["pid"] for la in launches if la["plugins"] for r in la["results"]]
+    exercised = sum(int(run["stats"].get(str(r["pid"]), {}).get("records_sent", 0))
+                    for la in launches if la["plugins"] and "overhead" in la["phases"] for r in la["results"])
+    checks.append(check_overhead(_overhead_samples(launches, metric), metric, exercised))
     checks.append(check_delivery(events, {int(k): v for k, v in run["stats"].items()}, plug_pids))
     if results:
         slow = events[np.isin(events["pid"], list(pids))]

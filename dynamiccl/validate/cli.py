@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from .launch import KitError, Launch, Plan, build_plugins, plan_ranks, probe_gpu, run_launch
+from .launch import KitError, Launch, build_plugins, plan_ranks, probe_gpu, run_launch
 
 __all__ = ["main", "build_parser", "make_spec", "register"]
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda args: run(args))
 
 
-def make_spec(args: argparse.Namespace, ranks: int) -> dict:
+def make_spec(args: argparse.Namespace, ranks: int, shared: bool = False) -> dict:
     from .worker import TUNED_BYTES
     rule = lambda func, algo, proto, ch, lo=TUNED_BYTES, hi=TUNED_BYTES: {  # noqa: E731
         "func": func, "min_bytes": lo, "max_bytes": hi, "algo": algo, "proto": proto, "n_channels": ch}
@@ -67,7 +67,9 @@ def make_spec(args: argparse.Namespace, ranks: int) -> dict:
         # a size no tuner rule above covers, so the phase runs on NCCL's own choice
         "slow": {"bytes": 256 << 10, "base_s": 15.0, "slow_s": 10.0, "gap_s": 0.01, "delay_s": 0.005,
                  "delay_ratio": 1.0, "slow_rank": ranks - 1},
-        "overhead": {"sizes": [[MIB, 1000], [64 * MIB, 200]], "rounds": 7},
+        # shared GPU: each call waits for time slices (ms), so fewer calls per round
+        "overhead": {"sizes": [[MIB, 50], [64 * MIB, 10]] if shared else [[MIB, 500], [64 * MIB, 100]],
+                     "rounds": 3 if shared else 7, "metric": "enqueue_us" if shared else "overhead_us"},
     }
 
 
@@ -76,24 +78,19 @@ def _launch_all(args, plan, spec, paths) -> list[Launch]:
 
     launches = []
     with KitReceiver(paths["socket"]) as rx:
-        def go(name, phases, plugins, debug=False, ranks=plan):
+        def go(name, phases, plugins, debug=False):
             paths["tuner_config"] = os.path.join(paths["out"], f"tuner.{name}.conf")
             print(f"validate-nccl: launch {name} ({', '.join(phases)}; plugins {'on' if plugins else 'off'}) ...",
                   flush=True)
-            la = run_launch(ranks, Launch(name, phases, plugins, debug), spec, paths, args.timeout)
+            la = run_launch(plan, Launch(name, phases, plugins, debug), spec, paths, args.timeout)
             print(f"validate-nccl:   {'ok' if la.ok else 'FAILED'} in {la.wall_s:.0f} s", flush=True)
             launches.append(la)
             return la
 
         go("main", ["sweep", "tuner", "reload", "slow", "alltoall"], True, debug=True)
-        # Ranks sharing a GPU are time-sliced by the driver: their collective times jump between
-        # launches by whole time slices (2x seen on an H100), far above any plugin cost. The
-        # overhead is therefore measured on one rank per GPU (a 1-rank job when there is one GPU).
-        solo = plan if not plan.shared else Plan(max(1, min(plan.ranks, len(set(plan.devices)))),
-                                                  sorted(set(plan.devices)), False, "one rank per GPU")
-        for i in range(3):     # interleaved: without, with, without, with, ...
-            go(f"bare{i}", ["overhead"], False, ranks=solo)
-            go(f"plug{i}", ["overhead"], True, ranks=solo)
+        for i in range(2 if plan.shared else 3):     # interleaved: without, with, without, with, ...
+            go(f"bare{i}", ["overhead"], False)
+            go(f"plug{i}", ["overhead"], True)
         time.sleep(0.5)
         rx.close()
         np.save(os.path.join(paths["out"], "events.npy"), rx.events())
@@ -128,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     sock_dir = tempfile.mkdtemp(prefix="dccl-validate-")        # short path: sun_path is 108 bytes
     paths = dict(plugins, out=out, socket=os.path.join(sock_dir, "collector.sock"))
     plan = plan_ranks(args.ranks, gpu.count)
-    spec = make_spec(args, plan.ranks)
+    spec = make_spec(args, plan.ranks, plan.shared)
     print(f"validate-nccl: {gpu.count} GPU(s) {gpu.names[0]}, torch {gpu.torch_version}, NCCL {gpu.nccl_version}; "
           f"{plan.ranks} ranks{'; ' + plan.note if plan.note else ''}; output in {out}", flush=True)
     launches = _launch_all(args, plan, spec, paths)

@@ -200,21 +200,28 @@ class Rank:
             self.timed("after_a2a", "AllReduce", nb, call)
 
     def phase_overhead(self) -> None:
-        """Mean time per AllReduce in back-to-back loops (wall clock, synchronised), per round."""
-        out = {}
+        """Per round of back-to-back AllReduce calls: the mean time per collective (wall clock, GPU
+        synchronised at both ends) and the mean time the application thread spends enqueuing one
+        (where the profiler's Coll start/stop run; the KernelCh events run on NCCL's proxy thread)."""
+        out, enq = {}, {}
         for size, iters in self.spec["overhead"]["sizes"]:
             call, _nb = self.enqueue("AllReduce", size)
             for _ in range(3):
                 call().wait()
-            rounds = []
+            rounds, enqueue = [], []
             for _ in range(self.spec["overhead"]["rounds"]):
                 self.sync()
                 t0 = time.perf_counter()
+                inside = 0.0
                 for _ in range(iters):
+                    t1 = time.perf_counter()
                     call()
+                    inside += time.perf_counter() - t1
                 self.sync()
                 rounds.append((time.perf_counter() - t0) / iters * 1e6)
-            out[str(size)] = rounds
+                enqueue.append(inside / iters * 1e6)
+            out[str(size)], enq[str(size)] = rounds, enqueue
+        self.marks["enqueue_us"] = enq
         self.marks["overhead_us"] = out
 
     def run(self) -> dict:

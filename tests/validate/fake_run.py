@@ -120,6 +120,11 @@ def fake_run(out: str, breakage: str | None = None, ranks: int = 2) -> str:
             t += 1_000_000
         results.append({"rank": rank, "pid": 1000 + rank, "world": ranks, "calls": calls,
                         "cols": ["phase", "func", "bytes", "t_ns", "cuda_us", "nccl_us"], "marks": marks})
+    for i in range(10):                      # what the overhead launch with the plugins emitted
+        r = np.zeros(1, EVENT_DTYPE)
+        r["kind"], r["func"], r["pid"], r["nranks"], r["timing_source"] = Kind.COLL, FUNCS.index("AllReduce"), 5001, 1, 1
+        r["enqueue_ns"] = r["gpu_start_ns"] = r["gpu_end_ns"] = t0 - 10_000_000_000 + i
+        recs.append(r)
     events = np.concatenate(recs)
     _break(breakage, events, results, log)
     pids = [r["pid"] for r in results] + [5001]

@@ -84,6 +84,22 @@ def test_overhead_above_the_bound_fails(tmp_path):
     assert _status(out)["5 overhead"] == "FAIL"
 
 
+def test_overhead_of_a_plugin_that_emitted_nothing_is_no_result(tmp_path):
+    """A 1-rank NCCL job calls no profiler: its "with plugins" timing measures nothing."""
+    out = fake_run(str(tmp_path / "run"))
+    run = json.loads(Path(out, "run.json").read_text())
+    np_events = Path(out, "events.npy")
+    import numpy as np
+    ev = np.load(np_events)
+    np.save(np_events, ev[ev["pid"] != 5001])
+    run["stats"]["5001"]["records_sent"] = run["stats"]["5001"]["records_emitted"] = 0
+    Path(out, "run.json").write_text(json.dumps(run))
+    assert not analyse(out)
+    doc = json.loads(Path(out, "report.json").read_text())
+    five = next(c for c in doc["checks"] if c["name"] == "5 overhead")
+    assert five["status"] == "FAIL" and "not exercised" in five["summary"]
+
+
 def test_worker_phases_run_on_gloo(tmp_path):
     """Every phase of the rank program, two gloo ranks on the CPU (no NCCL: no records)."""
     pytest.importorskip("torch")
