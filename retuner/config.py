@@ -218,7 +218,7 @@ class RetunerConfig:
 
 
 def _load_topology(spec: str):
-    from simulator import topology as T
+    from dynamiccl.nccl_model import topology as T
     try:
         if spec.endswith((".yaml", ".yml")) or "/" in spec:
             return T.load_yaml(spec)
