@@ -30,6 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from dynamiccl.contracts.collectives import busbw_factor
 from dynamiccl.nccl_model.cost_model import ALGOS, NCCL_STEPS, NVLS, NVLS_TREE, PROTOS, RING, SIMPLE, NcclModel
 from dynamiccl.nccl_model.topology import Topology
 
@@ -135,7 +136,7 @@ class CommModel:
         if rtt_us <= 0 or ck <= 0:
             return 0.0
         n = self.nranks
-        w = 2.0 * (n - 1) / n if func == "AllReduce" else (n - 1) / n
+        w = busbw_factor(func, n)            # bytes each rank moves per byte of message
         win_bytes_per_us = nc * NCCL_STEPS * (ck / steps_per_chunk) / rtt_us
         return w * float(nbytes) / win_bytes_per_us
 
