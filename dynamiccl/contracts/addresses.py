@@ -17,4 +17,4 @@ ALERT_LOG = "127.0.0.1:9469"                       # example Alertmanager webhoo
 
 #: service name -> default TCP port (the stack's and compose's port table)
 PORTS = {"collector": 9464, "collector-features": 9465, "detector": 9466, "detector-events": 9467,
-         "retuner": 9468, "alert-log": 9469}
+         "retuner": 9468, "alert-log": 9469, "collector-plugin": 9470}

@@ -3,7 +3,7 @@
 A collective has one row: its wire code (index in the profiler record's ``func`` enum, the order NCCL's
 profiler strings are listed in), the token the tuner config file uses for it (``None``: NCCL never asks the
 tuner about it, so no rule can name it), its index in NCCL's cost model (``ncclFunc_t``; ``None``: not
-modelled), whether it is point-to-point, and its nccl-tests bus-bandwidth factor.
+modelled), whether it is point-to-point, its nccl-tests bus-bandwidth factor and its ``ncclFunc_t`` value.
 
 The wire spells all-to-all ``AlltoAll`` (NCCL's profiler string) and the tuner grammar ``AllToAll`` (the C
 plugin's token table); :func:`tuner_token` is the one translation between them.
@@ -36,6 +36,7 @@ class Collective:
     cost_index: int | None       # ncclFunc_t in NCCL's cost model; None: not modelled
     p2p: bool                    # point-to-point: no algorithm/protocol choice
     busbw: int                   # BUSBW_* kind
+    nccl_func: int               # ncclFunc_t value (nccl-plugin-abi.md §2.2): what NCCL passes the tuner
     full_buffer: bool = False    # NCCL's nBytes is nranks x the per-rank bytes (AllGather, ReduceScatter)
 
 
@@ -43,20 +44,21 @@ _B1, _AR, _NM1 = BUSBW_ONE, BUSBW_ALLREDUCE, BUSBW_N_MINUS_1
 # Wire order = nccl-plugin-abi.md §1.6 string list; tuner order = ncclFunc_t for the five collectives the
 # tuner sees, then all-to-all (the C plugin's dct_func_index maps ncclFuncAlltoAll to 5).
 COLLECTIVES: tuple[Collective, ...] = (
-    Collective("AllGather", 0, "AllGather", 2, 2, False, _NM1, full_buffer=True),
-    Collective("AllReduce", 1, "AllReduce", 4, 4, False, _AR),
-    Collective("AlltoAll", 2, "AllToAll", 5, None, False, _NM1),
-    Collective("Broadcast", 3, "Broadcast", 0, 0, False, _B1),
-    Collective("Gather", 4, None, None, None, False, _B1),
-    Collective("Recv", 5, None, None, None, True, _B1),
-    Collective("Reduce", 6, "Reduce", 1, 1, False, _B1),
-    Collective("ReduceScatter", 7, "ReduceScatter", 3, 3, False, _NM1, full_buffer=True),
-    Collective("Scatter", 8, None, None, None, False, _B1),
-    Collective("SendRecv", 9, None, None, None, True, _B1),
-    Collective("Send", 10, None, None, None, True, _B1),
-    Collective("PutSignal", 11, None, None, None, True, _B1),
-    Collective("Signal", 12, None, None, None, True, _B1),
-    Collective("WaitSignal", 13, None, None, None, True, _B1),
+    #          wire name     code  tuner token   tuner cost  p2p    busbw nccl_func
+    Collective("AllGather", 0, "AllGather", 2, 2, False, _NM1, 2, full_buffer=True),
+    Collective("AllReduce", 1, "AllReduce", 4, 4, False, _AR, 4),
+    Collective("AlltoAll", 2, "AllToAll", 5, None, False, _NM1, 8),
+    Collective("Broadcast", 3, "Broadcast", 0, 0, False, _B1, 0),
+    Collective("Gather", 4, None, None, None, False, _B1, 10),
+    Collective("Recv", 5, None, None, None, True, _B1, 7),
+    Collective("Reduce", 6, "Reduce", 1, 1, False, _B1, 1),
+    Collective("ReduceScatter", 7, "ReduceScatter", 3, 3, False, _NM1, 3, full_buffer=True),
+    Collective("Scatter", 8, None, None, None, False, _B1, 9),
+    Collective("SendRecv", 9, None, None, None, True, _B1, 5),
+    Collective("Send", 10, None, None, None, True, _B1, 6),
+    Collective("PutSignal", 11, None, None, None, True, _B1, 12),
+    Collective("Signal", 12, None, None, None, True, _B1, 13),
+    Collective("WaitSignal", 13, None, None, None, True, _B1, 14),
 )
 assert all(c.code == i for i, c in enumerate(COLLECTIVES))
 
