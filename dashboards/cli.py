@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -19,7 +18,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 __all__ = ["register", "JSON_DIR", "build", "stale"]

@@ -55,7 +55,7 @@ import numpy as np
 
 from dynamiccl import contracts
 from simulator.cost_model import (
-    ALLGATHER, ALLREDUCE, BCAST, FUNCS, LL, LL128, NCCL_STEPS, NVLS, NVLS_TREE, PAT, REDUCE, REDUCESCATTER, RING,
+    ALLGATHER, ALLREDUCE, FUNCS, LL, LL128, NCCL_STEPS, NVLS, NVLS_TREE, PAT, REDUCESCATTER, RING,
     SIMPLE, TREE, algo_index, func_index, proto_index,
 )
 from simulator.topology import Topology

@@ -196,7 +196,7 @@ class NcclModel:
 
     def _algo_enabled(self, f: int, a: int, p: int) -> bool:
         """Validity + default enable rules (§1.3 "Valid (coll, algo)", §1.6)."""
-        t, g = self.topology, self._graph
+        t = self.topology
         if self._n == 1:
             return a == RING and p == SIMPLE
         if f in (BCAST, REDUCE) and a != RING:
