@@ -20,6 +20,8 @@ import sys
 import threading
 from pathlib import Path
 
+from dynamiccl.contracts.atomic import atomic_write
+
 __all__ = ["register", "JSON_DIR", "build", "stale"]
 
 log = logging.getLogger("dashboards")
@@ -84,9 +86,7 @@ def _build_cmd(args) -> int:
         path = out / name
         if path.is_file() and path.read_text() == text:
             continue
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
         written += 1
         print(f"wrote {path}")
     print(f"dashboards={len(docs)} written={written} unchanged={len(docs) - written} out={out}")
