@@ -26,7 +26,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from dynamiccl.contracts.collectives import collective
+from dynamiccl.contracts.collectives import bucket_range, collective
 from nccl_tuner_plugin.config import Rule
 
 from retuner.audit import AuditLog
@@ -44,7 +44,6 @@ __all__ = ["Retuner", "TargetState"]
 log = logging.getLogger("retuner")
 Key = tuple[int, str, int]
 MAX_TARGETS = 4096
-
 
 
 def _token(func: str) -> str | None:
@@ -1201,7 +1200,7 @@ def _pin_rule(p: Pin, targets: dict[Key, TargetState]) -> Rule | None:
     if p.size_bucket is not None:
         t = next((ts.target for ts in targets.values() if _token(ts.target.func) == p.func
                   and ts.target.size_bucket == p.size_bucket and (comm is None or ts.target.comm_hash == comm)), None)
-        lo, hi = t.byte_range() if t is not None else (1 << p.size_bucket, (1 << (p.size_bucket + 1)) - 1)
+        lo, hi = t.byte_range() if t is not None else bucket_range(p.size_bucket)
     return Rule(p.func, lo, hi, p.algo, p.proto, p.n_channels, 0, comm)
 
 
