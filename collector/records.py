@@ -7,19 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 from collector.wire_format import ALGOS, FUNCS, PROTOS, UNKNOWN, Kind, TimingSource
+from dynamiccl.contracts.collectives import COLLECTIVES, FULL_BUFFER_FUNCS
 
 __all__ = ["valid_mask", "event_time_ns", "duration_s", "size_bucket", "traffic_bytes",
            "busbw_factor", "BUSBW_FACTOR_KIND", "FUNC_CODE"]
 
 FUNC_CODE = {name: i for i, name in enumerate(FUNCS)}
-# 0: factor 1; 1: 2(n-1)/n (AllReduce); 2: (n-1)/n (AllGather, ReduceScatter, AlltoAll)
+# contracts' busbw kind per wire code: 0: factor 1; 1: 2(n-1)/n (AllReduce); 2: (n-1)/n (AllGather,
+# ReduceScatter, AlltoAll)
 BUSBW_FACTOR_KIND = np.zeros(256, np.int8)
-BUSBW_FACTOR_KIND[FUNC_CODE["AllReduce"]] = 1
-for _f in ("AllGather", "ReduceScatter", "AlltoAll"):
-    BUSBW_FACTOR_KIND[FUNC_CODE[_f]] = 2
+BUSBW_FACTOR_KIND[:len(COLLECTIVES)] = [c.busbw for c in COLLECTIVES]
 # AllGather / ReduceScatter: traffic S = per-rank bytes × nranks (nccl-tests)
 _TRAFFIC_TIMES_NRANKS = np.zeros(256, bool)
-_TRAFFIC_TIMES_NRANKS[[FUNC_CODE["AllGather"], FUNC_CODE["ReduceScatter"]]] = True
+_TRAFFIC_TIMES_NRANKS[[FUNC_CODE[f] for f in FULL_BUFFER_FUNCS]] = True
 
 
 def valid_mask(ev: np.ndarray) -> np.ndarray:

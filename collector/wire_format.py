@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dynamiccl.contracts.collectives import ALGOS, FUNCS, PROTOS
+
 __all__ = [
     "MAGIC", "VERSION", "RECORD_SIZE", "HEADER_DTYPE", "EVENT_DTYPE", "COMM_DTYPE",
     "PROCESS_DTYPE", "STATS_DTYPE", "Kind", "TimingSource", "EventFlags", "FUNCS", "DATATYPES",
@@ -54,15 +56,12 @@ class EventFlags:
                # lost; timing_source is NONE and gpu_*/channels_seen hold what had been seen
 
 
-# Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6).
-FUNCS = ("AllGather", "AllReduce", "AlltoAll", "Broadcast", "Gather", "Recv", "Reduce",
-         "ReduceScatter", "Scatter", "SendRecv", "Send", "PutSignal", "Signal", "WaitSignal")
+# Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6); the
+# collective/algorithm/protocol tables are the contracts' (one table for every stage).
 DATATYPES = ("ncclInt8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64", "ncclFloat16",
              "ncclFloat32", "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2",
              "ncclUint8")
 DATATYPE_SIZES = (1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1)
-ALGOS = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
-PROTOS = ("LL", "LL128", "SIMPLE")
 
 HEADER_DTYPE = np.dtype([
     ("magic", "<u4"), ("version", "<u2"), ("record_size", "<u2"),

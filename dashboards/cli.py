@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -19,8 +18,9 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
+
+from dynamiccl.contracts.atomic import atomic_write
 
 __all__ = ["register", "JSON_DIR", "build", "stale"]
 
@@ -86,9 +86,7 @@ def _build_cmd(args) -> int:
         path = out / name
         if path.is_file() and path.read_text() == text:
             continue
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
         written += 1
         print(f"wrote {path}")
     print(f"dashboards={len(docs)} written={written} unchanged={len(docs) - written} out={out}")

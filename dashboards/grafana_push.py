@@ -1,4 +1,4 @@
-"""Upload dashboards and regime-change annotations to an existing Grafana (grafana-client).
+"""Upload dashboards and regime-change annotations to an existing Grafana (a small stdlib HTTP client).
 
 Calls (Grafana HTTP API): ``GET /api/folders/:uid`` then ``POST /api/folders`` if it is missing,
 ``POST /api/dashboards/db`` per dashboard (``overwrite: true``, ``folderUid``), and
@@ -8,18 +8,23 @@ every generated dashboard's "Regime changes (pushed)" annotation query shows).
 Every failure becomes one :class:`GrafanaError` whose message says what to fix (unreachable URL, bad
 token, missing permission, rejected payload). :class:`Annotator` turns the detector's regime-change
 stream into annotations and never stops on a Grafana error: it logs, counts and goes on.
+
+The client is ``urllib.request``: four JSON calls need no third-party package, and the maintained Grafana
+client library pulls an HTTP stack (niquests, urllib3-future) whose ``.pth`` hook replaces ``urllib3`` in the
+environment it is installed into — a training environment must never get that.
 """
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import socket
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
-
-import niquests
-from grafana_client import GrafanaApi
-from grafana_client.client import (GrafanaClientError, GrafanaException, GrafanaServerError, GrafanaTimeoutError,
-                                   GrafanaUnauthorizedError)
 
 from dashboards.names import FOLDER_TITLE, FOLDER_UID, REGIME_TAG
 
@@ -31,35 +36,62 @@ log = logging.getLogger(__name__)
 class GrafanaError(RuntimeError):
     """A Grafana call failed; the message is meant for the user."""
 
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status          # the HTTP status Grafana answered, None when it did not answer
 
-def _explain(exc: BaseException, url: str, what: str) -> GrafanaError:
-    if isinstance(exc, GrafanaUnauthorizedError):
+
+def _message(body: bytes) -> str:
+    try:
+        d = json.loads(body)
+    except ValueError:
+        return body[:200].decode(errors="replace")
+    return str(d.get("message", d)) if isinstance(d, dict) else str(d)
+
+
+def _explain_status(code: int, message: str, url: str, what: str) -> GrafanaError:
+    if code == 401:
         return GrafanaError(f"{what}: Grafana at {url} rejected the token (401 Unauthorized): check --token "
-                            f"(a service-account token, `glsa_...`)")
-    if isinstance(exc, GrafanaClientError) and exc.status_code == 403:
+                            f"(a service-account token, `glsa_...`)", code)
+    if code == 403:
         return GrafanaError(f"{what}: the token has no permission (403 Forbidden): give its service account "
-                            f"the Editor role")
-    if isinstance(exc, GrafanaClientError):
-        return GrafanaError(f"{what}: Grafana at {url} rejected the request ({exc.status_code}): {exc.message}")
-    if isinstance(exc, GrafanaServerError):
-        return GrafanaError(f"{what}: Grafana at {url} failed ({exc.status_code}): {exc.message}")
-    if isinstance(exc, GrafanaTimeoutError):
-        return GrafanaError(f"{what}: Grafana at {url} did not answer in time")
-    if isinstance(exc, (GrafanaException, niquests.exceptions.RequestException, OSError)):
-        return GrafanaError(f"{what}: cannot reach Grafana at {url}: {exc}")
-    return GrafanaError(f"{what}: {exc}")
+                            f"the Editor role", code)
+    if code < 500:
+        return GrafanaError(f"{what}: Grafana at {url} rejected the request ({code}): {message}", code)
+    return GrafanaError(f"{what}: Grafana at {url} failed ({code}): {message}", code)
 
 
 @dataclass
 class Grafana:
-    api: GrafanaApi
-    url: str
+    url: str                       # base URL without credentials, no trailing slash
+    authorization: str | None      # the Authorization header value
+    timeout: float
 
-    def call(self, what: str, fn, *args, **kwargs):
+    def request(self, what: str, method: str, path: str, body: Any = None) -> Any:
+        """One JSON call; any failure is a :class:`GrafanaError` naming ``what``."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Accept": "application/json"})
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.authorization:
+            req.add_header("Authorization", self.authorization)
         try:
-            return fn(*args, **kwargs)
-        except (GrafanaException, niquests.exceptions.RequestException, OSError) as exc:
-            raise _explain(exc, self.url, what) from None
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise _explain_status(exc.code, _message(exc.read()), self.url, what) from None
+        except (TimeoutError, socket.timeout):
+            raise GrafanaError(f"{what}: Grafana at {self.url} did not answer in time") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, (TimeoutError, socket.timeout)):
+                raise GrafanaError(f"{what}: Grafana at {self.url} did not answer in time") from None
+            raise GrafanaError(f"{what}: cannot reach Grafana at {self.url}: {reason}") from None
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError:
+            raise GrafanaError(f"{what}: Grafana at {self.url} answered something that is not JSON") from None
 
 
 def connect(url: str, token: str | None, *, timeout: float = 10.0) -> Grafana:
@@ -68,18 +100,28 @@ def connect(url: str, token: str | None, *, timeout: float = 10.0) -> Grafana:
         raise GrafanaError(f"--url: expected http(s)://HOST:PORT, got {url!r}")
     if token is not None and not token.strip():
         raise GrafanaError("--token is empty")
-    return Grafana(GrafanaApi.from_url(url, credential=token, timeout=timeout), url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise GrafanaError(f"--url: expected http(s)://HOST:PORT, got {url!r}")
+    auth = None
+    if token is not None:
+        auth = f"Bearer {token}"
+    elif parts.username is not None:
+        user_pass = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        auth = "Basic " + base64.b64encode(user_pass.encode()).decode()
+    netloc = parts.netloc.rpartition("@")[2]
+    base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    return Grafana(base, auth, timeout)
 
 
 def ensure_folder(g: Grafana, uid: str = FOLDER_UID, title: str = FOLDER_TITLE) -> dict:
+    path = f"/api/folders/{urllib.parse.quote(uid, safe='')}"
     try:
-        return g.api.folder.get_folder(uid)
-    except GrafanaClientError as exc:
-        if exc.status_code != 404:
-            raise _explain(exc, g.url, f"folder {uid}") from None
-    except (GrafanaException, niquests.exceptions.RequestException, OSError) as exc:
-        raise _explain(exc, g.url, f"folder {uid}") from None
-    return g.call(f"create folder {uid}", g.api.folder.create_folder, title, uid=uid)
+        return g.request(f"folder {uid}", "GET", path)
+    except GrafanaError as exc:
+        if exc.status != 404:
+            raise
+    return g.request(f"create folder {uid}", "POST", "/api/folders", {"title": title, "uid": uid})
 
 
 def push_dashboards(g: Grafana, dashboards: Mapping[str, dict], *, folder_uid: str = FOLDER_UID,
@@ -89,7 +131,7 @@ def push_dashboards(g: Grafana, dashboards: Mapping[str, dict], *, folder_uid: s
     out = []
     for name, dash in dashboards.items():
         body = {"dashboard": {**dash, "id": None}, "folderUid": folder_uid, "overwrite": True, "message": message}
-        out.append(g.call(f"dashboard {name}", g.api.dashboard.update_dashboard, body))
+        out.append(g.request(f"dashboard {name}", "POST", "/api/dashboards/db", body))
     return out
 
 
@@ -130,7 +172,8 @@ def regime_annotation(rc: Any) -> dict:
 def add_annotation(g: Grafana, rc: Any) -> int:
     """POST one regime change as an organisation annotation; returns its id."""
     a = regime_annotation(rc)
-    res = g.call("annotation", g.api.annotations.add_annotation, **a)
+    body = {"time": a["time_from"], "timeEnd": a["time_to"], "tags": a["tags"], "text": a["text"]}
+    res = g.request("annotation", "POST", "/api/annotations", body)
     return int(res.get("id", 0)) if isinstance(res, dict) else 0
 
 
@@ -147,7 +190,6 @@ class Annotator:
         self._last_error: str | None = None
 
     def handle(self, line: str | bytes) -> bool:
-        import json
         try:
             rc = json.loads(line)
             if not isinstance(rc, dict):

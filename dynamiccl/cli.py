@@ -1,7 +1,8 @@
 """The `dynamiccl` command: one entry point, one subcommand per pipeline role.
 
 Each role's module exposes ``register(subparsers)``; it adds its parser and sets
-``func=run``. Imports are lazy so `dynamiccl plugins` never pays for polars or torch.
+``func=run``. Imports are lazy so `dynamiccl plugins` never pays for polars or torch, and works on the base
+install (no third-party package): a subcommand whose extra is missing says which one to install.
 """
 from __future__ import annotations
 
@@ -12,20 +13,51 @@ import sys
 
 from dynamiccl import __version__
 
-# module path → registered by importing it; a module that does not exist yet is skipped
-SUBCOMMAND_MODULES = (
-    "dynamiccl.plugins",
-    "collector.cli",
-    "simulator.cli",
-    "dynamiccl.demo",
-    "detector.cli",
-    "dynamiccl.stack",
-    "dashboards.cli",
-    "report.cli",
-    "retuner.cli",
-    "testbed.cli",
-    "dynamiccl.validate",
+# module path → the subcommands it registers and the extra they need (None: the base install). A module whose
+# third-party imports are missing still gets its subcommands, which then say which extra to install.
+SUBCOMMANDS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
+    ("dynamiccl.plugins", ("plugins",), None),
+    ("collector.cli", ("collector",), "services"),
+    ("simulator.cli", ("simulate",), "services"),
+    ("dynamiccl.demo", ("demo",), "services"),
+    ("detector.cli", ("detector",), "services"),
+    ("dynamiccl.stack", ("stack",), "services"),
+    ("dashboards.cli", ("dashboards",), "services"),
+    ("report.cli", ("report", "replay"), "report"),
+    ("retuner.cli", ("retuner",), "services"),
+    ("testbed.cli", ("testbed",), "services"),
+    ("dynamiccl.validate", ("validate-nccl",), "node"),     # numpy + the user's torch (docs/real-nccl.md)
 )
+SUBCOMMAND_MODULES = tuple(m for m, _, _ in SUBCOMMANDS)
+COMMAND_EXTRA = {c: extra for _, cmds, extra in SUBCOMMANDS for c in cmds}
+#: third-party module → the extra that installs it (when a command's own extra is not the one)
+MODULE_EXTRA = {"torch": "autoencoder", "plotly": "report", "grafana_foundation_sdk": "test",
+                "jsonschema": "test"}
+FIRST_PARTY = ("dynamiccl", "collector", "detector", "retuner", "simulator", "testbed", "report", "dashboards",
+               "nccl_profiler_plugin", "nccl_tuner_plugin")
+
+
+def missing_extra(command: str, module: str) -> str:
+    """The one line that tells the user which extra brings ``module`` for ``command``."""
+    top = module.split(".")[0]
+    extra = MODULE_EXTRA.get(top) or COMMAND_EXTRA.get(command) or "services"
+    return (f"dynamiccl {command}: needs the [{extra}] extra (module {top!r} is not installed): "
+            f"pip install 'dynamiccl[{extra}]'")
+
+
+def _is_third_party(exc: ModuleNotFoundError) -> bool:
+    return bool(exc.name) and exc.name.split(".")[0] not in FIRST_PARTY
+
+
+def _placeholder(sub, command: str, exc: ModuleNotFoundError) -> None:
+    p = sub.add_parser(command, help=f"(needs the [{COMMAND_EXTRA[command]}] extra)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _refuse(command, exc.name))
+
+
+def _refuse(command: str, module: str) -> int:
+    print(missing_extra(command, module), file=sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,14 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dynamiccl {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMAND_MODULES:
+    for name, commands, _extra in SUBCOMMANDS:
         try:
-            module = importlib.import_module(name)
+            importlib.import_module(name).register(sub)
         except ModuleNotFoundError as exc:
-            if exc.name != name:
+            if exc.name == name:
+                continue                        # a role that does not exist in this tree
+            if not _is_third_party(exc):
                 raise
-            continue
-        module.register(sub)
+            for command in commands:
+                if command not in sub.choices:  # register() may have added some before it failed
+                    _placeholder(sub, command, exc)
     return parser
 
 
@@ -54,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except ModuleNotFoundError as exc:          # a lazy import of a package an extra brings
+        if not _is_third_party(exc):
+            raise
+        print(missing_extra(args.command, exc.name), file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError) as exc:
         print(f"dynamiccl {args.command}: error: {exc}", file=sys.stderr)
         return 2

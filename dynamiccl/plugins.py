@@ -5,6 +5,7 @@ import argparse
 
 import nccl_profiler_plugin
 import nccl_tuner_plugin
+from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"# profiler plugin: {path}")
     print(f"export NCCL_PROFILER_PLUGIN={path}")
-    print("export DYNAMICCL_COLLECTOR=unix:/tmp/dynamiccl.sock   # where `dynamiccl collector` listens")
+    print(f"export DYNAMICCL_COLLECTOR={COLLECTOR_LISTEN}   # where `dynamiccl collector` listens")
     try:
         tuner = nccl_tuner_plugin.library_path()
     except FileNotFoundError as e:

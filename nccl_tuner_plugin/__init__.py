@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dynamiccl.contracts.tuner_file import DEFAULT_PATH as DEFAULT_CONFIG_PATH
+from dynamiccl.contracts.tuner_file import ENV_VAR as CONFIG_ENV
+
 __all__ = ["LIBRARY_NAME", "library_path", "CONFIG_ENV", "DEFAULT_CONFIG_PATH", "config_path"]
 
 LIBRARY_NAME = "libnccl-tuner-dynamiccl.so"
-CONFIG_ENV = "DYNAMICCL_TUNER_CONFIG"
-DEFAULT_CONFIG_PATH = "/tmp/dynamiccl-tuner.conf"
 
 
 def library_path() -> Path:

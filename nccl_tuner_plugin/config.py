@@ -49,22 +49,18 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from dynamiccl.contracts.atomic import atomic_write
+from dynamiccl.contracts.collectives import ALGOS, PROTOS
+from dynamiccl.contracts.collectives import TUNER_FUNCS as FUNCS
+from dynamiccl.contracts.tuner_file import (DEFAULT_PATH, ENV_VAR, HEADER, MAX_CHANNELS, MAX_FILE_BYTES,
+                                            MAX_LINE_CHARS, MAX_RULES, MAX_VERSIONS, U64_MAX)
 
-ALGOS = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
-PROTOS = ("LL", "LL128", "SIMPLE")
-FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce", "AllToAll")
-MAX_RULES = 256       # per version; the C plugin's fixed table size
-MAX_VERSIONS = 8      # versions kept in one file
-MAX_FILE_BYTES = 1 << 20
-MAX_LINE_CHARS = 1023  # non-comment characters per line
-DEFAULT_PATH = "/tmp/dynamiccl-tuner.conf"
-ENV_VAR = "DYNAMICCL_TUNER_CONFIG"
-U64_MAX = (1 << 64) - 1
+__all__ = ["ALGOS", "PROTOS", "FUNCS", "MAX_RULES", "MAX_VERSIONS", "MAX_FILE_BYTES", "MAX_LINE_CHARS",
+           "DEFAULT_PATH", "ENV_VAR", "U64_MAX", "Rule", "TunerConfig", "format_configs", "parse_configs",
+           "read_configs", "write_configs", "next_version", "apply_rule"]
 
 
 @dataclass(frozen=True)
@@ -87,8 +83,8 @@ class Rule:
             raise ValueError(f"tuner rule: unknown protocol {self.proto!r} (expected one of {', '.join(PROTOS)} or *)")
         if not (0 <= self.min_bytes <= self.max_bytes <= U64_MAX):
             raise ValueError(f"tuner rule: bad byte range {self.min_bytes}..{self.max_bytes}")
-        if not (0 <= self.n_channels <= 64):
-            raise ValueError(f"tuner rule: channel count {self.n_channels} outside 0..64")
+        if not (0 <= self.n_channels <= MAX_CHANNELS):
+            raise ValueError(f"tuner rule: channel count {self.n_channels} outside 0..{MAX_CHANNELS}")
         if not (0 <= self.chunk_bytes <= U64_MAX):
             raise ValueError(f"tuner rule: chunk size {self.chunk_bytes} outside 0..2^64-1")
         if self.comm_hash is not None and not (0 <= self.comm_hash <= U64_MAX):
@@ -132,7 +128,7 @@ def format_configs(configs: list[TunerConfig]) -> str:
     vs = [c.version for c in configs]
     if vs != sorted(set(vs)):
         raise ValueError(f"tuner config: versions must be strictly increasing, got {vs}")
-    out = ["# dynamiccl tuner config"]
+    out = [HEADER]
     for c in configs:
         out.append(f"version {c.version}" + (f" at {c.apply_at_ns}" if c.apply_at_ns else ""))
         out.extend(r.format() for r in c.rules)
@@ -236,19 +232,7 @@ def write_configs(path: str | os.PathLike, configs: list[TunerConfig]) -> None:
     if old and configs and configs[-1].version < max(old):
         raise ValueError(f"tuner config: newest version {configs[-1].version} is older than {max(old)} in {p} "
                          "(versions must only grow)")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(p, text)
 
 
 def next_version(path: str | os.PathLike) -> int:
@@ -261,8 +245,8 @@ def next_version(path: str | os.PathLike) -> int:
     return configs[-1].version + 1 if configs else 1
 
 
-def apply_rule(cfg: TunerConfig | None, cost_table: np.ndarray, func: str, nbytes: int,
-               comm_hash: int) -> tuple[np.ndarray, int, int]:
+def apply_rule(cfg: TunerConfig | None, cost_table, func: str, nbytes: int,
+               comm_hash: int) -> tuple:
     """Reference semantics of the plugin's ``getCollInfo`` (+ ``getChunkSize``) for one call.
 
     Returns (table, nChannels, chunk_bytes). The first matching rule selects, among the *enabled*
@@ -270,6 +254,7 @@ def apply_rule(cfg: TunerConfig | None, cost_table: np.ndarray, func: str, nbyte
     revived. No rule, or no enabled cell allowed: the table is returned unchanged with 0 channels
     (NCCL's choice stands).
     """
+    import numpy as np     # the reference semantics only; the file format needs no numpy
     table = np.array(cost_table, dtype=np.float64, copy=True)
     rule = cfg.lookup(func, nbytes, comm_hash) if cfg is not None else None
     if rule is None:

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 
 import plotly.io as pio
 
+from dynamiccl.contracts.atomic import atomic_write
 from report.figures import KIND_COLOURS, latency_heatmap, mix_figure, spread_figure, timeline
 from report.sidecars import MARKED_ACTIONS, Sidecars, decision_rows
 from report.summary import RunSummary, func_name
@@ -227,8 +228,5 @@ def write_report(s: RunSummary, side: Sidecars, out: str | os.PathLike, **kw) ->
     text = render(s, side, **kw)
     d = os.path.dirname(os.path.abspath(out))
     os.makedirs(d, exist_ok=True)
-    tmp = f"{out}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, out)
+    atomic_write(out, text)
     return out

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from detector.config import DetectorConfig
 from detector.events import RegimeChange
+from dynamiccl.contracts.atomic import atomic_write
 
 __all__ = ["ReplayResult", "replay", "replay_main", "add_detector_args", "detector_config_from_args"]
 
@@ -185,11 +186,7 @@ def detector_config_from_args(args: argparse.Namespace) -> DetectorConfig:
 def _write_jsonl(path: str, changes: list[RegimeChange]) -> None:
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for ch in changes:
-            fh.write(ch.to_json() + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, "".join(ch.to_json() + "\n" for ch in changes))
 
 
 def replay_main(args: argparse.Namespace) -> int:

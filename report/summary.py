@@ -40,6 +40,7 @@ import numpy as np
 import polars as pl
 
 from collector.wire_format import ALGOS, FUNCS, PROTOS
+from dynamiccl.contracts.collectives import BUSBW_ALLREDUCE, BUSBW_N_MINUS_1, COLLECTIVES
 
 from report.inventory import OPTIONAL, Inventory, PartFile, take_inventory
 
@@ -359,13 +360,11 @@ def summarise(directory: str | os.PathLike, config: ScanConfig | None = None, *,
 
 def busbw_factor_expr(func: pl.Expr, nranks: pl.Expr) -> pl.Expr:
     """collector.records: busbw factor × traffic multiplier (AllGather/ReduceScatter: × nranks)."""
-    names = {n: i for i, n in enumerate(FUNCS)}
     n = nranks.cast(pl.Float64)
-    ar = func == names["AllReduce"]
-    agrs = func.is_in([names["AllGather"], names["ReduceScatter"]])
-    a2a = func == names["AlltoAll"]
-    factor = pl.when(ar).then(2 * (n - 1) / n).when(agrs | a2a).then((n - 1) / n).otherwise(1.0)
-    traffic = pl.when(agrs).then(n).otherwise(1.0)
+    codes = {k: [c.code for c in COLLECTIVES if c.busbw == k] for k in (BUSBW_ALLREDUCE, BUSBW_N_MINUS_1)}
+    factor = (pl.when(func.is_in(codes[BUSBW_ALLREDUCE])).then(2 * (n - 1) / n)
+              .when(func.is_in(codes[BUSBW_N_MINUS_1])).then((n - 1) / n).otherwise(1.0))
+    traffic = pl.when(func.is_in([c.code for c in COLLECTIVES if c.full_buffer])).then(n).otherwise(1.0)
     return factor * traffic
 
 

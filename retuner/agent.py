@@ -26,6 +26,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from dynamiccl.contracts.collectives import bucket_range, collective
 from nccl_tuner_plugin.config import Rule
 
 from retuner.audit import AuditLog
@@ -43,7 +44,14 @@ __all__ = ["Retuner", "TargetState"]
 log = logging.getLogger("retuner")
 Key = tuple[int, str, int]
 MAX_TARGETS = 4096
-P2P_FUNCS = ("Send", "Recv")
+
+
+def _token(func: str) -> str | None:
+    """The tuner file's token for a collective; None when the tuner is never asked about it (or unknown)."""
+    try:
+        return collective(func).tuner_token
+    except ValueError:
+        return None
 
 
 def _log_dist(a: float, b: float) -> float:
@@ -172,6 +180,7 @@ class Retuner:
         self._rn = 0                          # regimes recognised from the measurements
         self._started = False
         self._self_induced: OrderedDict[str, None] = OrderedDict()   # ids of changes ignored as self-induced
+        self._bad_targets: set[Key] = set()   # targets whose rule could not be built (audited once each)
 
     # ================================================================ inputs
     def on_change(self, rc) -> int | None:
@@ -192,7 +201,7 @@ class Retuner:
                 log.exception("regime change %s: internal error", rc.id)
                 self.audit.write("error", t=self.now, error=f"internal error on {rc.id}: {e!r}")
                 self.metrics.drop("malformed")
-            return self._sync()
+            return self._safe_sync()
 
     def on_window(self, wf) -> int | None:
         """A :class:`collector.features.WindowFeatures`; its ``keys`` rows become observations."""
@@ -220,7 +229,7 @@ class Retuner:
             except Exception as e:
                 log.exception("retuner: internal error while advancing")
                 self.audit.write("error", t=self.now, error=f"internal error: {e!r}")
-            return self._sync()
+            return self._safe_sync()
 
     # ================================================================ observations
     def _state(self, t: Target) -> TargetState | None:
@@ -256,8 +265,11 @@ class Retuner:
         return True, cand
 
     def _ingest(self, o: Observation) -> None:
-        if not isinstance(o, Observation) or not o.valid() or o.target.func in P2P_FUNCS:
+        if not isinstance(o, Observation) or not o.valid():
             self.metrics.drop("malformed")
+            return
+        if _token(o.target.func) is None:       # P2P, Gather, Scatter, ...: no rule can name it
+            self.metrics.drop("untunable")
             return
         ts = self._state(o.target)
         if ts is None:
@@ -1018,7 +1030,7 @@ class Retuner:
     # ================================================================ output
     def _pin_for(self, t: Target) -> Candidate | None:
         for p in self.cfg.pins:
-            if p.func != t.func:
+            if p.func != _token(t.func):
                 continue
             if p.size_bucket is not None and p.size_bucket != t.size_bucket:
                 continue
@@ -1042,9 +1054,33 @@ class Retuner:
         rules = [r for r in rules if r is not None]
         for k in sorted(cur):
             c = cur[k]
-            if c is not None:
+            if c is None:
+                continue
+            try:
                 rules.append(c.rule(self.targets[k].target))
+            except ValueError as e:             # one target the file cannot express never stops the others
+                self._bad_target(k, e)
         return tuple(rules)
+
+    def _bad_target(self, k: Key, e: ValueError) -> None:
+        """Count every rule left out; audit and log once per target."""
+        self.metrics.push_error("bad_target")
+        if k in self._bad_targets:
+            return
+        self._bad_targets.add(k)
+        tgt = self.targets[k].target
+        self.audit.write("push_error", t=self.now, reason="bad_target", target=_tname(tgt), error=str(e),
+                         note="this target's rule is left out; the other targets are pushed")
+        log.error("target %s left out of the tuner config: %s", _tname(tgt), e)
+
+    def _safe_sync(self) -> int | None:
+        try:
+            return self._sync()
+        except Exception as e:                  # a failed push keeps the last good file; the next call retries
+            log.exception("retuner: internal error while pushing")
+            self.metrics.push_error("internal")
+            self.audit.write("error", t=self.now, error=f"internal error while pushing: {e!r}")
+            return None
 
     def _sync(self) -> int | None:
         if self.cfg.dry_run:
@@ -1162,9 +1198,9 @@ def _pin_rule(p: Pin, targets: dict[Key, TargetState]) -> Rule | None:
                 return None            # name not seen yet
     lo, hi = 0, (1 << 64) - 1
     if p.size_bucket is not None:
-        t = next((ts.target for ts in targets.values() if ts.target.func == p.func
+        t = next((ts.target for ts in targets.values() if _token(ts.target.func) == p.func
                   and ts.target.size_bucket == p.size_bucket and (comm is None or ts.target.comm_hash == comm)), None)
-        lo, hi = t.byte_range() if t is not None else (1 << p.size_bucket, (1 << (p.size_bucket + 1)) - 1)
+        lo, hi = t.byte_range() if t is not None else bucket_range(p.size_bucket)
     return Rule(p.func, lo, hi, p.algo, p.proto, p.n_channels, 0, comm)
 
 
@@ -1185,7 +1221,7 @@ def observations_from_window(wf) -> Iterable[Observation]:
     for row in cols:
         h, name, func, algo, proto, b, nr, nn, inst, mean, p50, p90 = row[:12]
         version = int(row[12]) if has_v and row[12] is not None else None
-        if func in P2P_FUNCS or mean is None or not inst or not (mean > 0):
+        if _token(str(func)) is None or mean is None or not inst or not (mean > 0):
             continue
         sig = (p90 - p50) / 1.2816 if (p90 is not None and p50 is not None and p90 > p50) else 0.01 * mean
         yield Observation(Target(int(h), str(func), int(b), int(nr or 0), int(nn or 0), str(name or "")),

@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from dynamiccl.contracts import addresses
 from nccl_tuner_plugin.config import ALGOS, DEFAULT_PATH, FUNCS, PROTOS
 
 __all__ = ["PolicyConfig", "Pin", "RetunerConfig", "DEFAULT_METRICS", "DEFAULT_CHANGES", "DEFAULT_FEATURES",
            "DEFAULT_AUDIT", "from_dict", "load_yaml"]
 
-DEFAULT_METRICS = "127.0.0.1:9468"
-DEFAULT_CHANGES = "tcp:127.0.0.1:9467"
-DEFAULT_FEATURES = "tcp:127.0.0.1:9465"
+DEFAULT_METRICS = addresses.RETUNER_METRICS
+DEFAULT_CHANGES = addresses.DETECTOR_EVENTS
+DEFAULT_FEATURES = addresses.COLLECTOR_FEATURES
 DEFAULT_AUDIT = "./runs/retuner-audit.jsonl"
 
 
@@ -218,7 +219,7 @@ class RetunerConfig:
 
 
 def _load_topology(spec: str):
-    from simulator import topology as T
+    from dynamiccl.nccl_model import topology as T
     try:
         if spec.endswith((".yaml", ".yml")) or "/" in spec:
             return T.load_yaml(spec)

@@ -35,9 +35,12 @@ class MetricSpec:
 ACTIONS = ("recommend", "explore", "probe", "commit", "keep", "rollback", "reuse", "revert", "ignore",
            "unapplicable", "abort", "pin")
 #: why an input was dropped
-DROP_REASONS = ("malformed", "unknown_target", "unattributed", "queue_full", "stale")
+DROP_REASONS = ("malformed", "unknown_target", "unattributed", "queue_full", "stale",
+                "untunable")    # a collective NCCL never asks the tuner about (no tuner token)
 #: why a push failed (the plugin keeps the last good file)
-PUSH_ERRORS = ("write_failed", "too_many_rules", "invalid_config")
+PUSH_ERRORS = ("write_failed", "too_many_rules", "invalid_config",
+               "bad_target",    # one target's rule could not be built: that target is left out, the rest pushed
+               "internal")      # an unexpected error while pushing: the plugin keeps the last good file
 
 _TARGET = ("comm_name", "func", "size_bucket")
 

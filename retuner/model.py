@@ -1,7 +1,7 @@
 """Model-guided candidates: NCCL's own cost model, refitted to what the job measures.
 
 For a communicator of ``nnodes`` x ``nranks/nnodes`` GPUs on the configured topology, :class:`CommModel` wraps
-:class:`simulator.cost_model.NcclModel` (NCCL v2.30's ``ncclTopoTuneModel``/``ncclTopoGetAlgoTime``) and
+:class:`dynamiccl.nccl_model.cost_model.NcclModel` (NCCL v2.30's ``ncclTopoTuneModel``/``ncclTopoGetAlgoTime``) and
 re-evaluates it with two network parameters changed:
 
 * ``dlat_us`` — extra inter-node latency per network hop (NCCL's ``graph.latencyInter``), for latency regimes;
@@ -13,7 +13,7 @@ running change by the ratio the job measured (after/before the change). The refi
 every (algo, proto) cell NCCL enabled; the retuner multiplies each cell's prediction by that cell's
 measured/modelled bias when it has measured the cell before (NCCL's model is not reality).
 
->>> from simulator.topology import preset
+>>> from dynamiccl.nccl_model.topology import preset
 >>> m = CommModel(preset("h100-2x8"), nnodes=2, nranks=16)
 >>> f = m.refit("latency", "AllReduce", 1 << 26, ("NVLS_TREE", "SIMPLE"), ratio=2.0)
 >>> round(f.dlat_us, 1), f.beta           # +57.8 µs per network hop doubles NVLS_TREE/Simple's time
@@ -30,8 +30,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from simulator.cost_model import ALGOS, NCCL_STEPS, NVLS, NVLS_TREE, PROTOS, RING, SIMPLE, NcclModel
-from simulator.topology import Topology
+from dynamiccl.contracts.collectives import busbw_factor
+from dynamiccl.nccl_model.cost_model import ALGOS, NCCL_STEPS, NVLS, NVLS_TREE, PROTOS, RING, SIMPLE, NcclModel
+from dynamiccl.nccl_model.topology import Topology
 
 __all__ = ["Fit", "CommModel", "sub_topology", "NO_FIT"]
 
@@ -135,7 +136,7 @@ class CommModel:
         if rtt_us <= 0 or ck <= 0:
             return 0.0
         n = self.nranks
-        w = 2.0 * (n - 1) / n if func == "AllReduce" else (n - 1) / n
+        w = busbw_factor(func, n)            # bytes each rank moves per byte of message
         win_bytes_per_us = nc * NCCL_STEPS * (ck / steps_per_chunk) / rtt_us
         return w * float(nbytes) / win_bytes_per_us
 

@@ -19,6 +19,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
+from dynamiccl.contracts.lines import socket_lines
 from retuner.agent import Retuner
 from retuner.config import RetunerConfig
 
@@ -26,6 +27,7 @@ __all__ = ["RetunerService"]
 
 log = logging.getLogger("retuner.service")
 _BACKOFF = (0.5, 30.0)
+MAX_LINE_BYTES = 64 << 20      # one feature window of a very large job; a longer line is skipped and counted
 
 
 class RetunerService:
@@ -124,26 +126,14 @@ class RetunerService:
             delay = min(_BACKOFF[1], delay * 2)
 
     def _lines(self, addr: str):
+        """Lines of one connection, linear in their length; a line over 64 MiB is skipped and counted."""
         from collector.features import connect
         sock = connect(addr, timeout=10.0)
         sock.settimeout(1.0)
         self._socks.append(sock)
-        buf = b""
         try:
-            while not self._stop.is_set():
-                try:
-                    chunk = sock.recv(1 << 16)
-                except socket.timeout:
-                    continue
-                if not chunk:
-                    raise ConnectionError("peer closed the stream")
-                buf += chunk
-                if len(buf) > 64 << 20:
-                    raise ValueError("line longer than 64 MiB")
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield line
+            yield from socket_lines(sock, self._stop, max_line_bytes=MAX_LINE_BYTES,
+                                    on_oversized=lambda: self.retuner.metrics.drop("malformed"))
         finally:
             self._socks.remove(sock)
             sock.close()

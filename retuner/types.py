@@ -4,7 +4,8 @@
 * :class:`Candidate` — one configuration the tuner plugin can express for a target.
 * :class:`Observation` — measured durations of one target over an interval, tagged with what ran.
 
-``size_bucket`` follows the feature stream: ``floor(log2(bytes))`` of the per-rank message (count × type size).
+``size_bucket`` follows the feature stream: ``floor(log2(bytes))`` of the per-rank message (count × type size),
+-1 for 0 bytes (:func:`dynamiccl.contracts.size_bucket`).
 The tuner plugin sees NCCL's ``nBytes``, which for AllGather/ReduceScatter is ``nranks`` times larger
 (nccl-plugin-abi.md §2.3); :meth:`Target.byte_range` gives the rule's byte range in the plugin's units.
 
@@ -19,17 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dynamiccl.contracts.collectives import FULL_BUFFER_FUNCS, bucket_range, tuner_token
+from dynamiccl.contracts.collectives import size_bucket as bucket_of
 from nccl_tuner_plugin.config import ALGOS, PROTOS, Rule
 
 __all__ = ["Target", "Candidate", "Observation", "FULL_BUFFER_FUNCS", "bucket_of"]
-
-#: collectives whose NCCL nBytes is the full (gathered) buffer, i.e. nranks x the per-rank bytes
-FULL_BUFFER_FUNCS = ("AllGather", "ReduceScatter")
-
-
-def bucket_of(per_rank_bytes: int) -> int:
-    """``floor(log2(bytes))`` as the collector computes it (0 for 0 or 1 byte)."""
-    return max(0, int(per_rank_bytes).bit_length() - 1)
 
 
 @dataclass(frozen=True, order=True)
@@ -52,9 +47,10 @@ class Target:
     def byte_range(self) -> tuple[int, int]:
         """Inclusive NCCL ``nBytes`` range of this bucket, in the plugin's units."""
         mult = self.nranks if (self.func in FULL_BUFFER_FUNCS and self.nranks > 0) else 1
-        lo = (1 << self.size_bucket) * mult
-        hi = (1 << (self.size_bucket + 1)) * mult - 1
-        return lo, hi
+        lo, hi = bucket_range(self.size_bucket)
+        if hi == 0:                  # the 0-byte bucket: 0 bytes whatever the multiplier
+            return 0, 0
+        return lo * mult, (hi + 1) * mult - 1
 
     def nbytes(self) -> int:
         """Representative NCCL nBytes for the cost model (the bucket's geometric middle)."""
@@ -94,8 +90,12 @@ class Candidate:
         return cls(parts[0].upper(), parts[1].upper(), int(parts[2]) if len(parts) == 3 else 0)
 
     def rule(self, target: Target) -> Rule:
+        """The tuner rule that runs this candidate for ``target`` (``ValueError`` if no rule can name it)."""
+        token = tuner_token(target.func)
+        if token is None:
+            raise ValueError(f"{target.func} has no tuner token: NCCL never asks the tuner about it")
         lo, hi = target.byte_range()
-        return Rule(target.func, lo, hi, self.algo, self.proto, self.n_channels, 0, target.comm_hash)
+        return Rule(token, lo, hi, self.algo, self.proto, self.n_channels, 0, target.comm_hash)
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,9 @@ from typing import Sequence
 
 import numpy as np
 
+from dynamiccl import contracts
 from simulator.cost_model import (
-    ALLGATHER, ALLREDUCE, BCAST, LL, LL128, NCCL_STEPS, NVLS, NVLS_TREE, PAT, REDUCE, REDUCESCATTER, RING,
+    ALLGATHER, ALLREDUCE, FUNCS, LL, LL128, NCCL_STEPS, NVLS, NVLS_TREE, PAT, REDUCESCATTER, RING,
     SIMPLE, TREE, algo_index, func_index, proto_index,
 )
 from simulator.topology import Topology
@@ -194,12 +195,7 @@ _IDLE = NetworkState(noise_sigma=0.0)
 
 def busbw_factor(func: str | int, n_ranks: int) -> float:
     """nccl-tests bus-bandwidth factor (nccl-plugin-abi.md §1.11 table)."""
-    f = func_index(func)
-    if f == ALLREDUCE:
-        return 2.0 * (n_ranks - 1) / n_ranks
-    if f in (ALLGATHER, REDUCESCATTER):
-        return (n_ranks - 1) / n_ranks
-    return 1.0
+    return contracts.busbw_factor(FUNCS[func_index(func)], n_ranks)
 
 
 def busbw(func: str | int, nbytes: np.ndarray, time_us: np.ndarray, n_ranks: int) -> np.ndarray:

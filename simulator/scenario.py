@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from dynamiccl.contracts.atomic import atomic_write
 from simulator.perf_model import NetworkState
 from simulator.topology import Topology
 
@@ -211,11 +211,8 @@ def write_truth(path: str | Path, scenario: Scenario, *, duration_s: float, epoc
     """Write the ground-truth timeline as JSON lines (atomically: tmp file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for row in scenario.truth(duration_s=duration_s, epoch_ns=epoch_ns):
-            fh.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, "".join(json.dumps(row) + "\n"
+                               for row in scenario.truth(duration_s=duration_s, epoch_ns=epoch_ns)))
     return path
 
 

@@ -48,13 +48,15 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from dynamiccl.contracts.collectives import COLLECTIVES
+
 __all__ = ["TunerPlugin", "TunerABIError", "PluginTuner", "RankTuners", "TunerDecision", "STATS_FIELDS",
            "NCCL_FUNC", "SUPPORTED_ABIS", "MODES"]
 
 SUPPORTED_ABIS = (4, 5, 6)
 MODES = {"agree": 0, "epoch": 1, "immediate": 2}
 #: ncclFunc_t codes (nccl-plugin-abi.md §2.2) for the collective names of the config file.
-NCCL_FUNC = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4, "AllToAll": 8}
+NCCL_FUNC = {c.tuner_token: c.nccl_func for c in sorted(COLLECTIVES, key=lambda c: c.nccl_func) if c.tuner_token}
 #: dynamiccl_tuner_stats_t (include/dynamiccl_tuner.h), 32 uint64.
 STATS_FIELDS = ("control_abi", "mode", "staged_version", "oldest_version", "applied_version", "pending_version",
                 "pending_at_ns", "reloads", "reload_errors", "files_missing", "applies", "apply_refused",

@@ -1,6 +1,6 @@
 import pytest
 
-from simulator.topology import (GraphParams, InterNet, IntraLink, Topology, from_dict, load_yaml, preset,
+from simulator.topology import (GraphParams, InterNet, IntraLink, Topology, load_yaml, preset,
                                 preset_names)
 
 

@@ -1,0 +1,16 @@
+"""The tuner config file's format constants, shared by the writer (the retuner) and both parsers
+(``nccl_tuner_plugin/config.py`` and the C plugin's ``src/rules.c`` / ``src/internal.h``)."""
+from __future__ import annotations
+
+__all__ = ["ENV_VAR", "DEFAULT_PATH", "MAX_RULES", "MAX_VERSIONS", "MAX_FILE_BYTES", "MAX_LINE_CHARS",
+           "MAX_CHANNELS", "U64_MAX", "HEADER"]
+
+ENV_VAR = "DYNAMICCL_TUNER_CONFIG"        # where the plugin reads and the retuner writes
+DEFAULT_PATH = "/tmp/dynamiccl-tuner.conf"
+MAX_RULES = 256                           # per version: the C plugin's fixed table size
+MAX_VERSIONS = 8                          # versions kept in one file
+MAX_FILE_BYTES = 1 << 20
+MAX_LINE_CHARS = 1023                     # non-comment characters per line
+MAX_CHANNELS = 64                         # NCCL's MAXCHANNELS
+U64_MAX = (1 << 64) - 1
+HEADER = "# dynamiccl tuner config"

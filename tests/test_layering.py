@@ -1,0 +1,153 @@
+"""The import graph keeps the layers apart (an ``ast`` walk over the source; no module is imported).
+
+Layers, in data-flow order (a module may import its own layer and the ones listed for it, nothing else):
+
+* ``dynamiccl.contracts`` — what the stages agree on; imports nothing first-party.
+* the plugins' Python side (``nccl_profiler_plugin``, ``nccl_tuner_plugin``: library paths, the tuner file
+  format, the agreement hook) and ``dynamiccl.nccl_model`` (NCCL's topology and cost model) — libraries every
+  stage may use; they import only the contracts.
+* the stages: ``collector`` → ``detector`` → ``retuner`` → the views (``report``, ``dashboards``); a stage imports
+  the ones before it, never one after it.
+* the harness (``simulator``, ``testbed`` and the evaluation / simulated-feed / test-helper modules inside the
+  stages) may import every product layer; no product module imports it.
+* the CLI (``dynamiccl.cli`` and the role modules it registers) may import everything; nothing imports
+  ``dynamiccl.cli`` (``python -m dynamiccl`` excepted) and no product or harness module imports a CLI module.
+
+Every import counts, including the lazy ones inside functions: a lazy import still makes the importing
+package need the imported one installed and still ties their releases together.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("dynamiccl", "collector", "detector", "retuner", "report", "dashboards", "simulator", "testbed",
+            "nccl_profiler_plugin", "nccl_tuner_plugin")
+
+# module-name prefixes -> layer; the longest matching prefix wins
+LAYER_OF = {
+    "dynamiccl.contracts": "contracts",
+    "nccl_profiler_plugin": "plugins", "nccl_tuner_plugin": "plugins",
+    "dynamiccl.nccl_model": "nccl_model",
+    "dynamiccl": "meta",                    # dynamiccl/__init__.py: the version
+    "collector": "collector", "detector": "detector", "retuner": "retuner",
+    "report": "views", "dashboards": "views",
+    "simulator": "harness", "testbed": "harness",
+    "retuner.evaluation": "harness", "detector.evaluate": "harness", "detector.simfeed": "harness",
+    "detector.testing": "harness", "collector.testing": "harness", "report.synthetic": "harness",
+    "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
+    "dynamiccl.plugins": "cli",
+    **{f"{p}.cli": "cli" for p in PACKAGES if p != "dynamiccl"},
+}
+PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "collector", "detector", "retuner", "views")
+ALLOWED = {
+    "contracts": {"contracts"},
+    "plugins": {"contracts", "plugins"},
+    "nccl_model": {"contracts", "nccl_model"},
+    "meta": {"meta"},
+    "collector": {"contracts", "plugins", "collector"},
+    "detector": {"contracts", "plugins", "collector", "detector"},
+    "retuner": {"contracts", "plugins", "nccl_model", "collector", "detector", "retuner"},
+    "views": {"contracts", "plugins", "nccl_model", "collector", "detector", "retuner", "views"},
+    "harness": set(PRODUCT) | {"harness"},
+    "cli": set(PRODUCT) | {"harness", "cli"},
+}
+
+# Known violations, (importer, imported module). This list may only shrink: the test fails when an entry is no
+# longer needed, so a fixed violation leaves it, and a new one fails until it is fixed (or argued for here).
+KNOWN = {
+    # detector: the service's Grafana annotations come from the views layer (dashboards.grafana_push)
+    ("detector.runner", "dashboards.grafana_push"),
+    # collector: the pipeline stamps its version from the top-level package (a package cycle: dynamiccl's
+    # CLI imports the collector); the version belongs in the contracts or importlib.metadata
+    ("collector.pipeline", "dynamiccl"),
+    # the stack builds each service's command line with the CLI's own parser
+    ("dynamiccl.stack", "dynamiccl.cli"),
+}
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        hit = LAYER_OF.get(".".join(parts[:n]))
+        if hit is not None:
+            return hit
+    return None
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            rel = path.relative_to(REPO).with_suffix("")
+            if "test" in rel.parts or "tests" in rel.parts or rel.name == "conftest":
+                continue
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            out[".".join(parts)] = path
+    return out
+
+
+def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """First-party modules ``module`` imports, resolved to the deepest module that exists."""
+    is_pkg = path.name == "__init__.py"
+    package = module if is_pkg else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    out = set()
+    for name in names:
+        if name.split(".")[0] not in PACKAGES:
+            continue
+        while name not in known and "." in name:
+            name = name.rpartition(".")[0]
+        out.add(name)
+    return out
+
+
+def violations() -> set[tuple[str, str]]:
+    known = modules()
+    bad = set()
+    for mod, path in known.items():
+        src = layer(mod)
+        assert src is not None, f"{mod}: no layer (add it to LAYER_OF)"
+        for dep in imports(mod, path, known):
+            dst = layer(dep)
+            if dst not in ALLOWED[src] or (dep == "dynamiccl.cli" and mod != "dynamiccl.__main__"):
+                bad.add((mod, dep))
+    return bad
+
+
+def test_the_walker_sees_imports_lazy_and_relative():
+    known = modules()
+    deps = imports("retuner.agent", known["retuner.agent"], known)
+    assert "detector.events" in deps            # a lazy import inside a method
+    assert "dynamiccl.contracts.collectives" in deps and "nccl_tuner_plugin.config" in deps
+    assert layer("retuner.evaluation.runner") == "harness" and layer("retuner.agent") == "retuner"
+    assert layer("collector.cli") == "cli" and layer("dynamiccl.contracts.lines") == "contracts"
+
+
+def test_contracts_import_nothing_first_party_but_themselves():
+    known = modules()
+    for mod, path in known.items():
+        if layer(mod) == "contracts":
+            assert {layer(d) for d in imports(mod, path, known)} <= {"contracts"}, mod
+
+
+def test_no_stage_imports_downstream_the_harness_or_the_cli():
+    bad = violations()
+    new = sorted(bad - KNOWN)
+    assert not new, "layering violations (fix them, or argue for them in KNOWN):\n" + "\n".join(
+        f"  {a} imports {b} ({layer(a)} -> {layer(b)})" for a, b in new)
+
+
+def test_the_known_violations_only_shrink():
+    fixed = sorted(KNOWN - violations())
+    assert not fixed, f"fixed, remove from KNOWN: {fixed}"
