@@ -36,6 +36,7 @@ LAYER_OF = {
     "simulator": "harness", "testbed": "harness",
     "retuner.evaluation": "harness", "detector.evaluate": "harness", "detector.simfeed": "harness",
     "detector.testing": "harness", "collector.testing": "harness", "report.synthetic": "harness",
+    "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
     "dynamiccl.plugins": "cli",
     **{f"{p}.cli": "cli" for p in PACKAGES if p != "dynamiccl"},

@@ -13,7 +13,7 @@ import numpy as np
 
 from collector.wire_format import FUNCS, Kind
 
-from .matching import COLL_FUNCS, match_calls, record_choice
+from .matching import match_calls, record_choice
 from .nccl_log import NcclLog
 
 __all__ = ["Check", "check_versions", "check_records", "check_tuning_log", "check_tuner",
