@@ -280,7 +280,8 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
    stops this operation will get (0: it completes at its stopEvent). */
 static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
                             const char* datatype, size_t count, int root, uint8_t nChannels, uint8_t nWarps,
-                            const char* algo, const char* proto, uint32_t children) {
+                            const char* algo, const char* proto, uint32_t children, uint64_t user_tag,
+                            uint16_t flags) {
   uint8_t dt = MAP_DTYPE(datatype);
   uint64_t bytes = (uint64_t)count * (dt < DCCL_DTYPE_COUNT ? dccl_dtype_sizes[dt] : 0);
   if (bytes < ctx->min_bytes) return;
@@ -316,6 +317,8 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
       .count = count,
       .bytes = bytes,
       .enqueue_ns = now,
+      .flags = flags,
+      .user_tag = user_tag,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   atomic_store_explicit(&s->stopped, 0, memory_order_relaxed);
@@ -333,13 +336,14 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
    children, finding a finished generation, are dropped and counted. */
 static inline void start_coll(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                               size_t count, int root, uint8_t nCh, uint8_t nWarps, const char* algo,
-                              const char* proto) {
+                              const char* proto, uint64_t user_tag, int sym) {
   if (!(ctx->record_mask & ncclProfileColl)) return;
-  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh);
+  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh, user_tag,
+           sym ? DCCL_FLAG_SYMMETRIC : 0);
 }
 
 static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, const char* dtype, size_t count,
-                             int peer, uint8_t nCh) {
+                             int peer, uint8_t nCh, uint64_t user_tag) {
   if (!(ctx->record_mask & ncclProfileP2p)) return;
   /* No seqNumber for P2P in the ABI: use the ordinal of this (send|recv, peer) pair on this
      rank, so Send #k from a to b pairs with Recv #k at b from a. */
@@ -353,7 +357,7 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
   /* A send/recv to self has no proxy ops, hence no KernelCh children, though nChannels >= 1
      (enqueue.cc: addP2pToPlan, nProxyOps = selfSend ? 0 : 2): it completes at its stopEvent. */
   uint32_t children = peer == ctx->rank ? 0 : nCh;
-  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children);
+  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0);
 }
 
 static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId, uint64_t pTimer) {
@@ -372,8 +376,9 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
 }
 
-/* One startEvent per ABI version; the member names used are the same in all of them. */
-#define DCCL_DEFINE_START(fn, descr_t)                                                                       \
+/* One startEvent per ABI version; the member names used are the same in all of them. The v7
+   extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG)                                          \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     dccl_ctx_t* ctx = (dccl_ctx_t*)context;                                                                  \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -385,10 +390,12 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
         break;                                                                                               \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
-                   d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto);            \
+                   d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto, (COLL_TAG),  \
+                   (COLL_SYM));                                                                              \
         break;                                                                                               \
       case ncclProfileP2p:                                                                                   \
-        start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels); \
+        start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels,  \
+                  (P2P_TAG));                                                                                \
         break;                                                                                               \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
@@ -406,10 +413,10 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
     return ncclSuccess;                                                                                      \
   }
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t)
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t)
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t)
-DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t)
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0)
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0)
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0)
+DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag)
 
 static ncclResult_t dccl_stop(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;

@@ -779,6 +779,71 @@ static int test_retired_comm_late_stop_and_announce(void) {
   return 0;
 }
 
+/* Profiler v7 (NCCL 2.31+): userTag and isSymColl reach the record; KernelPhase children of a
+   KernelCh are accepted and ignored (NULL handle) without disturbing the record. */
+static int test_v7_user_tag_and_symmetric(void) {
+  clear_env();
+  int mask7 = 0;
+  void* ctx = NULL;
+  TEST_ASSERT(ncclProfiler_v7.init(&ctx, 0x77, &mask7, "seven", 1, 2, 0, mock_logger) == ncclSuccess, "v7 init");
+  ncclProfilerEventDescr_v7_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileColl;
+  d.coll.seqNumber = 4;
+  d.coll.func = "AllReduce";
+  d.coll.datatype = "ncclFloat32";
+  d.coll.count = 8;
+  d.coll.nChannels = 1;
+  d.coll.algo = "RING";
+  d.coll.proto = "SIMPLE";
+  d.coll.kernelVariant = "sym";
+  d.coll.isSymColl = true;
+  d.coll.userTag = 0x1234567890ull;
+  void* h = NULL;
+  ncclProfiler_v7.startEvent(ctx, &h, &d);
+  ncclProfiler_v7.stopEvent(h);
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileKernelCh;
+  d.parentObj = h;
+  d.kernelCh.pTimer = 100;
+  void* k = NULL;
+  ncclProfiler_v7.startEvent(ctx, &k, &d);
+  TEST_ASSERT(k != NULL, "kernelCh");
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileKernelPhase;
+  d.parentObj = k;
+  d.kernelPhase.phaseId = 0;
+  d.kernelPhase.phaseName = "initial_sync";
+  d.kernelPhase.pTimer = 101;
+  void* ph = (void*)1;
+  ncclProfiler_v7.startEvent(ctx, &ph, &d);
+  TEST_ASSERT(ph == NULL, "KernelPhase not tracked");
+  ncclProfilerEventStateArgs_v7_t a = {.kernelCh = {.pTimer = 150}};
+  ncclProfiler_v7.recordEventState(k, ncclProfilerKernelPhaseStop, &a); /* not a KernelCh stop: ignored */
+  a.kernelCh.pTimer = 200;
+  ncclProfiler_v7.recordEventState(k, ncclProfilerKernelChStop, &a);
+  ncclProfiler_v7.stopEvent(k);
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1, "record");
+  TEST_ASSERT(out[0].user_tag == 0x1234567890ull && (out[0].flags & DCCL_FLAG_SYMMETRIC), "tag %llx flags %u",
+              (unsigned long long)out[0].user_tag, out[0].flags);
+  TEST_ASSERT(out[0].gpu_start_ns == 100 && out[0].gpu_end_ns == 200, "timing");
+  memset(&d, 0, sizeof d); /* P2p tag */
+  d.type = ncclProfileP2p;
+  d.p2p.func = "Send";
+  d.p2p.datatype = "ncclInt8";
+  d.p2p.count = 1;
+  d.p2p.peer = 0; /* self: completes at stop */
+  d.p2p.nChannels = 1;
+  d.p2p.userTag = 42;
+  h = NULL;
+  ncclProfiler_v7.startEvent(ctx, &h, &d);
+  ncclProfiler_v7.stopEvent(h);
+  TEST_ASSERT(ring_take(out, 2) == 1 && out[0].user_tag == 42 && out[0].flags == 0, "p2p tag");
+  ncclProfiler_v7.finalize(ctx);
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -803,6 +868,7 @@ static const test_case_t k_tests[] = {
     {"late_child_after_reap", test_late_child_after_reap},
     {"uint8_bytes", test_uint8_bytes},
     {"retired_comm_late_stop_and_announce", test_retired_comm_late_stop_and_announce},
+    {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
 };
 

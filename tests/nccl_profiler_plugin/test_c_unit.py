@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 24)
+    run_unit_binary(built["test_plugin"], 25)
 
 
 def test_c_unit_asan(built):

@@ -108,3 +108,21 @@ def test_short_lived_comm_is_announced(run_scenario, collector_factory, sock_add
     names = {int(c["comm_hash"]): c["comm_name"] for c in comms}
     assert names.get(0x2) == b"probe", names
     assert len(col.events()) == 3
+
+
+def test_v7_user_tag_and_symmetric(run_scenario, collector_factory, sock_addr):
+    col = collector_factory(sock_addr)
+    tagged = make_ops(30, flags=FLAG["TAGGED"] | FLAG["SYMMETRIC"])
+    plain = make_ops(30, seq0=500)
+    res = run_scenario([
+        {"op": "init", "hash": 0x7, "threads": 2}, {"op": "run", "ops": tagged + plain}, {"op": "sync"},
+        {"op": "finalize"},
+    ], sock_addr, abi=7)
+    assert res["ok"], res
+    ev = col.events()
+    t = ev[ev["seq_number"] < 500]
+    assert len(t) == 30
+    assert np.all(t["user_tag"] == (0x5400000000000000 | t["seq_number"]))
+    assert np.all(t["flags"] == wf.EventFlags.SYMMETRIC)
+    check_events(ev[ev["seq_number"] >= 500], plain, comm_hash=0x7, rank=0, nranks=2, nnodes=1)
+    assert np.all(ev[ev["seq_number"] >= 500]["user_tag"] == 0)
