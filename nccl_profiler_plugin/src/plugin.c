@@ -448,8 +448,11 @@ static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eS
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
   if (DCCL_H_TAG(h) != DCCL_H_TAG_KCH || eState != ncclProfilerKernelChStop || args == NULL) return ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
-  if (s == NULL || !handle_live(s, h)) return ncclSuccess;
-  s->ch[DCCL_H_CH(h)].stop_ptimer = args->kernelCh.pTimer;
+  if (s == NULL) return ncclSuccess;
+  /* the channel entry's generation stamp decides: a late child never writes another op's timer */
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) == (uint32_t)DCCL_H_GEN(h))
+    e->stop_ptimer = args->kernelCh.pTimer;
   return ncclSuccess;
 }
 
