@@ -43,3 +43,14 @@ def test_emulator_under_valgrind(built, sock_addr, collector_factory):
 
 def test_plugin_builds_without_warnings(built, tmp_path):
     assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "lifecycle.c", "config.c", "sender.c"], tmp_path / "p.so")
+
+
+def test_c_unit_tsan(built):
+    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 25)
+
+
+def test_emulator_under_tsan(built):
+    """Two threads per communicator, two communicators and the sender thread, TSan-instrumented."""
+    r = make(PLUGIN_DIR, "emu-tsan")
+    assert r.returncode == 0 and "WARNING: ThreadSanitizer" not in r.stderr, r.stdout + r.stderr
+    assert "records_emitted=20000" in r.stdout, r.stdout
