@@ -772,6 +772,16 @@ static int test_retired_comm_late_stop_and_announce(void) {
   for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) retired += (c == child && c->dead_ms != 0);
   pthread_mutex_unlock(&dccl_g.registry);
   TEST_ASSERT(retired == 1, "kept registered until announced (COMM record)");
+  dccl_ctx_t* cc = (dccl_ctx_t*)child;
+  retired_sweep(dccl_monotonic_ms() + DCCL_GRAVE_MIN_MS + 10, 0); /* grace over, not yet announced */
+  TEST_ASSERT(cc->slots == NULL && cc->pool_size == 0 && cc->dead_ms != 0, "pool freed after the grace, ctx kept");
+  kch_stop(k0, 5); /* still harmless */
+  retired_sweep(dccl_monotonic_ms() + DCCL_GRAVE_MAX_MS + 10, 0);
+  retired = 0;
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) retired += (c->dead_ms != 0);
+  pthread_mutex_unlock(&dccl_g.registry);
+  TEST_ASSERT(retired == 0, "never announced: freed after DCCL_GRAVE_MAX_MS");
   dccl_stats_record_t st;
   dccl_stats_snapshot(&st); /* retired counters are not counted twice */
   ncclProfiler_v6.finalize(parent);
