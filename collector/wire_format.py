@@ -53,6 +53,8 @@ class EventFlags:
     STALE = 1  # emitted by the plugin's stale-slot reaper or at finalize: KernelCh children were
                # lost; timing_source is NONE and gpu_*/channels_seen hold what had been seen
     SYMMETRIC = 2  # profiler v7 (NCCL 2.31+): a symmetric-memory kernel ran it (coll.isSymColl)
+    COPY_ENGINE = 4  # a copy-engine collective (v6+ CeColl event, only with DYNAMICCL_EVENT_MASK bit 4096):
+                     # counted and enqueue-timed only (timing NONE, algo/proto UNKNOWN)
 
 
 # Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6).
@@ -156,6 +158,7 @@ def c_header() -> str:
         *(f"#define DCCL_TIMING_{k} {getattr(TimingSource, k)}" for k in ("NONE", "KERNEL_GPU", "KERNEL_CPU")),
         "#define DCCL_FLAG_STALE " + str(EventFlags.STALE),
         "#define DCCL_FLAG_SYMMETRIC " + str(EventFlags.SYMMETRIC),
+        "#define DCCL_FLAG_COPY_ENGINE " + str(EventFlags.COPY_ENGINE),
         "",
         _c_enum("FUNC", FUNCS), _c_enum("DTYPE", DATATYPES),
         "static const uint8_t dccl_dtype_sizes[] = {" + ", ".join(map(str, DATATYPE_SIZES)) + "};",

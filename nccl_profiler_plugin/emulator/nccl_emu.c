@@ -210,6 +210,19 @@ static inline void ev_record(const struct emu* e, void* h, ncclProfilerEventStat
     e->t7->recordEventState(h, st, &a);
 }
 
+/* The ceColl member exists in v6 and v7 only; EMU_START56 expands FILL for v5 too, so the fill
+   goes through the v6 layout, whose ceColl prefix v7 keeps. */
+#define EMU_CE_FILL(d, op) emu_ce_fill(&(d).type, (op))
+static inline void emu_ce_fill(void* descr, const emu_coll_t* op) {
+  ncclProfilerEventDescr_v6_t* d = descr;
+  d->ceColl.seqNumber = op->seq_number;
+  d->ceColl.func = s_func(op->func);
+  d->ceColl.count = op->count;
+  d->ceColl.root = op->root;
+  d->ceColl.datatype = s_dtype(op->datatype);
+  d->ceColl.syncStrategy = "UC";
+}
+
 static inline int is_p2p(const emu_coll_t* op) { return op->func == DCCL_FUNC_SEND || op->func == DCCL_FUNC_RECV; }
 
 /* The proxy-thread part of one operation: KernelCh per channel, plus proxy ops across nodes. */
@@ -259,6 +272,7 @@ static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64
       n += 1 + (pop != NULL);
     }
   }
+  if ((op->flags & EMU_F_CE) && e->version >= 6) nch = 0; /* copy engines: no kernel, no proxy */
   if ((mask & ncclProfileKernelCh) && !(op->flags & EMU_F_NO_KERNEL)) {
     int gpu = !(op->flags & EMU_F_NO_GPU_TIMER);
     for (int ch = 0; ch < nch; ch++) {
@@ -325,7 +339,17 @@ static void* replay_app(emu_comm_t* c, const emu_coll_t* op) {
     n++;
   }
   void* parent = (op->flags & EMU_F_NULL_PARENT) ? NULL : (e->version >= 5 ? api : group);
-  if (mask & (opBit | childBits)) {
+  int ce = (op->flags & EMU_F_CE) && e->version >= 6;
+  if (ce) { /* ncclLaunchCeColl: CeColl around the host-side launch, no Coll, no kernel */
+    if (mask & (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)) {
+      EMU_START56(c, &coll, ncclProfileCeColl, parent, {
+        if (e->version >= 6) EMU_CE_FILL(d, op);
+      });
+      ev_stop(e, coll);
+      n += 1 + (coll != NULL);
+    }
+    coll = NULL; /* nothing for the proxy side */
+  } else if (mask & (opBit | childBits)) {
     if (p2p) {
       EMU_START(c, &coll, ncclProfileP2p, parent, {
         d.p2p.func = s_func(op->func);

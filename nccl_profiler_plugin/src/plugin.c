@@ -360,6 +360,15 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
   start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0);
 }
 
+/* A copy-engine collective (v6+, ncclLaunchCeColl): NCCL starts and stops its CeColl event around
+   the host-side launch and runs no kernel, so the record is counted and enqueue-timed only. */
+static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
+                            size_t count, int root, uint64_t user_tag) {
+  if (!(ctx->record_mask & ncclProfileCeColl)) return;
+  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
+           DCCL_FLAG_COPY_ENGINE);
+}
+
 static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId, uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
@@ -378,7 +387,7 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG)                                          \
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE)                                 \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     dccl_ctx_t* ctx = (dccl_ctx_t*)context;                                                                  \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -397,6 +406,7 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
         start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels,  \
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
+      CE_CASE                                                                                                \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
       case ncclProfileCollApi:                                                                               \
@@ -413,10 +423,17 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
     return ncclSuccess;                                                                                      \
   }
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0)
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0)
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0)
-DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag)
+#define DCCL_CE_CASE(TAG)                                                                                  \
+  case ncclProfileCeColl:                                                                                  \
+    start_ce(ctx, eHandle, d->ceColl.seqNumber, d->ceColl.func, d->ceColl.datatype, d->ceColl.count,       \
+             d->ceColl.root, (TAG));                                                                       \
+    break;
+
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, )
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, )
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0))
+DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
+                  DCCL_CE_CASE(d->ceColl.userTag))
 
 static ncclResult_t dccl_stop(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;

@@ -854,6 +854,40 @@ static int test_v7_user_tag_and_symmetric(void) {
   return 0;
 }
 
+/* Copy-engine collectives (v6+) have no Coll event: with CeColl in the mask they are counted. */
+static int test_ce_collective_counted(void) {
+  clear_env();
+  setenv("DYNAMICCL_EVENT_MASK", "4166", 1); /* Coll|P2p|KernelCh|CeColl */
+  void* ctx = init6(21, 0, 8);
+  ncclProfilerEventDescr_v6_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileCeColl;
+  d.ceColl.seqNumber = 9;
+  d.ceColl.func = "AllGather";
+  d.ceColl.datatype = "ncclBfloat16";
+  d.ceColl.count = 1000;
+  d.ceColl.root = -1;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  TEST_ASSERT(h != NULL, "CeColl handle");
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileCeSync;
+  d.parentObj = h;
+  void* sync = (void*)1;
+  ncclProfiler_v6.startEvent(ctx, &sync, &d);
+  TEST_ASSERT(sync == NULL, "CeSync not tracked");
+  ncclProfiler_v6.stopEvent(h);
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1, "record at stop");
+  TEST_ASSERT(out[0].kind == DCCL_KIND_COLL && out[0].func == DCCL_FUNC_ALLGATHER && out[0].bytes == 2000 &&
+                  out[0].seq_number == 9 && out[0].flags == DCCL_FLAG_COPY_ENGINE &&
+                  out[0].timing_source == DCCL_TIMING_NONE && out[0].algo == DCCL_UNKNOWN,
+              "CE record fields");
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -879,6 +913,7 @@ static const test_case_t k_tests[] = {
     {"uint8_bytes", test_uint8_bytes},
     {"retired_comm_late_stop_and_announce", test_retired_comm_late_stop_and_announce},
     {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
+    {"ce_collective_counted", test_ce_collective_counted},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
 };
 

@@ -5,6 +5,7 @@ its sender thread and a collector."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from collector import wire_format as wf
 from test_emulator_stream import FLAG, F, check_events, make_ops, proc_and_comms
@@ -126,3 +127,24 @@ def test_v7_user_tag_and_symmetric(run_scenario, collector_factory, sock_addr):
     assert np.all(t["flags"] == wf.EventFlags.SYMMETRIC)
     check_events(ev[ev["seq_number"] >= 500], plain, comm_hash=0x7, rank=0, nranks=2, nnodes=1)
     assert np.all(ev[ev["seq_number"] >= 500]["user_tag"] == 0)
+
+
+@pytest.mark.parametrize("abi", [6, 7])
+def test_copy_engine_collectives_counted(abi, run_scenario, collector_factory, sock_addr):
+    """Copy-engine collectives (NCCL 2.29+, ncclLaunchCeColl) have no Coll event and no kernel: with
+    CeColl (4096) in the mask each is one record, flag COPY_ENGINE, enqueue time only."""
+    col = collector_factory(sock_addr)
+    ce = make_ops(25, func=F["AllGather"], flags=FLAG["CE"])
+    normal = make_ops(25, seq0=100)
+    res = run_scenario([
+        {"op": "init", "hash": 0xCE, "threads": 2}, {"op": "run", "ops": ce + normal}, {"op": "sync"},
+        {"op": "finalize"},
+    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 4096)})
+    assert res["ok"], res
+    ev = col.events()
+    c = ev[ev["seq_number"] < 100]
+    assert len(c) == 25 and np.all(c["flags"] == wf.EventFlags.COPY_ENGINE)
+    assert np.all(c["timing_source"] == wf.TimingSource.NONE) and np.all(c["func"] == F["AllGather"])
+    assert np.all(c["bytes"] == np.array([o["count"] * wf.DATATYPE_SIZES[o["datatype"]] for o in ce]))
+    check_events(ev[ev["seq_number"] >= 100], normal, comm_hash=0xCE, rank=0, nranks=2, nnodes=1)
+    assert res["stats"]["records_emitted"] == 50
