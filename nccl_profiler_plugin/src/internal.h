@@ -191,7 +191,7 @@ extern dccl_global_t dccl_g;
 extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
 uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME: record timestamps */
-uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC: ages (a clock step never reaps) */
+uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC_COARSE: slot ages (a clock step never reaps) */
 uint64_t dccl_monotonic_ms(void);
 void dccl_stats_snapshot(dccl_stats_record_t* out);
 /* Reap slots armed more than stale_ns before mono_now_ns (stale_ns 0: every busy slot). Caller
