@@ -112,75 +112,34 @@ static inline const char* s_proto(int c) {
 /* ------------------------------------------------------------------------------------------ */
 /* plugin calls, one descriptor type per ABI version (zero-initialised, as NCCL does)           */
 
-#define EMU_START(c, hp, TYPE, PARENT, FILL)                                 \
+/* One start through version V's descriptor and table. */
+#define EMU_START_V(V, TYPE_T, c, hp, TYPE, PARENT, FILL)                    \
   do {                                                                       \
-    struct emu* e_ = (c)->emu;                                               \
-    *(hp) = NULL;                                                            \
-    if (e_->version == 4) {                                                  \
-      ncclProfilerEventDescr_v4_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (uint8_t)(TYPE);                                              \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t4->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 5) {                                           \
-      ncclProfilerEventDescr_v5_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t5->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 6) {                                           \
-      ncclProfilerEventDescr_v6_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t6->startEvent((c)->ctx, (hp), &d);                                \
-    } else {                                                                 \
-      ncclProfilerEventDescr_v7_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t7->startEvent((c)->ctx, (hp), &d);                                \
-    }                                                                        \
+    ncclProfilerEventDescr_v##V##_t d;                                       \
+    memset(&d, 0, sizeof d);                                                 \
+    d.type = (TYPE_T)(TYPE);                                                 \
+    d.parentObj = (PARENT);                                                  \
+    d.rank = (c)->rank;                                                      \
+    FILL;                                                                    \
+    (c)->emu->t##V->startEvent((c)->ctx, (hp), &d);                          \
   } while (0)
 
-/* v5+ events (API level). */
+/* v5+ events (API level): nothing on v4. */
 #define EMU_START56(c, hp, TYPE, PARENT, FILL)                               \
   do {                                                                       \
-    struct emu* e_ = (c)->emu;                                               \
+    int v_ = (c)->emu->version;                                              \
     *(hp) = NULL;                                                            \
-    if (e_->version == 5) {                                                  \
-      ncclProfilerEventDescr_v5_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t5->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 6) {                                           \
-      ncclProfilerEventDescr_v6_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t6->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 7) {                                           \
-      ncclProfilerEventDescr_v7_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t7->startEvent((c)->ctx, (hp), &d);                                \
-    }                                                                        \
+    if (v_ == 5) EMU_START_V(5, uint64_t, c, hp, TYPE, PARENT, FILL);        \
+    else if (v_ == 6) EMU_START_V(6, uint64_t, c, hp, TYPE, PARENT, FILL);   \
+    else if (v_ == 7) EMU_START_V(7, uint64_t, c, hp, TYPE, PARENT, FILL);   \
+  } while (0)
+
+/* Events of every version (v4's type is 8 bits). */
+#define EMU_START(c, hp, TYPE, PARENT, FILL)                                 \
+  do {                                                                       \
+    *(hp) = NULL;                                                            \
+    if ((c)->emu->version == 4) EMU_START_V(4, uint8_t, c, hp, TYPE, PARENT, FILL); \
+    else EMU_START56(c, hp, TYPE, PARENT, FILL);                             \
   } while (0)
 
 static inline void ev_stop(const struct emu* e, void* h) {

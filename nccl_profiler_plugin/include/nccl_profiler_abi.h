@@ -164,8 +164,9 @@ typedef struct {
   ncclResult_t (*finalize)(void* context);
 } ncclProfiler_v4_t;
 
-/* ---- v5 (NCCL 2.28) and v6 (NCCL 2.29+) ---- */
-#define DCCL_ABI_V5_MEMBERS_                                                                                      \
+/* ---- v5 (NCCL 2.28), v6 (NCCL 2.29+), v7 (2.31+) ----
+   The API/op members, with a tail each that v7 appends (empty before v7). */
+#define DCCL_ABI_API_OP_MEMBERS_(COLLAPI_TAIL, P2PAPI_TAIL, COLL_TAIL, P2P_TAIL)                                 \
   struct {                                                                                                         \
     bool graphCaptured;                                                                                            \
     int groupDepth;                                                                                                \
@@ -177,6 +178,7 @@ typedef struct {
     int root;                                                                                                      \
     void* stream;                                                                                                  \
     bool graphCaptured;                                                                                            \
+    COLLAPI_TAIL                                                                                                   \
   } collApi;                                                                                                       \
   struct {                                                                                                         \
     const char* func;                                                                                              \
@@ -184,6 +186,7 @@ typedef struct {
     const char* datatype;                                                                                          \
     void* stream;                                                                                                  \
     bool graphCaptured;                                                                                            \
+    P2PAPI_TAIL                                                                                                    \
   } p2pApi;                                                                                                        \
   struct { void* stream; } kernelLaunch;                                                                           \
   struct {                                                                                                         \
@@ -199,6 +202,7 @@ typedef struct {
     const char* algo;                                                                                              \
     const char* proto;                                                                                             \
     void* parentGroup; /* legacy (v4) parent */                                                                    \
+    COLL_TAIL                                                                                                      \
   } coll;                                                                                                          \
   struct {                                                                                                         \
     const char* func;                                                                                              \
@@ -208,8 +212,39 @@ typedef struct {
     int peer;                                                                                                      \
     uint8_t nChannels;                                                                                             \
     void* parentGroup;                                                                                             \
+    P2P_TAIL                                                                                                       \
   } p2p;                                                                                                           \
   DCCL_ABI_PROXY_MEMBERS_
+
+#define DCCL_ABI_V5_MEMBERS_ DCCL_ABI_API_OP_MEMBERS_(, , , )
+
+/* v6 copy-engine members; v7 appends CECOLL_TAIL to ceColl. */
+#define DCCL_ABI_CE_MEMBERS_(CECOLL_TAIL)                                                                         \
+  struct {                                                                                                         \
+    uint64_t seqNumber;                                                                                            \
+    const char* func;                                                                                              \
+    void const* sendBuff;                                                                                          \
+    void* recvBuff;                                                                                                \
+    size_t count;                                                                                                  \
+    int root;                                                                                                      \
+    const char* datatype;                                                                                          \
+    const char* syncStrategy; /* "MC" / "UC" */                                                                    \
+    bool intraBatchSync;                                                                                           \
+    uint32_t batchSize;                                                                                            \
+    uint32_t numBatches;                                                                                           \
+    uint32_t ceSeqNum;                                                                                             \
+    void* stream;                                                                                                  \
+    CECOLL_TAIL                                                                                                    \
+  } ceColl;                                                                                                        \
+  struct {                                                                                                         \
+    bool isComplete;                                                                                               \
+    int nRanks;                                                                                                    \
+  } ceCollSync;                                                                                                    \
+  struct {                                                                                                         \
+    int numOps;                                                                                                    \
+    size_t totalBytes;                                                                                             \
+    bool useIntraSync;                                                                                             \
+  } ceCollBatch;
 
 typedef struct {
   uint64_t type;
@@ -226,30 +261,7 @@ typedef struct {
   int rank;
   union {
     DCCL_ABI_V5_MEMBERS_
-    struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      const char* syncStrategy; /* "MC" / "UC" */
-      bool intraBatchSync;
-      uint32_t batchSize;
-      uint32_t numBatches;
-      uint32_t ceSeqNum;
-      void* stream;
-    } ceColl;
-    struct {
-      bool isComplete;
-      int nRanks;
-    } ceCollSync;
-    struct {
-      int numOps;
-      size_t totalBytes;
-      bool useIntraSync;
-    } ceCollBatch;
+    DCCL_ABI_CE_MEMBERS_()
   };
 } ncclProfilerEventDescr_v6_t;
 
@@ -281,81 +293,10 @@ typedef struct {
   void* parentObj;
   int rank;
   union {
-    struct {
-      bool graphCaptured;
-      int groupDepth;
-    } groupApi;
-    struct {
-      const char* func;
-      size_t count;
-      const char* datatype;
-      int root;
-      void* stream;
-      bool graphCaptured;
-      uint64_t userTag; /* per-call user tag (0: untagged; MSB set: reserved by NCCL) */
-    } collApi;
-    struct {
-      const char* func;
-      size_t count;
-      const char* datatype;
-      void* stream;
-      bool graphCaptured;
-      uint64_t userTag;
-    } p2pApi;
-    struct { void* stream; } kernelLaunch;
-    struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      uint8_t nChannels;
-      uint8_t nWarps;
-      const char* algo;
-      const char* proto;
-      void* parentGroup;
-      const char* kernelVariant;
-      bool isSymColl;
-      uint64_t userTag;
-    } coll;
-    struct {
-      const char* func;
-      void* buff;
-      const char* datatype;
-      size_t count;
-      int peer;
-      uint8_t nChannels;
-      void* parentGroup;
-      uint64_t userTag;
-    } p2p;
-    DCCL_ABI_PROXY_MEMBERS_
-    struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      const char* syncStrategy;
-      bool intraBatchSync;
-      uint32_t batchSize;
-      uint32_t numBatches;
-      uint32_t ceSeqNum;
-      void* stream;
-      uint64_t userTag;
-    } ceColl;
-    struct {
-      bool isComplete;
-      int nRanks;
-    } ceCollSync;
-    struct {
-      int numOps;
-      size_t totalBytes;
-      bool useIntraSync;
-    } ceCollBatch;
+    /* userTag: the call's user tag (0 untagged; MSB set: reserved by NCCL) */
+    DCCL_ABI_API_OP_MEMBERS_(uint64_t userTag;, uint64_t userTag;,
+                             const char* kernelVariant; bool isSymColl; uint64_t userTag;, uint64_t userTag;)
+    DCCL_ABI_CE_MEMBERS_(uint64_t userTag;)
     struct {
       uint8_t channelId;
       uint8_t phaseId; /* 0 initial_sync, 1 compute, 2 final_sync */

@@ -482,53 +482,28 @@ static ncclResult_t dccl_init_v4(void** context, int* eActivationMask, const cha
                                  int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
   return dccl_init_common(4, context, commHash, eActivationMask, commName, nNodes, nranks, rank, logfn);
 }
-static ncclResult_t dccl_init_v5(void** context, uint64_t commId, int* eActivationMask, const char* commName,
-                                 int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
-  return dccl_init_common(5, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);
-}
-static ncclResult_t dccl_init_v6(void** context, uint64_t commId, int* eActivationMask, const char* commName,
-                                 int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
-  return dccl_init_common(6, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);
-}
 
-static ncclResult_t dccl_init_v7(void** context, uint64_t commId, int* eActivationMask, const char* commName,
-                                 int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
-  return dccl_init_common(7, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);
-}
+/* v5, v6 and v7 share init's signature (commId first). */
+#define DCCL_DEFINE_INIT(V)                                                                                  \
+  static ncclResult_t dccl_init_v##V(void** context, uint64_t commId, int* eActivationMask, const char* commName, \
+                                     int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {            \
+    return dccl_init_common(V, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);     \
+  }
+DCCL_DEFINE_INIT(5)
+DCCL_DEFINE_INIT(6)
+DCCL_DEFINE_INIT(7)
 
 /* NCCL tries v7 first (2.31+), then v6 (2.29-2.30), v5 (2.28), v4 (2.27). */
-DCCL_EXPORT const ncclProfiler_v7_t ncclProfiler_v7 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v7,
-    .startEvent = dccl_start_v7,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
-
-DCCL_EXPORT const ncclProfiler_v6_t ncclProfiler_v6 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v6,
-    .startEvent = dccl_start_v6,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
-
-DCCL_EXPORT const ncclProfiler_v5_t ncclProfiler_v5 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v5,
-    .startEvent = dccl_start_v5,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
-
-DCCL_EXPORT const ncclProfiler_v4_t ncclProfiler_v4 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v4,
-    .startEvent = dccl_start_v4,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
+#define DCCL_DEFINE_TABLE(V)                                                                                 \
+  DCCL_EXPORT const ncclProfiler_v##V##_t ncclProfiler_v##V = {                                             \
+      .name = DCCL_PLUGIN_NAME,                                                                              \
+      .init = dccl_init_v##V,                                                                                \
+      .startEvent = dccl_start_v##V,                                                                         \
+      .stopEvent = dccl_stop,                                                                                \
+      .recordEventState = dccl_record_state,                                                                 \
+      .finalize = dccl_finalize,                                                                             \
+  };
+DCCL_DEFINE_TABLE(7)
+DCCL_DEFINE_TABLE(6)
+DCCL_DEFINE_TABLE(5)
+DCCL_DEFINE_TABLE(4)

@@ -60,25 +60,24 @@ void dct_chain_unload(void) {
   memset(&g_chain, 0, sizeof g_chain);
 }
 
+/* The members v5 and v7 constants share (v7 has a fifth compute capability, left as it was when
+   converting v5 -> v7). Copies the smaller of each pair of arrays. */
+#define DCT_COPY_MIN(d, s, f) memcpy((d)->f, (s)->f, sizeof (d)->f < sizeof (s)->f ? sizeof (d)->f : sizeof (s)->f)
+#define DCT_CONSTANTS_COPY(d, s)                                                                        \
+  do {                                                                                                  \
+    DCT_COPY_MIN(d, s, baseLatencies);                                                                  \
+    DCT_COPY_MIN(d, s, hwLatencies);                                                                    \
+    DCT_COPY_MIN(d, s, llMaxBws);                                                                       \
+    DCT_COPY_MIN(d, s, perChMaxRingLL128Bws);                                                           \
+    DCT_COPY_MIN(d, s, perChMaxTreeLL128Bws);                                                           \
+    DCT_COPY_MIN(d, s, perChMaxTreeBws);                                                                \
+    DCT_COPY_MIN(d, s, perChMaxNVLSTreeBws);                                                            \
+  } while (0)
 static void constants_7_to_5(ncclTunerConstants_v5_t* d, const ncclTunerConstants_v7_t* s) {
-  memcpy(d->baseLatencies, s->baseLatencies, sizeof d->baseLatencies);
-  memcpy(d->hwLatencies, s->hwLatencies, sizeof d->hwLatencies);
-  memcpy(d->llMaxBws, s->llMaxBws, sizeof d->llMaxBws);
-  memcpy(d->perChMaxRingLL128Bws, s->perChMaxRingLL128Bws, sizeof d->perChMaxRingLL128Bws);
-  memcpy(d->perChMaxTreeLL128Bws, s->perChMaxTreeLL128Bws, sizeof d->perChMaxTreeLL128Bws);
-  memcpy(d->perChMaxTreeBws, s->perChMaxTreeBws, sizeof d->perChMaxTreeBws);
-  memcpy(d->perChMaxNVLSTreeBws, s->perChMaxNVLSTreeBws, sizeof d->perChMaxNVLSTreeBws);
+  DCT_CONSTANTS_COPY(d, s);
 }
-
-/* v5 -> v7: the four shared compute capabilities; the fifth row is left as it was. */
 static void constants_5_to_7(ncclTunerConstants_v7_t* d, const ncclTunerConstants_v5_t* s) {
-  memcpy(d->baseLatencies, s->baseLatencies, sizeof s->baseLatencies);
-  memcpy(d->hwLatencies, s->hwLatencies, sizeof s->hwLatencies);
-  memcpy(d->llMaxBws, s->llMaxBws, sizeof s->llMaxBws);
-  memcpy(d->perChMaxRingLL128Bws, s->perChMaxRingLL128Bws, sizeof s->perChMaxRingLL128Bws);
-  memcpy(d->perChMaxTreeLL128Bws, s->perChMaxTreeLL128Bws, sizeof s->perChMaxTreeLL128Bws);
-  memcpy(d->perChMaxTreeBws, s->perChMaxTreeBws, sizeof s->perChMaxTreeBws);
-  memcpy(d->perChMaxNVLSTreeBws, s->perChMaxNVLSTreeBws, sizeof s->perChMaxNVLSTreeBws);
+  DCT_CONSTANTS_COPY(d, s);
 }
 
 /* Which chained version serves a context NCCL opened through `our` (0: none). */

@@ -328,22 +328,18 @@ DCT_EXPORT uint32_t dynamiccl_tuner_record_version(uint64_t comm_hash) {
   return has_comm ? 0 : v;
 }
 
-/* NCCL tries v7 first (2.32.6+), then v6 (2.30-2.32), v5 (2.28-2.29), v4 (2.27). */
-DCT_EXPORT const ncclTuner_v7_t ncclTunerPlugin_v7 = {
-    .name = DCT_PLUGIN_NAME,
-    .init = dct_init_v7,
-    .getCollInfo = dct_get_coll_info,
-    .finalize = dct_finalize,
-    .getChunkSize = dct_get_chunk_size,
-};
-
-DCT_EXPORT const ncclTuner_v6_t ncclTunerPlugin_v6 = {
-    .name = DCT_PLUGIN_NAME,
-    .init = dct_init_v6,
-    .getCollInfo = dct_get_coll_info,
-    .finalize = dct_finalize,
-    .getChunkSize = dct_get_chunk_size,
-};
+/* NCCL tries v7 first (2.32.6+), then v6 (2.30-2.32), v5 (2.28-2.29), v4 (2.27). v6 and v7 share
+   their function table. */
+#define DCT_DEFINE_TABLE_V6(V)                                                                        \
+  DCT_EXPORT const ncclTuner_v##V##_t ncclTunerPlugin_v##V = {                                        \
+      .name = DCT_PLUGIN_NAME,                                                                        \
+      .init = dct_init_v##V,                                                                          \
+      .getCollInfo = dct_get_coll_info,                                                               \
+      .finalize = dct_finalize,                                                                       \
+      .getChunkSize = dct_get_chunk_size,                                                             \
+  };
+DCT_DEFINE_TABLE_V6(7)
+DCT_DEFINE_TABLE_V6(6)
 
 DCT_EXPORT const ncclTuner_v5_t ncclTunerPlugin_v5 = {
     .name = DCT_PLUGIN_NAME,
