@@ -265,27 +265,22 @@ typedef struct {
   };
 } ncclProfilerEventDescr_v6_t;
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v5_t* eDescr);
-  ncclResult_t (*stopEvent)(void* eHandle);
-  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v5_t eState,
-                                   ncclProfilerEventStateArgs_v5_t* eStateArgs);
-  ncclResult_t (*finalize)(void* context);
-} ncclProfiler_v5_t;
+/* v5, v6 and v7 function tables: the same functions over each version's types. */
+#define DCCL_PROFILER_TABLE_(V)                                                                                   \
+  struct {                                                                                                         \
+    const char* name;                                                                                              \
+    ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,  \
+                         int nranks, int rank, ncclDebugLogger_t logfn);                                           \
+    ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v##V##_t* eDescr);            \
+    ncclResult_t (*stopEvent)(void* eHandle);                                                                      \
+    ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v##V##_t eState,                        \
+                                     ncclProfilerEventStateArgs_v##V##_t* eStateArgs);                             \
+    ncclResult_t (*finalize)(void* context);                                                                       \
+  }
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v6_t* eDescr);
-  ncclResult_t (*stopEvent)(void* eHandle);
-  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v6_t eState,
-                                   ncclProfilerEventStateArgs_v6_t* eStateArgs);
-  ncclResult_t (*finalize)(void* context);
-} ncclProfiler_v6_t;
+typedef DCCL_PROFILER_TABLE_(5) ncclProfiler_v5_t;
+
+typedef DCCL_PROFILER_TABLE_(6) ncclProfiler_v6_t;
 
 /* ---- v7 (NCCL 2.31+) ---- */
 typedef struct {
@@ -306,16 +301,7 @@ typedef struct {
   };
 } ncclProfilerEventDescr_v7_t;
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v7_t* eDescr);
-  ncclResult_t (*stopEvent)(void* eHandle);
-  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v7_t eState,
-                                   ncclProfilerEventStateArgs_v7_t* eStateArgs);
-  ncclResult_t (*finalize)(void* context);
-} ncclProfiler_v7_t;
+typedef DCCL_PROFILER_TABLE_(7) ncclProfiler_v7_t;
 
 /* The union starts at the same offset in every version; the plugin relies on it only through
    these checks (each version still has its own entry points). */

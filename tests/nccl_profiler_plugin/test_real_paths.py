@@ -42,22 +42,27 @@ def test_alltoall_with_self_send_never_fills_the_pool(run_scenario, collector_fa
     assert len(self_recs) == 200 and np.all(self_recs["timing_source"] == wf.TimingSource.NONE)
 
 
-def test_collnet_zero_channels_children_refused(run_scenario, collector_factory, sock_addr):
+def run_collnet_mix(run_scenario, collector_factory, sock_addr, *, n, algo, comm, threads, pool):
+    """n CollNet ops (nChannels 0, children still replayed) interleaved with n ordinary ones (seq >= 1000)."""
     col = collector_factory(sock_addr)
-    collnet = make_ops(60, seq0=0, algo=wf.ALGOS.index("COLLNET_DIRECT"), flags=FLAG["COLLNET"])
-    normal = make_ops(60, seq0=1000)
+    collnet = make_ops(n, seq0=0, algo=wf.ALGOS.index(algo), flags=FLAG["COLLNET"])
+    normal = make_ops(n, seq0=1000)
     mixed = [op for pair in zip(collnet, normal) for op in pair]
     res = run_scenario([
-        {"op": "init", "hash": 0x99, "nnodes": 2, "nranks": 16, "rank": 3, "threads": 1},
+        {"op": "init", "hash": comm, "nnodes": 2, "nranks": 16, "rank": 3, "threads": threads},
         {"op": "run", "ops": mixed}, {"op": "sync"}, {"op": "finalize"},
-    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "1"})
+    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": str(pool)})
     assert res["ok"], res
-    ev = col.events()
+    return col.events(), res["stats"], collnet, normal
+
+
+def test_collnet_zero_channels_children_refused(run_scenario, collector_factory, sock_addr):
+    ev, st, collnet, normal = run_collnet_mix(run_scenario, collector_factory, sock_addr, n=60,
+                                              algo="COLLNET_DIRECT", comm=0x99, threads=1, pool=1)
     check_events(ev[ev["seq_number"] >= 1000], normal, comm_hash=0x99, rank=3, nranks=16, nnodes=2)
     cn = ev[ev["seq_number"] < 1000]
     assert len(cn) == 60 and np.all(cn["n_channels"] == 0) and np.all(cn["timing_source"] == wf.TimingSource.NONE)
     assert np.all(cn["channels_seen"] == 0) and np.all(cn["flags"] == 0)
-    st = res["stats"]
     assert st["kernel_ch_rejected"] == sum(op["n_channels"] for op in collnet), st
     assert st["events_stale"] == 0 and st["events_dropped_pool_full"] == 0
 
@@ -65,18 +70,9 @@ def test_collnet_zero_channels_children_refused(run_scenario, collector_factory,
 def test_collnet_late_children_never_reach_the_next_occupant(run_scenario, collector_factory, sock_addr):
     """Proxy thread behind the application: a CollNet op's children arrive while its slot holds
     later operations. Every record emitted carries exactly its own operation's timing."""
-    col = collector_factory(sock_addr)
-    collnet = make_ops(200, seq0=0, algo=wf.ALGOS.index("COLLNET_CHAIN"), flags=FLAG["COLLNET"])
-    normal = make_ops(200, seq0=1000)
-    mixed = [op for pair in zip(collnet, normal) for op in pair]
-    res = run_scenario([
-        {"op": "init", "hash": 0x9A, "nnodes": 2, "nranks": 16, "rank": 3, "threads": 2},
-        {"op": "run", "ops": mixed}, {"op": "sync"}, {"op": "finalize"},
-    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "2"})
-    assert res["ok"], res
-    ev = col.events()
-    st = res["stats"]
-    assert len(ev) + st["events_dropped_pool_full"] == len(mixed), "every operation accounted for"
+    ev, st, collnet, normal = run_collnet_mix(run_scenario, collector_factory, sock_addr, n=200,
+                                              algo="COLLNET_CHAIN", comm=0x9A, threads=2, pool=2)
+    assert len(ev) + st["events_dropped_pool_full"] == len(collnet) + len(normal), "every operation accounted for"
     by_seq = {op["seq_number"]: op for op in normal}
     for r in ev[(ev["seq_number"] >= 1000) & (ev["flags"] == 0)]:
         op = by_seq[int(r["seq_number"])]
