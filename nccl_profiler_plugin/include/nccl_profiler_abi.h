@@ -103,6 +103,16 @@ typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v7_t;
 
 /* ---- union members shared by several versions ---- */
+/* The head of the coll and ceColl descriptors (every version). */
+#define DCCL_ABI_COLL_HEAD_ \
+  uint64_t seqNumber;       \
+  const char* func;         \
+  void const* sendBuff;     \
+  void* recvBuff;           \
+  size_t count;             \
+  int root;                 \
+  const char* datatype;
+
 #define DCCL_ABI_PROXY_MEMBERS_                                                                                   \
   struct {                                                                                                         \
     ncclPid_t pid;     /* originating process (PXN: may be another process) */                                     \
@@ -129,13 +139,7 @@ typedef struct {
   int rank;
   union {
     struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
+      DCCL_ABI_COLL_HEAD_
       uint8_t nChannels;
       uint8_t nWarps;
       const char* algo;
@@ -190,13 +194,7 @@ typedef struct {
   } p2pApi;                                                                                                        \
   struct { void* stream; } kernelLaunch;                                                                           \
   struct {                                                                                                         \
-    uint64_t seqNumber;                                                                                            \
-    const char* func;                                                                                              \
-    void const* sendBuff;                                                                                          \
-    void* recvBuff;                                                                                                \
-    size_t count;                                                                                                  \
-    int root;                                                                                                      \
-    const char* datatype;                                                                                          \
+    DCCL_ABI_COLL_HEAD_                                                                                            \
     uint8_t nChannels;                                                                                             \
     uint8_t nWarps;                                                                                                \
     const char* algo;                                                                                              \
@@ -221,13 +219,7 @@ typedef struct {
 /* v6 copy-engine members; v7 appends CECOLL_TAIL to ceColl. */
 #define DCCL_ABI_CE_MEMBERS_(CECOLL_TAIL)                                                                         \
   struct {                                                                                                         \
-    uint64_t seqNumber;                                                                                            \
-    const char* func;                                                                                              \
-    void const* sendBuff;                                                                                          \
-    void* recvBuff;                                                                                                \
-    size_t count;                                                                                                  \
-    int root;                                                                                                      \
-    const char* datatype;                                                                                          \
+    DCCL_ABI_COLL_HEAD_                                                                                            \
     const char* syncStrategy; /* "MC" / "UC" */                                                                    \
     bool intraBatchSync;                                                                                           \
     uint32_t batchSize;                                                                                            \
