@@ -86,7 +86,8 @@ EVENT_DTYPE = np.dtype([
     ("cpu_end_ns", "<u8"),    # host CLOCK_REALTIME when the last KernelCh stopped, 0 if none
     ("record_seq", "<u8"),
     ("user_tag", "<u8"),      # profiler v7 (NCCL 2.31+): the call's userProfilerTag; 0 untagged/older NCCL
-    ("reserved2", "<u8"),
+    ("sync_wait_ns", "<u8"),  # profiler v7 with KernelPhase in the mask: the longest initial_sync phase over the
+                              # channels (GPU ns; the rank's wait for its peers in a symmetric kernel), 0 if none
 ])
 
 COMM_DTYPE = np.dtype([

@@ -184,6 +184,31 @@ static inline void emu_ce_fill(void* descr, const emu_coll_t* op) {
 
 static inline int is_p2p(const emu_coll_t* op) { return op->func == DCCL_FUNC_SEND || op->func == DCCL_FUNC_RECV; }
 
+/* v7 KernelPhase children of one KernelCh, fired before its stop (NCCL 2.31 profiler thread):
+   initial_sync [t0, t0 + EMU_SYNC_NS(ch)], compute, final_sync [t1 - 10, t1]. Returns the calls made. */
+static uint64_t emu_phases(emu_comm_t* c, void* kch, uint8_t ch, uint64_t t0, uint64_t t1) {
+  static const char* const names[3] = {"initial_sync", "compute", "final_sync"};
+  uint64_t ts[4] = {t0, t0 + EMU_SYNC_NS(ch), t1 - 10, t1};
+  uint64_t n = 0;
+  for (int i = 0; i < 3; i++) {
+    ncclProfilerEventDescr_v7_t d;
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileKernelPhase;
+    d.parentObj = kch;
+    d.rank = c->rank;
+    d.kernelPhase.channelId = ch;
+    d.kernelPhase.phaseId = (uint8_t)i;
+    d.kernelPhase.phaseName = names[i];
+    d.kernelPhase.pTimer = ts[i];
+    void* h = NULL;
+    c->emu->t7->startEvent(c->ctx, &h, &d);
+    ev_record(c->emu, h, ncclProfilerKernelPhaseStop, ts[i + 1]);
+    ev_stop(c->emu, h);
+    n += 1 + 2 * (h != NULL);
+  }
+  return n;
+}
+
 /* The proxy-thread part of one operation: KernelCh per channel, plus proxy ops across nodes. */
 static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64_t* calls) {
   struct emu* e = c->emu;
@@ -242,6 +267,8 @@ static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64
         d.kernelCh.channelId = (uint8_t)ch;
         d.kernelCh.pTimer = t0;
       });
+      if (e->version >= 7 && (mask & ncclProfileKernelPhase) && (op->flags & EMU_F_PHASES) && k != NULL)
+        n += emu_phases(c, k, (uint8_t)ch, t0, t1);
       ev_record(e, k, ncclProfilerKernelChStop, t1);
       ev_stop(e, k);
       n += 1 + 2 * (k != NULL);

@@ -113,7 +113,7 @@ typedef struct dccl_event_record_t {
   uint64_t cpu_end_ns;
   uint64_t record_seq;
   uint64_t user_tag;
-  uint64_t reserved2;
+  uint64_t sync_wait_ns;
 } dccl_event_record_t;
 _Static_assert(sizeof(dccl_event_record_t) == 128, "dccl_event_record_t size");
 

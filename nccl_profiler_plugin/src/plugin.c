@@ -216,7 +216,7 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
   uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
   uint32_t seen = 0;
-  uint64_t gmin = UINT64_MAX, gmax = 0;
+  uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
   int all_gpu = 1;
   for (uint64_t bits = m; bits; bits &= bits - 1) {
     const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
@@ -225,7 +225,9 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
     if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
     if (e->start_ptimer != 0 && e->start_ptimer < gmin) gmin = e->start_ptimer;
     if (e->stop_ptimer > gmax) gmax = e->stop_ptimer;
+    if (e->sync_ns > sync) sync = e->sync_ns;
   }
+  s->rec.sync_wait_ns = sync;
   dccl_event_record_t* r = &s->rec;
   r->channels_seen = (uint16_t)seen;
   r->gpu_start_ns = (gmin == UINT64_MAX) ? 0 : gmin;
@@ -383,13 +385,30 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
   dccl_kch_t* e = &s->ch[channelId];
   e->start_ptimer = pTimer;
   e->stop_ptimer = 0;
+  e->sync_start = 0;
+  e->sync_ns = 0;
   atomic_store_explicit(&e->gen, (uint32_t)DCCL_H_GEN(p), memory_order_release);
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
 }
 
+/* v7 KernelPhase, a child of a KernelCh fired before the KernelCh stops (profiler.cc:
+   profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
+   kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
+   its KernelPhaseStop state finds the channel entry. */
+static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
+  uint64_t p = (uint64_t)(uintptr_t)parentObj;
+  if (phaseId != 0 || p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return;
+  dccl_slot_t* s = handle_slot(p);
+  if (s == NULL || !handle_live(s, p)) return;
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(p)];
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
+  e->sync_start = pTimer;
+  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
+}
+
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE)                                 \
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_CASE)                     \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     dccl_ctx_t* ctx = (dccl_ctx_t*)context;                                                                  \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -409,6 +428,7 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
+      PHASE_CASE                                                                                             \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
       case ncclProfileCollApi:                                                                               \
@@ -419,7 +439,7 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
         break;                                                                                               \
       default:                                                                                               \
         /* ProxyOp (never dereferenced: under PXN its parentObj belongs to another process),             \
-           ProxyStep, ProxyCtrl, NetPlugin, CE events, v7 KernelPhase: not tracked. */                       \
+           ProxyStep, ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                       \
         break;                                                                                               \
     }                                                                                                        \
     return ncclSuccess;                                                                                      \
@@ -431,11 +451,16 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
              d->ceColl.root, (TAG));                                                                       \
     break;
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, )
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, )
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0))
+#define DCCL_PHASE_CASE                                                                                    \
+  case ncclProfileKernelPhase:                                                                             \
+    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);                     \
+    break;
+
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, , )
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, , )
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0), )
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
-                  DCCL_CE_CASE(d->ceColl.userTag))
+                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_CASE)
 
 static ncclResult_t dccl_stop(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
@@ -465,13 +490,18 @@ static ncclResult_t dccl_stop(void* eHandle) {
 static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eState,
                                       ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (DCCL_H_TAG(h) != DCCL_H_TAG_KCH || eState != ncclProfilerKernelChStop || args == NULL) return ncclSuccess;
+  uint32_t tag = DCCL_H_TAG(h);
+  int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
+  int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
+  if (!(kch_stop || sync_stop) || args == NULL) return ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL) return ncclSuccess;
   /* the channel entry's generation stamp decides: a late child never writes another op's timer */
   dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) == (uint32_t)DCCL_H_GEN(h))
-    e->stop_ptimer = args->kernelCh.pTimer;
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
+  uint64_t t = args->kernelCh.pTimer;
+  if (kch_stop) e->stop_ptimer = t;
+  else if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 

@@ -122,6 +122,7 @@ static int test_config_invalid(void) {
       {"DYNAMICCL_COLLECTOR", "tcp:host:0", 0},  {"DYNAMICCL_COLLECTOR", "tcp:127.0.0.1:9000", 1},
       {"DYNAMICCL_COLLECTOR", "unix:", 0},       {"DYNAMICCL_MIN_BYTES", "18446744073709551615", 1},
       {"DYNAMICCL_MIN_BYTES", "18446744073709551616", 0}, {"DYNAMICCL_STALE_MS", " 250 ", 1},
+      {"DYNAMICCL_EVENT_MASK", "32838", 1},      {"DYNAMICCL_EVENT_MASK", "65536", 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     err[0] = '\0';
@@ -825,11 +826,21 @@ static int test_v7_user_tag_and_symmetric(void) {
   d.kernelPhase.phaseId = 0;
   d.kernelPhase.phaseName = "initial_sync";
   d.kernelPhase.pTimer = 101;
-  void* ph = (void*)1;
+  void* ph = NULL;
   ncclProfiler_v7.startEvent(ctx, &ph, &d);
-  TEST_ASSERT(ph == NULL, "KernelPhase not tracked");
+  TEST_ASSERT(ph != NULL && ph != k, "initial_sync phase tracked");
   ncclProfilerEventStateArgs_v7_t a = {.kernelCh = {.pTimer = 150}};
-  ncclProfiler_v7.recordEventState(k, ncclProfilerKernelPhaseStop, &a); /* not a KernelCh stop: ignored */
+  ncclProfiler_v7.recordEventState(ph, ncclProfilerKernelPhaseStop, &a);
+  ncclProfiler_v7.stopEvent(ph); /* the phase's stop is not the channel's */
+  d.kernelPhase.phaseId = 1; /* compute: not kept */
+  d.kernelPhase.pTimer = 150;
+  void* ph1 = (void*)1;
+  ncclProfiler_v7.startEvent(ctx, &ph1, &d);
+  TEST_ASSERT(ph1 == NULL, "compute phase not tracked");
+  a.kernelCh.pTimer = 170;
+  ncclProfiler_v7.recordEventState(k, ncclProfilerKernelPhaseStop, &a); /* on the KernelCh handle: ignored */
+  dccl_event_record_t none[1];
+  TEST_ASSERT(ring_take(none, 1) == 0, "not complete before the KernelCh stop");
   a.kernelCh.pTimer = 200;
   ncclProfiler_v7.recordEventState(k, ncclProfilerKernelChStop, &a);
   ncclProfiler_v7.stopEvent(k);
@@ -838,6 +849,7 @@ static int test_v7_user_tag_and_symmetric(void) {
   TEST_ASSERT(out[0].user_tag == 0x1234567890ull && (out[0].flags & DCCL_FLAG_SYMMETRIC), "tag %llx flags %u",
               (unsigned long long)out[0].user_tag, out[0].flags);
   TEST_ASSERT(out[0].gpu_start_ns == 100 && out[0].gpu_end_ns == 200, "timing");
+  TEST_ASSERT(out[0].sync_wait_ns == 49, "initial_sync 101..150: %llu", (unsigned long long)out[0].sync_wait_ns);
   memset(&d, 0, sizeof d); /* P2p tag */
   d.type = ncclProfileP2p;
   d.p2p.func = "Send";

@@ -144,3 +144,19 @@ def test_copy_engine_collectives_counted(abi, run_scenario, collector_factory, s
     assert np.all(c["bytes"] == np.array([o["count"] * wf.DATATYPE_SIZES[o["datatype"]] for o in ce]))
     check_events(ev[ev["seq_number"] >= 100], normal, comm_hash=0xCE, rank=0, nranks=2, nnodes=1)
     assert res["stats"]["records_emitted"] == 50
+
+
+@pytest.mark.parametrize("abi", [6, 7])
+def test_kernel_phase_initial_sync(abi, run_scenario, collector_factory, sock_addr):
+    """v7 KernelPhase (mask bit 32768): each record carries its longest initial_sync phase (a rank's
+    wait for its peers). The emulator's channel c waits 100 + c ns; v6 has no phases: 0."""
+    col = collector_factory(sock_addr)
+    ops = make_ops(40, flags=FLAG["PHASES"])
+    res = run_scenario([
+        {"op": "init", "hash": 0x5C, "threads": 2}, {"op": "run", "ops": ops}, {"op": "sync"}, {"op": "finalize"},
+    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 32768)})
+    assert res["ok"], res
+    ev = col.events()
+    check_events(ev, ops, comm_hash=0x5C, rank=0, nranks=2, nnodes=1)
+    want = {op["seq_number"]: (100 + op["n_channels"] - 1 if abi == 7 else 0) for op in ops}
+    assert all(int(r["sync_wait_ns"]) == want[int(r["seq_number"])] for r in ev)
