@@ -54,3 +54,12 @@ def test_emulator_under_tsan(built):
     r = make(PLUGIN_DIR, "emu-tsan")
     assert r.returncode == 0 and "WARNING: ThreadSanitizer" not in r.stderr, r.stdout + r.stderr
     assert "records_emitted=20000" in r.stdout, r.stdout
+
+
+def test_emulator_under_asan_real_paths(built):
+    """ASan+UBSan builds of the plugin and the emulator: plain, CollNet (late children refused),
+    copy-engine and v7 KernelPhase runs, each with two threads, two communicators and the sender."""
+    r = make(PLUGIN_DIR, "emu-asan")
+    assert r.returncode == 0 and "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, \
+        r.stdout + r.stderr
+    assert r.stdout.count("records_emitted=20000") == 4, r.stdout
