@@ -9,7 +9,10 @@ from 8 B to 1 GiB. Configurations, alternated run by run (median over ``--reps``
 * ``no-config``:  ours, nothing applied (version 0: NCCL's choice stands);
 * ``typical``:    ours, a retuner-sized config (8 rules for AllReduce by size range, 2 others), every
   call matches a rule and forces a cell;
-* ``worst``:      ours, 256 rules (the maximum) for AllReduce, the matching one last.
+* ``worst``:      ours, 256 rules (the maximum) for AllReduce, the matching one last;
+* ``chained``:    ours, 256 AllReduce rules none of which matches, with ``DYNAMICCL_TUNER_CHAIN`` set to
+  the no-op tuner: every call scans, finds no rule and forwards to the chained tuner (issue 23's
+  "256 rules and a chained no-op tuner"; goal: at most 30 ns more than the no-op tuner alone).
 
 Runs are short and many because the VM is shared. Each run is timed twice: wall clock and the
 calling thread's CPU time (``CLOCK_THREAD_CPUTIME_ID``, which leaves out the time the thread was
@@ -17,11 +20,13 @@ descheduled by other processes); medians of both are printed, the CPU-time media
 
 Usage:  python benchmarks/tuner_getcollinfo.py [--reps 21] [--calls 200000] [--seed 0]
 Last line (machine-readable):  tuner_getcollinfo_ns=... tuner_noop_ns=... tuner_added_ns=... tuner_worst_ns=...
+tuner_chained_added_ns=... pass=0|1 (typical <= 50 ns and chained adds <= 30 ns)
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import random
 import statistics
 import subprocess
@@ -34,6 +39,7 @@ sys.path.insert(0, str(REPO))
 TUNER_DIR = REPO / "nccl_tuner_plugin"
 BUILD = TUNER_DIR / "test" / "build"
 GOAL_NS = 50.0
+CHAINED_GOAL_ADDED_NS = 30.0
 ALLREDUCE = 4
 
 from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs  # noqa: E402
@@ -53,6 +59,8 @@ def configs(kind: str) -> list[TunerConfig]:
         rules = [Rule("AllReduce", 1 << 62, (1 << 62) + i, "RING", "LL") for i in range(255)]
         rules.append(Rule("AllReduce", 0, (1 << 64) - 1, "RING", "SIMPLE", 4))
         return [TunerConfig(1, tuple(rules))]
+    if kind == "chained":   # 256 rules, none matching the benchmark's sizes (<= 1 GiB): all go to the chain
+        return [TunerConfig(1, tuple(Rule("AllReduce", 1 << 62, (1 << 62) + i, "RING", "LL") for i in range(256)))]
     return []
 
 
@@ -75,7 +83,7 @@ def main() -> int:
     # One private instance per configuration; the harness dlopens the same file, so it gets the same
     # instance (same globals) this process configured.
     plugins: dict[str, TunerPlugin] = {}
-    for kind in ("no-config", "typical", "worst"):
+    for kind in ("no-config", "typical", "worst", "chained"):
         p = TunerPlugin.private_copy(tmp_dir=tmp)
         conf = tmp / f"{kind}.conf"
         if configs(kind):
@@ -88,6 +96,11 @@ def main() -> int:
 
     def run(kind: str) -> tuple[float, float, int]:
         ns, cpu, chk = ctypes.c_double(), ctypes.c_double(), ctypes.c_uint64()
+        # read by the plugin's first init of the run (the harness inits and finalizes every run)
+        if kind == "chained":
+            os.environ["DYNAMICCL_TUNER_CHAIN"] = paths["noop"]
+        else:
+            os.environ.pop("DYNAMICCL_TUNER_CHAIN", None)
         if harness.dctb_getcollinfo(paths[kind].encode(), 0x1234, args.calls, sizes, len(sizes), ALLREDUCE,
                                     ctypes.byref(ns), ctypes.byref(cpu), ctypes.byref(chk)) != 0:
             raise RuntimeError(harness.dctb_error().decode())
@@ -110,6 +123,15 @@ def main() -> int:
         dec = "" if st is None else f"   decisions {st['decisions']:,}/{st['calls']:,}"
         print(f"  {k:>10}: {med[k]:6.1f} ns/call (thread CPU; wall {wmed[k]:6.1f}){extra}{dec}")
         print(f"  {'':>10}  CPU-time runs {' '.join('%.0f' % x for x in times[k])}")
+    chained_added = med["chained"] - med["noop"]
+    cs = (ctypes.c_uint64 * 3)()
+    plugins["chained"]._lib.dynamiccl_tuner_chain_stats(cs)
+    forwarded = cs[0] == plugins["chained"].stats()["calls"] > 0
+    print(f"chained: {cs[0]:,} calls forwarded to the chained tuner of {plugins['chained'].stats()['calls']:,}, "
+          f"{cs[1]} errors, {cs[2]} contexts refused")
+    ok_chain = forwarded and chained_added <= CHAINED_GOAL_ADDED_NS
+    print(f"chained (256 rules, no match, no-op chained tuner): +{chained_added:.1f} ns over the no-op tuner "
+          f"(goal <= {CHAINED_GOAL_ADDED_NS:.0f}: {'met' if ok_chain else 'NOT met'}); load {os.getloadavg()}")
     ok = med["typical"] <= GOAL_NS
     print(f"typical config: {med['typical']:.1f} ns/call (goal <= {GOAL_NS:.0f}: {'met' if ok else 'NOT met'}), "
           f"{med['typical'] / med['noop']:.2f}x the no-op tuner")
@@ -117,7 +139,9 @@ def main() -> int:
         p.close()
     print(f"tuner_getcollinfo_ns={med['typical']:.1f} tuner_noop_ns={med['noop']:.1f} "
           f"tuner_added_ns={med['typical'] - med['noop']:.1f} tuner_noconfig_ns={med['no-config']:.1f} "
-          f"tuner_worst_ns={med['worst']:.1f} tuner_getcollinfo_wall_ns={wmed['typical']:.1f}")
+          f"tuner_worst_ns={med['worst']:.1f} tuner_getcollinfo_wall_ns={wmed['typical']:.1f} "
+          f"tuner_chained_ns={med['chained']:.1f} tuner_chained_added_ns={chained_added:.1f} "
+          f"pass={int(ok and ok_chain)}")
     return 0
 
 

@@ -54,6 +54,9 @@ class EventFlags:
     """Bits of the COLL/P2P record's ``flags`` field."""
     STALE = 1  # emitted by the plugin's stale-slot reaper or at finalize: KernelCh children were
                # lost; timing_source is NONE and gpu_*/channels_seen hold what had been seen
+    SYMMETRIC = 2  # profiler v7 (NCCL 2.31+): a symmetric-memory kernel ran it (coll.isSymColl)
+    COPY_ENGINE = 4  # a copy-engine collective (v6+ CeColl event, only with DYNAMICCL_EVENT_MASK bit 4096):
+                     # counted and enqueue-timed only (timing NONE, algo/proto UNKNOWN)
 
 
 # Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6); the
@@ -81,7 +84,9 @@ EVENT_DTYPE = np.dtype([
     ("gpu_end_ns", "<u8"),    # last KernelCh stop pTimer, 0 if none
     ("cpu_end_ns", "<u8"),    # host CLOCK_REALTIME when the last KernelCh stopped, 0 if none
     ("record_seq", "<u8"),
-    ("reserved1", "<u8"), ("reserved2", "<u8"),
+    ("user_tag", "<u8"),      # profiler v7 (NCCL 2.31+): the call's userProfilerTag; 0 untagged/older NCCL
+    ("sync_wait_ns", "<u8"),  # profiler v7 with KernelPhase in the mask: the longest initial_sync phase over the
+                              # channels (GPU ns; the rank's wait for its peers in a symmetric kernel), 0 if none
 ])
 
 COMM_DTYPE = np.dtype([
@@ -152,6 +157,8 @@ def c_header() -> str:
         *(f"#define DCCL_KIND_{k} {getattr(Kind, k)}" for k in ("COLL", "P2P", "COMM", "PROCESS", "STATS")),
         *(f"#define DCCL_TIMING_{k} {getattr(TimingSource, k)}" for k in ("NONE", "KERNEL_GPU", "KERNEL_CPU")),
         "#define DCCL_FLAG_STALE " + str(EventFlags.STALE),
+        "#define DCCL_FLAG_SYMMETRIC " + str(EventFlags.SYMMETRIC),
+        "#define DCCL_FLAG_COPY_ENGINE " + str(EventFlags.COPY_ENGINE),
         "",
         _c_enum("FUNC", FUNCS), _c_enum("DTYPE", DATATYPES),
         "static const uint8_t dccl_dtype_sizes[] = {" + ", ".join(map(str, DATATYPE_SIZES)) + "};",

@@ -32,7 +32,7 @@ assert EMU_OP_DTYPE.itemsize == 64
 FLAGS = {
     "NULL_PARENT": 0x1, "NULL_KCH_PARENT": 0x2, "NO_KERNEL": 0x4,
     "CROSS_NODE": 0x8, "PXN": 0x10, "NO_GPU_TIMER": 0x20,
-    "COLLNET": 0x40, "TAGGED": 0x80, "SYMMETRIC": 0x100,
+    "COLLNET": 0x40, "TAGGED": 0x80, "SYMMETRIC": 0x100, "CE": 0x200, "PHASES": 0x400,
 }
 
 

@@ -1,6 +1,6 @@
 /* emulate: replay NCCL's profiler call sequence against a plugin and time it.
  *
- *   emulate PLUGIN.so [--abi 4|5|6|7] [--colls N] [--warmup N] [--threads 1|2] [--comms K]
+ *   emulate PLUGIN.so [--abi 4|5|6|7] [--flags EMU_F_*] [--colls N] [--warmup N] [--threads 1|2] [--comms K]
  *                     [--channels C] [--count ELEMS] [--reps R]
  *
  * Eager AllReduce (float32, RING/SIMPLE), one Coll + C KernelCh per operation, split
@@ -30,7 +30,7 @@ static int cmp_double(const void* a, const void* b) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: emulate PLUGIN.so [--abi 4|5|6|7] [--colls N] [--warmup N] [--threads 1|2] [--comms K]\n"
+          "usage: emulate PLUGIN.so [--abi 4|5|6|7] [--flags EMU_F_*] [--colls N] [--warmup N] [--threads 1|2] [--comms K]\n"
           "                         [--channels C] [--count ELEMS] [--reps R]\n");
 }
 
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   int abi = 6, threads = 1, k = 1, channels = 8, reps = 1;
   long colls = 200000, warmup = 20000;
   unsigned long long count = 1 << 20;
+  unsigned flags = 0; /* emu_coll_t.flags of every operation (e.g. 0x400: v7 KernelPhase children) */
   for (int i = 2; i < argc; i++) {
     const char* a = argv[i];
     const char* v = (i + 1 < argc) ? argv[i + 1] : NULL;
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "--channels")) channels = atoi(v);
     else if (!strcmp(a, "--count")) count = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--reps")) reps = atoi(v);
+    else if (!strcmp(a, "--flags")) flags = (unsigned)strtoul(v, NULL, 0);
     else {
       usage();
       return 2;
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
   for (int j = 0; j < BATCH; j++) {
     ops[j] = (emu_coll_t){.func = DCCL_FUNC_ALLREDUCE, .datatype = DCCL_DTYPE_NCCLFLOAT32, .algo = DCCL_ALGO_RING,
                           .proto = DCCL_PROTO_SIMPLE, .n_channels = channels, .n_warps = 16, .root = 0,
-                          .count = count};
+                          .count = count, .flags = flags};
   }
   if (warmup > 0) run(e, comms, k, ops, warmup, seq);
   uint64_t calls0 = emu_plugin_calls(e);

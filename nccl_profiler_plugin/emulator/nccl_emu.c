@@ -112,75 +112,34 @@ static inline const char* s_proto(int c) {
 /* ------------------------------------------------------------------------------------------ */
 /* plugin calls, one descriptor type per ABI version (zero-initialised, as NCCL does)           */
 
-#define EMU_START(c, hp, TYPE, PARENT, FILL)                                 \
+/* One start through version V's descriptor and table. */
+#define EMU_START_V(V, TYPE_T, c, hp, TYPE, PARENT, FILL)                    \
   do {                                                                       \
-    struct emu* e_ = (c)->emu;                                               \
-    *(hp) = NULL;                                                            \
-    if (e_->version == 4) {                                                  \
-      ncclProfilerEventDescr_v4_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (uint8_t)(TYPE);                                              \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t4->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 5) {                                           \
-      ncclProfilerEventDescr_v5_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t5->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 6) {                                           \
-      ncclProfilerEventDescr_v6_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t6->startEvent((c)->ctx, (hp), &d);                                \
-    } else {                                                                 \
-      ncclProfilerEventDescr_v7_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t7->startEvent((c)->ctx, (hp), &d);                                \
-    }                                                                        \
+    ncclProfilerEventDescr_v##V##_t d;                                       \
+    memset(&d, 0, sizeof d);                                                 \
+    d.type = (TYPE_T)(TYPE);                                                 \
+    d.parentObj = (PARENT);                                                  \
+    d.rank = (c)->rank;                                                      \
+    FILL;                                                                    \
+    (c)->emu->t##V->startEvent((c)->ctx, (hp), &d);                          \
   } while (0)
 
-/* v5+ events (API level). */
+/* v5+ events (API level): nothing on v4. */
 #define EMU_START56(c, hp, TYPE, PARENT, FILL)                               \
   do {                                                                       \
-    struct emu* e_ = (c)->emu;                                               \
+    int v_ = (c)->emu->version;                                              \
     *(hp) = NULL;                                                            \
-    if (e_->version == 5) {                                                  \
-      ncclProfilerEventDescr_v5_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t5->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 6) {                                           \
-      ncclProfilerEventDescr_v6_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t6->startEvent((c)->ctx, (hp), &d);                                \
-    } else if (e_->version == 7) {                                           \
-      ncclProfilerEventDescr_v7_t d;                                         \
-      memset(&d, 0, sizeof d);                                               \
-      d.type = (TYPE);                                                       \
-      d.parentObj = (PARENT);                                                \
-      d.rank = (c)->rank;                                                    \
-      FILL;                                                                  \
-      e_->t7->startEvent((c)->ctx, (hp), &d);                                \
-    }                                                                        \
+    if (v_ == 5) EMU_START_V(5, uint64_t, c, hp, TYPE, PARENT, FILL);        \
+    else if (v_ == 6) EMU_START_V(6, uint64_t, c, hp, TYPE, PARENT, FILL);   \
+    else if (v_ == 7) EMU_START_V(7, uint64_t, c, hp, TYPE, PARENT, FILL);   \
+  } while (0)
+
+/* Events of every version (v4's type is 8 bits). */
+#define EMU_START(c, hp, TYPE, PARENT, FILL)                                 \
+  do {                                                                       \
+    *(hp) = NULL;                                                            \
+    if ((c)->emu->version == 4) EMU_START_V(4, uint8_t, c, hp, TYPE, PARENT, FILL); \
+    else EMU_START56(c, hp, TYPE, PARENT, FILL);                             \
   } while (0)
 
 static inline void ev_stop(const struct emu* e, void* h) {
@@ -210,7 +169,45 @@ static inline void ev_record(const struct emu* e, void* h, ncclProfilerEventStat
     e->t7->recordEventState(h, st, &a);
 }
 
+/* The ceColl member exists in v6 and v7 only; EMU_START56 expands FILL for v5 too, so the fill
+   goes through the v6 layout, whose ceColl prefix v7 keeps. */
+#define EMU_CE_FILL(d, op) emu_ce_fill(&(d).type, (op))
+static inline void emu_ce_fill(void* descr, const emu_coll_t* op) {
+  ncclProfilerEventDescr_v6_t* d = descr;
+  d->ceColl.seqNumber = op->seq_number;
+  d->ceColl.func = s_func(op->func);
+  d->ceColl.count = op->count;
+  d->ceColl.root = op->root;
+  d->ceColl.datatype = s_dtype(op->datatype);
+  d->ceColl.syncStrategy = "UC";
+}
+
 static inline int is_p2p(const emu_coll_t* op) { return op->func == DCCL_FUNC_SEND || op->func == DCCL_FUNC_RECV; }
+
+/* v7 KernelPhase children of one KernelCh, fired before its stop (NCCL 2.31 profiler thread):
+   initial_sync [t0, t0 + EMU_SYNC_NS(ch)], compute, final_sync [t1 - 10, t1]. Returns the calls made. */
+static uint64_t emu_phases(emu_comm_t* c, void* kch, uint8_t ch, uint64_t t0, uint64_t t1) {
+  static const char* const names[3] = {"initial_sync", "compute", "final_sync"};
+  uint64_t ts[4] = {t0, t0 + EMU_SYNC_NS(ch), t1 - 10, t1};
+  uint64_t n = 0;
+  for (int i = 0; i < 3; i++) {
+    ncclProfilerEventDescr_v7_t d;
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileKernelPhase;
+    d.parentObj = kch;
+    d.rank = c->rank;
+    d.kernelPhase.channelId = ch;
+    d.kernelPhase.phaseId = (uint8_t)i;
+    d.kernelPhase.phaseName = names[i];
+    d.kernelPhase.pTimer = ts[i];
+    void* h = NULL;
+    c->emu->t7->startEvent(c->ctx, &h, &d);
+    ev_record(c->emu, h, ncclProfilerKernelPhaseStop, ts[i + 1]);
+    ev_stop(c->emu, h);
+    n += 1 + 2 * (h != NULL);
+  }
+  return n;
+}
 
 /* The proxy-thread part of one operation: KernelCh per channel, plus proxy ops across nodes. */
 static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64_t* calls) {
@@ -259,6 +256,7 @@ static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64
       n += 1 + (pop != NULL);
     }
   }
+  if ((op->flags & EMU_F_CE) && e->version >= 6) nch = 0; /* copy engines: no kernel, no proxy */
   if ((mask & ncclProfileKernelCh) && !(op->flags & EMU_F_NO_KERNEL)) {
     int gpu = !(op->flags & EMU_F_NO_GPU_TIMER);
     for (int ch = 0; ch < nch; ch++) {
@@ -269,6 +267,8 @@ static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64
         d.kernelCh.channelId = (uint8_t)ch;
         d.kernelCh.pTimer = t0;
       });
+      if (e->version >= 7 && (mask & ncclProfileKernelPhase) && (op->flags & EMU_F_PHASES) && k != NULL)
+        n += emu_phases(c, k, (uint8_t)ch, t0, t1);
       ev_record(e, k, ncclProfilerKernelChStop, t1);
       ev_stop(e, k);
       n += 1 + 2 * (k != NULL);
@@ -325,7 +325,17 @@ static void* replay_app(emu_comm_t* c, const emu_coll_t* op) {
     n++;
   }
   void* parent = (op->flags & EMU_F_NULL_PARENT) ? NULL : (e->version >= 5 ? api : group);
-  if (mask & (opBit | childBits)) {
+  int ce = (op->flags & EMU_F_CE) && e->version >= 6;
+  if (ce) { /* ncclLaunchCeColl: CeColl around the host-side launch, no Coll, no kernel */
+    if (mask & (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)) {
+      EMU_START56(c, &coll, ncclProfileCeColl, parent, {
+        if (e->version >= 6) EMU_CE_FILL(d, op);
+      });
+      ev_stop(e, coll);
+      n += 1 + (coll != NULL);
+    }
+    coll = NULL; /* nothing for the proxy side */
+  } else if (mask & (opBit | childBits)) {
     if (p2p) {
       EMU_START(c, &coll, ncclProfileP2p, parent, {
         d.p2p.func = s_func(op->func);

@@ -36,6 +36,9 @@ extern "C" {
 #define EMU_F_COLLNET 0x40       /* CollNet/multi-node NVLS: Coll reports nChannels = 0, KernelCh still come */
 #define EMU_F_TAGGED 0x80        /* v7: coll.userTag = EMU_USER_TAG(op) (else 0, untagged) */
 #define EMU_F_SYMMETRIC 0x100    /* v7: isSymColl = 1, kernelVariant "sym" */
+#define EMU_F_CE 0x200           /* v6+: a copy-engine collective (CeColl event, no Coll, no kernel) */
+#define EMU_F_PHASES 0x400       /* v7 with KernelPhase in the mask: 3 phases per KernelCh */
+#define EMU_SYNC_NS(ch) (100u + (ch)) /* initial_sync length of channel ch with EMU_F_PHASES */
 #define EMU_USER_TAG(op) (0x5400000000000000ull | (op)->seq_number)
 
 /* One operation. Codes are the wire-format enums (DCCL_FUNC_*, DCCL_DTYPE_*, ...); a code out of

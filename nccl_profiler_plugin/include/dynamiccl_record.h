@@ -19,6 +19,8 @@
 #define DCCL_TIMING_KERNEL_GPU 1
 #define DCCL_TIMING_KERNEL_CPU 2
 #define DCCL_FLAG_STALE 1
+#define DCCL_FLAG_SYMMETRIC 2
+#define DCCL_FLAG_COPY_ENGINE 4
 
 enum {
   DCCL_FUNC_ALLGATHER = 0,
@@ -110,8 +112,8 @@ typedef struct dccl_event_record_t {
   uint64_t gpu_end_ns;
   uint64_t cpu_end_ns;
   uint64_t record_seq;
-  uint64_t reserved1;
-  uint64_t reserved2;
+  uint64_t user_tag;
+  uint64_t sync_wait_ns;
 } dccl_event_record_t;
 _Static_assert(sizeof(dccl_event_record_t) == 128, "dccl_event_record_t size");
 

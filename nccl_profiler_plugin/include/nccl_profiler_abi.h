@@ -103,6 +103,16 @@ typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v6_t;
 typedef ncclProfilerEventStateArgs_v4_t ncclProfilerEventStateArgs_v7_t;
 
 /* ---- union members shared by several versions ---- */
+/* The head of the coll and ceColl descriptors (every version). */
+#define DCCL_ABI_COLL_HEAD_ \
+  uint64_t seqNumber;       \
+  const char* func;         \
+  void const* sendBuff;     \
+  void* recvBuff;           \
+  size_t count;             \
+  int root;                 \
+  const char* datatype;
+
 #define DCCL_ABI_PROXY_MEMBERS_                                                                                   \
   struct {                                                                                                         \
     ncclPid_t pid;     /* originating process (PXN: may be another process) */                                     \
@@ -129,13 +139,7 @@ typedef struct {
   int rank;
   union {
     struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
+      DCCL_ABI_COLL_HEAD_
       uint8_t nChannels;
       uint8_t nWarps;
       const char* algo;
@@ -164,8 +168,9 @@ typedef struct {
   ncclResult_t (*finalize)(void* context);
 } ncclProfiler_v4_t;
 
-/* ---- v5 (NCCL 2.28) and v6 (NCCL 2.29+) ---- */
-#define DCCL_ABI_V5_MEMBERS_                                                                                      \
+/* ---- v5 (NCCL 2.28), v6 (NCCL 2.29+), v7 (2.31+) ----
+   The API/op members, with a tail each that v7 appends (empty before v7). */
+#define DCCL_ABI_API_OP_MEMBERS_(COLLAPI_TAIL, P2PAPI_TAIL, COLL_TAIL, P2P_TAIL)                                 \
   struct {                                                                                                         \
     bool graphCaptured;                                                                                            \
     int groupDepth;                                                                                                \
@@ -177,6 +182,7 @@ typedef struct {
     int root;                                                                                                      \
     void* stream;                                                                                                  \
     bool graphCaptured;                                                                                            \
+    COLLAPI_TAIL                                                                                                   \
   } collApi;                                                                                                       \
   struct {                                                                                                         \
     const char* func;                                                                                              \
@@ -184,21 +190,17 @@ typedef struct {
     const char* datatype;                                                                                          \
     void* stream;                                                                                                  \
     bool graphCaptured;                                                                                            \
+    P2PAPI_TAIL                                                                                                    \
   } p2pApi;                                                                                                        \
   struct { void* stream; } kernelLaunch;                                                                           \
   struct {                                                                                                         \
-    uint64_t seqNumber;                                                                                            \
-    const char* func;                                                                                              \
-    void const* sendBuff;                                                                                          \
-    void* recvBuff;                                                                                                \
-    size_t count;                                                                                                  \
-    int root;                                                                                                      \
-    const char* datatype;                                                                                          \
+    DCCL_ABI_COLL_HEAD_                                                                                            \
     uint8_t nChannels;                                                                                             \
     uint8_t nWarps;                                                                                                \
     const char* algo;                                                                                              \
     const char* proto;                                                                                             \
     void* parentGroup; /* legacy (v4) parent */                                                                    \
+    COLL_TAIL                                                                                                      \
   } coll;                                                                                                          \
   struct {                                                                                                         \
     const char* func;                                                                                              \
@@ -208,8 +210,33 @@ typedef struct {
     int peer;                                                                                                      \
     uint8_t nChannels;                                                                                             \
     void* parentGroup;                                                                                             \
+    P2P_TAIL                                                                                                       \
   } p2p;                                                                                                           \
   DCCL_ABI_PROXY_MEMBERS_
+
+#define DCCL_ABI_V5_MEMBERS_ DCCL_ABI_API_OP_MEMBERS_(, , , )
+
+/* v6 copy-engine members; v7 appends CECOLL_TAIL to ceColl. */
+#define DCCL_ABI_CE_MEMBERS_(CECOLL_TAIL)                                                                         \
+  struct {                                                                                                         \
+    DCCL_ABI_COLL_HEAD_                                                                                            \
+    const char* syncStrategy; /* "MC" / "UC" */                                                                    \
+    bool intraBatchSync;                                                                                           \
+    uint32_t batchSize;                                                                                            \
+    uint32_t numBatches;                                                                                           \
+    uint32_t ceSeqNum;                                                                                             \
+    void* stream;                                                                                                  \
+    CECOLL_TAIL                                                                                                    \
+  } ceColl;                                                                                                        \
+  struct {                                                                                                         \
+    bool isComplete;                                                                                               \
+    int nRanks;                                                                                                    \
+  } ceCollSync;                                                                                                    \
+  struct {                                                                                                         \
+    int numOps;                                                                                                    \
+    size_t totalBytes;                                                                                             \
+    bool useIntraSync;                                                                                             \
+  } ceCollBatch;
 
 typedef struct {
   uint64_t type;
@@ -226,54 +253,26 @@ typedef struct {
   int rank;
   union {
     DCCL_ABI_V5_MEMBERS_
-    struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      const char* syncStrategy; /* "MC" / "UC" */
-      bool intraBatchSync;
-      uint32_t batchSize;
-      uint32_t numBatches;
-      uint32_t ceSeqNum;
-      void* stream;
-    } ceColl;
-    struct {
-      bool isComplete;
-      int nRanks;
-    } ceCollSync;
-    struct {
-      int numOps;
-      size_t totalBytes;
-      bool useIntraSync;
-    } ceCollBatch;
+    DCCL_ABI_CE_MEMBERS_()
   };
 } ncclProfilerEventDescr_v6_t;
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v5_t* eDescr);
-  ncclResult_t (*stopEvent)(void* eHandle);
-  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v5_t eState,
-                                   ncclProfilerEventStateArgs_v5_t* eStateArgs);
-  ncclResult_t (*finalize)(void* context);
-} ncclProfiler_v5_t;
+/* v5, v6 and v7 function tables: the same functions over each version's types. */
+#define DCCL_PROFILER_TABLE_(V)                                                                                   \
+  struct {                                                                                                         \
+    const char* name;                                                                                              \
+    ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,  \
+                         int nranks, int rank, ncclDebugLogger_t logfn);                                           \
+    ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v##V##_t* eDescr);            \
+    ncclResult_t (*stopEvent)(void* eHandle);                                                                      \
+    ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v##V##_t eState,                        \
+                                     ncclProfilerEventStateArgs_v##V##_t* eStateArgs);                             \
+    ncclResult_t (*finalize)(void* context);                                                                       \
+  }
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v6_t* eDescr);
-  ncclResult_t (*stopEvent)(void* eHandle);
-  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v6_t eState,
-                                   ncclProfilerEventStateArgs_v6_t* eStateArgs);
-  ncclResult_t (*finalize)(void* context);
-} ncclProfiler_v6_t;
+typedef DCCL_PROFILER_TABLE_(5) ncclProfiler_v5_t;
+
+typedef DCCL_PROFILER_TABLE_(6) ncclProfiler_v6_t;
 
 /* ---- v7 (NCCL 2.31+) ---- */
 typedef struct {
@@ -281,81 +280,10 @@ typedef struct {
   void* parentObj;
   int rank;
   union {
-    struct {
-      bool graphCaptured;
-      int groupDepth;
-    } groupApi;
-    struct {
-      const char* func;
-      size_t count;
-      const char* datatype;
-      int root;
-      void* stream;
-      bool graphCaptured;
-      uint64_t userTag; /* per-call user tag (0: untagged; MSB set: reserved by NCCL) */
-    } collApi;
-    struct {
-      const char* func;
-      size_t count;
-      const char* datatype;
-      void* stream;
-      bool graphCaptured;
-      uint64_t userTag;
-    } p2pApi;
-    struct { void* stream; } kernelLaunch;
-    struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      uint8_t nChannels;
-      uint8_t nWarps;
-      const char* algo;
-      const char* proto;
-      void* parentGroup;
-      const char* kernelVariant;
-      bool isSymColl;
-      uint64_t userTag;
-    } coll;
-    struct {
-      const char* func;
-      void* buff;
-      const char* datatype;
-      size_t count;
-      int peer;
-      uint8_t nChannels;
-      void* parentGroup;
-      uint64_t userTag;
-    } p2p;
-    DCCL_ABI_PROXY_MEMBERS_
-    struct {
-      uint64_t seqNumber;
-      const char* func;
-      void const* sendBuff;
-      void* recvBuff;
-      size_t count;
-      int root;
-      const char* datatype;
-      const char* syncStrategy;
-      bool intraBatchSync;
-      uint32_t batchSize;
-      uint32_t numBatches;
-      uint32_t ceSeqNum;
-      void* stream;
-      uint64_t userTag;
-    } ceColl;
-    struct {
-      bool isComplete;
-      int nRanks;
-    } ceCollSync;
-    struct {
-      int numOps;
-      size_t totalBytes;
-      bool useIntraSync;
-    } ceCollBatch;
+    /* userTag: the call's user tag (0 untagged; MSB set: reserved by NCCL) */
+    DCCL_ABI_API_OP_MEMBERS_(uint64_t userTag;, uint64_t userTag;,
+                             const char* kernelVariant; bool isSymColl; uint64_t userTag;, uint64_t userTag;)
+    DCCL_ABI_CE_MEMBERS_(uint64_t userTag;)
     struct {
       uint8_t channelId;
       uint8_t phaseId; /* 0 initial_sync, 1 compute, 2 final_sync */
@@ -365,16 +293,7 @@ typedef struct {
   };
 } ncclProfilerEventDescr_v7_t;
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask, const char* commName, int nNodes,
-                       int nranks, int rank, ncclDebugLogger_t logfn);
-  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v7_t* eDescr);
-  ncclResult_t (*stopEvent)(void* eHandle);
-  ncclResult_t (*recordEventState)(void* eHandle, ncclProfilerEventState_v7_t eState,
-                                   ncclProfilerEventStateArgs_v7_t* eStateArgs);
-  ncclResult_t (*finalize)(void* context);
-} ncclProfiler_v7_t;
+typedef DCCL_PROFILER_TABLE_(7) ncclProfiler_v7_t;
 
 /* The union starts at the same offset in every version; the plugin relies on it only through
    these checks (each version still has its own entry points). */

@@ -32,7 +32,7 @@
 #define DCCL_MAX_FLUSH_MS 60000
 #define DCCL_MAX_STALE_MS (24 * 3600 * 1000)
 #define DCCL_MAX_SAMPLE 1000000000
-#define DCCL_EVENT_MASK_ALL ((1 << 15) - 1)
+#define DCCL_EVENT_MASK_ALL ((1 << 16) - 1) /* through v7's KernelPhase (1 << 15) */
 #define DCCL_ADDR_MAX 256
 
 /* ---- background sender timing ---- */
@@ -68,6 +68,8 @@ struct dccl_slot;
 typedef struct dccl_kch {
   uint64_t start_ptimer;
   uint64_t stop_ptimer;
+  uint64_t sync_start;        /* v7 KernelPhase initial_sync start pTimer (0: none) */
+  uint64_t sync_ns;           /* its duration once stopped (0: none) */
   _Atomic uint32_t gen;
   uint32_t pad_;
 } dccl_kch_t;
@@ -96,7 +98,7 @@ typedef struct dccl_slot {
      bits 0-1 tag | 2-7 channel | 8-19 ctx index | 20-39 slot index | 40-63 generation */
 #define DCCL_H_TAG_SLOT 1u
 #define DCCL_H_TAG_KCH 2u
-#define DCCL_H_TAG_DUMMY 3u
+#define DCCL_H_TAG_DUMMY 3u /* alone: an untracked parent; with a KernelCh payload: its initial_sync phase */
 #define DCCL_H_CTX_BITS 12
 #define DCCL_MAX_CTX (1u << DCCL_H_CTX_BITS) /* live + recently finalized communicators */
 #define DCCL_H_GEN_MASK ((1ull << 24) - 1)
@@ -191,7 +193,7 @@ extern dccl_global_t dccl_g;
 extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
 uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME: record timestamps */
-uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC: ages (a clock step never reaps) */
+uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC_COARSE: slot ages (a clock step never reaps) */
 uint64_t dccl_monotonic_ms(void);
 void dccl_stats_snapshot(dccl_stats_record_t* out);
 /* Reap slots armed more than stale_ns before mono_now_ns (stale_ns 0: every busy slot). Caller

@@ -128,16 +128,25 @@ static int ctx_index_alloc(void) {
   return -1;
 }
 
-/* Free retired communicators whose grace is over (all of them when `all`). Caller holds lifecycle. */
-static void retired_sweep(int all) {
-  uint64_t now = dccl_monotonic_ms();
+/* Retired communicators: their slot pools go once the late-stop grace is over (a handle reaches a
+   pool only through the table entry cleared at finalize, so only a stop already past that load can
+   still touch it), the small rest once announced or DCCL_GRAVE_MAX_MS old; everything when `all`.
+   Caller holds lifecycle. */
+static void retired_sweep(uint64_t now, int all) {
   dccl_ctx_t* doomed = NULL;
+  dccl_slot_t* pools[64];
+  int npools = 0;
   pthread_mutex_lock(&dccl_g.registry);
   for (dccl_ctx_t** p = &dccl_g.ctxs; *p;) {
     dccl_ctx_t* c = *p;
     uint64_t age = c->dead_ms ? now - c->dead_ms : 0;
-    int expired = c->dead_ms && (all || (age >= DCCL_GRAVE_MIN_MS && (c->announced_conn != 0 || age >= DCCL_GRAVE_MAX_MS)));
-    if (!expired) {
+    int graced = c->dead_ms && (all || age >= DCCL_GRAVE_MIN_MS);
+    if (graced && c->slots != NULL && npools < 64) { /* the reaper then sees an empty pool */
+      pools[npools++] = c->slots;
+      c->slots = NULL;
+      c->pool_size = 0;
+    }
+    if (!(graced && (all || c->announced_conn != 0 || age >= DCCL_GRAVE_MAX_MS))) {
       p = &c->next;
       continue;
     }
@@ -146,6 +155,7 @@ static void retired_sweep(int all) {
     doomed = c;
   }
   pthread_mutex_unlock(&dccl_g.registry);
+  while (npools > 0) free(pools[--npools]);
   while (doomed) {
     dccl_ctx_t* n = doomed->next;
     ctx_free(doomed);
@@ -165,7 +175,7 @@ ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eAc
   *context = NULL;
   pthread_mutex_lock(&dccl_g.lifecycle);
   if (logfn) dccl_g.logfn = logfn;
-  retired_sweep(0);
+  retired_sweep(dccl_monotonic_ms(), 0);
   dccl_config_t cfg;
   char err[512];
   ncclResult_t rc = ncclSuccess;
@@ -255,7 +265,7 @@ ncclResult_t dccl_finalize(void* context) {
     dccl_ring_free(&dccl_g.ring);
     dccl_tuner_unlink();
   }
-  retired_sweep(last);
+  retired_sweep(dccl_monotonic_ms(), last);
   pthread_mutex_unlock(&dccl_g.lifecycle);
   return ncclSuccess;
 }

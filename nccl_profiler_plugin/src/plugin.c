@@ -51,9 +51,11 @@ uint64_t dccl_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Slot ages only need to beat DYNAMICCL_STALE_MS (>= 1 ms): the coarse clock (a few ms of
+   resolution, no TSC read) is enough and cheaper on the hot path. */
 uint64_t dccl_monotonic_ns(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -214,7 +216,7 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
   uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
   uint32_t seen = 0;
-  uint64_t gmin = UINT64_MAX, gmax = 0;
+  uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
   int all_gpu = 1;
   for (uint64_t bits = m; bits; bits &= bits - 1) {
     const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
@@ -223,7 +225,9 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
     if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
     if (e->start_ptimer != 0 && e->start_ptimer < gmin) gmin = e->start_ptimer;
     if (e->stop_ptimer > gmax) gmax = e->stop_ptimer;
+    if (e->sync_ns > sync) sync = e->sync_ns;
   }
+  s->rec.sync_wait_ns = sync;
   dccl_event_record_t* r = &s->rec;
   r->channels_seen = (uint16_t)seen;
   r->gpu_start_ns = (gmin == UINT64_MAX) ? 0 : gmin;
@@ -280,7 +284,8 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
    stops this operation will get (0: it completes at its stopEvent). */
 static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
                             const char* datatype, size_t count, int root, uint8_t nChannels, uint8_t nWarps,
-                            const char* algo, const char* proto, uint32_t children) {
+                            const char* algo, const char* proto, uint32_t children, uint64_t user_tag,
+                            uint16_t flags) {
   uint8_t dt = MAP_DTYPE(datatype);
   uint64_t bytes = (uint64_t)count * (dt < DCCL_DTYPE_COUNT ? dccl_dtype_sizes[dt] : 0);
   if (bytes < ctx->min_bytes) return;
@@ -316,6 +321,8 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
       .count = count,
       .bytes = bytes,
       .enqueue_ns = now,
+      .flags = flags,
+      .user_tag = user_tag,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   atomic_store_explicit(&s->stopped, 0, memory_order_relaxed);
@@ -333,13 +340,14 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
    children, finding a finished generation, are dropped and counted. */
 static inline void start_coll(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                               size_t count, int root, uint8_t nCh, uint8_t nWarps, const char* algo,
-                              const char* proto) {
+                              const char* proto, uint64_t user_tag, int sym) {
   if (!(ctx->record_mask & ncclProfileColl)) return;
-  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh);
+  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh, user_tag,
+           sym ? DCCL_FLAG_SYMMETRIC : 0);
 }
 
 static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, const char* dtype, size_t count,
-                             int peer, uint8_t nCh) {
+                             int peer, uint8_t nCh, uint64_t user_tag) {
   if (!(ctx->record_mask & ncclProfileP2p)) return;
   /* No seqNumber for P2P in the ABI: use the ordinal of this (send|recv, peer) pair on this
      rank, so Send #k from a to b pairs with Recv #k at b from a. */
@@ -353,7 +361,16 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
   /* A send/recv to self has no proxy ops, hence no KernelCh children, though nChannels >= 1
      (enqueue.cc: addP2pToPlan, nProxyOps = selfSend ? 0 : 2): it completes at its stopEvent. */
   uint32_t children = peer == ctx->rank ? 0 : nCh;
-  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children);
+  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0);
+}
+
+/* A copy-engine collective (v6+, ncclLaunchCeColl): NCCL starts and stops its CeColl event around
+   the host-side launch and runs no kernel, so the record is counted and enqueue-timed only. */
+static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
+                            size_t count, int root, uint64_t user_tag) {
+  if (!(ctx->record_mask & ncclProfileCeColl)) return;
+  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
+           DCCL_FLAG_COPY_ENGINE);
 }
 
 static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId, uint64_t pTimer) {
@@ -368,12 +385,30 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
   dccl_kch_t* e = &s->ch[channelId];
   e->start_ptimer = pTimer;
   e->stop_ptimer = 0;
+  e->sync_start = 0;
+  e->sync_ns = 0;
   atomic_store_explicit(&e->gen, (uint32_t)DCCL_H_GEN(p), memory_order_release);
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
 }
 
-/* One startEvent per ABI version; the member names used are the same in all of them. */
-#define DCCL_DEFINE_START(fn, descr_t)                                                                       \
+/* v7 KernelPhase, a child of a KernelCh fired before the KernelCh stops (profiler.cc:
+   profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
+   kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
+   its KernelPhaseStop state finds the channel entry. */
+static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
+  uint64_t p = (uint64_t)(uintptr_t)parentObj;
+  if (phaseId != 0 || p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return;
+  dccl_slot_t* s = handle_slot(p);
+  if (s == NULL || !handle_live(s, p)) return;
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(p)];
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
+  e->sync_start = pTimer;
+  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
+}
+
+/* One startEvent per ABI version; the member names used are the same in all of them. The v7
+   extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_CASE)                     \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     dccl_ctx_t* ctx = (dccl_ctx_t*)context;                                                                  \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -385,11 +420,15 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
         break;                                                                                               \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
-                   d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto);            \
+                   d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto, (COLL_TAG),  \
+                   (COLL_SYM));                                                                              \
         break;                                                                                               \
       case ncclProfileP2p:                                                                                   \
-        start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels); \
+        start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels,  \
+                  (P2P_TAG));                                                                                \
         break;                                                                                               \
+      CE_CASE                                                                                                \
+      PHASE_CASE                                                                                             \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
       case ncclProfileCollApi:                                                                               \
@@ -400,16 +439,28 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
         break;                                                                                               \
       default:                                                                                               \
         /* ProxyOp (never dereferenced: under PXN its parentObj belongs to another process),             \
-           ProxyStep, ProxyCtrl, NetPlugin, CE events, v7 KernelPhase: not tracked. */                       \
+           ProxyStep, ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                       \
         break;                                                                                               \
     }                                                                                                        \
     return ncclSuccess;                                                                                      \
   }
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t)
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t)
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t)
-DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t)
+#define DCCL_CE_CASE(TAG)                                                                                  \
+  case ncclProfileCeColl:                                                                                  \
+    start_ce(ctx, eHandle, d->ceColl.seqNumber, d->ceColl.func, d->ceColl.datatype, d->ceColl.count,       \
+             d->ceColl.root, (TAG));                                                                       \
+    break;
+
+#define DCCL_PHASE_CASE                                                                                    \
+  case ncclProfileKernelPhase:                                                                             \
+    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);                     \
+    break;
+
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, , )
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, , )
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0), )
+DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
+                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_CASE)
 
 static ncclResult_t dccl_stop(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
@@ -439,10 +490,18 @@ static ncclResult_t dccl_stop(void* eHandle) {
 static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eState,
                                       ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (DCCL_H_TAG(h) != DCCL_H_TAG_KCH || eState != ncclProfilerKernelChStop || args == NULL) return ncclSuccess;
+  uint32_t tag = DCCL_H_TAG(h);
+  int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
+  int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
+  if (!(kch_stop || sync_stop) || args == NULL) return ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
-  if (s == NULL || !handle_live(s, h)) return ncclSuccess;
-  s->ch[DCCL_H_CH(h)].stop_ptimer = args->kernelCh.pTimer;
+  if (s == NULL) return ncclSuccess;
+  /* the channel entry's generation stamp decides: a late child never writes another op's timer */
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
+  uint64_t t = args->kernelCh.pTimer;
+  if (kch_stop) e->stop_ptimer = t;
+  else if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 
@@ -453,53 +512,28 @@ static ncclResult_t dccl_init_v4(void** context, int* eActivationMask, const cha
                                  int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
   return dccl_init_common(4, context, commHash, eActivationMask, commName, nNodes, nranks, rank, logfn);
 }
-static ncclResult_t dccl_init_v5(void** context, uint64_t commId, int* eActivationMask, const char* commName,
-                                 int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
-  return dccl_init_common(5, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);
-}
-static ncclResult_t dccl_init_v6(void** context, uint64_t commId, int* eActivationMask, const char* commName,
-                                 int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
-  return dccl_init_common(6, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);
-}
 
-static ncclResult_t dccl_init_v7(void** context, uint64_t commId, int* eActivationMask, const char* commName,
-                                 int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
-  return dccl_init_common(7, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);
-}
+/* v5, v6 and v7 share init's signature (commId first). */
+#define DCCL_DEFINE_INIT(V)                                                                                  \
+  static ncclResult_t dccl_init_v##V(void** context, uint64_t commId, int* eActivationMask, const char* commName, \
+                                     int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {            \
+    return dccl_init_common(V, context, commId, eActivationMask, commName, nNodes, nranks, rank, logfn);     \
+  }
+DCCL_DEFINE_INIT(5)
+DCCL_DEFINE_INIT(6)
+DCCL_DEFINE_INIT(7)
 
 /* NCCL tries v7 first (2.31+), then v6 (2.29-2.30), v5 (2.28), v4 (2.27). */
-DCCL_EXPORT const ncclProfiler_v7_t ncclProfiler_v7 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v7,
-    .startEvent = dccl_start_v7,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
-
-DCCL_EXPORT const ncclProfiler_v6_t ncclProfiler_v6 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v6,
-    .startEvent = dccl_start_v6,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
-
-DCCL_EXPORT const ncclProfiler_v5_t ncclProfiler_v5 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v5,
-    .startEvent = dccl_start_v5,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
-
-DCCL_EXPORT const ncclProfiler_v4_t ncclProfiler_v4 = {
-    .name = DCCL_PLUGIN_NAME,
-    .init = dccl_init_v4,
-    .startEvent = dccl_start_v4,
-    .stopEvent = dccl_stop,
-    .recordEventState = dccl_record_state,
-    .finalize = dccl_finalize,
-};
+#define DCCL_DEFINE_TABLE(V)                                                                                 \
+  DCCL_EXPORT const ncclProfiler_v##V##_t ncclProfiler_v##V = {                                             \
+      .name = DCCL_PLUGIN_NAME,                                                                              \
+      .init = dccl_init_v##V,                                                                                \
+      .startEvent = dccl_start_v##V,                                                                         \
+      .stopEvent = dccl_stop,                                                                                \
+      .recordEventState = dccl_record_state,                                                                 \
+      .finalize = dccl_finalize,                                                                             \
+  };
+DCCL_DEFINE_TABLE(7)
+DCCL_DEFINE_TABLE(6)
+DCCL_DEFINE_TABLE(5)
+DCCL_DEFINE_TABLE(4)

@@ -122,6 +122,7 @@ static int test_config_invalid(void) {
       {"DYNAMICCL_COLLECTOR", "tcp:host:0", 0},  {"DYNAMICCL_COLLECTOR", "tcp:127.0.0.1:9000", 1},
       {"DYNAMICCL_COLLECTOR", "unix:", 0},       {"DYNAMICCL_MIN_BYTES", "18446744073709551615", 1},
       {"DYNAMICCL_MIN_BYTES", "18446744073709551616", 0}, {"DYNAMICCL_STALE_MS", " 250 ", 1},
+      {"DYNAMICCL_EVENT_MASK", "32838", 1},      {"DYNAMICCL_EVENT_MASK", "65536", 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     err[0] = '\0';
@@ -772,10 +773,130 @@ static int test_retired_comm_late_stop_and_announce(void) {
   for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) retired += (c == child && c->dead_ms != 0);
   pthread_mutex_unlock(&dccl_g.registry);
   TEST_ASSERT(retired == 1, "kept registered until announced (COMM record)");
+  dccl_ctx_t* cc = (dccl_ctx_t*)child;
+  retired_sweep(dccl_monotonic_ms() + DCCL_GRAVE_MIN_MS + 10, 0); /* grace over, not yet announced */
+  TEST_ASSERT(cc->slots == NULL && cc->pool_size == 0 && cc->dead_ms != 0, "pool freed after the grace, ctx kept");
+  kch_stop(k0, 5); /* still harmless */
+  retired_sweep(dccl_monotonic_ms() + DCCL_GRAVE_MAX_MS + 10, 0);
+  retired = 0;
+  pthread_mutex_lock(&dccl_g.registry);
+  for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) retired += (c->dead_ms != 0);
+  pthread_mutex_unlock(&dccl_g.registry);
+  TEST_ASSERT(retired == 0, "never announced: freed after DCCL_GRAVE_MAX_MS");
   dccl_stats_record_t st;
   dccl_stats_snapshot(&st); /* retired counters are not counted twice */
   ncclProfiler_v6.finalize(parent);
   TEST_ASSERT(dccl_g.ctxs == NULL, "all freed at the last finalize");
+  return 0;
+}
+
+/* Profiler v7 (NCCL 2.31+): userTag and isSymColl reach the record; KernelPhase children of a
+   KernelCh are accepted and ignored (NULL handle) without disturbing the record. */
+static int test_v7_user_tag_and_symmetric(void) {
+  clear_env();
+  int mask7 = 0;
+  void* ctx = NULL;
+  TEST_ASSERT(ncclProfiler_v7.init(&ctx, 0x77, &mask7, "seven", 1, 2, 0, mock_logger) == ncclSuccess, "v7 init");
+  ncclProfilerEventDescr_v7_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileColl;
+  d.coll.seqNumber = 4;
+  d.coll.func = "AllReduce";
+  d.coll.datatype = "ncclFloat32";
+  d.coll.count = 8;
+  d.coll.nChannels = 1;
+  d.coll.algo = "RING";
+  d.coll.proto = "SIMPLE";
+  d.coll.kernelVariant = "sym";
+  d.coll.isSymColl = true;
+  d.coll.userTag = 0x1234567890ull;
+  void* h = NULL;
+  ncclProfiler_v7.startEvent(ctx, &h, &d);
+  ncclProfiler_v7.stopEvent(h);
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileKernelCh;
+  d.parentObj = h;
+  d.kernelCh.pTimer = 100;
+  void* k = NULL;
+  ncclProfiler_v7.startEvent(ctx, &k, &d);
+  TEST_ASSERT(k != NULL, "kernelCh");
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileKernelPhase;
+  d.parentObj = k;
+  d.kernelPhase.phaseId = 0;
+  d.kernelPhase.phaseName = "initial_sync";
+  d.kernelPhase.pTimer = 101;
+  void* ph = NULL;
+  ncclProfiler_v7.startEvent(ctx, &ph, &d);
+  TEST_ASSERT(ph != NULL && ph != k, "initial_sync phase tracked");
+  ncclProfilerEventStateArgs_v7_t a = {.kernelCh = {.pTimer = 150}};
+  ncclProfiler_v7.recordEventState(ph, ncclProfilerKernelPhaseStop, &a);
+  ncclProfiler_v7.stopEvent(ph); /* the phase's stop is not the channel's */
+  d.kernelPhase.phaseId = 1; /* compute: not kept */
+  d.kernelPhase.pTimer = 150;
+  void* ph1 = (void*)1;
+  ncclProfiler_v7.startEvent(ctx, &ph1, &d);
+  TEST_ASSERT(ph1 == NULL, "compute phase not tracked");
+  a.kernelCh.pTimer = 170;
+  ncclProfiler_v7.recordEventState(k, ncclProfilerKernelPhaseStop, &a); /* on the KernelCh handle: ignored */
+  dccl_event_record_t none[1];
+  TEST_ASSERT(ring_take(none, 1) == 0, "not complete before the KernelCh stop");
+  a.kernelCh.pTimer = 200;
+  ncclProfiler_v7.recordEventState(k, ncclProfilerKernelChStop, &a);
+  ncclProfiler_v7.stopEvent(k);
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1, "record");
+  TEST_ASSERT(out[0].user_tag == 0x1234567890ull && (out[0].flags & DCCL_FLAG_SYMMETRIC), "tag %llx flags %u",
+              (unsigned long long)out[0].user_tag, out[0].flags);
+  TEST_ASSERT(out[0].gpu_start_ns == 100 && out[0].gpu_end_ns == 200, "timing");
+  TEST_ASSERT(out[0].sync_wait_ns == 49, "initial_sync 101..150: %llu", (unsigned long long)out[0].sync_wait_ns);
+  memset(&d, 0, sizeof d); /* P2p tag */
+  d.type = ncclProfileP2p;
+  d.p2p.func = "Send";
+  d.p2p.datatype = "ncclInt8";
+  d.p2p.count = 1;
+  d.p2p.peer = 0; /* self: completes at stop */
+  d.p2p.nChannels = 1;
+  d.p2p.userTag = 42;
+  h = NULL;
+  ncclProfiler_v7.startEvent(ctx, &h, &d);
+  ncclProfiler_v7.stopEvent(h);
+  TEST_ASSERT(ring_take(out, 2) == 1 && out[0].user_tag == 42 && out[0].flags == 0, "p2p tag");
+  ncclProfiler_v7.finalize(ctx);
+  return 0;
+}
+
+/* Copy-engine collectives (v6+) have no Coll event: with CeColl in the mask they are counted. */
+static int test_ce_collective_counted(void) {
+  clear_env();
+  setenv("DYNAMICCL_EVENT_MASK", "4166", 1); /* Coll|P2p|KernelCh|CeColl */
+  void* ctx = init6(21, 0, 8);
+  ncclProfilerEventDescr_v6_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileCeColl;
+  d.ceColl.seqNumber = 9;
+  d.ceColl.func = "AllGather";
+  d.ceColl.datatype = "ncclBfloat16";
+  d.ceColl.count = 1000;
+  d.ceColl.root = -1;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  TEST_ASSERT(h != NULL, "CeColl handle");
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileCeSync;
+  d.parentObj = h;
+  void* sync = (void*)1;
+  ncclProfiler_v6.startEvent(ctx, &sync, &d);
+  TEST_ASSERT(sync == NULL, "CeSync not tracked");
+  ncclProfiler_v6.stopEvent(h);
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1, "record at stop");
+  TEST_ASSERT(out[0].kind == DCCL_KIND_COLL && out[0].func == DCCL_FUNC_ALLGATHER && out[0].bytes == 2000 &&
+                  out[0].seq_number == 9 && out[0].flags == DCCL_FLAG_COPY_ENGINE &&
+                  out[0].timing_source == DCCL_TIMING_NONE && out[0].algo == DCCL_UNKNOWN,
+              "CE record fields");
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
   return 0;
 }
 
@@ -803,6 +924,8 @@ static const test_case_t k_tests[] = {
     {"late_child_after_reap", test_late_child_after_reap},
     {"uint8_bytes", test_uint8_bytes},
     {"retired_comm_late_stop_and_announce", test_retired_comm_late_stop_and_announce},
+    {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
+    {"ce_collective_counted", test_ce_collective_counted},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
 };
 

@@ -66,15 +66,19 @@ typedef struct {
   int maxRanksPerNvlDomain;
 } ncclNvlDomainInfo_v5_t;
 
-typedef struct {
-  double baseLatencies[NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];
-  double hwLatencies[NCCL_NUM_HW_LINKS_V5][NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];
-  double llMaxBws[NCCL_NUM_COMPCAPS_V5][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxRingLL128Bws[NCCL_NUM_COMPCAPS_V5][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxTreeLL128Bws[NCCL_NUM_COMPCAPS_V5][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxTreeBws[NCCL_NUM_COMPCAPS_V5][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS_V5][NCCL_NUM_TUNING_SCALES_V5];
-} ncclTunerConstants_v5_t;
+/* NCCL's tuning constants; only the number of compute capabilities differs between versions. */
+#define DCCL_TUNER_CONSTANTS_(NCOMPCAPS)                                              \
+  struct {                                                                           \
+    double baseLatencies[NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];             \
+    double hwLatencies[NCCL_NUM_HW_LINKS_V5][NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];\
+    double llMaxBws[NCOMPCAPS][NCCL_NUM_TUNING_SCALES_V5];                           \
+    double perChMaxRingLL128Bws[NCOMPCAPS][NCCL_NUM_TUNING_SCALES_V5];               \
+    double perChMaxTreeLL128Bws[NCOMPCAPS][NCCL_NUM_TUNING_SCALES_V5];               \
+    double perChMaxTreeBws[NCOMPCAPS][NCCL_NUM_TUNING_SCALES_V5];                    \
+    double perChMaxNVLSTreeBws[NCOMPCAPS][NCCL_NUM_TUNING_SCALES_V5];                \
+  }
+
+typedef DCCL_TUNER_CONSTANTS_(NCCL_NUM_COMPCAPS_V5) ncclTunerConstants_v5_t;
 
 typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v6_t;
 typedef ncclTunerConstants_v5_t ncclTunerConstants_v6_t;
@@ -98,38 +102,27 @@ typedef struct {
   ncclResult_t (*finalize)(void* context);
 } ncclTuner_v5_t;
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       ncclNvlDomainInfo_v6_t* nvlDomainInfo, ncclTunerConstants_v6_t* constants);
-  ncclTunerGetCollInfo_t getCollInfo;
-  ncclResult_t (*finalize)(void* context);
-  ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
-                               int nChannels, size_t* chunkSize);
-} ncclTuner_v6_t;
+/* v6 and v7 tables: v5's + getChunkSize (optional, may be NULL); they differ in init's types only. */
+#define DCCL_TUNER_TABLE_V6_(V)                                                                            \
+  struct {                                                                                                 \
+    const char* name;                                                                                      \
+    ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes,                    \
+                         ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v##V##_t* nvlDomainInfo,         \
+                         ncclTunerConstants_v##V##_t* constants);                                          \
+    ncclTunerGetCollInfo_t getCollInfo;                                                                    \
+    ncclResult_t (*finalize)(void* context);                                                               \
+    ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,   \
+                                 int nChannels, size_t* chunkSize);                                        \
+  }
+
+typedef DCCL_TUNER_TABLE_V6_(6) ncclTuner_v6_t;
 
 #define NCCL_NUM_COMPCAPS_V7 5
 
 typedef ncclNvlDomainInfo_v5_t ncclNvlDomainInfo_v7_t;
 
-typedef struct {
-  double baseLatencies[NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];
-  double hwLatencies[NCCL_NUM_HW_LINKS_V5][NCCL_NUM_ALGORITHMS_V5][NCCL_NUM_PROTOCOLS_V5];
-  double llMaxBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxRingLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxTreeLL128Bws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
-  double perChMaxNVLSTreeBws[NCCL_NUM_COMPCAPS_V7][NCCL_NUM_TUNING_SCALES_V5];
-} ncclTunerConstants_v7_t;
+typedef DCCL_TUNER_CONSTANTS_(NCCL_NUM_COMPCAPS_V7) ncclTunerConstants_v7_t;
 
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(void** context, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       ncclNvlDomainInfo_v7_t* nvlDomainInfo, ncclTunerConstants_v7_t* constants);
-  ncclTunerGetCollInfo_t getCollInfo;
-  ncclResult_t (*finalize)(void* context);
-  ncclResult_t (*getChunkSize)(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
-                               int nChannels, size_t* chunkSize);
-} ncclTuner_v7_t;
+typedef DCCL_TUNER_TABLE_V6_(7) ncclTuner_v7_t;
 
 #endif /* DYNAMICCL_NCCL_TUNER_ABI_H_ */

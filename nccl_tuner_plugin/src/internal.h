@@ -102,8 +102,24 @@ typedef struct dct_ctx {
   uint64_t last_bytes[DCT_NFUNC];
   /* hot-path counters: calls on one communicator are serialized by NCCL, so load+store */
   _Atomic uint64_t calls, decisions, no_enabled, chunk_set, retries;
+  /* the chained tuner (chain.c): its context and functions, NULL without one */
+  void* chain_ctx;
+  ncclTunerGetCollInfo_t chain_coll;
+  ncclResult_t (*chain_chunk)(void*, ncclFunc_t, size_t, int, int, int, size_t*);
+  ncclResult_t (*chain_fini)(void*);
+  _Atomic uint64_t chain_calls, chain_errors;
   struct dct_ctx* next;
 } dct_ctx_t;
+
+/* What NCCL passed to init, whatever the ABI version (constants: v5/v6 or v7 layout by abi). */
+typedef struct {
+  int abi;
+  uint64_t comm;
+  size_t nranks, nnodes;
+  ncclDebugLogger_t logfn;
+  void* nvl;
+  void* constants;
+} dct_init_args_t;
 
 typedef struct {
   /* control state */
@@ -139,6 +155,7 @@ typedef struct {
   /* counters */
   _Atomic uint64_t reloads, reload_errors, files_missing, applies, apply_refused, epoch_late, slots_exhausted;
   _Atomic uint64_t f_calls, f_decisions, f_no_enabled, f_chunk_set, f_retries; /* finalized contexts */
+  _Atomic uint64_t f_chain_calls, f_chain_errors;
   /* lifecycle */
   ncclDebugLogger_t logfn;
   int refcount;
@@ -156,6 +173,12 @@ extern dct_slot_t dct_slot_storage[DCT_NSLOTS];
 int dct_func_index(int ncclFunc);
 /* Parse a whole file. Returns 0, or -1 with a message naming the line in err. */
 int dct_parse(const char* text, size_t len, dct_parsed_t* out, char* err, size_t errlen);
+
+/* chain.c: DYNAMICCL_TUNER_CHAIN (load/unload under lifecycle, at the first init / last finalize) */
+void dct_chain_load(void);
+void dct_chain_unload(void);
+void dct_chain_init(dct_ctx_t* ctx, const dct_init_args_t* args);
+void dct_chain_fini(dct_ctx_t* ctx);
 
 /* control.c */
 void dct_env_load(void);                 /* caller holds lifecycle */

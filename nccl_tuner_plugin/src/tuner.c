@@ -133,7 +133,7 @@ static ncclResult_t dct_get_coll_info(void* context, ncclFunc_t collType, size_t
   if (f < 0 || collCostTable == NULL || numAlgo <= 0 || numProto <= 0) return ncclSuccess;
   ctx->last_bytes[f] = (uint64_t)nBytes;
   dct_rule_t r;
-  if (!find_rule(ctx, f, (uint64_t)nBytes, &r)) return ncclSuccess;
+  if (!find_rule(ctx, f, (uint64_t)nBytes, &r)) goto chain;
   float* t = (float*)collCostTable; /* really float[numAlgo][numProto] */
   int a0 = 0, a1 = numAlgo, p0 = 0, p1 = numProto;
   if (r.algo >= 0) {
@@ -156,18 +156,25 @@ static ncclResult_t dct_get_coll_info(void* context, ncclFunc_t collType, size_t
     }
   if (best < 0) {
     ctr_inc(&ctx->no_enabled);
-    return ncclSuccess;
+    goto chain;
   }
   t[best] = 0.0f;
   /* <= 64 by parse: NCCL's 8-bit budget */
   if (r.nch > 0 && nChannels != NULL && nccl_clamps_channels(best / numProto)) *nChannels = r.nch;
   ctr_inc(&ctx->decisions);
   return ncclSuccess;
+chain: /* no decision of ours: the chained tuner's, if any (its failure keeps NCCL's choice) */
+  if (ctx->chain_coll != NULL) {
+    ctr_inc(&ctx->chain_calls);
+    if (ctx->chain_coll(ctx->chain_ctx, collType, nBytes, numPipeOps, collCostTable, numAlgo, numProto, regBuff,
+                        nChannels) != ncclSuccess)
+      ctr_inc(&ctx->chain_errors);
+  }
+  return ncclSuccess;
 }
 
 static ncclResult_t dct_get_chunk_size(void* context, ncclFunc_t collType, size_t nBytes, int algo, int proto,
                                        int nChannels, size_t* chunkSize) {
-  (void)nChannels;
   dct_ctx_t* ctx = (dct_ctx_t*)context;
   if (ctx == NULL || chunkSize == NULL) return ncclSuccess;
   int f = dct_func_index((int)collType);
@@ -177,10 +184,20 @@ static ncclResult_t dct_get_chunk_size(void* context, ncclFunc_t collType, size_
      size belongs to another call: look up by the part then. */
   uint64_t key = ctx->last_bytes[f] >= (uint64_t)nBytes ? ctx->last_bytes[f] : (uint64_t)nBytes;
   dct_rule_t r;
-  if (!find_rule(ctx, f, key, &r) || r.chunk == 0) return ncclSuccess;
-  if ((r.algo >= 0 && r.algo != algo) || (r.proto >= 0 && r.proto != proto)) return ncclSuccess;
-  uint64_t c = chunk_for_proto(r.chunk, proto);
-  if (c == 0) return ncclSuccess;
+  uint64_t c = 0;
+  if (find_rule(ctx, f, key, &r) && r.chunk != 0 && (r.algo < 0 || r.algo == algo) && (r.proto < 0 || r.proto == proto))
+    c = chunk_for_proto(r.chunk, proto);
+  if (c == 0) { /* no chunk of ours: the chained tuner's, if any */
+    if (ctx->chain_chunk != NULL) {
+      ctr_inc(&ctx->chain_calls);
+      size_t keep = *chunkSize;
+      if (ctx->chain_chunk(ctx->chain_ctx, collType, nBytes, algo, proto, nChannels, chunkSize) != ncclSuccess) {
+        ctr_inc(&ctx->chain_errors);
+        *chunkSize = keep;
+      }
+    }
+    return ncclSuccess;
+  }
   *chunkSize = (size_t)c;
   ctr_inc(&ctx->chunk_set);
   return ncclSuccess;
@@ -191,7 +208,7 @@ static ncclResult_t dct_get_chunk_size(void* context, ncclFunc_t collType, size_
 /* creation; without a context the plugin just leaves NCCL's choices alone.                    */
 
 static ncclResult_t init_common(int abi, void** context, uint64_t commId, size_t nRanks, size_t nNodes,
-                                ncclDebugLogger_t logfn) {
+                                ncclDebugLogger_t logfn, void* nvl, void* constants) {
   if (context == NULL) return ncclSuccess;
   *context = NULL;
   pthread_mutex_lock(&dct_g.lifecycle);
@@ -199,13 +216,17 @@ static ncclResult_t init_common(int abi, void** context, uint64_t commId, size_t
   int first = (dct_g.refcount == 0);
   if (first) {
     dct_env_load();
+    dct_chain_load();
     if (dct_thread_start() != 0)
       DCT_WARN("DynamICCL tuner: cannot start the reload thread; the config is read only by dynamiccl_tuner_reload()");
   }
   dct_ctx_t* ctx = calloc(1, sizeof *ctx);
   if (ctx == NULL) {
     DCT_WARN("DynamICCL tuner: out of memory; leaving NCCL's choices for comm %016llx", (unsigned long long)commId);
-    if (first) dct_thread_stop();
+    if (first) {
+      dct_thread_stop();
+      dct_chain_unload();
+    }
     pthread_mutex_unlock(&dct_g.lifecycle);
     return ncclSuccess;
   }
@@ -214,6 +235,8 @@ static ncclResult_t init_common(int abi, void** context, uint64_t commId, size_t
   ctx->nnodes = nNodes;
   ctx->abi = abi;
   ctx->comm_known = abi >= 5;
+  dct_init_args_t args = {abi, commId, nRanks, nNodes, logfn, nvl, constants};
+  dct_chain_init(ctx, &args);
   ctx->next = dct_g.ctxs;
   dct_g.ctxs = ctx;
   dct_g.refcount++;
@@ -252,8 +275,14 @@ static ncclResult_t dct_finalize(void* context) {
   atomic_fetch_add(&dct_g.f_no_enabled, atomic_load(&ctx->no_enabled));
   atomic_fetch_add(&dct_g.f_chunk_set, atomic_load(&ctx->chunk_set));
   atomic_fetch_add(&dct_g.f_retries, atomic_load(&ctx->retries));
+  atomic_fetch_add(&dct_g.f_chain_calls, atomic_load(&ctx->chain_calls));
+  atomic_fetch_add(&dct_g.f_chain_errors, atomic_load(&ctx->chain_errors));
+  dct_chain_fini(ctx);
   if (ctx->abi == 4) atomic_fetch_sub(&g_v4_contexts, 1);
-  if (--dct_g.refcount == 0) dct_thread_stop();
+  if (--dct_g.refcount == 0) {
+    dct_thread_stop();
+    dct_chain_unload();
+  }
   pthread_mutex_unlock(&dct_g.lifecycle);
   free(ctx);
   return ncclSuccess;
@@ -262,30 +291,24 @@ static ncclResult_t dct_finalize(void* context) {
 static ncclResult_t dct_init_v6(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
                                 ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v6_t* nvl,
                                 ncclTunerConstants_v6_t* constants) {
-  (void)nvl;
-  (void)constants;
-  return init_common(6, context, commId, nRanks, nNodes, logFunction);
+  return init_common(6, context, commId, nRanks, nNodes, logFunction, nvl, constants);
 }
 
 static ncclResult_t dct_init_v7(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
                                 ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v7_t* nvl,
                                 ncclTunerConstants_v7_t* constants) {
-  (void)nvl;
-  (void)constants;
-  return init_common(7, context, commId, nRanks, nNodes, logFunction);
+  return init_common(7, context, commId, nRanks, nNodes, logFunction, nvl, constants);
 }
 
 static ncclResult_t dct_init_v5(void** context, uint64_t commId, size_t nRanks, size_t nNodes,
                                 ncclDebugLogger_t logFunction, ncclNvlDomainInfo_v5_t* nvl,
                                 ncclTunerConstants_v5_t* constants) {
-  (void)nvl;
-  (void)constants;
-  return init_common(5, context, commId, nRanks, nNodes, logFunction);
+  return init_common(5, context, commId, nRanks, nNodes, logFunction, nvl, constants);
 }
 
 /* v4 has no communicator id: rules with a specific comm never match (comm 0). */
 static ncclResult_t dct_init_v4(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context) {
-  return init_common(4, context, 0, nRanks, nNodes, logFunction);
+  return init_common(4, context, 0, nRanks, nNodes, logFunction, NULL, NULL);
 }
 
 /* The version to stamp on profiler records for communicator comm_hash: the applied version, or 0
@@ -305,22 +328,18 @@ DCT_EXPORT uint32_t dynamiccl_tuner_record_version(uint64_t comm_hash) {
   return has_comm ? 0 : v;
 }
 
-/* NCCL tries v7 first (2.32.6+), then v6 (2.30-2.32), v5 (2.28-2.29), v4 (2.27). */
-DCT_EXPORT const ncclTuner_v7_t ncclTunerPlugin_v7 = {
-    .name = DCT_PLUGIN_NAME,
-    .init = dct_init_v7,
-    .getCollInfo = dct_get_coll_info,
-    .finalize = dct_finalize,
-    .getChunkSize = dct_get_chunk_size,
-};
-
-DCT_EXPORT const ncclTuner_v6_t ncclTunerPlugin_v6 = {
-    .name = DCT_PLUGIN_NAME,
-    .init = dct_init_v6,
-    .getCollInfo = dct_get_coll_info,
-    .finalize = dct_finalize,
-    .getChunkSize = dct_get_chunk_size,
-};
+/* NCCL tries v7 first (2.32.6+), then v6 (2.30-2.32), v5 (2.28-2.29), v4 (2.27). v6 and v7 share
+   their function table. */
+#define DCT_DEFINE_TABLE_V6(V)                                                                        \
+  DCT_EXPORT const ncclTuner_v##V##_t ncclTunerPlugin_v##V = {                                        \
+      .name = DCT_PLUGIN_NAME,                                                                        \
+      .init = dct_init_v##V,                                                                          \
+      .getCollInfo = dct_get_coll_info,                                                               \
+      .finalize = dct_finalize,                                                                       \
+      .getChunkSize = dct_get_chunk_size,                                                             \
+  };
+DCT_DEFINE_TABLE_V6(7)
+DCT_DEFINE_TABLE_V6(6)
 
 DCT_EXPORT const ncclTuner_v5_t ncclTunerPlugin_v5 = {
     .name = DCT_PLUGIN_NAME,

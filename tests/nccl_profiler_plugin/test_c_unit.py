@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 24)
+    run_unit_binary(built["test_plugin"], 26)
 
 
 def test_c_unit_asan(built):
@@ -43,3 +43,23 @@ def test_emulator_under_valgrind(built, sock_addr, collector_factory):
 
 def test_plugin_builds_without_warnings(built, tmp_path):
     assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "lifecycle.c", "config.c", "sender.c"], tmp_path / "p.so")
+
+
+def test_c_unit_tsan(built):
+    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 26)
+
+
+def test_emulator_under_tsan(built):
+    """Two threads per communicator, two communicators and the sender thread, TSan-instrumented."""
+    r = make(PLUGIN_DIR, "emu-tsan")
+    assert r.returncode == 0 and "WARNING: ThreadSanitizer" not in r.stderr, r.stdout + r.stderr
+    assert "records_emitted=20000" in r.stdout, r.stdout
+
+
+def test_emulator_under_asan_real_paths(built):
+    """ASan+UBSan builds of the plugin and the emulator: plain, CollNet (late children refused),
+    copy-engine and v7 KernelPhase runs, each with two threads, two communicators and the sender."""
+    r = make(PLUGIN_DIR, "emu-asan")
+    assert r.returncode == 0 and "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, \
+        r.stdout + r.stderr
+    assert r.stdout.count("records_emitted=20000") == 4, r.stdout

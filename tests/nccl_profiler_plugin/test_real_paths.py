@@ -5,6 +5,7 @@ its sender thread and a collector."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from collector import wire_format as wf
 from test_emulator_stream import FLAG, F, check_events, make_ops, proc_and_comms
@@ -41,22 +42,27 @@ def test_alltoall_with_self_send_never_fills_the_pool(run_scenario, collector_fa
     assert len(self_recs) == 200 and np.all(self_recs["timing_source"] == wf.TimingSource.NONE)
 
 
-def test_collnet_zero_channels_children_refused(run_scenario, collector_factory, sock_addr):
+def run_collnet_mix(run_scenario, collector_factory, sock_addr, *, n, algo, comm, threads, pool):
+    """n CollNet ops (nChannels 0, children still replayed) interleaved with n ordinary ones (seq >= 1000)."""
     col = collector_factory(sock_addr)
-    collnet = make_ops(60, seq0=0, algo=wf.ALGOS.index("COLLNET_DIRECT"), flags=FLAG["COLLNET"])
-    normal = make_ops(60, seq0=1000)
+    collnet = make_ops(n, seq0=0, algo=wf.ALGOS.index(algo), flags=FLAG["COLLNET"])
+    normal = make_ops(n, seq0=1000)
     mixed = [op for pair in zip(collnet, normal) for op in pair]
     res = run_scenario([
-        {"op": "init", "hash": 0x99, "nnodes": 2, "nranks": 16, "rank": 3, "threads": 1},
+        {"op": "init", "hash": comm, "nnodes": 2, "nranks": 16, "rank": 3, "threads": threads},
         {"op": "run", "ops": mixed}, {"op": "sync"}, {"op": "finalize"},
-    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "1"})
+    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": str(pool)})
     assert res["ok"], res
-    ev = col.events()
+    return col.events(), res["stats"], collnet, normal
+
+
+def test_collnet_zero_channels_children_refused(run_scenario, collector_factory, sock_addr):
+    ev, st, collnet, normal = run_collnet_mix(run_scenario, collector_factory, sock_addr, n=60,
+                                              algo="COLLNET_DIRECT", comm=0x99, threads=1, pool=1)
     check_events(ev[ev["seq_number"] >= 1000], normal, comm_hash=0x99, rank=3, nranks=16, nnodes=2)
     cn = ev[ev["seq_number"] < 1000]
     assert len(cn) == 60 and np.all(cn["n_channels"] == 0) and np.all(cn["timing_source"] == wf.TimingSource.NONE)
     assert np.all(cn["channels_seen"] == 0) and np.all(cn["flags"] == 0)
-    st = res["stats"]
     assert st["kernel_ch_rejected"] == sum(op["n_channels"] for op in collnet), st
     assert st["events_stale"] == 0 and st["events_dropped_pool_full"] == 0
 
@@ -64,18 +70,9 @@ def test_collnet_zero_channels_children_refused(run_scenario, collector_factory,
 def test_collnet_late_children_never_reach_the_next_occupant(run_scenario, collector_factory, sock_addr):
     """Proxy thread behind the application: a CollNet op's children arrive while its slot holds
     later operations. Every record emitted carries exactly its own operation's timing."""
-    col = collector_factory(sock_addr)
-    collnet = make_ops(200, seq0=0, algo=wf.ALGOS.index("COLLNET_CHAIN"), flags=FLAG["COLLNET"])
-    normal = make_ops(200, seq0=1000)
-    mixed = [op for pair in zip(collnet, normal) for op in pair]
-    res = run_scenario([
-        {"op": "init", "hash": 0x9A, "nnodes": 2, "nranks": 16, "rank": 3, "threads": 2},
-        {"op": "run", "ops": mixed}, {"op": "sync"}, {"op": "finalize"},
-    ], sock_addr, env={"DYNAMICCL_POOL_SIZE": "2"})
-    assert res["ok"], res
-    ev = col.events()
-    st = res["stats"]
-    assert len(ev) + st["events_dropped_pool_full"] == len(mixed), "every operation accounted for"
+    ev, st, collnet, normal = run_collnet_mix(run_scenario, collector_factory, sock_addr, n=200,
+                                              algo="COLLNET_CHAIN", comm=0x9A, threads=2, pool=2)
+    assert len(ev) + st["events_dropped_pool_full"] == len(collnet) + len(normal), "every operation accounted for"
     by_seq = {op["seq_number"]: op for op in normal}
     for r in ev[(ev["seq_number"] >= 1000) & (ev["flags"] == 0)]:
         op = by_seq[int(r["seq_number"])]
@@ -108,3 +105,58 @@ def test_short_lived_comm_is_announced(run_scenario, collector_factory, sock_add
     names = {int(c["comm_hash"]): c["comm_name"] for c in comms}
     assert names.get(0x2) == b"probe", names
     assert len(col.events()) == 3
+
+
+def test_v7_user_tag_and_symmetric(run_scenario, collector_factory, sock_addr):
+    col = collector_factory(sock_addr)
+    tagged = make_ops(30, flags=FLAG["TAGGED"] | FLAG["SYMMETRIC"])
+    plain = make_ops(30, seq0=500)
+    res = run_scenario([
+        {"op": "init", "hash": 0x7, "threads": 2}, {"op": "run", "ops": tagged + plain}, {"op": "sync"},
+        {"op": "finalize"},
+    ], sock_addr, abi=7)
+    assert res["ok"], res
+    ev = col.events()
+    t = ev[ev["seq_number"] < 500]
+    assert len(t) == 30
+    assert np.all(t["user_tag"] == (0x5400000000000000 | t["seq_number"]))
+    assert np.all(t["flags"] == wf.EventFlags.SYMMETRIC)
+    check_events(ev[ev["seq_number"] >= 500], plain, comm_hash=0x7, rank=0, nranks=2, nnodes=1)
+    assert np.all(ev[ev["seq_number"] >= 500]["user_tag"] == 0)
+
+
+@pytest.mark.parametrize("abi", [6, 7])
+def test_copy_engine_collectives_counted(abi, run_scenario, collector_factory, sock_addr):
+    """Copy-engine collectives (NCCL 2.29+, ncclLaunchCeColl) have no Coll event and no kernel: with
+    CeColl (4096) in the mask each is one record, flag COPY_ENGINE, enqueue time only."""
+    col = collector_factory(sock_addr)
+    ce = make_ops(25, func=F["AllGather"], flags=FLAG["CE"])
+    normal = make_ops(25, seq0=100)
+    res = run_scenario([
+        {"op": "init", "hash": 0xCE, "threads": 2}, {"op": "run", "ops": ce + normal}, {"op": "sync"},
+        {"op": "finalize"},
+    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 4096)})
+    assert res["ok"], res
+    ev = col.events()
+    c = ev[ev["seq_number"] < 100]
+    assert len(c) == 25 and np.all(c["flags"] == wf.EventFlags.COPY_ENGINE)
+    assert np.all(c["timing_source"] == wf.TimingSource.NONE) and np.all(c["func"] == F["AllGather"])
+    assert np.all(c["bytes"] == np.array([o["count"] * wf.DATATYPE_SIZES[o["datatype"]] for o in ce]))
+    check_events(ev[ev["seq_number"] >= 100], normal, comm_hash=0xCE, rank=0, nranks=2, nnodes=1)
+    assert res["stats"]["records_emitted"] == 50
+
+
+@pytest.mark.parametrize("abi", [6, 7])
+def test_kernel_phase_initial_sync(abi, run_scenario, collector_factory, sock_addr):
+    """v7 KernelPhase (mask bit 32768): each record carries its longest initial_sync phase (a rank's
+    wait for its peers). The emulator's channel c waits 100 + c ns; v6 has no phases: 0."""
+    col = collector_factory(sock_addr)
+    ops = make_ops(40, flags=FLAG["PHASES"])
+    res = run_scenario([
+        {"op": "init", "hash": 0x5C, "threads": 2}, {"op": "run", "ops": ops}, {"op": "sync"}, {"op": "finalize"},
+    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 32768)})
+    assert res["ok"], res
+    ev = col.events()
+    check_events(ev, ops, comm_hash=0x5C, rank=0, nranks=2, nnodes=1)
+    want = {op["seq_number"]: (100 + op["n_channels"] - 1 if abi == 7 else 0) for op in ops}
+    assert all(int(r["sync_wait_ns"]) == want[int(r["seq_number"])] for r in ev)

@@ -39,6 +39,8 @@ def test_c_layout_matches_numpy(tmp_path):
         f'  printf("const MAX_RECORDS_PER_FRAME %d\\n", DCCL_MAX_RECORDS_PER_FRAME);',
         f'  printf("const UNKNOWN %d\\n", DCCL_UNKNOWN);',
         f'  printf("const FLAG_STALE %d\\n", DCCL_FLAG_STALE);',
+        f'  printf("const FLAG_SYMMETRIC %d\\n", DCCL_FLAG_SYMMETRIC);',
+        f'  printf("const FLAG_COPY_ENGINE %d\\n", DCCL_FLAG_COPY_ENGINE);',
         "  return 0;", "}",
     ]
     src = tmp_path / "layout.c"
@@ -61,6 +63,8 @@ def test_c_layout_matches_numpy(tmp_path):
     assert got[("const", "MAX_RECORDS_PER_FRAME")] == (wf.MAX_RECORDS_PER_FRAME,)
     assert got[("const", "UNKNOWN")] == (wf.UNKNOWN,)
     assert got[("const", "FLAG_STALE")] == (wf.EventFlags.STALE,)
+    assert got[("const", "FLAG_SYMMETRIC")] == (wf.EventFlags.SYMMETRIC,)
+    assert got[("const", "FLAG_COPY_ENGINE")] == (wf.EventFlags.COPY_ENGINE,)
 
 
 def test_enum_tables_in_header_match():
