@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from multiprocessing.connection import Connection
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -246,6 +246,10 @@ class SimulatedJob:
     plugin and initialised its communicators (raising :class:`DriverError` otherwise); records then flow in a
     background thread until ``duration_s`` of simulated time, :meth:`stop`, or an error. :meth:`wait` joins.
 
+    ``gate`` (optional) is called before every step with the simulated seconds whose records have been handed
+    to the workers so far; it may block to hold the job back (``dynamiccl demo`` paces ``--fast`` runs to its
+    pipeline's windows with it) and must return eventually (the job waits for it, :meth:`stop` included).
+
     ``workload``/``scenario`` take objects, preset names or YAML paths. ``out_dir`` (optional) receives
     ``truth.jsonl`` (ground truth, written at start) and ``run.json`` (written at the end).
     """
@@ -256,7 +260,8 @@ class SimulatedJob:
                  emu_lib: str | Path | None = None, abi: int = 6, job_id: str | None = None,
                  epoch_ns: int | None = None, tuner: Tuner | None = None,
                  plugin_env: Mapping[str, str] | None = None, pace_s: float = 0.02, emu_threads: int = 1,
-                 drain_timeout_s: float = 10.0, start_timeout_s: float = 60.0) -> None:
+                 drain_timeout_s: float = 10.0, start_timeout_s: float = 60.0,
+                 gate: Callable[[float], None] | None = None) -> None:
         self.workload = workload
         self.scenario = scenario
         self.collector = collector
@@ -275,6 +280,7 @@ class SimulatedJob:
         self.emu_threads = emu_threads
         self.drain_timeout_s = drain_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.gate = gate
         self._wl = workload if isinstance(workload, Workload) else workload_mod.load(workload)
         sc = scenario if isinstance(scenario, Scenario) or scenario is None else scenario_mod.load(scenario)
         self._sc = sc if sc is not None else Scenario("stationary")
@@ -369,6 +375,8 @@ class SimulatedJob:
         eng, res = self.engine, self._result
         try:
             while not eng.done and not self._stop.is_set():
+                if self.gate is not None:       # may hold the job back (the demo paces it to its pipeline)
+                    self.gate(res.sim_seconds)
                 t = time.perf_counter()
                 b = eng.step()
                 res.engine_seconds += time.perf_counter() - t
