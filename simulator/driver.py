@@ -246,9 +246,10 @@ class SimulatedJob:
     plugin and initialised its communicators (raising :class:`DriverError` otherwise); records then flow in a
     background thread until ``duration_s`` of simulated time, :meth:`stop`, or an error. :meth:`wait` joins.
 
-    ``gate`` (optional) is called before every step with the simulated seconds whose records have been handed
-    to the workers so far; it may block to hold the job back (``dynamiccl demo`` paces ``--fast`` runs to its
-    pipeline's windows with it) and must return eventually (the job waits for it, :meth:`stop` included).
+    ``gate`` (optional) is called before every step but the first with the span (start, end; simulated s) of
+    the step last handed to the workers; it may block to hold the job back (``dynamiccl demo`` paces ``--fast``
+    runs to its pipeline's windows with it) and must return eventually (the job waits for it, :meth:`stop`
+    included).
 
     ``workload``/``scenario`` take objects, preset names or YAML paths. ``out_dir`` (optional) receives
     ``truth.jsonl`` (ground truth, written at start) and ``run.json`` (written at the end).
@@ -261,7 +262,7 @@ class SimulatedJob:
                  epoch_ns: int | None = None, tuner: Tuner | None = None,
                  plugin_env: Mapping[str, str] | None = None, pace_s: float = 0.02, emu_threads: int = 1,
                  drain_timeout_s: float = 10.0, start_timeout_s: float = 60.0,
-                 gate: Callable[[float], None] | None = None) -> None:
+                 gate: Callable[[float, float], None] | None = None) -> None:
         self.workload = workload
         self.scenario = scenario
         self.collector = collector
@@ -373,12 +374,14 @@ class SimulatedJob:
 
     def _feed(self) -> None:
         eng, res = self.engine, self._result
+        last_start = 0.0
         try:
             while not eng.done and not self._stop.is_set():
-                if self.gate is not None:       # may hold the job back (the demo paces it to its pipeline)
-                    self.gate(res.sim_seconds)
+                if self.gate is not None and res.steps:   # may hold the job back (the demo paces it)
+                    self.gate(last_start, res.sim_seconds)
                 t = time.perf_counter()
                 b = eng.step()
+                last_start = b.t_start_s
                 res.engine_seconds += time.perf_counter() - t
                 version = _tuner_version(self.tuner)   # the config version this step's decisions used
                 for node, conn in enumerate(self._conns):

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = default_config().replace(receiver={"listen": (listen,)},
                                    parquet={"directory": str(out / "parquet"), "flush_interval_s": 10.0},
                                    prometheus={"address": metrics}, features={"address": None})
-    pacer = WindowPacer(lag_s=pacing_lag_s(cfg.window.window_s, cfg.window.allowed_lateness_s))
+    pacer = WindowPacer(lag_s=pacing_lag_s(cfg.window.window_s, cfg.window.allowed_lateness_s),
+                        window_s=cfg.window.window_s)
     if args.fast:
         # A paced job is silent while it waits for the pipeline (the detector's first windows take seconds);
         # the idle flush must not take that for the end of the job, or it closes a window the job's next step
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         job.start()
         state.epoch_s = job.engine.epoch_ns / 1e9
+        pacer.set_epoch(state.epoch_s)
         history = History(state.epoch_s)
         truth = job.truth()
         view = LiveView(args, truth, metrics, pipeline, history) if not args.no_live else None
