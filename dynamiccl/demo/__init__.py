@@ -181,12 +181,24 @@ def run(args: argparse.Namespace) -> int:
         tuner.close()
     report = analyse(args, truth, state, history, out, job.engine.duration_s)
     report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts}
-    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder": not args.no_autoencoder,
+    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": _autoencoder_available(args),
                      "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
-                     "wall_s": result.wall_seconds, "windows": state.windows}
+                     "wall_s": result.wall_seconds, "windows": state.windows,
+                     "dropped": sum(pipeline.metrics.dropped.values())}
     _write_json(out / "summary.json", report)
     print_summary(args, report, result, pipeline, out, pacer)
     return 0
+
+
+def _autoencoder_available(args) -> bool:
+    """Whether the detector could run its autoencoder stream (asked for, and torch importable)."""
+    if args.no_autoencoder:
+        return False
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _prepare_out(out: Path) -> Path:
