@@ -91,7 +91,7 @@ class LiveView:
         return self._live
 
     def width(self) -> int:
-        return max(20, min(100, self.console.width - 42))
+        return max(20, min(96, self.console.width - 52))
 
     def update(self, wf, state, retuner, pacer=None):
         from rich.console import Group
@@ -118,10 +118,10 @@ class LiveView:
         ts = [now - w + 1 + i for i in range(w)]
         table = Table(title=f"history, last {w} s (one column per window; ▲ change detected, ◆ config switch; "
                             "regime: B bandwidth drop, L latency, S straggler, p pause)", expand=False)
-        table.add_column("stream", no_wrap=True)
-        table.add_column("", no_wrap=True)
-        table.add_column("chart", no_wrap=True)
-        table.add_column("now", justify="right", no_wrap=True)
+        table.add_column("stream", no_wrap=True, min_width=20)
+        table.add_column("", no_wrap=True, min_width=5)
+        table.add_column("chart", no_wrap=True, min_width=w)
+        table.add_column("now", justify="right", no_wrap=True, min_width=10)
         table.add_row("true regime", "", Text(regime_letters(self.truth, ts), style="yellow"), "")
         for (fam, func, bucket), s in self.history.top(self.n_streams):
             by_t = {math.floor(t): i for i, t in enumerate(s.t)}
@@ -134,7 +134,7 @@ class LiveView:
             cfg = f"{s.cfg[-1]} v{s.version[-1]}" if s.cfg else ""
             table.add_row(name, "lat", Text(sparkline(lat, lo=0.0), style="yellow"),
                           f"{cur_lat * 1e3:.3f} ms" if cur_lat is not None else "-")
-            table.add_row(cfg, "bus bw", Text(sparkline(bw, lo=0.0), style="green"),
+            table.add_row(cfg, "busbw", Text(sparkline(bw, lo=0.0), style="green"),
                           f"{cur_bw / 1e9:.1f} GB/s" if cur_bw is not None else "-")
             table.add_row("", "marks", _marks(s, ts), "")
         return table

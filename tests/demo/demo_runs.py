@@ -13,8 +13,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# torch absent, as after `pip install .` without the autoencoder extra: every `import torch` fails
-NO_TORCH = "import sys; sys.modules['torch'] = None; from dynamiccl.cli import main; sys.exit(main())"
+# torch absent, as after `pip install .` without the autoencoder extra: the path finder does not see it (every
+# `import torch` fails and `find_spec("torch")` is None, as when it is not installed)
+NO_TORCH = """
+import sys
+from importlib.machinery import PathFinder
+class NoTorch(PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            return None
+        return PathFinder.find_spec(name, path, target)
+sys.meta_path[:] = [NoTorch if f is PathFinder else f for f in sys.meta_path]
+from dynamiccl.cli import main
+sys.exit(main())
+"""
 MIN_GAIN = 1.2          # the oracle's gain on the regime's stream is 1.41x
 
 
@@ -74,8 +87,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     fast = "--realtime" not in args
     seeds = [int(a) for a in args if a.isdigit()] or [0, 1, 2]
-    torches = [t for t in (True, False) if f"--{'no-' if not t else ''}torch-only" not in args]
-    for torch in (True, False):
+    torches = [t for t in (True, False) if not (t and "--no-torch-only" in args) and not (not t and "--torch-only" in args)]
+    for torch in torches:
         for seed in seeds:
             with tempfile.TemporaryDirectory() as d:
                 print(row(run_demo(Path(d) / "run", seed, torch=torch, fast=fast)), flush=True)
