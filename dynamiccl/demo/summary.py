@@ -8,6 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from dynamiccl.demo.explain import explain_by_config
 from dynamiccl.demo.gain import measure, oracle_regimes
 
 __all__ = ["match", "where", "analyse", "consistency", "print_summary"]
@@ -89,11 +90,12 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
     extra = [c for c in state.changes
              if id(c) not in matched and not (c.kind == "recovery" and c.recovers in matched_ids)]
     audit = _audit(out)
-    # changes the retuner audited as caused by its own pushes (a config's level measured against the detector's
-    # baseline of another config) and their recoveries: explained, not missed by the ground truth
+    # changes the configs the retuner put in force explain (by the ground truth: see .explain), and whether the
+    # retuner itself recognised them as its own
+    why = explain_by_config(extra, out / "parquet", args.workload, args.scenario, duration_s, state.epoch_s)
     own = {a.get("regime") for a in audit if a.get("action") == "ignore" and a.get("self_induced")}
-    explained = [c for c in extra if c.id in own]
-    extra = [c for c in extra if c.id not in own]
+    explained = [c for c in extra if c.id in why]
+    extra = [c for c in extra if c.id not in why]
     regimes = oracle_regimes(args.workload, args.scenario, duration_s, truth)
     gains = [measure(r, history, audit, state.epoch_s) for r in regimes if r["better"]]
     return {
@@ -104,7 +106,8 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
         "unmatched": [{"kind": c.kind, "detected_s": c.detected_s - state.epoch_s, "magnitude": c.magnitude,
                        "where": where(c)} for c in extra],
         "own_config_changes": [{"kind": c.kind, "detected_s": c.detected_s - state.epoch_s,
-                                "magnitude": c.magnitude, "where": where(c)} for c in explained],
+                                "magnitude": c.magnitude, "where": where(c), **why[c.id],
+                                "retuner_saw_own": c.id in own} for c in explained],
         "no_gain_regimes": sorted({f"{r['kind']}@{r['t_start']:.0f}s" for r in regimes}
                                   - {f"{r['kind']}@{r['t_start']:.0f}s" for r in regimes if r["better"]}),
         "retuner_gains": gains,
@@ -146,8 +149,10 @@ def print_summary(args, report: dict, result, pipeline, out: Path, pacer=None) -
         f"detected changes not matching a true change: {len(report['unmatched'])}"
         + "".join(f"\n  unmatched: {u['kind']} at {u['detected_s']:.0f} s, {u['magnitude']:.2f}x, {u['where']}"
                   for u in report["unmatched"])
-        + "".join(f"\n  caused by the retuner's own config (it ignored this as self-induced): {u['kind']} at "
-                  f"{u['detected_s']:.0f} s, {u['magnitude']:.2f}x, {u['where']}" for u in report["own_config_changes"]))
+        + "".join(f"\n  explained by the retuner's own config {u['config']} (model {u['model_ratio']:.2f}x NCCL's "
+                  f"default; the retuner {'ignored it as self-induced' if u['retuner_saw_own'] else 'did not see it as its own'}): "
+                  f"{u['kind']} at {u['detected_s']:.0f} s, {u['magnitude']:.2f}x, {u['where']}"
+                  for u in report["own_config_changes"]))
     _print_gains(console, args, report)
     c = report["consistency"]
     vs = c["versions"]

@@ -2,8 +2,8 @@
 every true network event detected within 5 s (the benign pause not), no detected change that neither matches a
 true change nor was audited by the retuner as caused by its own config, a kept config in the latency regime
 with a measured gain, the revert after it, every rank on the same config and version, and (``--fast``) the job
-paced without giving up on the pipeline. ``python tests/demo/demo_runs.py [--realtime] SEED...`` prints the
-matrix (with and without torch)."""
+paced without giving up on the pipeline. ``python tests/demo/demo_runs.py [--realtime] [--torch-only |
+--no-torch-only] [--keep=DIR] SEED...`` prints the matrix (with and without torch; ``--keep`` keeps the runs)."""
 from __future__ import annotations
 
 import json
@@ -88,8 +88,11 @@ if __name__ == "__main__":
     fast = "--realtime" not in args
     seeds = [int(a) for a in args if a.isdigit()] or [0, 1, 2]
     torches = [t for t in (True, False) if not (t and "--no-torch-only" in args) and not (not t and "--torch-only" in args)]
+    keep = next((a.split("=", 1)[1] for a in args if a.startswith("--keep=")), None)
     for torch in torches:
         for seed in seeds:
             with tempfile.TemporaryDirectory() as d:
-                print(row(run_demo(Path(d) / "run", seed, torch=torch, fast=fast)), flush=True)
+                out = Path(keep) / f"{'fast' if fast else 'rt'}-{'torch' if torch else 'notorch'}-s{seed}" if keep \
+                    else Path(d) / "run"
+                print(row(run_demo(out, seed, torch=torch, fast=fast)), flush=True)
     print(f"load average {os.getloadavg()}")

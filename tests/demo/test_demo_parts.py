@@ -150,3 +150,32 @@ def test_an_output_directory_a_demo_did_not_write_is_refused(tmp_path):
     (tmp_path / "parquet" / "old.parquet").write_text("x")
     _prepare_out(tmp_path)
     assert not (tmp_path / "parquet").exists() and not (tmp_path / "sim" / "truth.jsonl").exists()
+
+
+# ---- changes our own configs explain -------------------------------------------------------------------------
+def _records(tmp_path, algo: int, proto: int, channels: int, t_s: float):
+    import numpy as np
+
+    n = 64
+    df = pl.DataFrame({"kind": np.ones(n, np.uint8), "comm_name": ["dp0"] * n, "algo": np.full(n, algo, np.uint8),
+                       "proto": np.full(n, proto, np.uint8), "n_channels": np.full(n, channels, np.uint8),
+                       "gpu_start_ns": np.full(n, int((EPOCH + t_s + 0.5) * 1e9), np.uint64)})
+    (tmp_path / "parquet").mkdir(exist_ok=True)
+    df.write_parquet(tmp_path / "parquet" / f"p{t_s}.parquet")
+
+
+def test_a_change_our_config_explains_is_not_unmatched_and_anything_else_is(tmp_path):
+    from dynamiccl.demo.explain import explain_by_config
+
+    # Ring/LL128 with 2 channels runs on dp0 at 77 s, after the latency regime ended: by the model 1.088x the time
+    # of NCCL's Ring/Simple on the idle network
+    _records(tmp_path, algo=1, proto=1, channels=2, t_s=77.0)
+    _records(tmp_path, algo=1, proto=2, channels=4, t_s=90.0)        # NCCL's default again
+    def change(i, t, m, kind="bandwidth", recovers=None):
+        return SimpleNamespace(id=f"c{i}", kind=kind, start_s=EPOCH + t, comm_names=["dp0"], size_buckets=[24],
+                               magnitude=m, recovers=recovers)
+    got = explain_by_config([change(1, 77.0, 1.087), change(2, 80.0, 0.94, "recovery", "c1"),
+                             change(3, 77.0, 1.30), change(4, 90.0, 1.087)],
+                            tmp_path / "parquet", "llama7b-tp8-dp2", "demo", 96, EPOCH)
+    assert set(got) == {"c1", "c2"}
+    assert got["c1"]["config"] == "RING/LL128/2" and got["c1"]["model_ratio"] == pytest.approx(1.088, abs=0.005)

@@ -1,0 +1,76 @@
+"""Which detected changes the retuner's own configs explain, by the ground truth.
+
+The detector keys its streams by communicator, collective and size, not by the config that ran, so it also sees
+a level set by a config the retuner put in force: when a regime ends while the regime's config still runs, the
+detector's recovery puts its reference back to the baseline it learned under NCCL's default, and the kept config's
+own cost at the baseline (e.g. Ring/LL128 with 2 channels, 1.09x Ring/Simple's time on the idle network) shows as a
+change until the revert lands. A change that matches no true network change is *explained by our config* when, at
+its onset, the records show a config other than NCCL's default running on its streams and the simulator's model
+(the oracle's expected times, :class:`retuner.evaluation.truth.Truth`) gives that config's time against NCCL's
+default, under the true network state at the onset, within ``TOLERANCE`` of the detected magnitude; a recovery of
+an explained change is explained too. Everything else stays *unmatched*.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+__all__ = ["explain_by_config", "TOLERANCE"]
+
+TOLERANCE = 0.03
+
+
+def _configs_at(parquet_dir: Path, names: set[str], t0_ns: int, t1_ns: int) -> dict[str, tuple[int, int, int]]:
+    """Per communicator name: the (algo, proto, channels) most of its records ran in [t0, t1)."""
+    import polars as pl
+
+    files = sorted(str(p) for p in Path(parquet_dir).rglob("*.parquet"))
+    if not files:
+        return {}
+    df = (pl.scan_parquet(files)
+          .filter((pl.col("kind") == 1) & pl.col("gpu_start_ns").is_between(t0_ns, t1_ns, closed="left"))
+          .with_columns(pl.col("comm_name").cast(pl.String))
+          .filter(pl.col("comm_name").is_in(sorted(names)))
+          .group_by("comm_name", "algo", "proto", "n_channels").agg(pl.len().alias("n"))
+          .sort("n", descending=True).collect())
+    out: dict[str, tuple[int, int, int]] = {}
+    for r in df.iter_rows(named=True):
+        out.setdefault(r["comm_name"], (int(r["algo"]), int(r["proto"]), int(r["n_channels"])))
+    return out
+
+
+def explain_by_config(changes: list, parquet_dir: Path, workload: str, scenario: str, duration_s: float,
+                      epoch_s: float) -> dict[str, dict]:
+    """``{change id: {"config", "model_ratio", "magnitude"}}`` for the changes our configs explain (see module)."""
+    from retuner.evaluation.truth import Truth
+    from simulator.scenario import load as load_scenario
+    from simulator.workload import load as load_workload
+
+    w, sc = load_workload(workload), load_scenario(scenario)
+    tr = Truth(w, sc, duration_s)
+    out: dict[str, dict] = {}
+    for c in changes:
+        if c.kind == "recovery":
+            if c.recovers in out:
+                out[c.id] = {**out[c.recovers], "recovers": c.recovers}
+            continue
+        names = set(c.comm_names or ())
+        t_on = c.start_s - epoch_s
+        running = _configs_at(parquet_dir, names, int(c.start_s * 1e9), int((c.start_s + 1.0) * 1e9))
+        state = sc.state_at(t_on, w.topology)
+        ratios = []
+        for op in tr.ops:
+            cfg = running.get(op.comm.name)
+            if cfg is None or math.frexp(op.nbytes)[1] - 1 not in (c.size_buckets or ()):
+                continue
+            default = tr.default_cfg(op)
+            if cfg[:2] == default[:2] and cfg[2] == tr.decision(op, default)[2]:
+                continue                   # NCCL's own choice: nothing of ours to explain it
+            ratios.append((tr.time_us(op, cfg, state) / tr.time_us(op, default, state), cfg))
+        if ratios and all(abs(r / c.magnitude - 1.0) <= TOLERANCE for r, _ in ratios):
+            from simulator.cost_model import ALGOS, PROTOS
+
+            r, cfg = ratios[0]
+            out[c.id] = {"config": f"{ALGOS[cfg[0]]}/{PROTOS[cfg[1]]}/{cfg[2]}", "model_ratio": r,
+                         "magnitude": c.magnitude}
+    return out
