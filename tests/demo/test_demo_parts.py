@@ -103,8 +103,8 @@ def test_history_keeps_per_stream_points_and_config_switches():
 def test_the_demo_scenario_has_a_regime_where_the_oracle_beats_nccls_default():
     from simulator.scenario import preset
 
-    truth = preset("demo").truth(duration_s=96)
-    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 96, truth)
+    truth = preset("demo").truth(duration_s=98)
+    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 98, truth)
     better = [r for r in regimes if r["better"]]
     assert [(r["kind"], tuple(r["stream"]), r["default"], r["best"]) for r in better] == [
         ("latency", ("dp", "AllReduce", 24), "RING/SIMPLE", "RING/LL128")]
@@ -167,15 +167,38 @@ def _records(tmp_path, algo: int, proto: int, channels: int, t_s: float):
 def test_a_change_our_config_explains_is_not_unmatched_and_anything_else_is(tmp_path):
     from dynamiccl.demo.explain import explain_by_config
 
-    # Ring/LL128 with 2 channels runs on dp0 at 77 s, after the latency regime ended: by the model 1.088x the time
+    # Ring/LL128 with 2 channels runs on dp0 at 82 s, after the latency regime ended: by the model 1.088x the time
     # of NCCL's Ring/Simple on the idle network
-    _records(tmp_path, algo=1, proto=1, channels=2, t_s=77.0)
+    _records(tmp_path, algo=1, proto=1, channels=2, t_s=82.0)
     _records(tmp_path, algo=1, proto=2, channels=4, t_s=90.0)        # NCCL's default again
     def change(i, t, m, kind="bandwidth", recovers=None):
         return SimpleNamespace(id=f"c{i}", kind=kind, start_s=EPOCH + t, comm_names=["dp0"], size_buckets=[24],
                                magnitude=m, recovers=recovers)
-    got = explain_by_config([change(1, 77.0, 1.087), change(2, 80.0, 0.94, "recovery", "c1"),
-                             change(3, 77.0, 1.30), change(4, 90.0, 1.087)],
+    got = explain_by_config([change(1, 82.0, 1.087), change(2, 85.0, 0.94, "recovery", "c1"),
+                             change(3, 82.0, 1.30), change(4, 90.0, 1.087)],
                             tmp_path / "parquet", "llama7b-tp8-dp2", "demo", 96, EPOCH)
     assert set(got) == {"c1", "c2"}
     assert got["c1"]["config"] == "RING/LL128/2" and got["c1"]["model_ratio"] == pytest.approx(1.088, abs=0.005)
+
+
+def test_a_straggler_our_probe_caused_is_explained_and_a_true_one_is_not(tmp_path):
+    import numpy as np
+
+    from dynamiccl.demo.explain import explain_by_config
+
+    def records(name, algo, proto, channels, t_s, sub):
+        n = 64
+        df = pl.DataFrame({"kind": np.ones(n, np.uint8), "comm_name": [name] * n,
+                           "algo": np.full(n, algo, np.uint8), "proto": np.full(n, proto, np.uint8),
+                           "n_channels": np.full(n, channels, np.uint8),
+                           "gpu_start_ns": np.full(n, int((EPOCH + t_s + 0.2) * 1e9), np.uint64)})
+        (tmp_path / sub).mkdir(exist_ok=True)
+        df.write_parquet(tmp_path / sub / f"{name}-{t_s}.parquet")
+
+    records("dp5", 1, 0, 4, 61.0, "probe")          # a Ring/LL probe on dp5 in the latency regime (4.6x the default)
+    records("dp5", 1, 2, 4, 61.0, "default")        # NCCL's Ring/Simple: ranks 5 and 13 on time
+    change = SimpleNamespace(id="s", kind="straggler", start_s=EPOCH + 61.0, comm_names=["tp0", "tp1"],
+                             size_buckets=[26], ranks=[5], magnitude=1.03, recovers=None)
+    got = explain_by_config([change], tmp_path / "probe", "llama7b-tp8-dp2", "demo", 98, EPOCH)
+    assert got["s"]["config"] == "RING/LL/4 on dp5" and got["s"]["model_ratio"] > 4
+    assert explain_by_config([change], tmp_path / "default", "llama7b-tp8-dp2", "demo", 98, EPOCH) == {}
