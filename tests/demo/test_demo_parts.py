@@ -103,8 +103,8 @@ def test_history_keeps_per_stream_points_and_config_switches():
 def test_the_demo_scenario_has_a_regime_where_the_oracle_beats_nccls_default():
     from simulator.scenario import preset
 
-    truth = preset("demo").truth(duration_s=98)
-    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 98, truth)
+    truth = preset("demo").truth(duration_s=100)
+    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 100, truth)
     better = [r for r in regimes if r["better"]]
     assert [(r["kind"], tuple(r["stream"]), r["default"], r["best"]) for r in better] == [
         ("latency", ("dp", "AllReduce", 24), "RING/SIMPLE", "RING/LL128")]
