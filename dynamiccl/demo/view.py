@@ -141,26 +141,25 @@ class LiveView:
 
     @staticmethod
     def changes(state):
-        from rich.table import Table
-
         from dynamiccl.demo.summary import where
 
-        table = Table(title="detected regime changes", expand=True)
-        for col in ("detected (s)", "onset (s)", "kind", "magnitude", "where"):
-            table.add_column(col)
-        for c in state.changes[-5:]:
-            table.add_row(f"{c.detected_s - state.epoch_s:.0f}", f"{c.start_s - state.epoch_s:.0f}", c.kind,
-                          f"{c.magnitude:.2f}x", where(c))
-        return table
+        return _table("detected regime changes", ("detected (s)", "onset (s)", "kind", "magnitude", "where"),
+                      [(f"{c.detected_s - state.epoch_s:.0f}", f"{c.start_s - state.epoch_s:.0f}", c.kind,
+                        f"{c.magnitude:.2f}x", where(c)) for c in state.changes[-5:]])
 
     @staticmethod
     def targets(retuner):
-        from rich.table import Table
+        return _table("retuner targets", ("target", "running", "baseline", "regime", "exploring"),
+                      [(st["target"], str(st["running"]), str(st["baseline"]), str(st["regime"]),
+                        str(st["exploring"] or "")) for st in retuner.status()[:4]])
 
-        table = Table(title="retuner targets", expand=True)
-        for col in ("target", "running", "baseline", "regime", "exploring"):
-            table.add_column(col)
-        for st in retuner.status()[:4]:
-            table.add_row(st["target"], str(st["running"]), str(st["baseline"]), str(st["regime"]),
-                          str(st["exploring"] or ""))
-        return table
+
+def _table(title: str, columns, rows):
+    from rich.table import Table
+
+    table = Table(title=title, expand=True)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    return table

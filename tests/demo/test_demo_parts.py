@@ -202,3 +202,23 @@ def test_a_straggler_our_probe_caused_is_explained_and_a_true_one_is_not(tmp_pat
     got = explain_by_config([change], tmp_path / "probe", "llama7b-tp8-dp2", "demo", 98, EPOCH)
     assert got["s"]["config"] == "RING/LL/4 on dp5" and got["s"]["model_ratio"] > 4
     assert explain_by_config([change], tmp_path / "default", "llama7b-tp8-dp2", "demo", 98, EPOCH) == {}
+
+
+def test_the_live_view_charts_history_with_changes_and_switches_marked():
+    from rich.console import Console
+
+    from dynamiccl.demo.view import LiveView
+
+    h = _history()
+    h.mark_change(SimpleNamespace(comm_names=["dp0"], size_buckets=[24], detected_s=EPOCH + 54, start_s=EPOCH + 52,
+                                  kind="latency"))
+    args = SimpleNamespace(scenario="demo", workload="w", dry_run=False, fast=True)
+    truth = [{"kind": "latency", "t_start": 52, "t_end": 74, "benign": False}]
+    view = LiveView(args, truth, "m", SimpleNamespace(metrics=None), h)
+    view.console = Console(width=120, record=True)
+    view.console.print(view.chart(now=79.0))
+    text = view.console.export_text()
+    dp = next(line for line in text.splitlines() if "dp AllReduce 16 MiB" in line)
+    marks = text.splitlines()[text.splitlines().index(dp) + 2]
+    assert "L" * 22 in text and "▲" in marks and marks.count("◆") == 2
+    assert "0.600 ms" in dp and "RING/SIMPLE v1" in text
