@@ -105,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
     # A 90 s demo cannot afford the production warm-up (60 windows): 20 windows of baseline.
     detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=not args.no_autoencoder))
     topo = load_workload(args.workload).topology.name
-    # The job never runs more than `lag` ahead of the windows the detector and retuner have handled (in real
-    # time the wall clock keeps it there anyway; in --fast mode the pacer does), so a push reaches the job at
-    # most `lag` + one step after the window it answers. The retuner gives a push that long to show up in the
+    # In --fast mode the job never runs more than `lag` ahead of the windows the detector and retuner have
+    # handled (the pacer; in real time the wall clock keeps it about there), so a push reaches the job at most
+    # `lag` + one step after the window it answers. The retuner gives a push that long to show up in the
     # records before it counts it as not applied (the demo tunes on detected changes only: no start-up
     # exploration, which would itself move the latencies the detector is learning).
     lag = pacer.lag_s
@@ -117,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
                                     audit_path=str(out / "retuner-audit.jsonl"), topology=topo, seed=args.seed,
                                     policy=policy))
     tuner = _plugin_tuner(out / "tuner.conf")
+    # Real time is paced by the wall clock: a real job does not wait for its monitoring, so neither does this one.
     job = SimulatedJob(args.workload, args.scenario, collector=listen, realtime=not args.fast,
-                       seed=args.seed, duration_s=args.duration, out_dir=out / "sim", tuner=tuner, gate=pacer)
+                       seed=args.seed, duration_s=args.duration, out_dir=out / "sim", tuner=tuner,
+                       gate=pacer if args.fast else None)
     state = _State()
     changes_fh = open(out / "changes.jsonl", "w")
     history = None
@@ -184,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": _autoencoder_available(args),
                      "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
                      "wall_s": result.wall_seconds, "windows": state.windows,
-                     "dropped": sum(pipeline.metrics.dropped.values())}
+                     "dropped": sum(pipeline.metrics.dropped.values()),
+                     "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v}}
     _write_json(out / "summary.json", report)
     print_summary(args, report, result, pipeline, out, pacer)
     return 0

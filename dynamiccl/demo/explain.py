@@ -83,7 +83,7 @@ def explain_by_config(changes: list, parquet_dir: Path, workload: str, scenario:
     for c in changes:
         if c.kind == "recovery":
             if c.recovers in out:
-                out[c.id] = {**out[c.recovers], "recovers": c.recovers}
+                out[c.id] = {**out[c.recovers], "recovers": c.recovers, "magnitude": c.magnitude}
             continue
         if c.kind == "straggler":
             why = _probe_made_ranks_late(c, tr, w, sc, parquet_dir, epoch_s)
