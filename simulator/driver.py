@@ -251,6 +251,10 @@ class SimulatedJob:
     runs to its pipeline's windows with it) and must return eventually (the job waits for it, :meth:`stop`
     included).
 
+    ``epoch_align_s`` (real time only) rounds the job's epoch up to a multiple of it, so that a collector's
+    windows of that length start at whole simulated multiples of it, as in fast mode (whose epoch is a whole
+    second); the workers wait until then.
+
     ``workload``/``scenario`` take objects, preset names or YAML paths. ``out_dir`` (optional) receives
     ``truth.jsonl`` (ground truth, written at start) and ``run.json`` (written at the end).
     """
@@ -262,7 +266,7 @@ class SimulatedJob:
                  epoch_ns: int | None = None, tuner: Tuner | None = None,
                  plugin_env: Mapping[str, str] | None = None, pace_s: float = 0.02, emu_threads: int = 1,
                  drain_timeout_s: float = 10.0, start_timeout_s: float = 60.0,
-                 gate: Callable[[float, float], None] | None = None) -> None:
+                 gate: Callable[[float, float], None] | None = None, epoch_align_s: float | None = None) -> None:
         self.workload = workload
         self.scenario = scenario
         self.collector = collector
@@ -282,6 +286,7 @@ class SimulatedJob:
         self.drain_timeout_s = drain_timeout_s
         self.start_timeout_s = start_timeout_s
         self.gate = gate
+        self.epoch_align_s = epoch_align_s
         self._wl = workload if isinstance(workload, Workload) else workload_mod.load(workload)
         sc = scenario if isinstance(scenario, Scenario) or scenario is None else scenario_mod.load(scenario)
         self._sc = sc if sc is not None else Scenario("stationary")
@@ -348,6 +353,9 @@ class SimulatedJob:
                     raise DriverError(msg[1])
             epoch = self.epoch_ns if self.epoch_ns is not None else (
                 time.time_ns() if self.realtime else DEFAULT_EPOCH_NS)
+            if self.epoch_ns is None and self.realtime and self.epoch_align_s:
+                step = int(self.epoch_align_s * 1e9)      # the job starts at the next multiple (at most one away)
+                epoch = -(-epoch // step) * step
             for conn in self._conns:
                 conn.send(("go", epoch))
         except EOFError:

@@ -118,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
                                     policy=policy))
     tuner = _plugin_tuner(out / "tuner.conf")
     # Real time is paced by the wall clock: a real job does not wait for its monitoring, so neither does this one.
+    # Its epoch is aligned to the window, so a given seed gives the same windows in real time as in --fast mode.
     job = SimulatedJob(args.workload, args.scenario, collector=listen, realtime=not args.fast,
                        seed=args.seed, duration_s=args.duration, out_dir=out / "sim", tuner=tuner,
-                       gate=pacer if args.fast else None)
+                       gate=pacer if args.fast else None, epoch_align_s=cfg.window.window_s)
     state = _State()
     changes_fh = open(out / "changes.jsonl", "w")
     history = None

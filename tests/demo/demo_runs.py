@@ -29,6 +29,8 @@ from dynamiccl.cli import main
 sys.exit(main())
 """
 MIN_GAIN = 1.2          # the oracle's gain on the regime's stream is 1.41x
+#: the change kind the detector should report for each true event (retuner.evaluation.truth.KIND_OF)
+WANT_KIND = {"bw_drop": "bandwidth", "latency": "latency", "straggler": "straggler"}
 
 
 def run_demo(out: Path, seed: int, *, torch: bool, fast: bool = True, timeout: float = 600) -> dict:
@@ -49,6 +51,8 @@ def problems(s: dict) -> list[str]:
             out.append(f"benign {e['kind']} at {e['t_start']:.0f} s reported as a change")
         if not e["benign"] and e["detected_s"] is None:
             out.append(f"{e['kind']} at {e['t_start']:.0f} s not detected")
+        elif e["kind"] in WANT_KIND and e["change_kind"] != WANT_KIND[e["kind"]]:
+            out.append(f"{e['kind']} at {e['t_start']:.0f} s reported as {e['change_kind']}")
     out += [f"unmatched change: {u}" for u in s["unmatched"]]
     gains = s["retuner_gains"]
     if not gains:
@@ -69,7 +73,8 @@ def problems(s: dict) -> list[str]:
 
 
 def row(s: dict) -> str:
-    det = " ".join(f"{e['kind'].replace(' ', '-')}+{e['detected_s'] - e['t_start']:.0f}" for e in s["events"]
+    det = " ".join(f"{e['kind'].replace(' ', '-')}+{e['detected_s'] - e['t_start']:.0f}"
+                   + (f"({e['change_kind']})" if e["kind"] in WANT_KIND else "") for e in s["events"]
                    if e["detected_s"] is not None)
     g = s["retuner_gains"][0] if s["retuner_gains"] else {}
     return (f"fast={s['run']['fast']} torch={s['run']['autoencoder_available']} seed={s['run']['seed']} "
