@@ -98,7 +98,7 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
     extra = [c for c in extra if c.id not in why]
     regimes = oracle_regimes(args.workload, args.scenario, duration_s, truth)
     gains = [measure(r, history, audit, state.epoch_s) for r in regimes if r["better"]]
-    return {
+    report = {
         "events": [{"kind": r["kind"], "benign": bool(r.get("benign")), "t_start": r["t_start"],
                     "t_end": r["t_end"], "detected_s": (r["change"].detected_s - state.epoch_s) if r["change"] else None,
                     "change_kind": r["change"].kind if r["change"] else None,
@@ -115,6 +115,11 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
         "versions_written": [[t, v] for t, v in state.versions],
         "consistency": consistency(out / "parquet", state.epoch_s),
     }
+    # how long each version took from the window that triggered it to the first collective that ran it
+    seen = report["consistency"]["versions"]
+    report["push_to_records_s"] = [[t, v, seen[v]["first_s"] - t if v in seen else None]
+                                   for t, v in state.versions]
+    return report
 
 
 def _s(x, fmt="{:.0f}", none="-"):
@@ -161,6 +166,10 @@ def print_summary(args, report: dict, result, pipeline, out: Path, pacer=None) -
         f"in the profiler's records: " + ", ".join(f"v{v} from {x['first_s']:.1f} s" for v, x in vs.items())
         + f"; collective instances on which ranks ran different configs or versions: {c['inconsistent']} of "
           f"{c['instances']:,}")
+    lags = [x[2] for x in report["push_to_records_s"] if x[2] is not None]
+    if lags:
+        console.print(f"a config version reached the job's records {min(lags):.1f}-{max(lags):.1f} s after the window "
+                      f"that triggered it ({len(lags)} of {len(report['push_to_records_s'])} versions applied)")
     console.print(f"files: {out / 'parquet'}  {out / 'sim' / 'truth.jsonl'}  {out / 'changes.jsonl'}  "
                   f"{out / 'retuner-audit.jsonl'}  {out / 'tuner.conf'}  {out / 'summary.json'}")
 

@@ -67,6 +67,12 @@ def problems(s: dict) -> list[str]:
         out.append(f"ranks disagreed on {c['inconsistent']} of {c['instances']} collective instances")
     if s["run"]["fast"] and s["pacing"]["timeouts"]:
         out.append(f"pacing gave up {s['pacing']['timeouts']} times")
+    # every version written before the job's last seconds reaches the job within the pacing lag + one step
+    limit = s["pacing"]["lag_s"] + 0.5
+    late = [(t, v, d) for t, v, d in s["push_to_records_s"]
+            if t < s["run"]["sim_s"] - limit and (d is None or d > limit)]
+    if late:
+        out.append(f"versions applied late or never (window s, version, delay s): {late}")
     if s["run"].get("dropped"):
         out.append(f"records dropped: {s['run']['dropped']}")
     return out
@@ -77,13 +83,15 @@ def row(s: dict) -> str:
                    + (f"({e['change_kind']})" if e["kind"] in WANT_KIND else "") for e in s["events"]
                    if e["detected_s"] is not None)
     g = s["retuner_gains"][0] if s["retuner_gains"] else {}
+    lags = [d for _t, _v, d in s["push_to_records_s"] if d is not None]
     return (f"fast={s['run']['fast']} torch={s['run']['autoencoder_available']} seed={s['run']['seed']} "
             f"wall={s['run']['wall_s']:.0f}s detected=[{det}] unmatched={len(s['unmatched'])} "
             f"own_config={len(s['own_config_changes'])} kept={g.get('kept')}@{g.get('kept_at_s')} "
             f"gain={g.get('measured_gain') or 0:.3f} oracle={g.get('oracle_gain') or 0:.3f} "
             f"captured={g.get('captured') or 0:.2f} reverted={g.get('reverted_at_s')} "
             f"inconsistent={s['consistency']['inconsistent']} paced_waits={s['pacing']['waits']} "
-            f"timeouts={s['pacing']['timeouts']} problems={problems(s)}")
+            f"timeouts={s['pacing']['timeouts']} "
+            f"push->records={min(lags, default=0):.2f}-{max(lags, default=0):.2f}s problems={problems(s)}")
 
 
 if __name__ == "__main__":
