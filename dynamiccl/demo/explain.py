@@ -85,28 +85,33 @@ def explain_by_config(changes: list, parquet_dir: Path, workload: str, scenario:
             if c.recovers in out:
                 out[c.id] = {**out[c.recovers], "recovers": c.recovers, "magnitude": c.magnitude}
             continue
-        if c.kind == "straggler":
+        why = _level_of_our_config(c, tr, w, sc, parquet_dir, epoch_s)
+        if why is None and c.kind == "straggler":
             why = _probe_made_ranks_late(c, tr, w, sc, parquet_dir, epoch_s)
-            if why is not None:
-                out[c.id] = why
-            continue
-        names = set(c.comm_names or ())
-        t_on = c.start_s - epoch_s
-        running = _configs_at(parquet_dir, names, int(c.start_s * 1e9), int((c.start_s + 1.0) * 1e9))
-        state = sc.state_at(t_on, w.topology)
-        ratios = []
-        for op in tr.ops:
-            cfg = running.get(op.comm.name)
-            if cfg is None or math.frexp(op.nbytes)[1] - 1 not in (c.size_buckets or ()):
-                continue
-            default = tr.default_cfg(op)
-            if cfg[:2] == default[:2] and cfg[2] == tr.decision(op, default)[2]:
-                continue                   # NCCL's own choice: nothing of ours to explain it
-            ratios.append((tr.time_us(op, cfg, state) / tr.time_us(op, default, state), cfg))
-        if ratios and all(abs(r / c.magnitude - 1.0) <= TOLERANCE for r, _ in ratios):
-            from simulator.cost_model import ALGOS, PROTOS
-
-            r, cfg = ratios[0]
-            out[c.id] = {"config": f"{ALGOS[cfg[0]]}/{PROTOS[cfg[1]]}/{cfg[2]}", "model_ratio": r,
-                         "magnitude": c.magnitude}
+        if why is not None:
+            out[c.id] = why
     return out
+
+
+def _level_of_our_config(c, tr, w, sc, parquet_dir: Path, epoch_s: float) -> dict | None:
+    """The change's own streams ran a config of ours whose modelled time against NCCL's default matches it."""
+    from simulator.cost_model import ALGOS, PROTOS
+
+    names = set(c.comm_names or ())
+    t_on = c.start_s - epoch_s
+    running = _configs_at(parquet_dir, names, int(c.start_s * 1e9), int((c.start_s + 1.0) * 1e9))
+    state = sc.state_at(t_on, w.topology)
+    ratios = []
+    for op in tr.ops:
+        cfg = running.get(op.comm.name)
+        if cfg is None or math.frexp(op.nbytes)[1] - 1 not in (c.size_buckets or ()):
+            continue
+        default = tr.default_cfg(op)
+        if cfg[:2] == default[:2] and cfg[2] == tr.decision(op, default)[2]:
+            continue                   # NCCL's own choice: nothing of ours to explain it
+        ratios.append((tr.time_us(op, cfg, state) / tr.time_us(op, default, state), cfg))
+    if ratios and all(abs(r / c.magnitude - 1.0) <= TOLERANCE for r, _ in ratios):
+        r, cfg = ratios[0]
+        return {"config": f"{ALGOS[cfg[0]]}/{PROTOS[cfg[1]]}/{cfg[2]}", "model_ratio": r,
+                "magnitude": c.magnitude}
+    return None

@@ -74,6 +74,26 @@ def consistency(parquet_dir: Path, epoch_s: float) -> dict:
                          for r in firsts.iter_rows(named=True)}}
 
 
+def _late_alarms(changes: list, truth: list[dict], epoch_s: float) -> dict[str, str]:
+    """Changes that are a later alarm on a true change already matched or not: the kind the ground truth's event
+    implies, with an onset inside that event (e.g. an 8-byte all-reduce's stream alarming 7 s into a latency
+    regime, after the DP all-reduces' streams), and their recoveries. Not false alarms; reported as late."""
+    from retuner.evaluation.truth import KIND_OF
+
+    out: dict[str, str] = {}
+    for c in changes:
+        if c.kind == "recovery":
+            if c.recovers in out:
+                out[c.id] = out[c.recovers]
+            continue
+        onset = c.start_s - epoch_s
+        ev = next((e for e in truth if KIND_OF.get(e["kind"]) == c.kind and e["t_start"] <= onset < e["t_end"]),
+                  None)
+        if ev is not None:
+            out[c.id] = f"{ev['kind']}@{ev['t_start']:.0f}s"
+    return out
+
+
 def _audit(out: Path) -> list[dict]:
     try:
         return [json.loads(line) for line in (out / "retuner-audit.jsonl").read_text().splitlines() if line]
@@ -96,6 +116,8 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
     own = {a.get("regime") for a in audit if a.get("action") == "ignore" and a.get("self_induced")}
     explained = [c for c in extra if c.id in why]
     extra = [c for c in extra if c.id not in why]
+    late = _late_alarms(extra, truth, state.epoch_s)
+    extra = [c for c in extra if c.id not in late]
     regimes = oracle_regimes(args.workload, args.scenario, duration_s, truth)
     gains = [measure(r, history, audit, state.epoch_s) for r in regimes if r["better"]]
     report = {
@@ -108,6 +130,8 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
         "own_config_changes": [{"kind": c.kind, "detected_s": c.detected_s - state.epoch_s,
                                 "magnitude": c.magnitude, "where": where(c), **why[c.id],
                                 "retuner_saw_own": c.id in own} for c in explained],
+        "late_alarms": [{"kind": c.kind, "detected_s": c.detected_s - state.epoch_s, "magnitude": c.magnitude,
+                         "where": where(c), "event": late[c.id]} for c in state.changes if c.id in late],
         "no_gain_regimes": sorted({f"{r['kind']}@{r['t_start']:.0f}s" for r in regimes}
                                   - {f"{r['kind']}@{r['t_start']:.0f}s" for r in regimes if r["better"]}),
         "retuner_gains": gains,
@@ -154,6 +178,8 @@ def print_summary(args, report: dict, result, pipeline, out: Path, pacer=None) -
         f"detected changes not matching a true change: {len(report['unmatched'])}"
         + "".join(f"\n  unmatched: {u['kind']} at {u['detected_s']:.0f} s, {u['magnitude']:.2f}x, {u['where']}"
                   for u in report["unmatched"])
+        + "".join(f"\n  a late alarm on the true {u['event']}: {u['kind']} at {u['detected_s']:.0f} s, "
+                  f"{u['magnitude']:.2f}x, {u['where']}" for u in report["late_alarms"])
         + "".join(f"\n  explained by the retuner's own config {u['config']} (model {u['model_ratio']:.2f}x NCCL's "
                   f"default; the retuner {'ignored it as self-induced' if u['retuner_saw_own'] else 'did not see it as its own'}): "
                   f"{u['kind']} at {u['detected_s']:.0f} s, {u['magnitude']:.2f}x, {u['where']}"

@@ -87,7 +87,7 @@ def row(s: dict) -> str:
     lags = [d for _t, _v, d in s["push_to_records_s"] if d is not None]
     return (f"fast={s['run']['fast']} torch={s['run']['autoencoder_available']} seed={s['run']['seed']} "
             f"wall={s['run']['wall_s']:.0f}s detected=[{det}] unmatched={len(s['unmatched'])} "
-            f"own_config={len(s['own_config_changes'])} kept={g.get('kept')}@{g.get('kept_at_s')} "
+            f"own_config={len(s['own_config_changes'])} late_alarms={len(s['late_alarms'])} kept={g.get('kept')}@{g.get('kept_at_s')} "
             f"gain={g.get('measured_gain') or 0:.3f} oracle={g.get('oracle_gain') or 0:.3f} "
             f"captured={g.get('captured') or 0:.2f} reverted={g.get('reverted_at_s')} "
             f"inconsistent={s['consistency']['inconsistent']} paced_waits={s['pacing']['waits']} "

@@ -222,3 +222,14 @@ def test_the_live_view_charts_history_with_changes_and_switches_marked():
     marks = text.splitlines()[text.splitlines().index(dp) + 2]
     assert "L" * 22 in text and "▲" in marks and marks.count("◆") == 2
     assert "0.600 ms" in dp and "RING/SIMPLE v1" in text
+
+
+def test_a_later_alarm_of_the_true_kind_inside_a_true_event_is_late_not_unmatched():
+    from dynamiccl.demo.summary import _late_alarms
+
+    truth = [{"kind": "latency", "t_start": 50.0, "t_end": 80.0}, {"kind": "straggler", "t_start": 89.0, "t_end": 96.0}]
+    def change(i, kind, onset, recovers=None):
+        return SimpleNamespace(id=i, kind=kind, start_s=EPOCH + onset, recovers=recovers)
+    got = _late_alarms([change("w", "latency", 57.0), change("r", "recovery", 80.0, "w"),
+                        change("b", "bandwidth", 57.0), change("x", "latency", 85.0)], truth, EPOCH)
+    assert got == {"w": "latency@50s", "r": "latency@50s"}
