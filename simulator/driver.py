@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from multiprocessing.connection import Connection
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -246,6 +246,15 @@ class SimulatedJob:
     plugin and initialised its communicators (raising :class:`DriverError` otherwise); records then flow in a
     background thread until ``duration_s`` of simulated time, :meth:`stop`, or an error. :meth:`wait` joins.
 
+    ``gate`` (optional) is called before every step but the first with the span (start, end; simulated s) of
+    the step last handed to the workers; it may block to hold the job back (``dynamiccl demo`` paces ``--fast``
+    runs to its pipeline's windows with it) and must return eventually (the job waits for it, :meth:`stop`
+    included).
+
+    ``epoch_align_s`` (real time only) rounds the job's epoch up to a multiple of it, so that a collector's
+    windows of that length start at whole simulated multiples of it, as in fast mode (whose epoch is a whole
+    second); the workers wait until then.
+
     ``workload``/``scenario`` take objects, preset names or YAML paths. ``out_dir`` (optional) receives
     ``truth.jsonl`` (ground truth, written at start) and ``run.json`` (written at the end).
     """
@@ -256,7 +265,8 @@ class SimulatedJob:
                  emu_lib: str | Path | None = None, abi: int = 6, job_id: str | None = None,
                  epoch_ns: int | None = None, tuner: Tuner | None = None,
                  plugin_env: Mapping[str, str] | None = None, pace_s: float = 0.02, emu_threads: int = 1,
-                 drain_timeout_s: float = 10.0, start_timeout_s: float = 60.0) -> None:
+                 drain_timeout_s: float = 10.0, start_timeout_s: float = 60.0,
+                 gate: Callable[[float, float], None] | None = None, epoch_align_s: float | None = None) -> None:
         self.workload = workload
         self.scenario = scenario
         self.collector = collector
@@ -275,6 +285,8 @@ class SimulatedJob:
         self.emu_threads = emu_threads
         self.drain_timeout_s = drain_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.gate = gate
+        self.epoch_align_s = epoch_align_s
         self._wl = workload if isinstance(workload, Workload) else workload_mod.load(workload)
         sc = scenario if isinstance(scenario, Scenario) or scenario is None else scenario_mod.load(scenario)
         self._sc = sc if sc is not None else Scenario("stationary")
@@ -341,6 +353,9 @@ class SimulatedJob:
                     raise DriverError(msg[1])
             epoch = self.epoch_ns if self.epoch_ns is not None else (
                 time.time_ns() if self.realtime else DEFAULT_EPOCH_NS)
+            if self.epoch_ns is None and self.realtime and self.epoch_align_s:
+                step = int(self.epoch_align_s * 1e9)      # the job starts at the next multiple (at most one away)
+                epoch = -(-epoch // step) * step
             for conn in self._conns:
                 conn.send(("go", epoch))
         except EOFError:
@@ -367,10 +382,14 @@ class SimulatedJob:
 
     def _feed(self) -> None:
         eng, res = self.engine, self._result
+        last_start = 0.0
         try:
             while not eng.done and not self._stop.is_set():
+                if self.gate is not None and res.steps:   # may hold the job back (the demo paces it)
+                    self.gate(last_start, res.sim_seconds)
                 t = time.perf_counter()
                 b = eng.step()
+                last_start = b.t_start_s
                 res.engine_seconds += time.perf_counter() - t
                 version = _tuner_version(self.tuner)   # the config version this step's decisions used
                 for node, conn in enumerate(self._conns):

@@ -1,0 +1,248 @@
+"""`dynamiccl demo`: a simulated training job through the real plugins and the whole pipeline, live.
+
+It starts the collector in process (plugin socket, ``/metrics``, parquet history), the detector
+(`detector.service.Detector`) on the collector's feature stream, and the retuner
+(`retuner.Retuner`), which writes the tuner config file that the REAL tuner plugin reads. The
+simulated job (``simulator``) asks that plugin for every collective's algorithm/protocol/channels
+through its ABI, and its node processes report every collective through the REAL profiler plugin.
+A live terminal view shows per-stream latency and bus bandwidth history with detected changes and config switches
+marked; the summary says what happened, what was detected when, what was retuned and what it gained against NCCL's
+default and the simulator's oracle.
+
+Files in ``--out``: ``parquet/`` (history), ``sim/truth.jsonl`` (ground truth), ``changes.jsonl``
+(detected regime changes), ``retuner-audit.jsonl`` (every retuner decision), ``tuner.conf``, ``summary.json``
+(what the summary reports). Parts: :mod:`.pacing` (``--fast`` paced to the pipeline's windows),
+:mod:`.history` and :mod:`.view` (the live view's per-stream history), :mod:`.gain` and :mod:`.summary`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("dynamiccl.demo")
+
+DEFAULT_METRICS = "127.0.0.1:9464"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run a simulated job through the real plugins, live")
+    p.add_argument("--scenario", default="demo", help="scenario preset or YAML path (default: demo, ~100 s)")
+    p.add_argument("--workload", default="llama7b-tp8-dp2", help="workload preset or YAML path")
+    p.add_argument("--duration", type=float, default=None, help="simulated seconds (default: the scenario's)")
+    p.add_argument("--fast", action="store_true", help="run as fast as the pipeline keeps up (paced to its windows) instead of in real time")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/demo", help="output directory (parquet history, truth, summary)")
+    p.add_argument("--metrics", default=DEFAULT_METRICS,
+                   help="HOST:PORT for /metrics (a free port is used if this one is taken)")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
+    p.add_argument("--warmup", type=int, default=20,
+                   help="detector baseline windows (default 20 for the demo; the service default is 60)")
+    p.add_argument("--no-autoencoder", action="store_true", help="CUSUM streams only (no torch autoencoder)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="retuner recommends only (the service default); the demo applies by default")
+    p.set_defaults(func=run)
+
+
+# ------------------------------------------------------------------------------------------------
+def _free_metrics_address(wanted: str) -> str:
+    host, port = wanted.rsplit(":", 1)
+    with socket.socket() as s:
+        try:
+            s.bind((host, int(port)))
+            return wanted
+        except OSError:
+            s.bind((host, 0))
+            return f"{host}:{s.getsockname()[1]}"
+
+
+def _plugin_tuner(conf: Path):
+    """The real tuner plugin (a private instance, immediate mode), re-reading ``conf`` at every step boundary.
+    In the simulator the engine makes one decision per collective for all ranks, so there is nothing to
+    agree on; real jobs use the agreement hook (nccl_tuner_plugin/README.md)."""
+    from simulator.tuner_abi import PluginTuner, TunerPlugin
+
+    plugin = TunerPlugin.private_copy()
+    plugin.configure(str(conf), mode="immediate", poll_ms=0)
+    return PluginTuner(plugin, step_hook=lambda t, step: t.plugin.reload())
+
+
+def run(args: argparse.Namespace) -> int:
+    from collector.config import default_config
+    from collector.pipeline import Pipeline
+    from detector.config import DetectorConfig
+    from detector.service import Detector
+    from dynamiccl.demo.history import History
+    from dynamiccl.demo.pacing import WindowPacer, pacing_lag_s
+    from dynamiccl.demo.summary import analyse, print_summary
+    from dynamiccl.demo.view import LiveView
+    from retuner.agent import Retuner
+    from retuner.config import PolicyConfig, RetunerConfig
+    from simulator.driver import SimulatedJob
+    from simulator.workload import load as load_workload
+
+    out = _prepare_out(Path(args.out))
+    sock_dir = tempfile.mkdtemp(prefix="dynamiccl-demo-")
+    listen = f"unix:{sock_dir}/collector.sock"
+    metrics = _free_metrics_address(args.metrics)
+    cfg = default_config().replace(receiver={"listen": (listen,)},
+                                   parquet={"directory": str(out / "parquet"), "flush_interval_s": 10.0},
+                                   prometheus={"address": metrics}, features={"address": None})
+    pacer = WindowPacer(lag_s=pacing_lag_s(cfg.window.window_s, cfg.window.allowed_lateness_s),
+                        window_s=cfg.window.window_s)
+    if args.fast:
+        # A paced job is silent while it waits for the pipeline (the detector's first windows take seconds);
+        # the idle flush must not take that for the end of the job, or it closes a window the job's next step
+        # still has records for (dropped as late). The job's end closes every window anyway (shutdown).
+        cfg = cfg.replace(window={"idle_flush_s": max(cfg.window.idle_flush_s, 2 * pacer.max_wait_s)})
+    pipeline = Pipeline(cfg).start()
+    # Room for every window of the run (drops are counted, never silent).
+    sub = pipeline.subscribe(max_queue=4096)
+    # A 90 s demo cannot afford the production warm-up (60 windows): 20 windows of baseline.
+    detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=not args.no_autoencoder))
+    topo = load_workload(args.workload).topology.name
+    # In --fast mode the job never runs more than `lag` ahead of the windows the detector and retuner have
+    # handled (the pacer; in real time the wall clock keeps it about there), so a push reaches the job at most
+    # `lag` + one step after the window it answers. The retuner gives a push that long to show up in the
+    # records before it counts it as not applied (the demo tunes on detected changes only: no start-up
+    # exploration, which would itself move the latencies the detector is learning).
+    lag = pacer.lag_s
+    grace = lag + 0.5
+    policy = PolicyConfig(tune_at_start=False, apply_grace_s=grace, republish_after_s=grace)
+    retuner = Retuner(RetunerConfig(dry_run=args.dry_run, tuner_config_path=str(out / "tuner.conf"),
+                                    audit_path=str(out / "retuner-audit.jsonl"), topology=topo, seed=args.seed,
+                                    policy=policy))
+    tuner = _plugin_tuner(out / "tuner.conf")
+    # Real time is paced by the wall clock: a real job does not wait for its monitoring, so neither does this one.
+    # Its epoch is aligned to the window, so a given seed gives the same windows in real time as in --fast mode.
+    job = SimulatedJob(args.workload, args.scenario, collector=listen, realtime=not args.fast,
+                       seed=args.seed, duration_s=args.duration, out_dir=out / "sim", tuner=tuner,
+                       gate=pacer if args.fast else None, epoch_align_s=cfg.window.window_s)
+    state = _State()
+    changes_fh = open(out / "changes.jsonl", "w")
+    history = None
+
+    def handle(wf) -> None:
+        state.windows += 1
+        history.add(wf)
+        for c in detector.process(wf):
+            state.changes.append(c)
+            history.mark_change(c)
+            changes_fh.write(c.to_json() + "\n")
+            changes_fh.flush()
+            log.info("regime change: %s at t=%.0f s (onset %.0f s) magnitude %.2f where %s",
+                     c.kind, c.detected_s - state.epoch_s, c.start_s - state.epoch_s, c.magnitude,
+                     ",".join(c.comm_names or c.comms)[:60] + (f" ranks {c.ranks[:3]}" if c.ranks else ""))
+            v = retuner.on_change(c)
+            if v is not None:
+                state.versions.append((wf.window_start - state.epoch_s, v))
+        v = retuner.on_window(wf)
+        if v is not None:
+            state.versions.append((wf.window_start - state.epoch_s, v))
+        pacer.handled(wf.window_start - state.epoch_s + wf.window_s)
+
+    try:
+        job.start()
+        state.epoch_s = job.engine.epoch_ns / 1e9
+        pacer.set_epoch(state.epoch_s)
+        history = History(state.epoch_s)
+        truth = job.truth()
+        view = LiveView(args, truth, metrics, pipeline, history) if not args.no_live else None
+        last_print = time.monotonic()
+        latest = None
+        with (view.live() if view else _nullcontext()):
+            while True:
+                finished = not job._thread.is_alive()
+                wf = sub.get(timeout=0.25)
+                if wf is not None:
+                    latest = wf
+                    handle(wf)
+                if view:
+                    view.update(latest, state, retuner, pacer)
+                elif time.monotonic() - last_print > 10:
+                    last_print = time.monotonic()
+                    log.info("windows=%d records=%d changes=%d", state.windows, pipeline.metrics.received,
+                             len(state.changes))
+                if finished and wf is None:
+                    break
+        result = job.wait()
+    except KeyboardInterrupt:
+        pacer.close()
+        job.stop()
+        result = job.wait()
+    finally:
+        pacer.close()
+        pipeline.shutdown()
+        while (wf := sub.get(timeout=0.5)) is not None:     # windows closed during shutdown
+            handle(wf)
+        changes_fh.close()
+        retuner.close()
+        tuner.close()
+    report = analyse(args, truth, state, history, out, job.engine.duration_s)
+    report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts}
+    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": _autoencoder_available(args),
+                     "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
+                     "wall_s": result.wall_seconds, "windows": state.windows,
+                     "dropped": sum(pipeline.metrics.dropped.values()),
+                     "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v}}
+    _write_json(out / "summary.json", report)
+    print_summary(args, report, result, pipeline, out, pacer)
+    return 0
+
+
+def _autoencoder_available(args) -> bool:
+    """Whether the detector could run its autoencoder stream (asked for, and torch importable)."""
+    if args.no_autoencoder:
+        return False
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _prepare_out(out: Path) -> Path:
+    """Clear what a previous demo run left in ``out``: its parquet history would otherwise be read together with
+    this run's (same job id, and in --fast mode the same epoch: every record twice). A ``parquet/`` that no demo
+    wrote (no ``sim/truth.jsonl`` beside it) is not touched: that is an error naming the directory."""
+    import shutil
+
+    parquet = out / "parquet"
+    if parquet.exists() and not (out / "sim" / "truth.jsonl").is_file():
+        raise ValueError(f"{parquet} exists and was not written by a demo run (no {out / 'sim' / 'truth.jsonl'}); "
+                         "choose another --out")
+    shutil.rmtree(parquet, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("changes.jsonl", "retuner-audit.jsonl", "tuner.conf", "summary.json", "sim/truth.jsonl",
+                 "sim/run.json"):
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    import json
+    import os
+
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+@dataclass
+class _State:
+    epoch_s: float = 0.0
+    windows: int = 0
+    changes: list = field(default_factory=list)
+    versions: list = field(default_factory=list)     # (t, tuner config version written)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
