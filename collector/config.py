@@ -88,6 +88,12 @@ class WindowConfig:
     # as "late"; a node further behind than max_skew_s (or silent for idle_flush_s) stops holding
     # windows open. Effective skew is at most (max_open_windows - 2) windows.
     max_skew_s: float = 10.0
+    # Event time is held per host to +-max_event_spread_s around where its clock should be
+    # (collector/processors/time_gate.py): one frame cannot span hours of partitions and windows.
+    max_event_spread_s: float = 300.0
+    # A host whose event time runs more than this ahead of the collector's wall clock does not
+    # advance the watermark (a clock 30 s ahead would otherwise make other hosts' records late).
+    max_clock_ahead_s: float = 5.0
     # Bounds on the records open windows buffer (~59 bytes each): beyond them records are dropped
     # and counted (reason="window_full"), never blocked. Sized for the 2 M records/s target with the
     # default 1 s window and 2 s lateness: one window then holds ~2 M records (4x headroom) and all
@@ -97,7 +103,7 @@ class WindowConfig:
 
     def validate(self) -> None:
         _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows",
-                  "max_window_records", "max_buffered_records")
+                  "max_window_records", "max_buffered_records", "max_event_spread_s", "max_clock_ahead_s")
         for name in ("max_window_records", "max_buffered_records"):
             if not isinstance(getattr(self, name), numbers.Integral):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
@@ -117,6 +123,7 @@ class ParquetConfig:
     directory: str | None = DEFAULT_PARQUET_DIR
     flush_rows: int = 1_000_000       # a part file is finished once it holds this many rows
     flush_interval_s: float = 60.0    # ... or once its first row is this old (wall time)
+    max_open_files: int = 64          # part files open at once; one more finishes the least recently used
     # Shared memory between the queue thread and the writer: slabs of row_group_rows raw records
     # (128 B each; a full slab becomes one row group), max_buffered_rows in all (at most 64 slabs).
     max_buffered_rows: int = 1_048_576
@@ -128,8 +135,9 @@ class ParquetConfig:
 
     def validate(self) -> None:
         _positive(self, "flush_rows", "flush_interval_s", "max_buffered_rows", "row_group_rows",
-                  "queue_max_records", "writer_timeout_s")
-        for name in ("flush_rows", "max_buffered_rows", "row_group_rows", "queue_max_records"):
+                  "queue_max_records", "writer_timeout_s", "max_open_files")
+        for name in ("flush_rows", "max_buffered_rows", "row_group_rows", "queue_max_records",
+                     "max_open_files"):
             if not isinstance(getattr(self, name), numbers.Integral):
                 raise ValueError(f"parquet.{name} must be an integer, got {getattr(self, name)!r}")
         if self.compression not in ("zstd", "snappy", "lz4", "gzip", "none"):

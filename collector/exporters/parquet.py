@@ -4,7 +4,8 @@ Layout: ``DIR/job_id=<job>/date=YYYY-MM-DD/hour=HH/part-<unix_ms>-<pid>-<n>.parq
 by event time). Columns: every ``EVENT_DTYPE`` field except ``reserved*``, plus ``host``,
 ``job_id``, ``comm_name`` (dictionary-encoded strings). Part files are written to
 ``<name>.tmp.<pid>`` and ``os.replace``d, so readers never see a partial file. A part file is
-finished when it holds ``flush_rows`` rows or its first row is ``flush_interval_s`` old.
+finished when it holds ``flush_rows`` rows or its first row is ``flush_interval_s`` old; at most
+``max_open_files`` are open at once (opening one more finishes the least recently used).
 
 Where the work happens: ``consume`` (the pipeline's parquet queue thread) only copies each batch
 into a shared-memory slab of ``row_group_rows`` raw records (one memcpy) and notes which part
@@ -211,10 +212,13 @@ class ParquetExporter:
 
     def _add(self, batch: RecordBatch, ev: np.ndarray, hour: int, now: float) -> None:
         key = (batch.job_id, hour)
-        f = self._files.get(key)
+        f = self._files.pop(key, None)  # re-inserted last: the dict is in least-recently-used order
         if f is None:
-            f = self._files[key] = _File(*self._new_path(key), key=key, job_id=batch.job_id, since=now)
+            while len(self._files) >= self.config.max_open_files:
+                self._close_file(next(iter(self._files.values())))
+            f = _File(*self._new_path(key), key=key, job_id=batch.job_id, since=now)
             self._next_due = min(self._next_due, now + self.config.flush_interval_s)
+        self._files[key] = f
         pos, n = 0, len(ev)
         while pos < n:
             if self._cur is None:
