@@ -62,15 +62,24 @@ class ReceiverConfig:
     """Plugin stream receivers (Unix socket / TCP)."""
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
     max_connections: int = 1024
+    reserved_local_connections: int = 64  # of max_connections, only Unix-socket peers may use these
     recv_chunk_bytes: int = 1 << 20
     max_records_per_s_per_connection: int = 2_000_000  # above this for a full second = flood
     gap_tracker_max_processes: int = 65536
+    handshake_timeout_s: float = 5.0   # no PROCESS record by then: closed
+    idle_timeout_s: float = 120.0      # nothing received for this long (plugins send STATS each second)
+    frame_timeout_s: float = 10.0      # a frame incomplete this long (slow loris): closed
+    max_pending_bytes: int = 256 << 20  # partial frames held by all connections together
 
     def validate(self) -> None:
         _positive(self, "max_connections", "recv_chunk_bytes", "max_records_per_s_per_connection",
-                  "gap_tracker_max_processes")
+                  "gap_tracker_max_processes", "handshake_timeout_s", "idle_timeout_s",
+                  "frame_timeout_s", "max_pending_bytes")
         if self.recv_chunk_bytes < 16 + 128:
             raise ValueError("recv_chunk_bytes must be >= 144")
+        if not 0 <= self.reserved_local_connections < self.max_connections:
+            raise ValueError(f"reserved_local_connections must be in 0..max_connections-1, "
+                             f"got {self.reserved_local_connections!r}")
         for addr in self.listen:
             parse_address(addr, key="listen")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MetricSpec", "METRICS", "BY_NAME", "DURATION_BUCKETS_S", "DROP_REASONS", "MALFORMED_REASONS",
-    "PLUGIN_DROP_REASONS", "SelfMetrics", "PluginStats",
+    "PLUGIN_DROP_REASONS", "REFUSAL_REASONS", "SelfMetrics", "PluginStats",
 ]
 
 
@@ -36,7 +36,10 @@ DROP_REASONS = ("late", "too_early", "queue_full", "parquet_queue_full", "invali
                 "aggregation_error", "window_full", "parquet_write_failed", "clock_range")
 #: why a frame / connection was rejected (pre-initialised at 0)
 MALFORMED_REASONS = ("bad_magic", "bad_version", "bad_record_size", "too_many_records",
-                     "truncated", "no_process", "flood", "internal_error")
+                     "truncated", "no_process", "flood", "internal_error", "process_changed")
+#: why a connection was refused or closed by the collector (pre-initialised at 0)
+REFUSAL_REASONS = ("connection_limit", "accept_failed", "handshake_timeout", "idle_timeout",
+                   "frame_timeout", "buffer_limit", "subscriber_limit", "auth")
 #: plugin STATS fields exported as dynamiccl_plugin_records_dropped_total{reason}
 PLUGIN_DROP_REASONS = {
     "pool_full": "events_dropped_pool_full",
@@ -70,6 +73,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Plugin connections currently open."),
     MetricSpec("dynamiccl_collector_connections_total", "counter",
                "Plugin connections accepted, by transport.", ("transport",)),
+    MetricSpec("dynamiccl_collector_connections_refused_total", "counter",
+               "Connections refused or closed by the collector (limit, timeouts, credentials), by reason.",
+               ("reason",)),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -154,6 +160,7 @@ class SelfMetrics:
         self.windows_emitted = 0
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self.malformed = dict.fromkeys(MALFORMED_REASONS, 0)
+        self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
         self.gap_records: dict[tuple[str, str], int] = {}
         self.gaps: dict[tuple[str, str], int] = {}
         self.connections_open = 0
@@ -180,6 +187,10 @@ class SelfMetrics:
         with self._lock:
             self.malformed[reason] = self.malformed.get(reason, 0) + 1
 
+    def refused(self, reason: str) -> None:
+        with self._lock:
+            self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
     def gap(self, job_id: str, host: str, lost: int, jumps: int) -> None:
         with self._lock:
             key = (job_id, host)
@@ -195,6 +206,7 @@ class SelfMetrics:
                 "windows_emitted_total": self.windows_emitted,
                 "records_dropped_total": dict(self.dropped),
                 "malformed_frames_total": dict(self.malformed),
+                "connections_refused_total": dict(self.refusals),
                 "delivery_gap_records_total": sum(self.gap_records.values()),
                 "connections_open": self.connections_open,
                 "feature_windows_dropped_total": self.feature_windows_dropped,

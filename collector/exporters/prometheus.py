@@ -125,7 +125,7 @@ class MetricsCollector:
                 "dynamiccl_collector_feature_windows_dropped_total": m.feature_windows_dropped,
                 "dynamiccl_collector_last_window_end_timestamp_seconds": m.last_window_end_s,
             }
-            dropped, malformed = dict(m.dropped), dict(m.malformed)
+            dropped, malformed, refusals = dict(m.dropped), dict(m.malformed), dict(m.refusals)
             gap_records, gaps = dict(m.gap_records), dict(m.gaps)
             conns = dict(m.connections_total)
         for name, value in simple.items():
@@ -134,7 +134,8 @@ class MetricsCollector:
             yield f
         for name, table in (("dynamiccl_collector_records_dropped_total", dropped),
                             ("dynamiccl_collector_malformed_frames_total", malformed),
-                            ("dynamiccl_collector_connections_total", conns)):
+                            ("dynamiccl_collector_connections_total", conns),
+                            ("dynamiccl_collector_connections_refused_total", refusals)):
             f = _fam(name)
             for label, value in sorted(table.items()):
                 f.add_metric([label], value)
