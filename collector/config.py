@@ -159,12 +159,21 @@ class ParquetConfig:
 class PrometheusConfig:
     """``/metrics`` over HTTP. ``address=None`` disables the server (the Collector still works)."""
     address: str | None = DEFAULT_METRICS
-    max_series: int = 20000  # per-key label sets kept for cumulative histograms/counters
+    # exposed series of the cumulative tables together (a histogram label set is 24); when full
+    # the least recently updated label set idle for series_min_idle_s is evicted, else the new one
+    # is not tracked (about 170 bytes a series: ~3.4 MB of /metrics at the bound)
+    max_series: int = 20000
+    series_min_idle_s: float = 60.0
+    max_window_series: int = 1000  # rows per last-window gauge (bandwidth, spread, skew)
+    gauge_ttl_s: float = 15.0      # last-window gauges are not exported once no window closed this long
+    max_clients: int = 16          # /metrics requests served at once; more are closed and counted
+    request_timeout_s: float = 5.0 # from accept to the end of the response
 
     def validate(self) -> None:
         if self.address is not None:
             parse_host_port(self.address, key="metrics")
-        _positive(self, "max_series")
+        _positive(self, "max_series", "series_min_idle_s", "max_window_series", "gauge_ttl_s",
+                  "max_clients", "request_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -174,11 +183,12 @@ class FeaturesConfig:
     address: str | None = DEFAULT_FEATURES
     queue_max_windows: int = 64  # per subscriber; overflow drops the oldest window
     max_subscribers: int = 64
+    stall_timeout_s: float = 30.0  # at max_subscribers, a client with windows unread this long is dropped
 
     def validate(self) -> None:
         if self.address is not None:
             parse_address(self.address, key="features")
-        _positive(self, "queue_max_windows", "max_subscribers")
+        _positive(self, "queue_max_windows", "max_subscribers", "stall_timeout_s")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ MALFORMED_REASONS = ("bad_magic", "bad_version", "bad_record_size", "too_many_re
                      "truncated", "no_process", "flood", "internal_error", "process_changed")
 #: why a connection was refused or closed by the collector (pre-initialised at 0)
 REFUSAL_REASONS = ("connection_limit", "accept_failed", "handshake_timeout", "idle_timeout",
-                   "frame_timeout", "buffer_limit", "subscriber_limit", "auth")
+                   "frame_timeout", "buffer_limit", "subscriber_limit", "subscriber_stalled", "auth", "metrics_limit",
+                   "metrics_timeout")
 #: plugin STATS fields exported as dynamiccl_plugin_records_dropped_total{reason}
 PLUGIN_DROP_REASONS = {
     "pool_full": "events_dropped_pool_full",
@@ -91,7 +92,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_collector_feature_windows_dropped_total", "counter",
                "Windows dropped from a slow subscriber's queue (oldest first)."),
     MetricSpec("dynamiccl_collector_series_dropped_total", "counter",
-               "Per-key label sets not tracked because max_series was reached."),
+               "Label sets not tracked or evicted because a series budget (max_series, max_window_series) was reached."),
     MetricSpec("dynamiccl_collector_last_window_end_timestamp_seconds", "gauge",
                "Event-time end of the last emitted window."),
     MetricSpec("dynamiccl_build_info", "gauge", "Build information (value 1).", ("version",)),
@@ -149,11 +150,15 @@ BY_NAME = {m.name: m for m in METRICS}
 assert len(BY_NAME) == len(METRICS)
 
 
+_EVICTED = ("_evicted", "_evicted")
+
+
 class SelfMetrics:
     """Thread-safe counters of the collector itself (updated per batch, never per record)."""
 
-    def __init__(self):
+    def __init__(self, max_gap_label_sets: int = 4096):
         self._lock = threading.Lock()
+        self.max_gap_label_sets = max(2, max_gap_label_sets)
         self.received = 0
         self.decoded = 0
         self.aggregated = 0
@@ -192,10 +197,16 @@ class SelfMetrics:
             self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     def gap(self, job_id: str, host: str, lost: int, jumps: int) -> None:
+        """Count a delivery gap per (job, host); beyond ``max_gap_label_sets`` label sets the
+        oldest is folded into ("_evicted", "_evicted") so the totals stay exact and bounded."""
         with self._lock:
             key = (job_id, host)
-            self.gap_records[key] = self.gap_records.get(key, 0) + lost
-            self.gaps[key] = self.gaps.get(key, 0) + jumps
+            while key not in self.gaps and len(self.gaps) >= self.max_gap_label_sets:
+                old = next(k for k in self.gaps if k != _EVICTED)  # least recently updated
+                for table in (self.gap_records, self.gaps):
+                    table[_EVICTED] = table.get(_EVICTED, 0) + table.pop(old)
+            self.gap_records[key] = self.gap_records.pop(key, 0) + lost  # re-inserted: LRU order
+            self.gaps[key] = self.gaps.pop(key, 0) + jumps
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -234,11 +245,16 @@ class PluginStats:
             while len(self._by_process) > self.max_processes:
                 self._by_process.popitem(last=False)
 
-    def totals(self) -> dict[tuple[str, str], dict[str, int]]:
+    def totals(self, max_label_sets: int = 4096) -> dict[tuple[str, str], dict[str, int]]:
+        """Sums per (job_id, host); beyond ``max_label_sets`` the least recently reporting
+        processes are summed into ("_evicted", "_evicted")."""
         out: dict[tuple[str, str], dict[str, int]] = {}
         with self._lock:
-            for job_id, host, values in self._by_process.values():
-                acc = out.setdefault((job_id, host), dict.fromkeys(self.FIELDS, 0))
+            for job_id, host, values in reversed(self._by_process.values()):
+                key = (job_id, host)
+                if key not in out and len(out) >= max_label_sets - 1:
+                    key = _EVICTED
+                acc = out.setdefault(key, dict.fromkeys(self.FIELDS, 0))
                 for k in self.FIELDS:
                     acc[k] += int(values.get(k, 0))
         return out

@@ -71,7 +71,7 @@ class Pipeline:
         # exporters
         self.prometheus = PrometheusExporter(cfg.prometheus, metrics=self.metrics,
                                              plugin_stats=self.plugin_stats, registry=self.registry,
-                                             queues=self.queues, version=_version())
+                                             queues=self.queues, version=_version(), clock=clock)
         self.features = FeatureStream(cfg.features, metrics=self.metrics)
         self.telemetry = None
         if cfg.telemetry.gpu:
