@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -15,6 +16,7 @@ __all__ = ["register", "run", "config_from_args"]
 
 log = logging.getLogger("collector")
 _OFF = ("off", "none", "")
+SHUTDOWN_TIMEOUT_S = 4.0  # SIGTERM ends the collector within this (plus a signal-wait tick)
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -66,12 +68,28 @@ def config_from_args(args: argparse.Namespace):
     return cfg.validate()
 
 
+def _bounded_shutdown(pipeline, timeout: float) -> bool:
+    """Flush and stop the pipeline; False if that takes longer than ``timeout`` seconds."""
+    done = threading.Event()
+
+    def _stop():
+        try:
+            pipeline.shutdown(timeout=timeout)
+        finally:
+            done.set()
+
+    threading.Thread(target=_stop, name="dynamiccl-shutdown", daemon=True).start()
+    return done.wait(timeout)
+
+
 def run(args: argparse.Namespace) -> int:
     from collector.pipeline import Pipeline
     cfg = config_from_args(args)  # ValueError → "dynamiccl collector: error: ..." exit 2
     stop = threading.Event()
 
     def _signal(signum, _frame):
+        if stop.is_set():  # a second signal: the user wants out now
+            os._exit(3)
         log.info("received %s; shutting down", signal.Signals(signum).name)
         stop.set()
 
@@ -87,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
               f"features={a['features'] or '-'} parquet={cfg.parquet.directory or '-'}", flush=True)
         while not stop.wait(0.5):
             pass
-        pipeline.shutdown()
+        if not _bounded_shutdown(pipeline, SHUTDOWN_TIMEOUT_S):
+            print(f"dynamiccl collector: error: shutdown did not finish within {SHUTDOWN_TIMEOUT_S:g} s "
+                  "(a wedged writer or exporter); exiting without it", file=sys.stderr, flush=True)
+            os._exit(3)  # the parquet writer sees the end of file and finishes its files itself
         m = pipeline.metrics.snapshot()
         print(f"collector stopped: received={m['records_received_total']} "
               f"decoded={m['records_decoded_total']} windows={m['windows_emitted_total']}", flush=True)

@@ -32,8 +32,10 @@ import argparse
 import logging
 import mmap
 import os
+import queue
 import signal
 import sys
+import threading
 from typing import Callable
 
 import numpy as np
@@ -115,6 +117,14 @@ def build_table(cols: dict[str, np.ndarray], host_codes: np.ndarray, hosts: list
     arrays += [_dict_array(host_codes, hosts), _dict_array(np.zeros(n, np.int32), [job_id]),
                pa.DictionaryArray.from_arrays(enc.indices.cast(pa.int32()), pa.array(names, pa.string()))]
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class WriterCore:
@@ -207,7 +217,9 @@ class WriterCore:
         if f.error is None:
             try:
                 f.writer.close()
+                _fsync(f.tmp)              # the data is on disk before the name says it is complete
                 os.replace(f.tmp, f.path)
+                _fsync(os.path.dirname(f.path))
             except Exception as exc:
                 self._fail(f, exc)
         if f.error is None:
@@ -235,8 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s parquet-writer %(levelname)s %(message)s")
     conn = Connection(args.ctl_fd)
+    # Replies go out from their own thread: this loop never blocks on a full reply buffer while
+    # the collector blocks sending a command (the two would wait on each other for ever).
+    replies: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_replies, args=(conn, replies), daemon=True)
+    sender.start()
     core = WriterCore(SlabMemory(args.slabs, args.slab_rows, fd=args.slab_fd),
-                      compression=args.compression, reply=conn.send)
+                      compression=args.compression, reply=replies.put)
     parent = os.getppid()
     while True:
         try:
@@ -252,7 +269,17 @@ def main(argv: list[str] | None = None) -> int:
             break
         if not core.handle(msg):
             break
+    replies.put(None)
+    sender.join(timeout=10)
     return 0
+
+
+def _send_replies(conn, replies: "queue.SimpleQueue") -> None:
+    while (msg := replies.get()) is not None:
+        try:
+            conn.send(msg)
+        except (OSError, EOFError, ValueError):
+            return  # the collector is gone
 
 
 if __name__ == "__main__":
