@@ -102,7 +102,7 @@ class WindowConfig:
     max_event_spread_s: float = 300.0
     # A host whose event time runs more than this ahead of the collector's wall clock does not
     # advance the watermark (a clock 30 s ahead would otherwise make other hosts' records late).
-    max_clock_ahead_s: float = 5.0
+    max_clock_ahead_s: float = 1.0
     # Bounds on the records open windows buffer (~59 bytes each): beyond them records are dropped
     # and counted (reason="window_full"), never blocked. Sized for the 2 M records/s target with the
     # default 1 s window and 2 s lateness: one window then holds ~2 M records (4x headroom) and all
