@@ -201,10 +201,19 @@ class LegitCounter:
             pass
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (t / "children").read_text().split()]
+        except OSError:  # a thread that just ended
+            pass
+    return out
+
+
 def rss(pid: int) -> int:
     total = 0
-    pids = [pid] + [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
-    for p in pids:
+    for p in [pid] + _children(pid):
         try:
             for ln in Path(f"/proc/{p}/status").read_text().splitlines():
                 if ln.startswith("VmRSS:"):

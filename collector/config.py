@@ -70,6 +70,8 @@ class ReceiverConfig:
     idle_timeout_s: float = 120.0      # nothing received for this long (plugins send STATS each second)
     frame_timeout_s: float = 10.0      # a frame incomplete this long (slow loris): closed
     max_pending_bytes: int = 256 << 20  # partial frames held by all connections together
+    tokens_file: str | None = None     # per-job tokens (collector/auth.py); None: no peer is authenticated
+    auth_unix: bool = True             # with tokens_file, Unix-socket peers must authenticate too
 
     def validate(self) -> None:
         _positive(self, "max_connections", "recv_chunk_bytes", "max_records_per_s_per_connection",

@@ -178,6 +178,7 @@ class SelfMetrics:
         self.feature_windows_dropped = 0
         self.series_dropped = 0
         self.last_window_end_s = 0.0
+        self.inputs_authenticated = 0  # 1: every network peer had to present a token
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -221,6 +222,7 @@ class SelfMetrics:
                 "delivery_gap_records_total": sum(self.gap_records.values()),
                 "connections_open": self.connections_open,
                 "feature_windows_dropped_total": self.feature_windows_dropped,
+                "inputs_authenticated": self.inputs_authenticated,
             }
 
 

@@ -63,6 +63,10 @@ class Pipeline:
                  clock: Callable[[], float] = time.monotonic):
         self.config = (config or default_config()).validate()
         self.metrics = SelfMetrics()
+        rc = self.config.receiver
+        # windows say whether every network peer had to authenticate (the retuner checks it)
+        self.metrics.inputs_authenticated = int(rc.tokens_file is not None and (
+            rc.auth_unix or not any(a.startswith("unix:") for a in rc.listen)))
         self.plugin_stats = PluginStats(self.config.receiver.gap_tracker_max_processes)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._clock = clock

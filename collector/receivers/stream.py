@@ -6,7 +6,8 @@ together are bounded by ``max_pending_bytes``). Connections are capped (``max_co
 which ``reserved_local_connections`` only Unix-socket peers may use); a peer that sends no PROCESS
 record within ``handshake_timeout_s``, nothing for ``idle_timeout_s`` or no complete frame for
 ``frame_timeout_s`` (slow loris) is closed. Every refusal is counted in
-``dynamiccl_collector_connections_refused_total{reason}`` and logged at most once a minute per reason. Bad input (wrong magic/version/record size, too many
+``dynamiccl_collector_connections_refused_total{reason}`` and logged at most once a minute per reason.
+With ``tokens_file`` set, every connection must open with a valid token (collector/auth.py). Bad input (wrong magic/version/record size, too many
 records, truncated frame at EOF, records before PROCESS, a flood above
 ``max_records_per_s_per_connection``) is logged once, counted, and that connection is closed;
 every other connection keeps being served. ``next_consumer.consume`` must not block (the
@@ -23,6 +24,7 @@ import time
 from typing import Callable
 
 
+from collector.auth import NeedMore, TokenTable, parse_preamble
 from collector.component import RecordBatch
 from collector.config import ReceiverConfig
 from collector.decode import GapTracker, ProtocolError, StreamDecoder
@@ -40,7 +42,7 @@ _MAX_FRAME = 16 + MAX_RECORDS_PER_FRAME * RECORD_SIZE
 class _Conn:
     """One connection. Holds no buffer while idle: only a partial frame is kept (``pending``)."""
     __slots__ = ("sock", "transport", "peer", "decoder", "pending", "opened", "last_rx", "frame_since",
-                 "rate_start", "rate_count")
+                 "rate_start", "rate_count", "greeted", "bound_job")
 
     def __init__(self, sock, transport: str, peer: str, now: float):
         self.sock = sock
@@ -52,6 +54,8 @@ class _Conn:
         self.frame_since: float | None = None  # when the partial frame in ``pending`` last progressed
         self.rate_start = now
         self.rate_count = 0
+        self.greeted = False           # the auth preamble (or its absence) has been handled
+        self.bound_job: str | None = None  # the job its token may speak for (None: any)
 
 
 class StreamReceiver:
@@ -78,6 +82,7 @@ class StreamReceiver:
         self._scratch_view = memoryview(self._scratch)
         self._next_reap = 0.0
         self._refusal_log = RateLimitedLog(log, 60.0, clock=clock)
+        self._tokens: TokenTable | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake_r = self._wake_w = None
@@ -87,6 +92,8 @@ class StreamReceiver:
     def start(self) -> None:
         if self._thread is not None:
             return
+        if self.config.tokens_file is not None:  # PermissionError/ValueError: a start-up error
+            self._tokens = TokenTable.load(self.config.tokens_file)
         try:
             for address in self.config.listen:
                 self._listeners.append(listen(address, key="listen"))
@@ -264,11 +271,24 @@ class StreamReceiver:
         now = self._clock()
         conn.last_rx = now
         fill = held + n
+        start = 0
+        if not conn.greeted:
+            start = self._greet(conn, view[:fill])
+            if start is None:  # refused, or the preamble is still incomplete
+                if conn.sock.fileno() >= 0 and not conn.greeted:
+                    self._pending_bytes += fill - held
+                    conn.pending = bytes(view[:fill])
+                return
         try:
-            res = conn.decoder.feed(view[:fill])
+            res = conn.decoder.feed(view[start:fill])
         except ProtocolError as exc:
             self._reject(conn, exc.reason, str(exc))
             return
+        if conn.bound_job is not None and conn.decoder.job_id not in (None, conn.bound_job):
+            self._refuse(conn, "auth", f"connection {conn.peer}: token of job {conn.bound_job!r} used for job "
+                         f"{conn.decoder.job_id!r}; closed")
+            return
+        res.consumed += start
         rest = fill - res.consumed
         if res.consumed or not rest:
             conn.frame_since = now if rest else None
@@ -280,6 +300,24 @@ class StreamReceiver:
         conn.pending = bytes(view[res.consumed:fill]) if rest else b""
         if res.n_records:
             self._deliver(conn, res)
+
+    def _greet(self, conn: _Conn, buf) -> int | None:
+        """Handle the auth preamble: bytes it used, or None (refused, or not complete yet)."""
+        try:
+            used, token = parse_preamble(buf)
+        except NeedMore:
+            return None
+        except ValueError as exc:
+            self._refuse(conn, "auth", f"connection {conn.peer}: {exc}; closed")
+            return None
+        if self._tokens is not None and (conn.transport == "tcp" or self.config.auth_unix):
+            ok, job = self._tokens.check(token)
+            if not ok:
+                self._refuse(conn, "auth", f"connection {conn.peer}: {'wrong' if token else 'no'} token; closed")
+                return None
+            conn.bound_job = job
+        conn.greeted = True
+        return used
 
     def _deliver(self, conn: _Conn, res) -> None:
         m = self.metrics
