@@ -65,6 +65,20 @@ def safe_partition_value(value: str) -> str:
     return s if s not in ("", ".", "..") else "_"
 
 
+def _check_writable(directory: str) -> None:
+    """Create ``directory`` and write a probe file in it: a read-only history directory is a
+    start-up error (OSError naming it), not rows silently lost later."""
+    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"x")
+            os.fsync(f.fileno())
+        os.unlink(probe)
+    except OSError as exc:
+        raise OSError(exc.errno, f"parquet directory {directory}: cannot write: {exc.strerror or exc}") from exc
+
+
 class _File:
     """One part file: ``rows`` given to it so far, ``sent`` of them handed to the writer."""
     __slots__ = ("id", "key", "job_id", "tmp", "path", "since", "rows", "sent")
@@ -109,7 +123,7 @@ class ParquetExporter:
     def start(self) -> None:
         if self._channel is not None:
             return
-        os.makedirs(self.config.directory, exist_ok=True)
+        _check_writable(self.config.directory)
         self._mem = SlabMemory(self.n_slabs, self.slab_rows)
         self._free = list(range(self.n_slabs))
         self._stopping = False
@@ -348,11 +362,15 @@ class ParquetExporter:
                     m.parquet_rows += r[2]
             elif r[0] == "failed":
                 f = self._closing.pop(r[1], None)
+                kept = r[4] if len(r) > 4 else 0
                 with m._lock:
                     m.parquet_errors += 1
+                    m.parquet_files += kept > 0
+                    m.parquet_rows += kept
                 m.drop("parquet_write_failed", r[2])
-                self._log_once("write", logging.ERROR, "parquet: cannot write %s (%s); %d rows lost "
-                               "(further errors counted only)", f.path if f else r[1], r[3], r[2])
+                self._log_once("write", logging.ERROR, "parquet: cannot write %s (%s); %d rows lost, %d kept "
+                               "in a partial file (further errors counted only)", f.path if f else r[1], r[3],
+                               r[2], kept)
 
     def _on_death(self, exc: BaseException) -> None:
         """The writer is gone: count what it had not finished, start another (unless stopping)."""
