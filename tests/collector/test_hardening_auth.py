@@ -112,3 +112,18 @@ def test_wire_sender_opens_with_the_token_and_the_collector_accepts_it(quiet_con
         s.close()
     finally:
         p.shutdown()
+
+
+def test_non_loopback_listen_needs_allow_remote():
+    import argparse
+
+    from collector.cli import config_from_args, register
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    base = ["collector", "--metrics", "off", "--features", "off", "--parquet", "off"]
+    with pytest.raises(ValueError, match="--allow-remote"):
+        config_from_args(ap.parse_args(base + ["--listen", "tcp:0.0.0.0:9470"]))
+    with pytest.raises(ValueError, match="--allow-remote"):
+        config_from_args(ap.parse_args(["collector", "--metrics", "0.0.0.0:9464", "--listen", "off"]))
+    assert config_from_args(ap.parse_args(base + ["--listen", "tcp:127.0.0.1:9470"]))
+    assert config_from_args(ap.parse_args(base + ["--listen", "tcp:0.0.0.0:9470", "--allow-remote"]))
