@@ -113,3 +113,18 @@ def test_process_record_mid_connection_cannot_reattribute(quiet_config, sock_pat
     while (wf := sub.get(timeout=0.1)) is not None:
         hosts |= set(wf.ranks["host"].to_list())
     assert "victim" not in hosts
+
+
+def test_a_socket_of_another_user_is_not_taken_over(tmp_path):
+    import os
+
+    from collector.net import listen
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a socket owned by another user")
+    path = str(tmp_path / "s.sock")
+    squatter = socket.socket(socket.AF_UNIX)
+    squatter.bind(path)
+    os.chown(path, 12345, 12345)
+    with pytest.raises(OSError, match="belongs to uid 12345"):   # before: probed, unlinked or EADDRINUSE
+        listen(f"unix:{path}", key="listen")
+    squatter.close()
