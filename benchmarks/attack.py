@@ -279,6 +279,13 @@ def run_attack(name: str, duration: float, legit_rate: float) -> dict:
     return res
 
 
+def _kv(**fields) -> str:
+    """``key=value ...`` with the load average before ``pass`` (``pass_`` names the last key)."""
+    last = fields.pop("pass_")
+    fields["load1"] = f"{os.getloadavg()[0]:.2f}"
+    return " ".join(f"{k}={v}" for k, v in fields.items()) + f" pass={last}"
+
+
 def ok(res: dict) -> bool:
     return (res["legit_ratio"] >= TARGETS["legit_ratio"] and res["metrics_max_bytes"] < TARGETS["metrics_max_bytes"]
             and res["metrics_max_s"] < TARGETS["metrics_max_s"] and res["rss_max_bytes"] < TARGETS["rss_max_bytes"]
@@ -297,17 +304,17 @@ def main() -> int:
         r = run_attack(name, args.duration, args.legit_rate)
         passed = ok(r)
         all_ok &= passed
-        print(f"attack={name} legit_sent={r['legit_sent']} legit_ratio={r['legit_ratio']:.4f} "
-              f"legit_in_metrics={r['legit_in_metrics']} metrics_max_bytes={r['metrics_max_bytes']} metrics_max_s={r['metrics_max_s']:.3f} "
-              f"rss_max_mb={r['rss_max_bytes'] / 2**20:.0f} sigterm_s={r['sigterm_s']:.2f} "
-              f"dropped={r['dropped'] or '-'} load1={os.getloadavg()[0]:.2f} pass={int(passed)}", flush=True)
+        print(_kv(attack=name, legit_sent=r["legit_sent"], legit_ratio=f"{r['legit_ratio']:.4f}",
+                  legit_in_metrics=r["legit_in_metrics"], metrics_max_bytes=r["metrics_max_bytes"],
+                  metrics_max_s=f"{r['metrics_max_s']:.3f}", rss_max_mb=round(r["rss_max_bytes"] / 2**20),
+                  sigterm_s=f"{r['sigterm_s']:.2f}", dropped=r["dropped"] or "-", pass_=int(passed)), flush=True)
         worst["legit_ratio"] = min(worst["legit_ratio"], r["legit_ratio"])
         for k in ("metrics_max_bytes", "metrics_max_s", "rss_max_bytes", "sigterm_s"):
             worst[k] = max(worst[k], r[k])
-    print(f"attacks={len(args.only or ATTACKS)} min_legit_ratio={worst['legit_ratio']:.4f} "
-          f"max_metrics_bytes={worst['metrics_max_bytes']} max_metrics_s={worst['metrics_max_s']:.3f} "
-          f"max_rss_mb={worst['rss_max_bytes'] / 2**20:.0f} max_sigterm_s={worst['sigterm_s']:.2f} "
-          f"load1={os.getloadavg()[0]:.2f} pass={int(all_ok)}")
+    print(_kv(attacks=len(args.only or ATTACKS), min_legit_ratio=f"{worst['legit_ratio']:.4f}",
+              max_metrics_bytes=worst["metrics_max_bytes"], max_metrics_s=f"{worst['metrics_max_s']:.3f}",
+              max_rss_mb=round(worst["rss_max_bytes"] / 2**20), max_sigterm_s=f"{worst['sigterm_s']:.2f}",
+              pass_=int(all_ok)))
     return 0 if all_ok else 1
 
 

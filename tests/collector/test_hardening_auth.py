@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from collector.pipeline import Pipeline
 from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
 from collector.wire_format import EVENT_DTYPE
 
-from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
+from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
 
 def _tokens(tmp_path, text, mode=0o600):
@@ -29,13 +28,7 @@ def _pipe(quiet_config, sock_path, tokens=None, **kw):
 
 
 def _send(p, which, payload):
-    addr = p.addresses["listen"][which]
-    if addr.startswith("unix:"):
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(addr[5:])
-    else:
-        host, port = addr[4:].rsplit(":", 1)
-        s = socket.create_connection((host, int(port)))
+    s = connect(p.addresses["listen"][which])
     s.sendall(payload)
     return s
 

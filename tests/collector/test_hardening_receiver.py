@@ -1,7 +1,6 @@
 """Hostile peers on the record port: idle and slow connections, connection caps, re-attribution."""
 from __future__ import annotations
 
-import resource
 import socket
 
 import numpy as np
@@ -11,7 +10,7 @@ from collector.pipeline import Pipeline
 from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
 from collector.wire_format import EVENT_DTYPE
 
-from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
+from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
 
 class Clock:
@@ -28,13 +27,7 @@ def _pipe(quiet_config, sock_path, clock=None, **receiver):
 
 
 def _connect(p, which):
-    addr = p.addresses["listen"][which]
-    if addr.startswith("unix:"):
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(addr[5:])
-        return s
-    host, port = addr[4:].rsplit(":", 1)
-    return socket.create_connection((host, int(port)))
+    return connect(p.addresses["listen"][which])
 
 
 def _hello(host="nodeA", job="job1", pid=1000):
