@@ -6,6 +6,7 @@ the Unix socket while an attacker process works over TCP. Measured per attack:
 
 * ``legit_ratio``: the legitimate job's records in closed windows of the collector's feature
   stream (what the detector and the retuner see) / records it sent — target >= 0.99;
+  ``legit_lag_s``: from its last record sent to its last window closed (informative);
   ``legit_in_metrics``: whether its ``dynamiccl_collectives_total`` series are on /metrics;
 * ``metrics_max_bytes`` / ``metrics_max_s``: the largest /metrics body and slowest scrape (polled
   every 0.5 s) — targets < 5 MB and < 1 s;
@@ -260,12 +261,17 @@ def run_attack(name: str, duration: float, legit_rate: float) -> dict:
             attacker.join(timeout=0 if name != "forged_labels" else 120)
             attacker.terminate()
     sent = out.get()
+    t_end = time.monotonic()
     still, got = 0, -1
     while counter.records < sent and still < 5:  # windows close after the idle flush
         time.sleep(1.0)
         still, got = (still + 1, got) if counter.records == got else (0, counter.records)
+    res["legit_lag_s"] = time.monotonic() - t_end  # until its last window closed (or gave up)
     res["legit_ratio"] = counter.records / max(sent, 1)
-    res["legit_in_metrics"] = int(legit_in_metrics(scrape(maddr)[0]) > 0)
+    body, took = scrape(maddr)
+    res["legit_in_metrics"] = int(legit_in_metrics(body) > 0)
+    res["metrics_max_bytes"] = max(res["metrics_max_bytes"], len(body))
+    res["metrics_max_s"] = max(res["metrics_max_s"], took)
     res["dropped"] = ",".join(f"{k}:{int(float(v))}" for k, v in re.findall(
         r'dynamiccl_collector_records_dropped_total\{reason="(\w+)"\} (\S+)', scrape(maddr)[0]) if float(v))
     t0 = time.monotonic()
@@ -305,7 +311,7 @@ def main() -> int:
         passed = ok(r)
         all_ok &= passed
         print(_kv(attack=name, legit_sent=r["legit_sent"], legit_ratio=f"{r['legit_ratio']:.4f}",
-                  legit_in_metrics=r["legit_in_metrics"], metrics_max_bytes=r["metrics_max_bytes"],
+                  legit_lag_s=f"{r['legit_lag_s']:.1f}", legit_in_metrics=r["legit_in_metrics"], metrics_max_bytes=r["metrics_max_bytes"],
                   metrics_max_s=f"{r['metrics_max_s']:.3f}", rss_max_mb=round(r["rss_max_bytes"] / 2**20),
                   sigterm_s=f"{r['sigterm_s']:.2f}", dropped=r["dropped"] or "-", pass_=int(passed)), flush=True)
         worst["legit_ratio"] = min(worst["legit_ratio"], r["legit_ratio"])

@@ -114,8 +114,10 @@ class CollectiveState:
             self.window_at = now
 
     def _cumulative(self, h, now: float) -> None:
+        """One row per label set in the window, those with the most records first: when the budget
+        is short, a job's busy label sets win over a flood of one-record forged ones."""
         b = self.budget
-        for i in range(len(h["counts"])):  # one row per label set in the window
+        for i in np.argsort(-np.asarray(h["records"], np.int64), kind="stable").tolist():
             labels = (h["job_id"][i], h["host"][i], h["comm"][i], h["func"][i], h["algo"][i],
                       h["proto"][i], str(int(h["size_bucket"][i])))
             slot = b.slot("hist", labels, lambda: [np.zeros(_N_LE, np.int64), 0.0], now, HIST_SERIES)

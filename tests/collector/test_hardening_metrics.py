@@ -105,3 +105,9 @@ def test_metrics_server_bounds_idle_connections_and_still_answers():
         for s in idle:
             s.close()
         exp.shutdown()
+
+
+def test_a_busy_job_wins_the_budget_over_a_simultaneous_flood_of_small_label_sets():
+    clock, exp, agg = _setup(max_series=2000, series_min_idle_s=60.0, max_window_series=250)
+    _window(agg, [f"forged{i}" for i in range(1000)] + ["legit"], 1_700_000_000 * 10**9)  # one window
+    assert any("dynamiccl_collectives_total" in ln for ln in _series(exp, "legit")[0])
