@@ -165,7 +165,7 @@ class PrometheusConfig:
     # the least recently updated label set idle for series_min_idle_s is evicted, else the new one
     # is not tracked (about 170 bytes a series: ~3.4 MB of /metrics at the bound)
     max_series: int = 20000
-    series_min_idle_s: float = 60.0
+    series_min_idle_s: float = 15.0
     max_window_series: int = 1000  # rows per last-window gauge (bandwidth, spread, skew)
     gauge_ttl_s: float = 15.0      # last-window gauges are not exported once no window closed this long
     max_clients: int = 16          # /metrics requests served at once; more are closed and counted
