@@ -1,7 +1,9 @@
 """End to end: a sender process writes frames to the collector's Unix socket at a fixed rate.
 
 Counts sent vs received vs decoded vs dropped; the run passes only if nothing was lost, the
-parquet history included (every record written, ``parquet_dropped=0``). The collector runs in
+parquet history included (every record written, ``parquet_dropped=0``), and the achieved rate is at
+least 95 % of the target (the sender blocks rather than drop, so a collector that cannot keep up
+shows as a lower achieved rate). The collector runs in
 this process (Pipeline with the stream receiver, aggregation, the Prometheus state, the feature
 stream and — unless --no-parquet — the parquet history, whose writer is a child process). CPU
 per million records is printed for the sender, the collector process and the writer process.
@@ -23,6 +25,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
+
+
+RATE_FLOOR = 0.95  # achieved / target rate below this fails the run
 
 
 def sender(path: str, rate: float, duration: float, ranks: int, frame: int, seed: int, q,
@@ -184,9 +189,12 @@ def main() -> int:
           f"parquet writer process {writer_cpu / per_m:.3f} (writer pid {writer_pid}); "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     history_ok = args.no_parquet or (parquet_rows == res["sent"] and parquet_dropped == 0)
-    ok = received == res["sent"] and dropped == 0 and lost == 0 and history_ok
+    achieved = res["sent"] / res["elapsed"]
+    rate_ok = achieved >= RATE_FLOOR * args.rate  # the sender blocks instead of dropping: a slow
+    ok = received == res["sent"] and dropped == 0 and lost == 0 and history_ok and rate_ok  # run is a fail
     print(f"sent={res['sent']} received={received} dropped={dropped} lost={lost} "
-          f"rate_rps={res['sent'] / res['elapsed']:.0f} baseline_rps={base:.0f} "
+          f"rate_rps={achieved:.0f} target_rps={args.rate:.0f} rate_ratio={achieved / args.rate:.3f} "
+          f"rate_ok={int(rate_ok)} baseline_rps={base:.0f} "
           f"duration_s={res['elapsed']:.1f} parquet={int(not args.no_parquet)} "
           f"parquet_rows={parquet_rows} parquet_dropped={parquet_dropped} "
           f"sender_lag_max_s={res['sender_lag_max_s']:.2f} load1={os.getloadavg()[0]:.2f} pass={int(ok)}")

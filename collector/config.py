@@ -62,15 +62,26 @@ class ReceiverConfig:
     """Plugin stream receivers (Unix socket / TCP)."""
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
     max_connections: int = 1024
+    reserved_local_connections: int = 64  # of max_connections, only Unix-socket peers may use these
     recv_chunk_bytes: int = 1 << 20
     max_records_per_s_per_connection: int = 2_000_000  # above this for a full second = flood
     gap_tracker_max_processes: int = 65536
+    handshake_timeout_s: float = 5.0   # no PROCESS record by then: closed
+    idle_timeout_s: float = 120.0      # nothing received for this long (plugins send STATS each second)
+    frame_timeout_s: float = 10.0      # a frame incomplete this long (slow loris): closed
+    max_pending_bytes: int = 256 << 20  # partial frames held by all connections together
+    tokens_file: str | None = None     # per-job tokens (collector/auth.py); None: no peer is authenticated
+    auth_unix: bool = True             # with tokens_file, Unix-socket peers must authenticate too
 
     def validate(self) -> None:
         _positive(self, "max_connections", "recv_chunk_bytes", "max_records_per_s_per_connection",
-                  "gap_tracker_max_processes")
+                  "gap_tracker_max_processes", "handshake_timeout_s", "idle_timeout_s",
+                  "frame_timeout_s", "max_pending_bytes")
         if self.recv_chunk_bytes < 16 + 128:
             raise ValueError("recv_chunk_bytes must be >= 144")
+        if not 0 <= self.reserved_local_connections < self.max_connections:
+            raise ValueError(f"reserved_local_connections must be in 0..max_connections-1, "
+                             f"got {self.reserved_local_connections!r}")
         for addr in self.listen:
             parse_address(addr, key="listen")
 
@@ -88,6 +99,12 @@ class WindowConfig:
     # as "late"; a node further behind than max_skew_s (or silent for idle_flush_s) stops holding
     # windows open. Effective skew is at most (max_open_windows - 2) windows.
     max_skew_s: float = 10.0
+    # Event time is held per host to +-max_event_spread_s around where its clock should be
+    # (collector/processors/time_gate.py): one frame cannot span hours of partitions and windows.
+    max_event_spread_s: float = 300.0
+    # A host whose event time runs more than this ahead of the collector's wall clock does not
+    # advance the watermark (a clock 30 s ahead would otherwise make other hosts' records late).
+    max_clock_ahead_s: float = 1.0
     # Bounds on the records open windows buffer (~59 bytes each): beyond them records are dropped
     # and counted (reason="window_full"), never blocked. Sized for the 2 M records/s target with the
     # default 1 s window and 2 s lateness: one window then holds ~2 M records (4x headroom) and all
@@ -97,7 +114,7 @@ class WindowConfig:
 
     def validate(self) -> None:
         _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows",
-                  "max_window_records", "max_buffered_records")
+                  "max_window_records", "max_buffered_records", "max_event_spread_s", "max_clock_ahead_s")
         for name in ("max_window_records", "max_buffered_records"):
             if not isinstance(getattr(self, name), numbers.Integral):
                 raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
@@ -117,6 +134,7 @@ class ParquetConfig:
     directory: str | None = DEFAULT_PARQUET_DIR
     flush_rows: int = 1_000_000       # a part file is finished once it holds this many rows
     flush_interval_s: float = 60.0    # ... or once its first row is this old (wall time)
+    max_open_files: int = 64          # part files open at once; one more finishes the least recently used
     # Shared memory between the queue thread and the writer: slabs of row_group_rows raw records
     # (128 B each; a full slab becomes one row group), max_buffered_rows in all (at most 64 slabs).
     max_buffered_rows: int = 1_048_576
@@ -128,8 +146,9 @@ class ParquetConfig:
 
     def validate(self) -> None:
         _positive(self, "flush_rows", "flush_interval_s", "max_buffered_rows", "row_group_rows",
-                  "queue_max_records", "writer_timeout_s")
-        for name in ("flush_rows", "max_buffered_rows", "row_group_rows", "queue_max_records"):
+                  "queue_max_records", "writer_timeout_s", "max_open_files")
+        for name in ("flush_rows", "max_buffered_rows", "row_group_rows", "queue_max_records",
+                     "max_open_files"):
             if not isinstance(getattr(self, name), numbers.Integral):
                 raise ValueError(f"parquet.{name} must be an integer, got {getattr(self, name)!r}")
         if self.compression not in ("zstd", "snappy", "lz4", "gzip", "none"):
@@ -142,12 +161,21 @@ class ParquetConfig:
 class PrometheusConfig:
     """``/metrics`` over HTTP. ``address=None`` disables the server (the Collector still works)."""
     address: str | None = DEFAULT_METRICS
-    max_series: int = 20000  # per-key label sets kept for cumulative histograms/counters
+    # exposed series of the cumulative tables together (a histogram label set is 24); when full
+    # the least recently updated label set idle for series_min_idle_s is evicted, else the new one
+    # is not tracked (about 170 bytes a series: ~3.4 MB of /metrics at the bound)
+    max_series: int = 20000
+    series_min_idle_s: float = 15.0
+    max_window_series: int = 1000  # rows per last-window gauge (bandwidth, spread, skew)
+    gauge_ttl_s: float = 15.0      # last-window gauges are not exported once no window closed this long
+    max_clients: int = 16          # /metrics requests served at once; more are closed and counted
+    request_timeout_s: float = 5.0 # from accept to the end of the response
 
     def validate(self) -> None:
         if self.address is not None:
             parse_host_port(self.address, key="metrics")
-        _positive(self, "max_series")
+        _positive(self, "max_series", "series_min_idle_s", "max_window_series", "gauge_ttl_s",
+                  "max_clients", "request_timeout_s")
 
 
 @dataclass(frozen=True)
@@ -157,11 +185,12 @@ class FeaturesConfig:
     address: str | None = DEFAULT_FEATURES
     queue_max_windows: int = 64  # per subscriber; overflow drops the oldest window
     max_subscribers: int = 64
+    stall_timeout_s: float = 30.0  # at max_subscribers, a client with windows unread this long is dropped
 
     def validate(self) -> None:
         if self.address is not None:
             parse_address(self.address, key="features")
-        _positive(self, "queue_max_windows", "max_subscribers")
+        _positive(self, "queue_max_windows", "max_subscribers", "stall_timeout_s")
 
 
 @dataclass(frozen=True)

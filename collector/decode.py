@@ -145,11 +145,7 @@ class StreamDecoder:
             k = int(kind[i])
             one = rec[i:i + 1]
             if k == Kind.PROCESS:
-                p = one.view(PROCESS_DTYPE)[0]
-                self.host = decode_str(bytes(p["host"])) or "unknown"
-                self.job_id = decode_str(bytes(p["job_id"])) or "unknown"
-                self.pid = int(p["pid"])
-                self.start_ns = int(p["start_ns"])
+                self._process(one.view(PROCESS_DTYPE)[0])
             elif k == Kind.COMM:
                 c = one.view(COMM_DTYPE)[0]
                 names = dict(self.comm_names)
@@ -164,6 +160,16 @@ class StreamDecoder:
         if len(rare) < len(rec):
             result.events = rec[is_event]
         return result
+
+    def _process(self, p) -> None:
+        """A connection speaks for one process: a repeated PROCESS record must not change it
+        (else a peer could re-attribute what it already sent, or a whole read, to another host)."""
+        ident = (decode_str(bytes(p["host"])) or "unknown", decode_str(bytes(p["job_id"])) or "unknown",
+                 int(p["pid"]), int(p["start_ns"]))
+        if self.host is not None and ident != (self.host, self.job_id, self.pid, self.start_ns):
+            raise ProtocolError("process_changed", f"PROCESS record for {ident[0]}/{ident[1]} pid {ident[2]} "
+                                f"on a connection of {self.host}/{self.job_id} pid {self.pid}")
+        self.host, self.job_id, self.pid, self.start_ns = ident
 
     @staticmethod
     def record_seqs(rec: np.ndarray) -> np.ndarray:

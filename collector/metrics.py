@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "MetricSpec", "METRICS", "BY_NAME", "DURATION_BUCKETS_S", "DROP_REASONS", "MALFORMED_REASONS",
-    "PLUGIN_DROP_REASONS", "SelfMetrics", "PluginStats",
+    "PLUGIN_DROP_REASONS", "REFUSAL_REASONS", "SelfMetrics", "PluginStats",
 ]
 
 
@@ -33,10 +33,14 @@ DURATION_BUCKETS_S = tuple(1e-5 * 2 ** k for k in range(21))
 
 #: why records were dropped after they were received (pre-initialised at 0)
 DROP_REASONS = ("late", "too_early", "queue_full", "parquet_queue_full", "invalid", "flood",
-                "aggregation_error", "window_full", "parquet_write_failed")
+                "aggregation_error", "window_full", "parquet_write_failed", "clock_range")
 #: why a frame / connection was rejected (pre-initialised at 0)
 MALFORMED_REASONS = ("bad_magic", "bad_version", "bad_record_size", "too_many_records",
-                     "truncated", "no_process", "flood", "internal_error")
+                     "truncated", "no_process", "flood", "internal_error", "process_changed")
+#: why a connection was refused or closed by the collector (pre-initialised at 0)
+REFUSAL_REASONS = ("connection_limit", "accept_failed", "handshake_timeout", "idle_timeout",
+                   "frame_timeout", "buffer_limit", "subscriber_limit", "subscriber_stalled", "auth", "metrics_limit",
+                   "metrics_timeout")
 #: plugin STATS fields exported as dynamiccl_plugin_records_dropped_total{reason}
 PLUGIN_DROP_REASONS = {
     "pool_full": "events_dropped_pool_full",
@@ -70,6 +74,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Plugin connections currently open."),
     MetricSpec("dynamiccl_collector_connections_total", "counter",
                "Plugin connections accepted, by transport.", ("transport",)),
+    MetricSpec("dynamiccl_collector_connections_refused_total", "counter",
+               "Connections refused or closed by the collector (limit, timeouts, credentials), by reason.",
+               ("reason",)),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -85,7 +92,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_collector_feature_windows_dropped_total", "counter",
                "Windows dropped from a slow subscriber's queue (oldest first)."),
     MetricSpec("dynamiccl_collector_series_dropped_total", "counter",
-               "Per-key label sets not tracked because max_series was reached."),
+               "Label sets not tracked or evicted because a series budget (max_series, max_window_series) was reached."),
     MetricSpec("dynamiccl_collector_last_window_end_timestamp_seconds", "gauge",
                "Event-time end of the last emitted window."),
     MetricSpec("dynamiccl_build_info", "gauge", "Build information (value 1).", ("version",)),
@@ -143,17 +150,22 @@ BY_NAME = {m.name: m for m in METRICS}
 assert len(BY_NAME) == len(METRICS)
 
 
+_EVICTED = ("_evicted", "_evicted")
+
+
 class SelfMetrics:
     """Thread-safe counters of the collector itself (updated per batch, never per record)."""
 
-    def __init__(self):
+    def __init__(self, max_gap_label_sets: int = 4096):
         self._lock = threading.Lock()
+        self.max_gap_label_sets = max(2, max_gap_label_sets)
         self.received = 0
         self.decoded = 0
         self.aggregated = 0
         self.windows_emitted = 0
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self.malformed = dict.fromkeys(MALFORMED_REASONS, 0)
+        self.refusals = dict.fromkeys(REFUSAL_REASONS, 0)
         self.gap_records: dict[tuple[str, str], int] = {}
         self.gaps: dict[tuple[str, str], int] = {}
         self.connections_open = 0
@@ -166,6 +178,7 @@ class SelfMetrics:
         self.feature_windows_dropped = 0
         self.series_dropped = 0
         self.last_window_end_s = 0.0
+        self.inputs_authenticated = 0  # 1: every network peer had to present a token
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -180,11 +193,21 @@ class SelfMetrics:
         with self._lock:
             self.malformed[reason] = self.malformed.get(reason, 0) + 1
 
+    def refused(self, reason: str) -> None:
+        with self._lock:
+            self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
     def gap(self, job_id: str, host: str, lost: int, jumps: int) -> None:
+        """Count a delivery gap per (job, host); beyond ``max_gap_label_sets`` label sets the
+        oldest is folded into ("_evicted", "_evicted") so the totals stay exact and bounded."""
         with self._lock:
             key = (job_id, host)
-            self.gap_records[key] = self.gap_records.get(key, 0) + lost
-            self.gaps[key] = self.gaps.get(key, 0) + jumps
+            while key not in self.gaps and len(self.gaps) >= self.max_gap_label_sets:
+                old = next(k for k in self.gaps if k != _EVICTED)  # least recently updated
+                for table in (self.gap_records, self.gaps):
+                    table[_EVICTED] = table.get(_EVICTED, 0) + table.pop(old)
+            self.gap_records[key] = self.gap_records.pop(key, 0) + lost  # re-inserted: LRU order
+            self.gaps[key] = self.gaps.pop(key, 0) + jumps
 
     def snapshot(self) -> dict[str, object]:
         with self._lock:
@@ -195,9 +218,11 @@ class SelfMetrics:
                 "windows_emitted_total": self.windows_emitted,
                 "records_dropped_total": dict(self.dropped),
                 "malformed_frames_total": dict(self.malformed),
+                "connections_refused_total": dict(self.refusals),
                 "delivery_gap_records_total": sum(self.gap_records.values()),
                 "connections_open": self.connections_open,
                 "feature_windows_dropped_total": self.feature_windows_dropped,
+                "inputs_authenticated": self.inputs_authenticated,
             }
 
 
@@ -222,11 +247,16 @@ class PluginStats:
             while len(self._by_process) > self.max_processes:
                 self._by_process.popitem(last=False)
 
-    def totals(self) -> dict[tuple[str, str], dict[str, int]]:
+    def totals(self, max_label_sets: int = 4096) -> dict[tuple[str, str], dict[str, int]]:
+        """Sums per (job_id, host); beyond ``max_label_sets`` the least recently reporting
+        processes are summed into ("_evicted", "_evicted")."""
         out: dict[tuple[str, str], dict[str, int]] = {}
         with self._lock:
-            for job_id, host, values in self._by_process.values():
-                acc = out.setdefault((job_id, host), dict.fromkeys(self.FIELDS, 0))
+            for job_id, host, values in reversed(self._by_process.values()):
+                key = (job_id, host)
+                if key not in out and len(out) >= max_label_sets - 1:
+                    key = _EVICTED
+                acc = out.setdefault(key, dict.fromkeys(self.FIELDS, 0))
                 for k in self.FIELDS:
                     acc[k] += int(values.get(k, 0))
         return out

@@ -25,6 +25,9 @@ def _remove_stale_unix(path: str) -> None:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+    if st.st_uid != os.geteuid():  # in a shared directory, another user may be squatting the name
+        raise OSError(errno.EEXIST, f"{path} belongs to uid {st.st_uid}, not to this user ({os.geteuid()}): "
+                                    "another user's socket; use a socket in a directory only you can write")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(0.5)

@@ -369,7 +369,8 @@ class Stack:
         svcs = [Service("collector", py + [
             "collector", "--listen", f"unix:{self.state_dir.resolve() / 'dynamiccl.sock'}",
             "--listen", f"tcp:{c.address('collector-plugin')}", "--metrics", c.address("collector"),
-            "--features", f"tcp:{c.address('collector-features')}", "--parquet", str(c.parquet_dir)],
+            "--features", f"tcp:{c.address('collector-features')}", "--parquet", str(c.parquet_dir)]
+            + ([] if _loopback(c.bind) else ["--allow-remote"]),  # DYNAMICCL_BIND set: remote was asked for
             f"{c.url('collector')}/metrics")]
         det = _cli_variant("detector", [
             ["detector", "--features", f"tcp:{c.address('collector-features')}", "--metrics", c.address("detector"),
@@ -610,3 +611,8 @@ def _webhook_cmd(args: argparse.Namespace) -> int:
     hook.shutdown()
     print(f"webhook=stopped received={hook.received} rejected={hook.rejected}", flush=True)
     return 0
+
+
+def _loopback(host: str) -> bool:
+    from collector.cli import is_loopback
+    return is_loopback(host)

@@ -39,6 +39,12 @@ def register(subparsers) -> None:
     r.add_argument("--audit", default=None, help=f"audit log, JSON lines (default {DEFAULT_AUDIT}); 'off'")
     r.add_argument("--allow", action="append", default=None, metavar="ALGO/PROTO[/CH]", help="allow pattern (repeatable)")
     r.add_argument("--deny", action="append", default=None, metavar="ALGO/PROTO[/CH]", help="deny pattern (repeatable)")
+    r.add_argument("--job", action="append", default=None, metavar="PATTERN",
+                   help="job_id pattern the retuner may act on (repeatable; required with --apply)")
+    r.add_argument("--comm", action="append", default=None, metavar="PATTERN",
+                   help="communicator name or 0x-hash pattern (repeatable; default: all of an allowed job)")
+    r.add_argument("--allow-unauthenticated", action="store_true",
+                   help="with --apply, also act on windows from a collector that does not require tokens")
     r.set_defaults(func=run_cmd)
     e = sub.add_parser("evaluate", help="NCCL default vs tune-once vs oracle vs the retuner, in the simulator")
     e.add_argument("--quick", action="store_true", help="short suite (< 60 s) for tests")
@@ -76,6 +82,12 @@ def config_from_args(args: argparse.Namespace):
         kw["allow"] = tuple(args.allow)
     if args.deny is not None:
         kw["deny"] = tuple(args.deny)
+    if getattr(args, "job", None):
+        kw["jobs"] = tuple(args.job)
+    if getattr(args, "comm", None):
+        kw["comms"] = tuple(args.comm)
+    if getattr(args, "allow_unauthenticated", False):
+        kw["allow_unauthenticated"] = True
     return cfg.replace(**kw).validate()
 
 
@@ -87,6 +99,9 @@ def run_cmd(args: argparse.Namespace) -> int:
     try:
         try:
             svc = RetunerService(cfg).start()
+        except ValueError as e:
+            print(f"dynamiccl retuner: error: {e}", file=sys.stderr)
+            return 2
         except OSError as e:
             print(f"dynamiccl retuner: error: {e.strerror or e}", file=sys.stderr)
             return 1

@@ -174,6 +174,9 @@ class RetunerConfig:
     changes: str | None = DEFAULT_CHANGES     # detector regime-change stream (service only)
     features: str | None = DEFAULT_FEATURES   # collector feature stream (service only)
     metrics: str | None = DEFAULT_METRICS     # /metrics HOST:PORT (service only)
+    jobs: tuple[str, ...] = ()           # service only: job_id patterns it acts on (retuner/inputs.py)
+    comms: tuple[str, ...] = ()          # service only: communicator name / 0x-hash patterns; empty = all
+    allow_unauthenticated: bool = False  # service only: act on windows from a collector without tokens
 
     def validate(self) -> "RetunerConfig":
         if not isinstance(self.dry_run, bool):

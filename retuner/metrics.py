@@ -35,7 +35,8 @@ class MetricSpec:
 ACTIONS = ("recommend", "explore", "probe", "commit", "keep", "rollback", "reuse", "revert", "ignore",
            "unapplicable", "abort", "pin")
 #: why an input was dropped
-DROP_REASONS = ("malformed", "unknown_target", "unattributed", "queue_full", "stale",
+DROP_REASONS = ("malformed", "unknown_target", "unattributed", "queue_full", "stale", "not_allowed",
+                "unauthenticated",
                 "untunable")    # a collective NCCL never asks the tuner about (no tuner token)
 #: why a push failed (the plugin keeps the last good file)
 PUSH_ERRORS = ("write_failed", "too_many_rules", "invalid_config",

@@ -7,6 +7,9 @@ bounded queue (``queue_max`` items: a full queue drops the oldest *window* — n
 counts it, ``reason="queue_full"``); one worker thread hands items to the :class:`~retuner.agent.Retuner`.
 ``/metrics`` is served on ``RetunerConfig.metrics``. Nothing after start-up is fatal: bad lines are counted
 and skipped, a dead peer is retried, a failed write leaves the plugin on its last good config.
+Inputs pass :class:`~retuner.inputs.InputGate` first: applying acts only on allow-listed jobs
+(``jobs``, required) and communicators, and only on windows whose every network peer authenticated
+(unless ``allow_unauthenticated``). A dry run recommends for everything.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from dynamiccl.contracts.lines import socket_lines
 from retuner.agent import Retuner
 from retuner.config import RetunerConfig
+from retuner.inputs import InputGate
 
 __all__ = ["RetunerService"]
 
@@ -33,8 +37,13 @@ MAX_LINE_BYTES = 64 << 20      # one feature window of a very large job; a longe
 class RetunerService:
     def __init__(self, cfg: RetunerConfig, *, clock: Callable[[], float] = time.time, queue_max: int = 256) -> None:
         self.cfg = cfg.validate()
+        if not cfg.dry_run and not cfg.jobs:
+            raise ValueError("applying needs an allow-list of jobs (--job PATTERN, repeatable; docs/security.md)")
         self.registry = CollectorRegistry()
         self.retuner = Retuner(cfg, clock=clock, registry=self.registry)
+        self.gate = InputGate(jobs=cfg.jobs or ("*",), comms=cfg.comms,
+                              allow_unauthenticated=cfg.allow_unauthenticated or cfg.dry_run,
+                              metrics=self.retuner.metrics)
         self.queue_max = queue_max
         self._q: deque = deque()
         self._cv = threading.Condition()
@@ -140,7 +149,8 @@ class RetunerService:
 
     def _read_changes(self, addr: str) -> None:
         for line in self._lines(addr):
-            self._put("change", line)          # parsed (and counted if malformed) by Retuner.on_change
+            if self.gate.change(line):
+                self._put("change", line)      # parsed (and counted if malformed) by Retuner.on_change
 
     def _read_features(self, addr: str) -> None:
         from collector.features import decode_line
@@ -151,4 +161,6 @@ class RetunerService:
                 self.retuner.metrics.drop("malformed")
                 log.debug("feature line dropped: %s", e)
                 continue
-            self._put("window", wf)
+            wf = self.gate.window(wf)
+            if wf is not None:
+                self._put("window", wf)

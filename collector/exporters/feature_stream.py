@@ -3,7 +3,8 @@
 Each subscriber (in process or a socket client) has a bounded queue of ``queue_max_windows``;
 when full the *oldest* window is dropped and counted
 (``dynamiccl_collector_feature_windows_dropped_total``). The server thread writes non-blocking,
-so a slow client never stalls the pipeline.
+so a slow client never stalls the pipeline. At ``max_subscribers`` a new connection takes the slot
+of a client that has left windows unread for ``stall_timeout_s``, else it is refused and counted.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import selectors
 import socket
 import threading
+import time
 from collections import deque
 
 from collector.component import WindowResult
@@ -19,6 +21,7 @@ from collector.config import FeaturesConfig
 from collector.features import WindowFeatures, encode_line
 from collector.metrics import SelfMetrics
 from collector.net import listen
+from collector.ratelog import RateLimitedLog
 
 __all__ = ["FeatureStream", "Subscription"]
 
@@ -67,12 +70,13 @@ class Subscription:
 
 
 class _Client:
-    __slots__ = ("sock", "queue", "pending", "peer")
+    __slots__ = ("sock", "queue", "pending", "peer", "backlog_since")
 
     def __init__(self, sock, peer):
         self.sock, self.peer = sock, peer
         self.queue: deque[bytes] = deque()
         self.pending = memoryview(b"")
+        self.backlog_since: float | None = None  # since when windows wait for this client
 
 
 class FeatureStream:
@@ -92,6 +96,7 @@ class FeatureStream:
         self._stop = threading.Event()
         self._wake_r = self._wake_w = None
         self.address: str | None = None
+        self._refusal_log = RateLimitedLog(log, 60.0)
 
     # -- in process -----------------------------------------------------------------------------
     def subscribe(self, max_queue: int | None = None) -> Subscription:
@@ -128,6 +133,8 @@ class FeatureStream:
                     if len(c.queue) >= self.config.queue_max_windows:
                         c.queue.popleft()
                         self._count_drop()
+                    if c.backlog_since is None:
+                        c.backlog_since = time.monotonic()
                     c.queue.append(line)
             self._wake()
 
@@ -223,8 +230,13 @@ class FeatureStream:
             sock, addr = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        if len(self._clients) + len(self._subs) >= self.config.max_subscribers:
+        if len(self._clients) + len(self._subs) >= self.config.max_subscribers and not self._evict_stalled():
             sock.close()
+            self.metrics.refused("subscriber_limit")
+            self._refusal_log.warning("subscriber_limit", "feature stream: %s refused: %d subscribers "
+                                      "(max_subscribers), none stalled for %g s (counted in "
+                                      "dynamiccl_collector_connections_refused_total{reason=\"subscriber_limit\"})",
+                                      addr or "a peer", self.config.max_subscribers, self.config.stall_timeout_s)
             return
         sock.setblocking(False)
         c = _Client(sock, addr)
@@ -232,6 +244,19 @@ class FeatureStream:
             self._clients[id(c)] = c
         self._sel.register(sock, selectors.EVENT_READ, c)
         self._count_subscribers()
+
+    def _evict_stalled(self) -> bool:
+        """Make room by dropping the client that has left windows unread longest, if it has for
+        ``stall_timeout_s`` (an idle connection that never reads cannot hold a slot for ever)."""
+        now = time.monotonic()
+        with self._lock:
+            stalled = [c for c in self._clients.values()
+                       if c.backlog_since is not None and now - c.backlog_since > self.config.stall_timeout_s]
+        if not stalled:
+            return False
+        self._drop_client(min(stalled, key=lambda c: c.backlog_since))
+        self.metrics.refused("subscriber_stalled")
+        return True
 
     def _service(self, c: _Client, mask: int) -> None:
         if mask & selectors.EVENT_READ:
@@ -249,6 +274,7 @@ class FeatureStream:
                 if not c.pending:
                     with self._lock:
                         if not c.queue:
+                            c.backlog_since = None  # caught up
                             return
                         c.pending = memoryview(c.queue.popleft())
                 try:

@@ -4,7 +4,8 @@ Layout: ``DIR/job_id=<job>/date=YYYY-MM-DD/hour=HH/part-<unix_ms>-<pid>-<n>.parq
 by event time). Columns: every ``EVENT_DTYPE`` field except ``reserved*``, plus ``host``,
 ``job_id``, ``comm_name`` (dictionary-encoded strings). Part files are written to
 ``<name>.tmp.<pid>`` and ``os.replace``d, so readers never see a partial file. A part file is
-finished when it holds ``flush_rows`` rows or its first row is ``flush_interval_s`` old.
+finished when it holds ``flush_rows`` rows or its first row is ``flush_interval_s`` old; at most
+``max_open_files`` are open at once (opening one more finishes the least recently used).
 
 Where the work happens: ``consume`` (the pipeline's parquet queue thread) only copies each batch
 into a shared-memory slab of ``row_group_rows`` raw records (one memcpy) and notes which part
@@ -64,6 +65,20 @@ def safe_partition_value(value: str) -> str:
     return s if s not in ("", ".", "..") else "_"
 
 
+def _check_writable(directory: str) -> None:
+    """Create ``directory`` and write a probe file in it: a read-only history directory is a
+    start-up error (OSError naming it), not rows silently lost later."""
+    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"x")
+            os.fsync(f.fileno())
+        os.unlink(probe)
+    except OSError as exc:
+        raise OSError(exc.errno, f"parquet directory {directory}: cannot write: {exc.strerror or exc}") from exc
+
+
 class _File:
     """One part file: ``rows`` given to it so far, ``sent`` of them handed to the writer."""
     __slots__ = ("id", "key", "job_id", "tmp", "path", "since", "rows", "sent")
@@ -108,7 +123,7 @@ class ParquetExporter:
     def start(self) -> None:
         if self._channel is not None:
             return
-        os.makedirs(self.config.directory, exist_ok=True)
+        _check_writable(self.config.directory)
         self._mem = SlabMemory(self.n_slabs, self.slab_rows)
         self._free = list(range(self.n_slabs))
         self._stopping = False
@@ -211,10 +226,13 @@ class ParquetExporter:
 
     def _add(self, batch: RecordBatch, ev: np.ndarray, hour: int, now: float) -> None:
         key = (batch.job_id, hour)
-        f = self._files.get(key)
+        f = self._files.pop(key, None)  # re-inserted last: the dict is in least-recently-used order
         if f is None:
-            f = self._files[key] = _File(*self._new_path(key), key=key, job_id=batch.job_id, since=now)
+            while len(self._files) >= self.config.max_open_files:
+                self._close_file(next(iter(self._files.values())))
+            f = _File(*self._new_path(key), key=key, job_id=batch.job_id, since=now)
             self._next_due = min(self._next_due, now + self.config.flush_interval_s)
+        self._files[key] = f
         pos, n = 0, len(ev)
         while pos < n:
             if self._cur is None:
@@ -344,11 +362,15 @@ class ParquetExporter:
                     m.parquet_rows += r[2]
             elif r[0] == "failed":
                 f = self._closing.pop(r[1], None)
+                kept = r[4] if len(r) > 4 else 0
                 with m._lock:
                     m.parquet_errors += 1
+                    m.parquet_files += kept > 0
+                    m.parquet_rows += kept
                 m.drop("parquet_write_failed", r[2])
-                self._log_once("write", logging.ERROR, "parquet: cannot write %s (%s); %d rows lost "
-                               "(further errors counted only)", f.path if f else r[1], r[3], r[2])
+                self._log_once("write", logging.ERROR, "parquet: cannot write %s (%s); %d rows lost, %d kept "
+                               "in a partial file (further errors counted only)", f.path if f else r[1], r[3],
+                               r[2], kept)
 
     def _on_death(self, exc: BaseException) -> None:
         """The writer is gone: count what it had not finished, start another (unless stopping)."""

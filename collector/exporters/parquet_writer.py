@@ -18,7 +18,8 @@ and names a full slab to the writer. Commands and replies are small pickles over
   replies ``("free", slab)`` at once, then appends one row group per file to ``tmp_path``
   (opened on first use).
 * ``("close", file_id)`` — finish the file, ``os.replace`` it to its path, reply
-  ``("closed", file_id, rows)`` or ``("failed", file_id, rows, error)``.
+  ``("closed", file_id, rows)`` or ``("failed", file_id, rows_lost, error, rows_kept)`` (a write
+  error keeps the row groups written before it as a partial part file when it can).
 * ``("exit",)`` — close every open file and stop. End of file on the command channel (the
   collector died) does the same, so what reached the writer is never left in a ``.tmp`` file.
 
@@ -32,8 +33,10 @@ import argparse
 import logging
 import mmap
 import os
+import queue
 import signal
 import sys
+import threading
 from typing import Callable
 
 import numpy as np
@@ -92,12 +95,14 @@ class SlabMemory:
 
 
 class _OpenFile:
-    __slots__ = ("writer", "tmp", "path", "rows", "error")
+    __slots__ = ("writer", "tmp", "path", "rows", "written", "kept", "error")
 
     def __init__(self, tmp: str, path: str):
         self.writer = None
         self.tmp, self.path = tmp, path
-        self.rows = 0
+        self.rows = 0      # rows given to this file
+        self.written = 0   # rows in row groups written without error
+        self.kept = 0      # rows kept on disk after a failure (a partial part file)
         self.error: str | None = None
 
 
@@ -115,6 +120,14 @@ def build_table(cols: dict[str, np.ndarray], host_codes: np.ndarray, hosts: list
     arrays += [_dict_array(host_codes, hosts), _dict_array(np.zeros(n, np.int32), [job_id]),
                pa.DictionaryArray.from_arrays(enc.indices.cast(pa.int32()), pa.array(names, pa.string()))]
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class WriterCore:
@@ -184,14 +197,23 @@ class WriterCore:
                                             use_dictionary=list(DICT_COLUMNS),
                                             write_statistics=list(STATS_COLUMNS))
             f.writer.write_table(table, row_group_size=max(1, table.num_rows))
-        except Exception as exc:  # disk full, permissions: this file is lost, the writer goes on
+            f.written += table.num_rows
+        except Exception as exc:  # disk full, permissions: keep what was written, the writer goes on
             self._fail(f, exc)
 
     def _fail(self, f: _OpenFile, exc: BaseException) -> None:
+        """Finish the row groups written before the error as a (partial) part file if its footer
+        can still be written and read back; otherwise remove it. Rows after the error are lost."""
         f.error = f"{type(exc).__name__}: {exc}"
         try:
             if f.writer is not None:
                 f.writer.close()
+            if f.written and pq.read_metadata(f.tmp).num_rows == f.written:
+                _fsync(f.tmp)
+                os.replace(f.tmp, f.path)
+                _fsync(os.path.dirname(f.path))
+                f.kept = f.written
+                return
         except Exception:
             pass
         try:
@@ -207,13 +229,15 @@ class WriterCore:
         if f.error is None:
             try:
                 f.writer.close()
+                _fsync(f.tmp)              # the data is on disk before the name says it is complete
                 os.replace(f.tmp, f.path)
+                _fsync(os.path.dirname(f.path))
             except Exception as exc:
                 self._fail(f, exc)
         if f.error is None:
             self.reply(("closed", file_id, f.rows))
         else:
-            self.reply(("failed", file_id, f.rows, f.error))
+            self.reply(("failed", file_id, f.rows - f.kept, f.error, f.kept))
 
     def close_all(self) -> None:
         for file_id in list(self.files):
@@ -235,8 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s parquet-writer %(levelname)s %(message)s")
     conn = Connection(args.ctl_fd)
+    # Replies go out from their own thread: this loop never blocks on a full reply buffer while
+    # the collector blocks sending a command (the two would wait on each other for ever).
+    replies: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(target=_send_replies, args=(conn, replies), daemon=True)
+    sender.start()
     core = WriterCore(SlabMemory(args.slabs, args.slab_rows, fd=args.slab_fd),
-                      compression=args.compression, reply=conn.send)
+                      compression=args.compression, reply=replies.put)
     parent = os.getppid()
     while True:
         try:
@@ -252,7 +281,17 @@ def main(argv: list[str] | None = None) -> int:
             break
         if not core.handle(msg):
             break
+    replies.put(None)
+    sender.join(timeout=10)
     return 0
+
+
+def _send_replies(conn, replies: "queue.SimpleQueue") -> None:
+    while (msg := replies.get()) is not None:
+        try:
+            conn.send(msg)
+        except (OSError, EOFError, ValueError):
+            return  # the collector is gone
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ class WindowAggregator:
     """
 
     def __init__(self, config: WindowConfig, *, next_consumer, metrics: SelfMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
         config.validate()
         if next_consumer is None:
             raise ValueError("next_consumer must not be None")
@@ -126,6 +127,8 @@ class WindowAggregator:
         self.next_consumer = next_consumer
         self.metrics = metrics or SelfMetrics()
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._ahead_ns = int(round(config.max_clock_ahead_s * 1e9))
         self._window_ns = int(round(config.window_s * 1e9))
         self._lateness_ns = int(round(config.allowed_lateness_s * 1e9))
         self.jobs = Interner(1 << 16)
@@ -145,6 +148,7 @@ class WindowAggregator:
         self._src_max: dict[int, int] = {}      # host code -> newest event time seen from it
         self._src_seen: dict[int, float] = {}   # host code -> wall time of its last batch
         self._last_arrival = clock()
+        self._batches_since_wm = 0
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -217,11 +221,20 @@ class WindowAggregator:
         if tmax > self._src_max.get(host, -1):
             self._src_max[host] = tmax
         self._src_seen[host] = self._last_arrival
-        self._advance_watermark()
-        self._close_ready()
+        # the watermark costs O(sources): with many sources (a flood of one-batch forged hosts)
+        # recompute it every len(sources)/64 batches, so a batch costs O(64) whatever their number
+        self._batches_since_wm += 1
+        if self._batches_since_wm * 64 >= len(self._src_max):
+            self._batches_since_wm = 0
+            self._advance_watermark()
+            self._close_ready()
 
     def _advance_watermark(self) -> None:
-        """Per-source watermark: min over active sources, capped at max_skew behind the newest."""
+        """Per-source watermark: min over active sources, capped at max_skew behind the newest.
+
+        A source's event time counts at most max_clock_ahead_s past the wall clock: a host whose
+        clock runs 30 s ahead must not turn every other host's records into late ones (its own
+        windows close when the wall clock reaches them)."""
         now = self._last_arrival
         idle = self.config.idle_flush_s
         for h in [h for h, seen in self._src_seen.items() if now - seen > idle]:
@@ -229,8 +242,10 @@ class WindowAggregator:
             del self._src_max[h]
         if not self._src_max:
             return
-        newest = max(self._src_max.values())
-        wm = max(min(self._src_max.values()), newest - self._skew_ns)
+        cap = int(self._wall_clock() * 1e9) + self._ahead_ns
+        times = [min(v, cap) for v in self._src_max.values()]
+        newest = max(times)
+        wm = max(min(times), newest - self._skew_ns)
         if self._watermark_ns is None or wm > self._watermark_ns:
             self._watermark_ns = wm
 

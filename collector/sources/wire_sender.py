@@ -47,6 +47,7 @@ from typing import Callable
 
 import numpy as np
 
+from collector.auth import encode_preamble, sender_token
 from collector.config import DEFAULT_LISTEN, parse_address
 from collector.wire_format import (
     COMM_DTYPE, EVENT_DTYPE, MAGIC, MAX_RECORDS_PER_FRAME, PROCESS_DTYPE, RECORD_SIZE, STATS_DTYPE,
@@ -95,6 +96,8 @@ class SenderConfig:
     stats_interval_s: float = 1.0
     reconnect_min_s: float = 0.1
     reconnect_max_s: float = 5.0
+    # DYNAMICCL_TOKEN_FILE / DYNAMICCL_TOKEN: sent in the auth preamble (collector/auth.py); never printed
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env=os.environ, **overrides) -> "SenderConfig":
@@ -104,6 +107,7 @@ class SenderConfig:
             job_id=job_id_from_env(env),
             queue_size=_env_int(env, "DYNAMICCL_RING_SIZE", cls.queue_size),
             flush_ms=_env_int(env, "DYNAMICCL_FLUSH_MS", cls.flush_ms),
+            token=sender_token(env),
         )
         values.update(overrides)
         return cls(**values).validate()
@@ -381,6 +385,12 @@ class WireSender:
 
     def _hello(self) -> None:
         self._announced = set()
+        if self.config.token:  # the auth preamble goes before the first frame
+            try:
+                self._sock.sendall(encode_preamble(self.config.token))
+            except OSError:
+                self._disconnect()
+                return
         chunks = [self._process_record().tobytes()] + [r.tobytes() for r in self._pending_comms()]
         self._send(chunks, 0)
 

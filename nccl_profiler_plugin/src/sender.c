@@ -1,7 +1,9 @@
 /* DynamICCL profiler plugin: the per-process sender thread.
  *
  * Drains the record ring every DYNAMICCL_FLUSH_MS, batches records into frames and writes them
- * to the collector over a non-blocking Unix or TCP socket with bounded send time. Reconnects
+ * to the collector over a non-blocking Unix or TCP socket with bounded send time. A TCP name is
+ * resolved once, off the sender's path (finalize never waits for DNS); a token, if configured,
+ * opens every connection; undelivered records are logged once and summed up at finalize. Reconnects
  * with exponential backoff; every (re)connect starts with a PROCESS record and one COMM record
  * per live communicator. Also reaps stale slots and sends a STATS record about once a second.
  * NCCL threads never wait for it: when it cannot keep up, the ring fills and records are
@@ -10,7 +12,9 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -36,7 +41,62 @@ typedef struct {
   uint32_t n;       /* records in the frame being built */
   uint32_t n_data;  /* of which COLL/P2P records from the ring */
   uint64_t next_tuner_link_ms; /* next attempt to find the DynamICCL tuner (plugin.c) */
+  int warned_undelivered;      /* "cannot deliver" logged (once per process) */
 } sender_t;
+
+/* ---- per-job token: DYNAMICCL_TOKEN_FILE (owned by this user, mode 600) or DYNAMICCL_TOKEN ----
+ * Sent in the auth preamble before the first frame of every connection (collector/auth.py). */
+#define DCCL_AUTH_MAGIC 0x55414344u
+#define DCCL_TOKEN_MAX 512
+static uint8_t dccl_preamble[8 + DCCL_TOKEN_MAX];
+static size_t dccl_preamble_len; /* 0: no token */
+
+static size_t read_token_file(const char* path, char* out, size_t cap) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_TOKEN_FILE %s: %s; connecting without a token", path, strerror(errno));
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_TOKEN_FILE %s must belong to this user and not be readable by "
+              "others (chmod 600); connecting without a token", path);
+    close(fd);
+    return 0;
+  }
+  ssize_t n = read(fd, out, cap);
+  close(fd);
+  size_t len = n > 0 ? (size_t)n : 0;
+  while (len > 0 && (out[len - 1] == '\n' || out[len - 1] == '\r' || out[len - 1] == ' ')) len--;
+  return len;
+}
+
+static void load_token(void) {
+  char token[DCCL_TOKEN_MAX + 1];
+  size_t len = 0;
+  const char* path = getenv("DYNAMICCL_TOKEN_FILE");
+  const char* env = getenv("DYNAMICCL_TOKEN");
+  if (path && *path) len = read_token_file(path, token, DCCL_TOKEN_MAX);
+  else if (env && *env) memcpy(token, env, len = strnlen(env, DCCL_TOKEN_MAX));
+  dccl_preamble_len = 0;
+  if (len == 0) return;
+  uint32_t magic = DCCL_AUTH_MAGIC;
+  uint16_t version = 1, n16 = (uint16_t)len;
+  memcpy(dccl_preamble, &magic, 4);
+  memcpy(dccl_preamble + 4, &version, 2);
+  memcpy(dccl_preamble + 6, &n16, 2);
+  memcpy(dccl_preamble + 8, token, len);
+  dccl_preamble_len = 8 + len;
+}
+
+/* Records that could not be delivered: logged once, then only counted (summary at finalize). */
+static void note_undelivered(sender_t* s, const char* why) {
+  if (s->warned_undelivered) return;
+  s->warned_undelivered = 1;
+  DCCL_WARN("DynamICCL profiler: cannot deliver records to the collector at %s (%s); they are counted as "
+            "undelivered (logged once; totals at finalize)", dccl_g.cfg.collector, why);
+}
 
 static void sender_close(sender_t* s) {
   if (s->fd >= 0) close(s->fd);
@@ -69,28 +129,119 @@ static int connect_unix(const char* path) {
   return fd;
 }
 
-static int connect_tcp(const char* hostport) {
-  char host[DCCL_ADDR_MAX] = {0};
-  memcpy(host, hostport, strnlen(hostport, sizeof host - 1));
+/* ---- collector address resolution: once, never on a path finalize waits for ----
+ * A name is resolved by a detached thread (getaddrinfo has no timeout); the sender only reads the
+ * result. The library pins itself in memory first (RTLD_NODELETE) so that a resolver still waiting
+ * on DNS when NCCL unloads the plugin returns into mapped code. Numeric addresses need no thread. */
+#define DCCL_MAX_ADDRS 4
+enum { DCCL_RES_NONE, DCCL_RES_RUNNING, DCCL_RES_DONE, DCCL_RES_FAILED };
+static struct {
+  pthread_mutex_t mu;
+  int state;
+  int n;
+  struct sockaddr_storage addr[DCCL_MAX_ADDRS];
+  socklen_t len[DCCL_MAX_ADDRS];
+  int family[DCCL_MAX_ADDRS];
+  char host[DCCL_ADDR_MAX], port[16];
+} dccl_res = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int split_hostport(const char* hostport, char* host, size_t cap, char* port, size_t pcap) {
+  memset(host, 0, cap);
+  memcpy(host, hostport, strnlen(hostport, cap - 1));
   char* colon = strrchr(host, ':');
-  if (colon == NULL) return -1;
+  if (colon == NULL || strlen(colon + 1) >= pcap) return -1;
   *colon = '\0';
-  const char* port = colon + 1;
-  char* h = host;
-  if (h[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6addr]:port */
-    h++;
+  snprintf(port, pcap, "%s", colon + 1);
+  if (host[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6addr]:port */
     colon[-1] = '\0';
+    memmove(host, host + 1, strlen(host));
   }
+  return 0;
+}
+
+/* Store up to DCCL_MAX_ADDRS results (caller holds dccl_res.mu). */
+static void res_store(struct addrinfo* res) {
+  dccl_res.n = 0;
+  for (struct addrinfo* ai = res; ai && dccl_res.n < DCCL_MAX_ADDRS; ai = ai->ai_next) {
+    if (ai->ai_addrlen > sizeof dccl_res.addr[0]) continue;
+    memcpy(&dccl_res.addr[dccl_res.n], ai->ai_addr, ai->ai_addrlen);
+    dccl_res.len[dccl_res.n] = ai->ai_addrlen;
+    dccl_res.family[dccl_res.n] = ai->ai_family;
+    dccl_res.n++;
+  }
+  dccl_res.state = dccl_res.n > 0 ? DCCL_RES_DONE : DCCL_RES_FAILED;
+}
+
+static void* resolver_main(void* arg) {
+  (void)arg;
   struct addrinfo hints, *res = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(h, port, &hints, &res) != 0) return -1;
+  int rc = getaddrinfo(dccl_res.host, dccl_res.port, &hints, &res);
+  pthread_mutex_lock(&dccl_res.mu);
+  if (rc == 0) res_store(res);
+  else dccl_res.state = DCCL_RES_FAILED;
+  pthread_mutex_unlock(&dccl_res.mu);
+  if (res) freeaddrinfo(res);
+  return NULL;
+}
+
+/* Keep this library mapped for the life of the process (a detached resolver may outlive finalize). */
+static int pin_library(void) {
+  Dl_info info;
+  if (dladdr((void*)&resolver_main, &info) == 0 || info.dli_fname == NULL) return -1;
+  return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) ? 0 : -1;
+}
+
+/* Start resolving (numeric addresses at once); returns the state. Never blocks on DNS. */
+static int resolve_collector(const char* hostport) {
+  pthread_mutex_lock(&dccl_res.mu);
+  int state = dccl_res.state;
+  if (state == DCCL_RES_NONE || state == DCCL_RES_FAILED) {
+    if (split_hostport(hostport, dccl_res.host, sizeof dccl_res.host, dccl_res.port, sizeof dccl_res.port) != 0) {
+      state = dccl_res.state = DCCL_RES_FAILED;
+    } else {
+      struct addrinfo hints, *res = NULL;
+      memset(&hints, 0, sizeof hints);
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+      if (getaddrinfo(dccl_res.host, dccl_res.port, &hints, &res) == 0) { /* no DNS involved */
+        res_store(res);
+        freeaddrinfo(res);
+      } else {
+        pthread_t t;
+        pthread_attr_t attr;
+        dccl_res.state = DCCL_RES_FAILED;
+        if (pin_library() == 0 && pthread_attr_init(&attr) == 0) {
+          pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+          if (pthread_create(&t, &attr, resolver_main, NULL) == 0) dccl_res.state = DCCL_RES_RUNNING;
+          pthread_attr_destroy(&attr);
+        }
+      }
+      state = dccl_res.state;
+    }
+  }
+  pthread_mutex_unlock(&dccl_res.mu);
+  return state;
+}
+
+static int connect_tcp(const char* hostport) {
+  if (resolve_collector(hostport) != DCCL_RES_DONE) return -1; /* not yet (or failed): retry with backoff */
+  struct sockaddr_storage addr[DCCL_MAX_ADDRS];
+  socklen_t len[DCCL_MAX_ADDRS];
+  int family[DCCL_MAX_ADDRS], n;
+  pthread_mutex_lock(&dccl_res.mu);
+  n = dccl_res.n;
+  memcpy(addr, dccl_res.addr, sizeof addr);
+  memcpy(len, dccl_res.len, sizeof len);
+  memcpy(family, dccl_res.family, sizeof family);
+  pthread_mutex_unlock(&dccl_res.mu);
   int fd = -1;
-  for (struct addrinfo* ai = res; ai; ai = ai->ai_next) {
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  for (int i = 0; i < n; i++) {
+    fd = socket(family[i], SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
-    int ok = connect(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    int ok = connect(fd, (struct sockaddr*)&addr[i], len[i]) == 0;
     if (!ok && errno == EINPROGRESS && wait_fd(fd, POLLOUT, DCCL_CONNECT_TIMEOUT_MS) == 0) {
       int soerr = 0;
       socklen_t len = sizeof soerr;
@@ -104,7 +255,6 @@ static int connect_tcp(const char* hostport) {
     close(fd);
     fd = -1;
   }
-  freeaddrinfo(res);
   return fd;
 }
 
@@ -141,9 +291,11 @@ static void frame_flush(sender_t* s, int timeout_ms) {
       DCCL_INFO("DynamICCL profiler: lost the collector connection (%s); reconnecting", strerror(errno));
       sender_close(s);
       atomic_fetch_add(&dccl_g.records_undelivered, s->n_data);
+      note_undelivered(s, "connection lost");
     }
   } else {
     atomic_fetch_add(&dccl_g.records_undelivered, s->n_data);
+    if (s->n_data) note_undelivered(s, "not connected");
   }
   s->n = 0;
   s->n_data = 0;
@@ -216,6 +368,11 @@ static void try_connect(sender_t* s) {
     s->backoff_ms = s->backoff_ms * 2 > DCCL_RECONNECT_MAX_MS ? DCCL_RECONNECT_MAX_MS : s->backoff_ms * 2;
     return;
   }
+  if (dccl_preamble_len && send_all(fd, dccl_preamble, dccl_preamble_len, DCCL_SEND_TIMEOUT_MS) != 0) {
+    close(fd);
+    s->next_connect_ms = dccl_monotonic_ms() + s->backoff_ms;
+    return;
+  }
   s->fd = fd;
   s->conn_id++;
   s->backoff_ms = DCCL_RECONNECT_MIN_MS;
@@ -263,11 +420,22 @@ static void reap_all(void) {
   pthread_mutex_unlock(&dccl_g.registry);
 }
 
+/* One line at the end: what was delivered and what was lost, so loss is visible without a collector. */
+static void log_summary(void) {
+  unsigned long long sent = atomic_load(&dccl_g.records_sent), und = atomic_load(&dccl_g.records_undelivered);
+  unsigned long long ring = atomic_load(&dccl_g.records_dropped_ring_full);
+  unsigned long long pool = atomic_load(&dccl_g.events_dropped_pool_full);
+  DCCL_LOG(und || ring || pool ? NCCL_LOG_WARN : NCCL_LOG_INFO,
+           "DynamICCL profiler: finalize: %llu records sent to %s, %llu undelivered, %llu dropped (ring full), "
+           "%llu events dropped (pool full)", sent, dccl_g.cfg.collector, und, ring, pool);
+}
+
 static void* sender_main(void* arg) {
   (void)arg;
   sender_t s = {.fd = -1, .backoff_ms = DCCL_RECONNECT_MIN_MS, .last_stats_ms = dccl_monotonic_ms()};
   s.buf = malloc(sizeof(dccl_frame_header_t) + (size_t)DCCL_MAX_RECORDS_PER_FRAME * DCCL_RECORD_SIZE);
   if (s.buf == NULL) return NULL; /* records then pile up in the ring and are counted as ring-full drops */
+  load_token();
   int stop = 0;
   uint64_t wait_ms = 0;
   for (;;) {
@@ -321,6 +489,7 @@ static void* sender_main(void* arg) {
   }
   if (s.fd >= 0) close(s.fd);
   free(s.buf);
+  log_summary();
   return NULL;
 }
 

@@ -314,6 +314,27 @@ static void reload_failed(const char* path, const char* msg) {
   dct_g.error_streak = 1;
 }
 
+/* A config changes how every collective of the job runs: only this user's or root's file, and
+   one nobody else can write, is read (a file planted by another user in a shared directory is not). */
+static int trusted_file(const struct stat* st, char* why, size_t cap) {
+  if (st->st_uid != geteuid() && st->st_uid != 0) {
+    snprintf(why, cap, "owned by uid %u, not by this job's user (uid %u) or root; refusing it",
+             (unsigned)st->st_uid, (unsigned)geteuid());
+    return 0;
+  }
+  if (st->st_mode & (S_IWGRP | S_IWOTH)) {
+    snprintf(why, cap, "writable by group or others (mode %o); refusing it", (unsigned)(st->st_mode & 0777));
+    return 0;
+  }
+  return 1;
+}
+
+static int blank(const char* buf, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != ' ' && buf[i] != '\t' && buf[i] != '\n' && buf[i] != '\r') return 0;
+  return 1;
+}
+
 DCT_EXPORT int dynamiccl_tuner_reload(void) {
   char path[DCT_PATH_MAX];
   pthread_mutex_lock(&dct_g.reload_lock);
@@ -345,9 +366,16 @@ DCT_EXPORT int dynamiccl_tuner_reload(void) {
     return -1;
   }
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  char why[DCT_ERR_MAX] = "";
+  memset(&st, 0, sizeof st);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !trusted_file(&st, why, sizeof why)) {
     close(fd);
-    reload_failed(path, "not a regular file");
+    if (!dct_g.have_ident || dct_g.ino != st.st_ino || dct_g.mtim.tv_nsec != st.st_mtim.tv_nsec) /* once per file */
+      reload_failed(path, S_ISREG(st.st_mode) ? why : "not a regular file");
+    dct_g.have_ident = 1;
+    dct_g.ino = st.st_ino;
+    dct_g.mtim = st.st_mtim;
+    dct_g.size = -1; /* never "the same file" as a good one */
     pthread_mutex_unlock(&dct_g.reload_lock);
     return -1;
   }
@@ -403,6 +431,10 @@ DCT_EXPORT int dynamiccl_tuner_reload(void) {
     close(fd);
     pthread_mutex_unlock(&dct_g.reload_lock);
     return 0;
+  }
+  if (blank(buf, got)) { /* a truncate-then-crash: not "no config", which would revert every rank */
+    snprintf(err, sizeof err, "empty file (a truncated write?)");
+    goto fail;
   }
   if (dct_parse(buf, got, &g_scratch, err, sizeof err) != 0) goto fail;
   pthread_mutex_lock(&dct_g.ctl);

@@ -32,3 +32,13 @@ def quiet_config(tmp_path):
     return default_config().replace(receiver={"listen": ()}, parquet={"directory": None},
                                     prometheus={"address": None}, features={"address": None})
 
+
+def connect(addr: str):
+    """A client socket to a listener's bound address (``unix:PATH`` or ``tcp:HOST:PORT``)."""
+    import socket
+    if addr.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(addr[5:])
+        return s
+    host, port = addr[4:].rsplit(":", 1)
+    return socket.create_connection((host, int(port)))

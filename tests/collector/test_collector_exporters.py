@@ -159,3 +159,30 @@ def test_feature_stream_over_a_socket_and_slow_subscriber(served):
     assert slow.dropped == 2 and served.metrics.feature_windows_dropped == 2
     assert [slow.get(0).window_start, slow.get(0).window_start] == [1e9 + 20, 1e9 + 30]
     stream.close()
+
+
+def test_feature_stream_refuses_beyond_max_subscribers_and_evicts_a_stalled_client(tmp_path):
+    import socket
+
+    from collector.config import FeaturesConfig
+    from collector.exporters.feature_stream import FeatureStream
+    from collector.metrics import SelfMetrics
+    from collector_helpers import wait_until
+
+    m = SelfMetrics()
+    fs = FeatureStream(FeaturesConfig(address="tcp:127.0.0.1:0", max_subscribers=2, stall_timeout_s=0.2),
+                       metrics=m)
+    fs.start()
+    host, port = fs.address[4:].rsplit(":", 1)
+    try:
+        a, b, c = (socket.create_connection((host, int(port))) for _ in range(3))
+        assert wait_until(lambda: m.refusals["subscriber_limit"] == 1)
+        with fs._lock:  # the first client has left a window unread for a while
+            first = next(iter(fs._clients.values()))
+            first.backlog_since = 0.0
+        d = socket.create_connection((host, int(port)))
+        assert wait_until(lambda: m.refusals["subscriber_stalled"] == 1 and len(fs._clients) == 2)
+        for s in (a, b, c, d):
+            s.close()
+    finally:
+        fs.shutdown()

@@ -12,7 +12,7 @@ from collector.testing import (comm_record, encode_frame, encode_frames, header,
                                stats_record, synthetic_events)
 from collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
 
-from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
+from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
 
 def _hello(host="nodeA", job="job1", pid=1000, start_ns=1):
@@ -31,14 +31,7 @@ def pipe(quiet_config, sock_path):
 
 
 def _connect(p, which=0):
-    addr = p.addresses["listen"][which]
-    if addr.startswith("unix:"):
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(addr[5:])
-    else:
-        host, port = addr[4:].rsplit(":", 1)
-        s = socket.create_connection((host, int(port)))
-    return s
+    return connect(p.addresses["listen"][which])
 
 
 def _good(p, n=50, which=0, pid=1000, seq_base=1):

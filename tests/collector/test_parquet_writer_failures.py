@@ -195,3 +195,100 @@ def test_cli_sigterm_to_the_process_group_flushes_and_leaves_no_writer_behind(tm
     assert proc.returncode == 0, err
     assert wait_until(lambda: _gone(int(children[0])), 10)
     assert _rows(tmp_path / "pq") == 200
+
+
+def test_writer_never_deadlocks_with_a_collector_that_sends_without_reading():
+    """The collector sends while the writer's replies pile up unread: both must not block."""
+    import threading
+
+    from collector.exporters.parquet_channel import ProcessChannel
+    from collector.exporters.parquet_writer import SlabMemory
+
+    mem = SlabMemory(2, 16)
+    ch = ProcessChannel(mem, compression="none")
+    sender = threading.Thread(target=lambda: [ch.send(("close", i)) for i in range(100_000)], daemon=True)
+    try:
+        sender.start()
+        sender.join(timeout=30)
+        assert not sender.is_alive()  # before: blocked for ever once ~200 KB of replies were unread
+        got = 0
+        while got < 100_000:
+            replies = ch.poll(5.0)
+            assert replies
+            got += len(replies)
+    finally:
+        ch.kill()
+        mem.close()
+
+
+def test_part_files_are_fsynced_before_rename(tmp_path, monkeypatch):
+    import numpy as np
+
+    import collector.exporters.parquet_writer as pw
+    from collector.exporters.parquet_writer import SlabMemory, WriterCore
+    from collector.testing import synthetic_events
+
+    order = []
+    monkeypatch.setattr(pw, "_fsync", lambda p: order.append(("fsync", p)))
+    real_replace = pw.os.replace
+    monkeypatch.setattr(pw.os, "replace", lambda a, b: (order.append(("rename", a)), real_replace(a, b)))
+    mem = SlabMemory(1, 16)
+    core = WriterCore(mem, compression="none", reply=lambda m: None)
+    ev = synthetic_events(4, nranks=2)
+    mem.records[0, :8] = ev
+    tmp, path = str(tmp_path / "p.parquet.tmp.1"), str(tmp_path / "p.parquet")
+    core.append(0, 8, np.array([[0, 8, 0, 0]]), [(1, tmp, path, "j")], ["h"], {})
+    core.close(1)
+    mem.close()
+    assert order[0] == ("fsync", tmp) and order[1] == ("rename", tmp)
+
+
+def test_read_only_history_directory_is_refused_at_start(tmp_path, monkeypatch):
+    import builtins
+
+    import pytest
+
+    from collector.metrics import SelfMetrics
+    d = tmp_path / "ro"
+    d.mkdir()
+    real_open = builtins.open
+
+    def read_only(path, mode="r", *a, **kw):  # a read-only mount (chmod does not stop root)
+        if str(path).startswith(str(d)) and any(c in mode for c in "wax+"):
+            raise OSError(30, "Read-only file system")
+        return real_open(path, mode, *a, **kw)
+
+    monkeypatch.setattr(builtins, "open", read_only)
+    exp = ParquetExporter(ParquetConfig(directory=str(d)), metrics=SelfMetrics())
+    with pytest.raises(OSError, match="parquet directory .*cannot write: Read-only file system"):
+        exp.start()
+
+
+def test_disk_full_keeps_the_row_groups_written_before_it(tmp_path, monkeypatch):
+    import numpy as np
+    import pyarrow.parquet as pq_mod
+
+    from collector.exporters.parquet_writer import SlabMemory, WriterCore
+    from collector.testing import synthetic_events
+
+    calls = {"n": 0}
+    real = pq_mod.ParquetWriter.write_table
+
+    def fills_up(self, table, *a, **kw):  # the disk fills up at the third row group
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, table, *a, **kw)
+
+    monkeypatch.setattr(pq_mod.ParquetWriter, "write_table", fills_up)
+    replies = []
+    mem = SlabMemory(1, 16)
+    core = WriterCore(mem, compression="none", reply=replies.append)
+    tmp, path = str(tmp_path / "p.parquet.tmp.1"), str(tmp_path / "p.parquet")
+    for i in range(4):
+        mem.records[0, :8] = synthetic_events(4, nranks=2, seed=i)
+        core.append(0, 8, np.array([[0, 8, 0, 0]]), [(1, tmp, path, "j")], ["h"], {})
+    core.close(1)
+    mem.close()
+    assert replies[-1][:3] == ("failed", 1, 16) and replies[-1][4] == 16   # before: all 32 rows lost
+    assert pq_mod.read_table(path).num_rows == 16

@@ -61,7 +61,9 @@ def main() -> int:
             elif op == "touch":
                 Path(step["path"]).touch()
             elif op == "finalize":
+                t0 = time.monotonic()
                 emu.comm_finalize(comms[step.get("comm", 0)])
+                out["finalize_s"] = time.monotonic() - t0
             else:
                 raise ValueError(f"unknown step {op}")
     except EmulatorError as e:

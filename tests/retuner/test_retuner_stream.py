@@ -127,7 +127,7 @@ def test_service_reads_both_streams_serves_metrics_and_survives_bad_lines(tmp_pa
     cfg = RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "t.conf"),
                         audit_path=str(tmp_path / "audit.jsonl"), policy=PolicyConfig(tune_at_start=False),
                         changes=f"tcp:127.0.0.1:{changes.port}", features=f"tcp:127.0.0.1:{features.port}",
-                        metrics="127.0.0.1:0")
+                        metrics="127.0.0.1:0", jobs=("*",), allow_unauthenticated=True)
     svc = RetunerService(cfg).start()
     try:
         features.send(b"".join(encode_line(window(float(i), [{}])) for i in range(5)) + b"{broken\n")

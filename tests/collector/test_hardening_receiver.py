@@ -1,0 +1,123 @@
+"""Hostile peers on the record port: idle and slow connections, connection caps, re-attribution."""
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+
+from collector.pipeline import Pipeline
+from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from collector.wire_format import EVENT_DTYPE
+
+from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def _pipe(quiet_config, sock_path, clock=None, **receiver):
+    cfg = quiet_config.replace(receiver={"listen": (f"unix:{sock_path}", "tcp:127.0.0.1:0"), **receiver})
+    return Pipeline(cfg, clock=clock or Clock()).start()
+
+
+def _connect(p, which):
+    return connect(p.addresses["listen"][which])
+
+
+def _hello(host="nodeA", job="job1", pid=1000):
+    return encode_frame(process_record(host, job, pid, start_ns=1).view(EVENT_DTYPE))
+
+
+def test_idle_connections_hold_no_receive_buffer(quiet_config, sock_path):
+    p = _pipe(quiet_config, sock_path)
+    try:
+        socks = [_connect(p, 1) for _ in range(50)]
+        assert wait_until(lambda: p.stream.connections == 50)
+        # before: every connection pre-allocated one max frame + recv_chunk_bytes (2 MiB)
+        assert all(len(c.pending) == 0 for c in p.stream._conns.values())
+        assert not any(hasattr(c, "buf") for c in p.stream._conns.values())
+    finally:
+        for s in socks:
+            s.close()
+        p.shutdown()
+
+
+def test_handshake_idle_and_slow_loris_timeouts_close_and_count(quiet_config, sock_path):
+    clock = Clock()
+    p = _pipe(quiet_config, sock_path, clock, handshake_timeout_s=5.0, idle_timeout_s=30.0,
+              frame_timeout_s=10.0)
+    try:
+        silent = _connect(p, 1)                        # never says who it is
+        idle = _connect(p, 1)
+        idle.sendall(_hello(pid=1))                    # says hello, then nothing
+        loris = _connect(p, 0)
+        loris.sendall(_hello(pid=2) + encode_frames(synthetic_events(4, nranks=1))[:40])  # a frame begun
+        assert wait_until(lambda: p.stream.connections == 3 and p.metrics.received >= 2)
+        clock.t += 6
+        assert wait_until(lambda: p.metrics.refusals["handshake_timeout"] == 1)
+        clock.t += 6
+        assert wait_until(lambda: p.metrics.refusals["frame_timeout"] == 1)
+        clock.t += 30
+        assert wait_until(lambda: p.metrics.refusals["idle_timeout"] == 1)
+        assert wait_until(lambda: p.stream.connections == 0)
+        for s in (silent, idle, loris):
+            s.close()
+    finally:
+        p.shutdown()
+
+
+def test_connection_cap_keeps_reserved_local_slots_and_counts_refusals(quiet_config, sock_path):
+    p = _pipe(quiet_config, sock_path, max_connections=8, reserved_local_connections=2)
+    socks = []
+    try:
+        socks = [_connect(p, 1) for _ in range(10)]     # tcp: 6 fit, 4 refused
+        assert wait_until(lambda: p.metrics.refusals["connection_limit"] == 4)
+        assert p.stream.connections == 6
+        local = _connect(p, 0)                          # the local plugin still gets in
+        socks.append(local)
+        local.sendall(_hello() + encode_frames(synthetic_events(10, nranks=1)))
+        assert wait_until(lambda: p.metrics.decoded == 10)
+    finally:
+        for s in socks:
+            s.close()
+        p.shutdown()
+
+
+def test_process_record_mid_connection_cannot_reattribute(quiet_config, sock_path):
+    p = _pipe(quiet_config, sock_path)
+    sub = p.subscribe()
+    try:
+        s = _connect(p, 0)
+        ev = synthetic_events(10, nranks=1)
+        forged = encode_frame(np.concatenate([ev[:5], process_record("victim", "other", 7).view(EVENT_DTYPE),
+                                              ev[5:]]))
+        s.sendall(_hello() + forged)
+        assert wait_until(lambda: p.metrics.malformed["process_changed"] == 1)
+        s.close()
+    finally:
+        p.shutdown()
+    hosts = set()
+    while (wf := sub.get(timeout=0.1)) is not None:
+        hosts |= set(wf.ranks["host"].to_list())
+    assert "victim" not in hosts
+
+
+def test_a_socket_of_another_user_is_not_taken_over(tmp_path):
+    import os
+
+    from collector.net import listen
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a socket owned by another user")
+    path = str(tmp_path / "s.sock")
+    squatter = socket.socket(socket.AF_UNIX)
+    squatter.bind(path)
+    os.chown(path, 12345, 12345)
+    with pytest.raises(OSError, match="belongs to uid 12345"):   # before: probed, unlinked or EADDRINUSE
+        listen(f"unix:{path}", key="listen")
+    squatter.close()
