@@ -129,7 +129,9 @@ class Launch:
 
 def rank_env(plan: Plan, rank: int, port: int, spec_path: str, launch: Launch, paths: dict) -> dict:
     env = dict(os.environ)
-    for k in ("NCCL_PROFILER_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"):
+    # the kit's own collector takes no token; the user's NCCL settings would change what is checked
+    for k in ("NCCL_PROFILER_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
+              "DYNAMICCL_TOKEN", "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TUNER_CHAIN", "DYNAMICCL_EVENT_MASK"):
         env.pop(k, None)
     env.update({"RANK": str(rank), "WORLD_SIZE": str(plan.ranks), "LOCAL_RANK": str(rank),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DCCL_VALIDATE_SPEC": spec_path,
