@@ -39,7 +39,8 @@ DROP_REASONS = ("malformed", "unknown_target", "unattributed", "queue_full", "st
 #: why a push failed (the plugin keeps the last good file)
 PUSH_ERRORS = ("write_failed", "too_many_rules", "invalid_config")
 
-_TARGET = ("comm_name", "func", "size_bucket")
+#: label names of a target: the collector's, so one matcher selects a communicator in every service
+_TARGET = ("comm", "collective", "size_bucket")
 
 METRICS: tuple[MetricSpec, ...] = (
     # --- the contract (docs/architecture.md) ---
