@@ -535,6 +535,9 @@ def register(sub) -> None:
     r.add_argument("--rules-dir", default=None, help="source rule files (default: the installed deploy/)")
     r.add_argument("--out", required=True, help="directory (files) or file, '-' for stdout (prometheusrule)")
     r.set_defaults(func=_rules_cmd)
+    k = s.add_parser("kube", help="regenerate deploy/kubernetes/base/generated/ (PrometheusRule, dashboards)")
+    k.add_argument("--check", action="store_true", help="exit 1 if the committed files are stale")
+    k.set_defaults(func=_kube_cmd)
     w = s.add_parser("webhook", help="example Alertmanager webhook: print each alert as a JSON line")
     w.add_argument("--listen", default="127.0.0.1:9469", help="HOST:PORT (default 127.0.0.1:9469)")
     w.set_defaults(func=_webhook_cmd)
@@ -574,6 +577,19 @@ def _rules_cmd(args: argparse.Namespace) -> int:
     else:
         _write_atomic(Path(args.out), text)
         print(f"rules=written format=prometheusrule out={args.out}")
+    return 0
+
+
+def _kube_cmd(args: argparse.Namespace) -> int:
+    from dynamiccl import kube
+    if args.check:
+        bad = kube.stale()
+        for name in bad:
+            print(f"stale: {kube.GENERATED_DIR / name} (run `dynamiccl stack kube`)", file=sys.stderr)
+        print(f"kube=checked stale={len(bad)}")
+        return 1 if bad else 0
+    paths = kube.write()
+    print(f"kube=written files={len(paths)} out={kube.GENERATED_DIR}")
     return 0
 
 
