@@ -107,6 +107,9 @@ class StackConfig:
     demo_scenario: str = "demo"
     grafana_external_url: str | None = None   # base of alert dashboard links; None: this stack's Grafana
     runbook_url: str | None = DEFAULT_RUNBOOK_URL
+    prometheus_config: Path | None = None      # None: deploy_dir/prometheus/prometheus.yml
+    sd_dir: str | None = None                  # directory of file_sd targets (Slurm kit); None: the file's
+    only: tuple[str, ...] | None = None        # start only these services (a Slurm service node)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "StackConfig":
@@ -122,6 +125,9 @@ class StackConfig:
             "ports": ports,
             "grafana_external_url": env.get("DYNAMICCL_GRAFANA_EXTERNAL_URL") or None,
             "runbook_url": env.get("DYNAMICCL_RUNBOOK_URL") or DEFAULT_RUNBOOK_URL,
+            "prometheus_config": Path(env["DYNAMICCL_PROMETHEUS_CONFIG"]) if env.get("DYNAMICCL_PROMETHEUS_CONFIG")
+            else None,
+            "sd_dir": env.get("DYNAMICCL_SD_DIR") or None,
         }
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
@@ -271,9 +277,13 @@ class Stack:
         am = conf / "alertmanager.yml"
         rules = render_rule_files(c.deploy_dir / "prometheus/rules", conf / "rules", runbook_url=c.runbook_url,
                                   grafana_url=c.grafana_external_url or c.url("grafana"))
-        prom_cfg = render_prometheus(c.deploy_dir / "prometheus/prometheus.yml", addrs,
+        prom_cfg = render_prometheus(c.prometheus_config or c.deploy_dir / "prometheus/prometheus.yml", addrs,
                                      scrape_interval=c.scrape_interval)
         prom_cfg["rule_files"] = [str(p.resolve()) for p in rules]
+        if c.sd_dir:
+            for job in prom_cfg.get("scrape_configs", []):
+                for sd in job.get("file_sd_configs", []):
+                    sd["files"] = [str(Path(c.sd_dir) / Path(f).name) for f in sd["files"]]
         _write_atomic(prom, yaml.safe_dump(prom_cfg, sort_keys=False))
         _write_atomic(am, yaml.safe_dump(render_alertmanager(
             c.deploy_dir / "alertmanager/alertmanager.yml", addrs), sort_keys=False))
@@ -355,6 +365,12 @@ class Stack:
                 "simulate", "run", "--scenario", c.demo_scenario,
                 "--collector", f"tcp:127.0.0.1:{c.ports['collector-plugin']}",
                 "--out", str(self.state_dir / "sim")]), None, oneshot=True))
+        if c.only is not None:
+            unknown = set(c.only) - {s.name for s in svcs}
+            if unknown:
+                raise ValueError(f"--services: {', '.join(sorted(unknown))} not in this plan "
+                                 f"({', '.join(s.name for s in svcs)})")
+            svcs = [s for s in svcs if s.name in c.only]
         return svcs, notes
 
     # -- state ----------------------------------------------------------------------------------
@@ -524,6 +540,9 @@ def register(sub) -> None:
             q.add_argument("--demo", action="store_true", help="also run a simulated job (like compose --profile demo)")
             q.add_argument("--scenario", default="demo", help="scenario of the demo job (default: demo)")
             q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each service")
+            q.add_argument("--services", default=None, metavar="A,B",
+                           help="start only these (e.g. prometheus,alertmanager,grafana,alert-log on a Slurm "
+                                "service node)")
         q.set_defaults(func=_cmd)
     r = s.add_parser("rules", help="render the alert/recording rules with your runbook and Grafana base URLs")
     r.add_argument("--runbook-url", default=None, metavar="URL",
@@ -545,8 +564,10 @@ def register(sub) -> None:
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    only = getattr(args, "services", None)
     cfg = StackConfig.from_env(state_dir=args.state_dir, demo=getattr(args, "demo", False),
-                               demo_scenario=getattr(args, "scenario", "demo"))
+                               demo_scenario=getattr(args, "scenario", "demo"),
+                               only=tuple(only.split(",")) if only else None)
     stack = Stack(cfg)
     if args.stack_command == "up":
         try:
