@@ -6,15 +6,17 @@ and provisioned by Grafana (``deploy/grafana/provisioning/dashboards/``); ``dyna
 
 Every panel query names only metrics declared by the services (``collector/metrics.py``,
 ``detector/metrics.py``, ``retuner/metrics.py``) or recorded by ``deploy/prometheus/rules/`` — a test
-checks that too. Each dashboard has the variables ``job_id``, ``comm`` (communicator) and
-``collective``; panel ids are stable (assigned in definition order).
+checks that too. Each dashboard has the variables ``datasource`` (any Prometheus data source: every
+query names ``${datasource}``, never a fixed uid), ``job_id``, ``comm`` (communicator) and ``collective``;
+every service uses the collector's label names, so one matcher serves all panels. Panel ids are stable
+(assigned in definition order).
 
 >>> docs = render_all()
 >>> sorted(docs)
 ['gpu.json', 'overview.json', 'ranks.json', 'regimes.json', 'retuner.json']
 >>> d = json.loads(docs["overview.json"])
 >>> d["uid"], [v["name"] for v in d["templating"]["list"]]
-('dynamiccl-overview', ['job_id', 'comm', 'collective'])
+('dynamiccl-overview', ['datasource', 'job_id', 'comm', 'collective'])
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from dashboards.names import FOLDER_TITLE, FOLDER_UID, REGIME_TAG
 __all__ = ["DASHBOARDS", "render_all", "render", "PROMETHEUS", "FOLDER_UID", "FOLDER_TITLE",
            "REGIME_TAG"]
 
-PROMETHEUS = DataSourceRef(type_val="prometheus", uid="prometheus")   # uid provisioned in deploy/grafana
+PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")   # the dashboard's data source variable
 GRAFANA = DataSourceRef(type_val="grafana", uid="-- Grafana --")
 RI = "$__rate_interval"
 
@@ -44,8 +46,7 @@ RI = "$__rate_interval"
 F = 'job_id=~"$job_id",comm=~"$comm",collective=~"$collective"'          # collector, per collective
 FJ = 'job_id=~"$job_id"'
 FC = 'job_id=~"$job_id",comm=~"$comm"'
-FD = 'job_id=~"$job_id",comm_name=~"$comm",func=~"$collective"'          # detector streams
-FR = 'comm_name=~"$comm",func=~"$collective"'                            # retuner (no job label)
+FR = 'comm=~"$comm",collective=~"$collective"'                            # retuner (no job label)
 SIZE = "2^{{size_bucket}} B"
 
 
@@ -117,7 +118,10 @@ def _variables() -> list:
         return (dashboard.QueryVariable(name).label(label).datasource(PROMETHEUS).query(query)
                 .definition(query).multi(True).include_all(True).all_value(".*")
                 .refresh(dash_m.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dash_m.VariableSort.ALPHABETICAL_ASC))
+    source = (dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
+              .regex("").multi(False).include_all(False))
     return [
+        source,
         var("job_id", "Job", "label_values(dynamiccl_collectives_total, job_id)"),
         var("comm", "Communicator", 'label_values(dynamiccl_collectives_total{job_id=~"$job_id"}, comm)'),
         var("collective", "Collective",
@@ -129,8 +133,8 @@ def _annotations() -> list:
     return [
         dashboard.AnnotationQuery().name("Regime-change alerts").datasource(PROMETHEUS).enable(True)
         .icon_color("red").expr(f'ALERTS{{alertname="NcclRegimeChange",alertstate="firing",{FJ}}}')
-        .title_format("{{kind}} regime change").text_format("{{comm_name}}: {{where}}")
-        .tag_keys("kind,comm_name,where").step("10s").use_value_for_time(False),
+        .title_format("{{kind}} regime change").text_format("{{comm}}: {{where}}")
+        .tag_keys("kind,comm,where").step("10s").use_value_for_time(False),
         dashboard.AnnotationQuery().name("Regime changes (pushed)").datasource(GRAFANA).enable(True)
         .icon_color("orange").target(dashboard.AnnotationTarget().type("tags").tags([REGIME_TAG]).limit(200)
                                      .match_any(False)),
@@ -205,11 +209,13 @@ def regimes() -> Spec:
     return Spec("dynamiccl-regimes", "DynamICCL / Regimes",
                 "Detector view: regime timeline, CUSUM statistics, autoencoder score; alerts as annotations.", [
         ("Regime changes", [
-            statetimeline.Panel().title("Regime timeline (active changes, value = magnitude)")
-            .datasource(PROMETHEUS).span(24).height(7).targets([q(
-                f'dynamiccl_detector_regime_active{{{FC.replace("comm=", "comm_name=")}}}',
-                "{{kind}} {{comm_name}} {{where}}")])
-            .thresholds(_thresholds((None, "green"), (1.2, "orange"), (2.0, "red"))).merge_values(False),
+            statetimeline.Panel().title("Regime timeline (1 = active, 0 = recovered), per communicator")
+            .datasource(PROMETHEUS).span(16).height(7).targets([q(
+                f"dynamiccl_detector_regime_active{{{FC}}}", "{{kind}} {{comm}} {{where}}")])
+            .mappings(_value_text({"1": ("active", "red"), "0": ("recovered", "green")})).merge_values(True),
+            ts("Magnitude of active changes (new/old latency)", "short",
+               q(f"dynamiccl_detector_regime_magnitude{{{FC}}}", "{{kind}} {{comm}} {{where}}"), threshold=1.2,
+               w=8, h=7),
             ts("Regime changes by kind", "short",
                q(f"sum by (kind) (increase(dynamiccl_detector_regime_changes_total[{RI}]))", "{{kind}}"),
                bars=True, w=8),
@@ -223,7 +229,7 @@ def regimes() -> Spec:
         ]),
         ("Detector statistics", [
             ts("CUSUM statistic / threshold (>= 1 fires)", "short",
-               q(f"dynamiccl_detector_cusum_statistic{{{FD}}}", f"{{{{func}}}} {{{{comm_name}}}} {SIZE}"),
+               q(f"dynamiccl_detector_cusum_statistic{{{F}}}", f"{{{{collective}}}} {{{{comm}}}} {SIZE}"),
                threshold=1.0),
             ts("Autoencoder anomaly score", "short",
                q(f"dynamiccl_detector_autoencoder_score{{{FJ}}}", "{{job_id}}")),
@@ -285,7 +291,7 @@ def retuner() -> Spec:
                q(f"sum by (action) (increase(dynamiccl_retuner_decisions_total[{RI}]))", "{{action}}"),
                bars=True, w=8),
             ts("Measured gain (old/new latency)", "short",
-               q(f"dynamiccl_retuner_measured_gain_ratio{{{FR}}}", f"{{{{func}}}} {{{{comm_name}}}} {SIZE}"),
+               q(f"dynamiccl_retuner_measured_gain_ratio{{{FR}}}", f"{{{{collective}}}} {{{{comm}}}} {SIZE}"),
                threshold=1.0, w=8),
         ]),
     ], tags=("retuner",))

@@ -5,17 +5,24 @@ Dashboards and alert rules are checked against :data:`METRICS`. Conventions as t
 them on a ``prometheus_client`` registry (a private one by default, so several detectors can
 live in one process).
 
-Label sets are bounded: ``regime_active`` has one series per *active* change (removed on
-recovery); ``cusum_statistic`` only the ``top_statistics`` largest streams per job (the others
-are removed); ``autoencoder_score`` one per job.
+Label names are the collector's (``job_id``, ``comm``, ``collective``, ``size_bucket``), so one
+PromQL matcher selects a communicator in every service. Label sets are bounded: ``regime_active``
+is 1 per (job, kind, communicator, where) while a change is active and 0 after its recovery (the
+newest :data:`RECOVERED_KEPT` recovered sets are kept, older ones removed); ``regime_magnitude``
+exists only while active; ``cusum_statistic`` keeps only the ``top_statistics`` largest streams per
+job (the others are removed); ``autoencoder_score`` one per job.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               disable_created_metrics)
 
-__all__ = ["MetricSpec", "METRICS", "BY_NAME", "DROP_REASONS", "INVALID_REASONS", "DetectorMetrics"]
+__all__ = ["MetricSpec", "METRICS", "BY_NAME", "DROP_REASONS", "INVALID_REASONS", "DetectorMetrics",
+           "ActiveRegimes", "REGIME_LABELS", "RECOVERED_KEPT", "MAX_COMMS_PER_CHANGE",
+           "export_process_metrics"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,12 @@ DROP_REASONS = ("malformed", "out_of_order", "error")
 INVALID_REASONS = ("nan", "nonpositive", "absurd", "sparse", "stream_limit")
 #: detection delay buckets (s): 0.25 s … 64 s
 DELAY_BUCKETS_S = tuple(0.25 * 2 ** k for k in range(9))
+#: labels of regime_active / regime_magnitude: one series per communicator a change touches
+REGIME_LABELS = ("job_id", "kind", "comm", "where")
+#: recovered regime_active series (value 0) kept so dashboards show the end; older ones are removed
+RECOVERED_KEPT = 256
+#: communicators of one change that get their own regime series (a change rarely spans more)
+MAX_COMMS_PER_CHANGE = 32
 
 METRICS: tuple[MetricSpec, ...] = (
     # --- the contract (docs/architecture.md) ------------------------------------------------
@@ -42,11 +55,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_detector_regime_changes_total", "counter",
                "Regime changes emitted, by kind.", ("kind",)),
     MetricSpec("dynamiccl_detector_regime_active", "gauge",
-               "Active regime change: value = magnitude (new/old latency ratio); removed on recovery.",
-               ("job_id", "kind", "comm_name", "where")),
+               "1 while a regime change is active on this communicator, 0 after it recovered.", REGIME_LABELS),
+    MetricSpec("dynamiccl_detector_regime_magnitude", "gauge",
+               "Magnitude of an active regime change (new/old latency ratio); removed on recovery.",
+               REGIME_LABELS),
     MetricSpec("dynamiccl_detector_cusum_statistic", "gauge",
                "max(S+, S-)/threshold of a stream's CUSUM (>= 1 fires); the largest streams per job.",
-               ("job_id", "comm_name", "func", "size_bucket")),
+               ("job_id", "comm", "collective", "size_bucket")),
     MetricSpec("dynamiccl_detector_autoencoder_score", "gauge",
                "Autoencoder reconstruction error of the job's last window.", ("job_id",)),
     MetricSpec("dynamiccl_detector_detection_delay_seconds", "histogram",
@@ -105,6 +120,7 @@ class DetectorMetrics:
         self.windows_dropped = made[p + "windows_dropped_total"]
         self.regime_changes = made[p + "regime_changes_total"]
         self.regime_active = made[p + "regime_active"]
+        self.regime_magnitude = made[p + "regime_magnitude"]
         self.cusum_statistic = made[p + "cusum_statistic"]
         self.autoencoder_score = made[p + "autoencoder_score"]
         self.detection_delay = made[p + "detection_delay_seconds"]
@@ -136,3 +152,60 @@ class DetectorMetrics:
         """Current value of a counter/gauge sample (tests, evaluation)."""
         v = self.registry.get_sample_value(name, labels or None)
         return 0.0 if v is None else float(v)
+
+
+class ActiveRegimes:
+    """``regime_active`` (0/1) and ``regime_magnitude`` per (job_id, kind, comm, where).
+
+    Several active changes may share one label set (two changes of one kind on one communicator):
+    the set stays at 1 until the last of them recovers, and shows the newest magnitude.
+    """
+
+    def __init__(self, active, magnitude, keep_recovered: int = RECOVERED_KEPT):
+        self._active, self._magnitude = active, magnitude
+        self._holders: dict[tuple, set[str]] = {}          # label set -> ids of active changes
+        self._by_change: dict[str, list[tuple]] = {}
+        self._recovered: OrderedDict[tuple, None] = OrderedDict()
+        self._keep = keep_recovered
+
+    def start(self, change_id: str, label_sets: list[tuple], magnitude: float) -> None:
+        self._by_change[change_id] = label_sets
+        for labels in label_sets:
+            self._holders.setdefault(labels, set()).add(change_id)
+            self._recovered.pop(labels, None)
+            self._active.labels(*labels).set(1)
+            self._magnitude.labels(*labels).set(magnitude)
+
+    def end(self, change_id: str) -> None:
+        for labels in self._by_change.pop(change_id, []):
+            holders = self._holders.get(labels, set())
+            holders.discard(change_id)
+            if holders:
+                continue
+            self._holders.pop(labels, None)
+            self._active.labels(*labels).set(0)
+            _remove(self._magnitude, labels)
+            self._recovered[labels] = None
+            while len(self._recovered) > self._keep:
+                old, _ = self._recovered.popitem(last=False)
+                _remove(self._active, old)
+
+
+def _remove(gauge, labels: tuple) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
+
+
+def export_process_metrics(registry: CollectorRegistry) -> None:
+    """Ready a registry for serving: ``process_*`` metrics (CPU, resident memory, open fds, start time)
+    and no ``_created`` series (one per counter/histogram child, read by no rule or dashboard).
+
+    ``disable_created_metrics`` is process-wide; a registry that already has process metrics keeps them.
+    """
+    disable_created_metrics()
+    try:
+        ProcessCollector(registry=registry)
+    except ValueError:   # "Duplicated timeseries": the registry already exports process_*
+        pass

@@ -93,7 +93,9 @@ class DetectorService:
             from prometheus_client import start_http_server
 
             from collector.config import parse_host_port
+            from .metrics import export_process_metrics
             host, port = parse_host_port(cfg.metrics, key="--metrics")
+            export_process_metrics(self.metrics.registry)
             try:
                 self._httpd, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
             except OSError as exc:

@@ -27,7 +27,7 @@ from collector.features import WindowFeatures
 from .config import DetectorConfig
 from .events import RegimeChange
 from .fusion import Fusion
-from .metrics import DetectorMetrics, SUPPRESS_REASONS
+from .metrics import MAX_COMMS_PER_CHANGE, ActiveRegimes, DetectorMetrics, SUPPRESS_REASONS
 from .straggler import RankHistory
 from .streams import StreamTable
 from .window_vector import job_vectors
@@ -69,7 +69,7 @@ class Detector:
         self._ae: dict[str, object] = {}
         self._ae_ok = self.config.autoencoder
         self._ae_scores: dict[str, tuple[float, float]] = {}
-        self._active_labels: dict[str, tuple] = {}
+        self._regimes = ActiveRegimes(self.metrics.regime_active, self.metrics.regime_magnitude)
         self._stat_labels: dict[str, set] = {}
         self._suppressed_seen = {k: 0 for k in SUPPRESS_REASONS}
         self.windows = 0
@@ -149,17 +149,12 @@ class Detector:
         m.regime_changes.labels(kind=c.kind).inc()
         if c.kind == "recovery":
             for cid in c.evidence.get("ends", [c.recovers]):
-                labels = self._active_labels.pop(cid, None)
-                if labels is not None:
-                    try:
-                        m.regime_active.remove(*labels)
-                    except KeyError:
-                        pass
+                self._regimes.end(cid)
         else:
             m.detection_delay.observe(max(0.0, c.detected_s - c.start_s))
-            labels = (c.job_id, c.kind, c.comm_names[0] if c.comm_names else "", _where(c))
-            self._active_labels[c.id] = labels
-            m.regime_active.labels(*labels).set(c.magnitude)
+            where = _where(c)
+            self._regimes.start(c.id, [(c.job_id, c.kind, comm, where) for comm in (c.comm_names[:MAX_COMMS_PER_CHANGE] or [""])],
+                                c.magnitude)
         self.changes.append(c)
         if len(self.changes) > self._max_kept:
             del self.changes[: len(self.changes) - self._max_kept]

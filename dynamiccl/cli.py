@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import os
 import sys
 
 from dynamiccl import __version__
@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynamiccl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"dynamiccl {__version__}")
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument("--log-format", default="text", choices=("text", "json"),
+                        help="text, or json: one JSON object per log line")
+    parser.add_argument("--config-file", default=None, metavar="YAML",
+                        help="flags of every command from a file (env DYNAMICCL_CONFIG_FILE); precedence: "
+                             "command line > environment DYNAMICCL_<COMMAND>_<FLAG> > this file > defaults")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, commands, _extra in SUBCOMMANDS:
         try:
@@ -79,11 +84,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """Flag defaults from the environment and the config file (dynamiccl/settings.py)."""
+    from dynamiccl import settings
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config-file", default=os.environ.get(settings.CONFIG_ENV))
+    path = pre.parse_known_args(sys.argv[1:] if argv is None else argv)[0].config_file
+    settings.apply(parser, os.environ, settings.load_file(path) if path else {})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        _settings(parser, argv)
+    except (ValueError, OSError) as exc:
+        print(f"dynamiccl: error: {exc}", file=sys.stderr)
+        return 2
+    from dynamiccl.settings import finish
+    args = finish(parser.parse_args(argv))
+    from dynamiccl.logfmt import configure
+    configure(args.log_level, args.log_format)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

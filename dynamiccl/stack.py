@@ -1,4 +1,4 @@
-"""``dynamiccl stack up|down|status|webhook``: the monitoring stack natively, without Docker.
+"""``dynamiccl stack up|down|status|rules|kube|webhook``: the monitoring stack natively, without Docker.
 
 ``up`` starts, from binaries installed on this machine, the same stack ``docker compose up`` starts:
 the collector (and the detector and retuner once those services are installed), Prometheus,
@@ -24,10 +24,7 @@ ValueError: GRAFANA_PORT: expected a port number 1..65535, got 'http'
 """
 from __future__ import annotations
 
-import argparse
-import collections
 import copy
-import http.server
 from contextlib import redirect_stderr as _redirect_stderr
 import json
 import logging
@@ -36,15 +33,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import yaml
+
+from dynamiccl.rules import render_rule_files
+from dynamiccl.webhook import AlertWebhook  # re-exported: tests and loop helpers import it from here
 
 __all__ = [
     "StackConfig", "PORT_ENV", "COMPOSE_ADDRESSES", "render_prometheus", "render_alertmanager",
@@ -57,6 +56,11 @@ _REPO = Path(__file__).resolve().parents[1]
 #: a checkout's deploy/ when run from one, else the copy the wheel ships (pyproject force-include)
 DEFAULT_DEPLOY_DIR = _REPO / "deploy" if (_REPO / "deploy").is_dir() else Path(__file__).resolve().parent / "deploy"
 DEFAULT_DASHBOARDS_DIR = _REPO / "dashboards" / "json"
+#: runbooks of a checkout as file:// URLs (the wheel does not ship docs/: then the rules keep repository paths)
+DEFAULT_RUNBOOK_URL = (_REPO / "docs" / "runbooks").as_uri() if (_REPO / "docs" / "runbooks").is_dir() else None
+#: the file the detector's change log goes to, next to the parquet history (where `dynamiccl report` looks)
+CHANGES_FILE = "changes.jsonl"
+AUDIT_FILE = "retuner-audit.jsonl"
 
 #: service → (environment variable, default port); compose.yaml reads the same variables
 PORT_ENV: dict[str, tuple[str, int]] = {
@@ -99,6 +103,11 @@ class StackConfig:
     scrape_interval: str | None = None      # None: the file's (5s)
     demo: bool = False
     demo_scenario: str = "demo"
+    grafana_external_url: str | None = None   # base of alert dashboard links; None: this stack's Grafana
+    runbook_url: str | None = DEFAULT_RUNBOOK_URL
+    prometheus_config: Path | None = None      # None: deploy_dir/prometheus/prometheus.yml
+    sd_dir: str | None = None                  # directory of file_sd targets (Slurm kit); None: the file's
+    only: tuple[str, ...] | None = None        # start only these services (a Slurm service node)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "StackConfig":
@@ -112,9 +121,19 @@ class StackConfig:
             "parquet_dir": Path(env.get("DYNAMICCL_PARQUET_DIR") or state / "parquet"),
             "bind": env.get("DYNAMICCL_BIND") or "127.0.0.1",
             "ports": ports,
+            "grafana_external_url": env.get("DYNAMICCL_GRAFANA_EXTERNAL_URL") or None,
+            "runbook_url": env.get("DYNAMICCL_RUNBOOK_URL") or DEFAULT_RUNBOOK_URL,
+            "prometheus_config": Path(env["DYNAMICCL_PROMETHEUS_CONFIG"]) if env.get("DYNAMICCL_PROMETHEUS_CONFIG")
+            else None,
+            "sd_dir": env.get("DYNAMICCL_SD_DIR") or None,
         }
         kw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kw)
+
+    @property
+    def run_dir(self) -> Path:
+        """The parent of the parquet directory: `dynamiccl report PARQUET_DIR` finds its side files there."""
+        return Path(self.parquet_dir).parent
 
     def address(self, service: str) -> str:
         return f"{self.bind}:{self.ports[service]}"
@@ -201,108 +220,6 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# example alert receiver
-# ------------------------------------------------------------------------------------------------
-class AlertWebhook:
-    """Alertmanager webhook receiver (example): each POSTed notification is kept (bounded) and handed to
-    ``on_notification``; ``dynamiccl stack webhook`` prints one JSON line per alert.
-
-    Bad input (not JSON, not a notification, body over ``max_body``) gets a 4xx and is counted in
-    ``rejected``; the server keeps running.
-    """
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, max_keep: int = 1000,
-                 max_body: int = 1 << 20, on_notification: Callable[[dict], None] | None = None,
-                 clock: Callable[[], float] = time.time):
-        self.notifications: collections.deque[tuple[float, dict]] = collections.deque(maxlen=max_keep)
-        self.received = 0
-        self.rejected = 0
-        self._lock = threading.Condition()
-        self._max_body = max_body
-        self._on = on_notification
-        self._clock = clock
-        hook = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, fmt, *args):  # noqa: D401 - quiet
-                log.debug("webhook: " + fmt, *args)
-
-            def do_POST(self):  # noqa: N802
-                n = int(self.headers.get("Content-Length") or 0)
-                if n > hook._max_body:
-                    return self._reject(413, "body too large")
-                try:
-                    body = json.loads(self.rfile.read(n) or b"null")
-                except (ValueError, UnicodeDecodeError):
-                    return self._reject(400, "not JSON")
-                if not isinstance(body, dict) or not isinstance(body.get("alerts"), list):
-                    return self._reject(400, "not an Alertmanager notification (no alerts list)")
-                with hook._lock:
-                    hook.received += 1
-                    hook.notifications.append((hook._clock(), body))
-                    hook._lock.notify_all()
-                if hook._on is not None:
-                    try:
-                        hook._on(body)
-                    except Exception:  # a printing error must not take the receiver down
-                        log.exception("webhook: notification handler failed")
-                self.send_response(200)
-                self.end_headers()
-
-            def do_GET(self):  # noqa: N802 - health check
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
-                self.end_headers()
-                self.wfile.write(f"received {hook.received} rejected {hook.rejected}\n".encode())
-
-            def _reject(self, code: int, why: str):
-                with hook._lock:
-                    hook.rejected += 1
-                self.send_response(code)
-                self.end_headers()
-                self.wfile.write(why.encode())
-
-        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
-
-    @property
-    def address(self) -> str:
-        h, p = self._server.server_address[:2]
-        return f"{h}:{p}"
-
-    def start(self) -> "AlertWebhook":
-        self._thread = threading.Thread(target=self._server.serve_forever, name="alert-webhook", daemon=True)
-        self._thread.start()
-        return self
-
-    def wait_for(self, predicate: Callable[[dict], bool], timeout: float) -> tuple[float, dict] | None:
-        """First kept (time, alert) whose alert satisfies ``predicate``, waiting up to ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                for t, note in self.notifications:
-                    for alert in note.get("alerts", []):
-                        if predicate(alert):
-                            return t, alert
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._lock.wait(min(left, 0.5))
-
-    def shutdown(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def _print_notification(note: dict) -> None:
-    for a in note.get("alerts", []):
-        print(json.dumps({"status": a.get("status"), "labels": a.get("labels", {}),
-                          "annotations": a.get("annotations", {}), "startsAt": a.get("startsAt")},
-                         sort_keys=True), flush=True)
-
-
-# ------------------------------------------------------------------------------------------------
 # process management
 # ------------------------------------------------------------------------------------------------
 @dataclass
@@ -311,6 +228,8 @@ class Service:
     argv: list[str]
     health: str | None                 # URL that answers 200 when ready
     env: dict[str, str] = field(default_factory=dict)
+    stdout: Path | None = None         # where stdout goes (appended); None: the log with stderr
+    oneshot: bool = False              # ends by itself (the demo job): ending with status 0 is not a failure
 
 
 def _find(*names: str) -> str | None:
@@ -354,8 +273,16 @@ class Stack:
         conf = self.state_dir / "config"
         prom = conf / "prometheus.yml"
         am = conf / "alertmanager.yml"
-        _write_atomic(prom, yaml.safe_dump(render_prometheus(
-            c.deploy_dir / "prometheus/prometheus.yml", addrs, scrape_interval=c.scrape_interval), sort_keys=False))
+        rules = render_rule_files(c.deploy_dir / "prometheus/rules", conf / "rules", runbook_url=c.runbook_url,
+                                  grafana_url=c.grafana_external_url or c.url("grafana"))
+        prom_cfg = render_prometheus(c.prometheus_config or c.deploy_dir / "prometheus/prometheus.yml", addrs,
+                                     scrape_interval=c.scrape_interval)
+        prom_cfg["rule_files"] = [str(p.resolve()) for p in rules]
+        if c.sd_dir:
+            for job in prom_cfg.get("scrape_configs", []):
+                for sd in job.get("file_sd_configs", []):
+                    sd["files"] = [str(Path(c.sd_dir) / Path(f).name) for f in sd["files"]]
+        _write_atomic(prom, yaml.safe_dump(prom_cfg, sort_keys=False))
         _write_atomic(am, yaml.safe_dump(render_alertmanager(
             c.deploy_dir / "alertmanager/alertmanager.yml", addrs), sort_keys=False))
         return {"prometheus": prom, "alertmanager": am}
@@ -377,15 +304,16 @@ class Stack:
              "--serve", f"tcp:{c.address('detector-events')}"],
             ["detector", "run", "--features", f"tcp:{c.address('collector-features')}", "--metrics",
              c.address("detector"), "--serve", f"tcp:{c.address('detector-events')}"]])
-        if det:
-            svcs.append(Service("detector", py + det, f"{c.url('detector')}/metrics"))
+        if det:   # its stdout is the change log (one RegimeChange JSON per line), read by `dynamiccl report`
+            svcs.append(Service("detector", py + det, f"{c.url('detector')}/metrics",
+                                stdout=c.run_dir / CHANGES_FILE))
         else:
             notes.append("detector: no `dynamiccl detector` command taking --features/--metrics/--serve is "
                          "installed yet; skipped")
         ret = _cli_variant("retuner", [
             [*head, "--changes", f"tcp:{c.address('detector-events')}", "--features",
              f"tcp:{c.address('collector-features')}", "--metrics", c.address("retuner"),
-             "--audit", str(self.state_dir / "retuner-audit.jsonl")]
+             "--audit", str(c.run_dir / AUDIT_FILE)]
             for head in (["retuner", "run"], ["retuner"])])
         if ret:
             svcs.append(Service("retuner", py + ret, f"{c.url('retuner')}/metrics"))
@@ -432,10 +360,16 @@ class Stack:
                          f"`dynamiccl dashboards push --url URL --token TOKEN` to an existing Grafana, "
                          f"or import {c.dashboards_dir}/*.json")
         if c.demo:
-            svcs.append(Service("simulated-job", py + [
+            svcs.append(Service("simulated-job", _recording_exit(self.state_dir / "simulated-job.rc", py + [
                 "simulate", "run", "--scenario", c.demo_scenario,
                 "--collector", f"tcp:127.0.0.1:{c.ports['collector-plugin']}",
-                "--out", str(self.state_dir / "sim")], None))
+                "--out", str(self.state_dir / "sim")]), None, oneshot=True))
+        if c.only is not None:
+            unknown = set(c.only) - {s.name for s in svcs}
+            if unknown:
+                raise ValueError(f"--services: {', '.join(sorted(unknown))} not in this plan "
+                                 f"({', '.join(s.name for s in svcs)})")
+            svcs = [s for s in svcs if s.name in c.only]
         return svcs, notes
 
     # -- state ----------------------------------------------------------------------------------
@@ -474,10 +408,16 @@ class Stack:
         try:
             for s in svcs:
                 logf = self.state_dir / "logs" / f"{s.name}.log"
-                with open(logf, "ab") as fh:
-                    p = subprocess.Popen(s.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env={**os.environ, **s.env}, start_new_session=True)
-                state[s.name] = {"pid": p.pid, "argv": s.argv, "health": s.health, "log": str(logf)}
+                if s.stdout is not None:
+                    s.stdout.parent.mkdir(parents=True, exist_ok=True)
+                with open(logf, "ab") as fh, open(s.stdout or os.devnull, "ab") as out_fh:
+                    p = subprocess.Popen(s.argv, stdout=out_fh if s.stdout else fh, stderr=fh,
+                                         stdin=subprocess.DEVNULL, env={**os.environ, **s.env},
+                                         start_new_session=True)
+                state[s.name] = {"pid": p.pid, "argv": s.argv, "health": s.health, "log": str(logf),
+                                 "oneshot": s.oneshot}
+                if s.stdout is not None:
+                    state[s.name]["stdout"] = str(s.stdout)
                 _write_atomic(self.pidfile, json.dumps(state, indent=1))
                 if s.health and not _wait_http(s.health, timeout, proc=p):
                     raise RuntimeError(f"{s.name} did not become ready at {s.health} within {timeout:.0f} s; "
@@ -486,9 +426,8 @@ class Stack:
         except BaseException:
             self.down(out=lambda *_: None)
             raise
-        c = self.config
-        out(f"Prometheus {c.url('prometheus')}  Alertmanager {c.url('alertmanager')}  "
-            f"Grafana {c.url('grafana')}  plugin stream tcp:127.0.0.1:{c.ports['collector-plugin']}")
+        for line in summary_lines(self.config, state):
+            out(line)
         out(f"stack=up services={','.join(state)} state_dir={self.state_dir}")
         return 0
 
@@ -521,17 +460,45 @@ class Stack:
             out(f"no stack recorded in {self.state_dir}")
             out("stack=down running=0 healthy=0")
             return 3
-        running = healthy = 0
+        running = healthy = finished = 0
         for name, e in state.items():
             alive = self._alive(e)
+            done = not alive and e.get("oneshot") and self._exit_code(name) == 0
             ok = alive and (e["health"] is None or _wait_http(e["health"], 0.0))
             running += alive
             healthy += ok
-            out(f"{name:14s} {'running' if alive else 'dead':8s} {'healthy' if ok else '-':8s} pid={e['pid']} "
-                f"{e['health'] or ''}")
-        out(f"stack={'up' if running == len(state) else 'degraded'} running={running} healthy={healthy} "
+            finished += bool(done)
+            word = "running" if alive else "finished" if done else "dead"
+            out(f"{name:14s} {word:8s} {'healthy' if ok else '-':8s} pid={e['pid']} {e['health'] or ''}")
+        # a one-shot service (the demo job) that ended with status 0 did its work: not a failure
+        whole = running + finished == len(state)
+        out(f"stack={'up' if whole else 'degraded'} running={running} healthy={healthy} finished={finished} "
             f"services={len(state)}")
-        return 0 if healthy == len(state) else 1
+        return 0 if healthy + finished == len(state) else 1
+
+    def _exit_code(self, name: str) -> int | None:
+        try:
+            return int((self.state_dir / f"{name}.rc").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+def summary_lines(c: StackConfig, started: Mapping[str, dict]) -> list[str]:
+    """What `up` prints after starting: URLs of the services that were started (no Grafana link without a
+    Grafana), the plugin address, and where the regime changes go."""
+    urls = [f"{name.capitalize()} {c.url(name)}" for name in ("prometheus", "alertmanager", "grafana")
+            if name in started]
+    lines = ["  ".join(urls + [f"plugin stream tcp:127.0.0.1:{c.ports['collector-plugin']}"])]
+    if "detector" in started:
+        lines.append(f"regime changes: {started['detector']['stdout']} (found by `dynamiccl report "
+                     f"{c.parquet_dir}`)")
+    return lines
+
+
+def _recording_exit(rc_file: Path, argv: list[str]) -> list[str]:
+    """``argv`` run by a shell that writes its exit status to ``rc_file`` (read by ``status`` later, from
+    another process that cannot wait() for it)."""
+    return ["/bin/sh", "-c", 'rc=0; "$@" || rc=$?; echo "$rc" > "$0"; exit "$rc"', str(rc_file), *argv]
 
 
 def _reap(pid: int) -> None:
@@ -558,59 +525,11 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -
 
 
 # ------------------------------------------------------------------------------------------------
-# CLI
+# CLI (dynamiccl/stack_cli.py)
 # ------------------------------------------------------------------------------------------------
 def register(sub) -> None:
-    p = sub.add_parser("stack", help="run the monitoring stack natively (no Docker)",
-                       description=__doc__.splitlines()[0])
-    s = p.add_subparsers(dest="stack_command", metavar="ACTION")
-    for name, helptext in (("up", "start the stack"), ("down", "stop it"), ("status", "show what runs")):
-        q = s.add_parser(name, help=helptext)
-        q.add_argument("--state-dir", default=None,
-                       help="pids, logs, rendered configs, data (default $DYNAMICCL_STACK_DIR or runs/stack)")
-        if name == "up":
-            q.add_argument("--demo", action="store_true", help="also run a simulated job (like compose --profile demo)")
-            q.add_argument("--scenario", default="demo", help="scenario of the demo job (default: demo)")
-            q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each service")
-        q.set_defaults(func=_cmd)
-    w = s.add_parser("webhook", help="example Alertmanager webhook: print each alert as a JSON line")
-    w.add_argument("--listen", default="127.0.0.1:9469", help="HOST:PORT (default 127.0.0.1:9469)")
-    w.set_defaults(func=_webhook_cmd)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
-
-
-def _cmd(args: argparse.Namespace) -> int:
-    cfg = StackConfig.from_env(state_dir=args.state_dir, demo=getattr(args, "demo", False),
-                               demo_scenario=getattr(args, "scenario", "demo"))
-    stack = Stack(cfg)
-    if args.stack_command == "up":
-        try:
-            return stack.up(timeout=args.timeout)
-        except RuntimeError as exc:
-            print(f"dynamiccl stack: error: {exc}", file=sys.stderr)
-            return 1
-    if args.stack_command == "down":
-        return stack.down()
-    return stack.status()
-
-
-def _webhook_cmd(args: argparse.Namespace) -> int:
-    from collector.config import parse_host_port
-    host, port = parse_host_port(args.listen, key="--listen")
-    try:
-        hook = AlertWebhook(host, port, on_notification=_print_notification).start()
-    except OSError as exc:
-        print(f"dynamiccl stack webhook: error: {args.listen}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"alert webhook listening on http://{hook.address}/alerts", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
-    hook.shutdown()
-    print(f"webhook=stopped received={hook.received} rejected={hook.rejected}", flush=True)
-    return 0
+    from dynamiccl.stack_cli import register as register_cli
+    register_cli(sub)
 
 
 def _loopback(host: str) -> bool:

@@ -43,7 +43,8 @@ PUSH_ERRORS = ("write_failed", "too_many_rules", "invalid_config",
                "bad_target",    # one target's rule could not be built: that target is left out, the rest pushed
                "internal")      # an unexpected error while pushing: the plugin keeps the last good file
 
-_TARGET = ("comm_name", "func", "size_bucket")
+#: label names of a target: the collector's, so one matcher selects a communicator in every service
+_TARGET = ("comm", "collective", "size_bucket")
 
 METRICS: tuple[MetricSpec, ...] = (
     # --- the contract (docs/architecture.md) ---

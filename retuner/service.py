@@ -58,7 +58,9 @@ class RetunerService:
         if self.cfg.metrics:
             from collector.config import parse_host_port
             from prometheus_client import start_http_server
+            from detector.metrics import export_process_metrics
             host, port = parse_host_port(self.cfg.metrics, key="metrics")
+            export_process_metrics(self.registry)
             self._http = start_http_server(port, addr=host, registry=self.registry)   # OSError: start-up error
             srv = self._http[0] if isinstance(self._http, tuple) else None
             bound = srv.server_address[1] if srv is not None else port

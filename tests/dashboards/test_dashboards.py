@@ -62,11 +62,13 @@ def test_valid_against_sdk_schema_with_stable_ids_and_variables(name):
     assert not errors, errors[:5]
     ids = [p["id"] for p in doc["panels"]]
     assert ids == list(range(1, len(ids) + 1))                   # stable, unique, in order
-    assert [v["name"] for v in doc["templating"]["list"]][:3] == ["job_id", "comm", "collective"]
+    variables = doc["templating"]["list"]
+    assert [v["name"] for v in variables][:4] == ["datasource", "job_id", "comm", "collective"]
+    assert variables[0]["type"] == "datasource" and variables[0]["query"] == "prometheus"
     for p in doc["panels"]:
         if p["type"] == "row":
             continue
-        assert p["datasource"] == {"type": "prometheus", "uid": "prometheus"}
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         assert [t["refId"] for t in p["targets"]] == [chr(65 + i) for i in range(len(p["targets"]))]
 
 
@@ -78,9 +80,24 @@ def test_schema_rejects_what_grafana_would():
     assert len(list(validator.iter_errors(doc))) == 2
 
 
-def test_datasource_uid_is_the_provisioned_one():
+def test_no_fixed_prometheus_uid_anywhere():
+    """Every Prometheus reference (panel, target, variable, annotation) is the ``$datasource`` variable, so
+    the dashboards work with any Prometheus data source, not only the provisioned uid."""
+    def refs(node):
+        if isinstance(node, dict):
+            ds = node.get("datasource")
+            if isinstance(ds, dict) and ds.get("type") == "prometheus":
+                yield ds["uid"]
+            for v in node.values():
+                yield from refs(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from refs(v)
+    for name, doc in _docs().items():
+        uids = set(refs(doc))
+        assert uids == {"${datasource}"}, (name, uids)
     ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/dynamiccl.yaml").read_text())
-    assert {"uid": "prometheus", "type": "prometheus"}.items() <= ds["datasources"][0].items()
+    assert ds["datasources"][0]["type"] == "prometheus" and ds["datasources"][0]["isDefault"] is True
 
 
 # ---- one source of truth for metric names -----------------------------------------------------------

@@ -106,6 +106,15 @@ def test_ports_are_loopback_by_default_and_configurable():
     assert (p["host_ip"], p["published"], p["target"]) == ("0.0.0.0", "19090", 9090)
 
 
+def test_current_prometheus_and_alertmanager_lines():
+    """Prometheus on the 3.x LTS line, Alertmanager at 0.34 or later (the issue: not the 2.x line)."""
+    images = {name: svc.get("image", "") for name, svc in yaml.safe_load(COMPOSE.read_text())["services"].items()}
+    prom = re.fullmatch(r"prom/prometheus:v(\d+)\.(\d+)\.(\d+)", images["prometheus"])
+    am = re.fullmatch(r"prom/alertmanager:v(\d+)\.(\d+)\.(\d+)", images["alertmanager"])
+    assert prom and (int(prom[1]), int(prom[2])) >= (3, 13), images["prometheus"]
+    assert am and (int(am[1]), int(am[2])) >= (0, 34), images["alertmanager"]
+
+
 def test_healthchecks_non_root_and_pinned_images():
     cfg = _config("--profile", "demo")
     for name, svc in cfg["services"].items():

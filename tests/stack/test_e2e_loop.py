@@ -70,9 +70,9 @@ def test_regime_change_reaches_the_webhook_with_its_labels_within_the_bound(loop
     lab, ann = alert["labels"], alert["annotations"]
     assert lab["severity"] == "warning" and lab["job_id"] == "e2e"
     assert lab["kind"] == first.kind == "bandwidth", (first.kind, first.ranks, first.evidence)
-    assert lab["comm_name"] in first.comm_names
+    assert lab["comm"] in first.comm_names
     assert "sim-node" in lab["where"]
-    assert set(lab) == {"alertname", "severity", "job_id", "kind", "comm_name", "where"}
+    assert set(lab) == {"alertname", "severity", "job_id", "kind", "comm", "where"}
     assert float(ann["magnitude"]) == pytest.approx(first.magnitude, abs=0.006)
     # 60 % less bandwidth: markedly slower (judged on a window wholly in the new regime, `onset_wait`)
     assert float(ann["magnitude"]) > 1.2, (first.magnitude, first.start_s - loop.epoch_s, first.evidence)

@@ -13,8 +13,8 @@ from dynamiccl.stack import PORT_ENV, render_alertmanager, render_prometheus
 ROOT = Path(__file__).resolve().parents[2]
 PROM = ROOT / "deploy/prometheus"
 AM = ROOT / "deploy/alertmanager/alertmanager.yml"
-ALERTS = ("NcclRegimeChange", "DynamicclCollectorDown", "DynamicclDetectorDown", "NcclPluginDropRateHigh",
-          "DynamicclRetunerRollback")
+ALERTS = ("NcclRegimeChange", "NcclJobStalled", "DynamicclCollectorDown", "DynamicclDetectorDown",
+          "DynamicclRetunerDown", "NcclPluginDropRateHigh", "DynamicclRetunerRollback")
 LOOPBACK = {s: f"127.0.0.1:{p}" for s, (_, p) in PORT_ENV.items()}
 
 
@@ -71,7 +71,7 @@ def test_alerts_carry_severity_runbook_and_regime_labels():
         assert r["alert"] in (ROOT / runbook).read_text(), f"{runbook} does not describe {r['alert']}"
         assert r["annotations"]["summary"] and r["annotations"]["description"]
     rc = next(r for r in _alert_rules() if r["alert"] == "NcclRegimeChange")
-    assert "by (job_id, kind, comm_name, where)" in rc["expr"]
+    assert "by (job_id, kind, comm, where)" in rc["expr"]
     assert "$value" in rc["annotations"]["magnitude"]
 
 

@@ -44,7 +44,7 @@ def test_plan_uses_the_shared_files_with_loopback_addresses(tmp_path):
     assert collector.argv[1:4] == ["-m", "dynamiccl", "collector"]
     assert "127.0.0.1:19464" in collector.argv and collector.health == "http://127.0.0.1:19464/metrics"
     prom = (tmp_path / "config/prometheus.yml").read_text()
-    assert "127.0.0.1:19464" in prom and str(ROOT / "deploy/prometheus/rules") in prom
+    assert "127.0.0.1:19464" in prom and str((tmp_path / "config/rules/alerts.yml").resolve()) in prom
     assert "http://127.0.0.1:19469/alerts" in (tmp_path / "config/alertmanager.yml").read_text()
     if shutil.which("grafana") is None and shutil.which("grafana-server") is None:
         assert any(n.startswith("grafana: no grafana") and "dashboards push" in n for n in notes)
