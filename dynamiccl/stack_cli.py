@@ -7,7 +7,6 @@ import sys
 import threading
 from pathlib import Path
 
-import yaml
 
 from dynamiccl.rules import render_rule_files
 from dynamiccl.stack import Stack, StackConfig, _write_atomic

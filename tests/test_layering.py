@@ -38,7 +38,8 @@ LAYER_OF = {
     "detector.testing": "harness", "collector.testing": "harness", "report.synthetic": "harness",
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
-    "dynamiccl.plugins": "cli",
+    "dynamiccl.plugins": "cli", "dynamiccl.stack_cli": "cli", "dynamiccl.settings": "cli",
+    "dynamiccl.logfmt": "cli", "dynamiccl.rules": "cli", "dynamiccl.kube": "cli", "dynamiccl.webhook": "cli",
     **{f"{p}.cli": "cli" for p in PACKAGES if p != "dynamiccl"},
 }
 PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "collector", "detector", "retuner", "views")
