@@ -36,7 +36,6 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
 __all__ = ["apply", "finish", "load_file", "env_name", "CONFIG_ENV"]
 
@@ -59,6 +58,11 @@ def env_name(path: tuple[str, ...], flag: str) -> str:
 
 
 def load_file(path: str | os.PathLike) -> dict:
+    # yaml only when a config file is given: the base install (a training node) has no third-party package
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError(f"config file {path}: reading it needs pyyaml (pip install 'dynamiccl[services]')") from None
     try:
         doc = yaml.safe_load(Path(path).read_text()) or {}
     except yaml.YAMLError as exc:
