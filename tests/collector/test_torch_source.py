@@ -296,8 +296,9 @@ def test_async_timing_modes(world1, mode):
         dur = duration_s(ev)
         if mode == "wait":  # each timed when the caller saw it done: 0.3 s, 0.2 s, 0.2 s after the call
             assert 0.29 <= dur[0] < 1.0 and 0.19 <= dur[1] < 1.0 and 0.19 <= dur[2] < 1.0, dur
-        else:               # the completion itself (world 1: at once), however late the caller looked
-            assert (dur < 0.1).all(), dur
+        else:               # the completion itself (world 1: at once), however late the caller looked:
+            # below the 0.2 s the caller waited (a loaded machine delays the callback thread, not to 0.2 s)
+            assert (dur < 0.19).all(), dur
         assert src.stats()["async_pending"] == 0 and src.stats()["events_stale"] == 0
     finally:
         src.disable()
