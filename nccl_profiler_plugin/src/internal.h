@@ -71,8 +71,19 @@ typedef struct dccl_kch {
   uint64_t sync_start;        /* v7 KernelPhase initial_sync start pTimer (0: none) */
   uint64_t sync_ns;           /* its duration once stopped (0: none) */
   _Atomic uint32_t gen;
-  uint32_t pad_;
+  uint32_t order;             /* DCCL_KCH_COLL | DCCL_KCH_SUSPECT, set at its start */
 } dccl_kch_t;
+
+/* KernelCh timing guard. A communicator's kernels run one after another on each channel, so an
+   operation's KernelCh start pTimer on channel c cannot precede the latest KernelCh stop pTimer a
+   collective of the same communicator reported on c. NCCL 2.28's proxy breaks this once its host
+   and device per-channel work counters disagree (after a send/recv to self): it then fires
+   KernelCh events with older kernels' timestamps. Such a child, or one whose stop precedes its
+   start, makes the record KERNEL_CPU-timed with DCCL_FLAG_TIMING_SUSPECT. Only collectives
+   advance the per-channel stop (a group's sends and receives share channels and may overlap). */
+#define DCCL_KCH_COLL 1u
+#define DCCL_KCH_SUSPECT 2u
+#define DCCL_KCH_ORDER_SLACK_NS 1000 /* timer rounding of simulators; real violations are >= a kernel */
 
 /* One in-flight Coll or P2p operation. Written by the starting thread, completed by whichever
    thread (proxy thread, application thread, reaper) makes the completion condition true. */
@@ -140,6 +151,8 @@ typedef struct dccl_ctx {
   _Atomic uint64_t cursor __attribute__((aligned(64)));
   _Atomic uint64_t dropped_pool_full;
   _Atomic uint64_t sampled_out;
+  /* KernelCh timing guard: the latest collective KernelCh stop pTimer per channel (proxy thread) */
+  _Atomic uint64_t last_stop[DCCL_MAX_CHANNELS] __attribute__((aligned(64)));
 } dccl_ctx_t;
 
 /* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer) ---- */
@@ -184,6 +197,7 @@ typedef struct dccl_global {
   _Atomic uint64_t reconnects;
   _Atomic uint64_t sampled_out;
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
+  _Atomic uint64_t timing_suspect; /* records whose KernelCh pTimers failed the order guard */
   /* link to the DynamICCL tuner plugin (applied config version in every record) */
   _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
   void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */

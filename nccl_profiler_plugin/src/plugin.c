@@ -196,12 +196,19 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
   return UINT32_MAX;
 }
 
-/* The slot a handle names, or NULL when its communicator is gone (finalized, or not ours). */
-static inline dccl_slot_t* handle_slot(uint64_t h) {
+/* The slot a handle names (and its communicator in *out), or NULL when its communicator is gone
+   (finalized, or not ours). */
+static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
   dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
   if (ctx == NULL) return NULL;
   uint32_t i = DCCL_H_SLOT(h);
+  *out = ctx;
   return i < ctx->pool_size ? &ctx->slots[i] : NULL;
+}
+
+static inline dccl_slot_t* handle_slot(uint64_t h) {
+  dccl_ctx_t* ctx;
+  return handle_slot_ctx(h, &ctx);
 }
 
 /* Is the operation the handle was issued for still in flight in this slot? */
@@ -215,13 +222,14 @@ static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
 void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
   uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
-  uint32_t seen = 0;
+  uint32_t seen = 0, suspect = 0;
   uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
   int all_gpu = 1;
   for (uint64_t bits = m; bits; bits &= bits - 1) {
     const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
     if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen) continue;
     seen++;
+    suspect |= (e->order & DCCL_KCH_SUSPECT) | (e->stop_ptimer != 0 && e->stop_ptimer < e->start_ptimer);
     if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
     if (e->start_ptimer != 0 && e->start_ptimer < gmin) gmin = e->start_ptimer;
     if (e->stop_ptimer > gmax) gmax = e->stop_ptimer;
@@ -242,6 +250,11 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   } else {
     r->cpu_end_ns = dccl_now_ns();
     r->timing_source = (seen >= s->expect_kch && all_gpu) ? DCCL_TIMING_KERNEL_GPU : DCCL_TIMING_KERNEL_CPU;
+    if (suspect) { /* the host times stand; the GPU ones belong to other kernels (internal.h) */
+      r->timing_source = DCCL_TIMING_KERNEL_CPU;
+      r->flags |= DCCL_FLAG_TIMING_SUSPECT;
+      atomic_fetch_add_explicit(&dccl_g.timing_suspect, 1, memory_order_relaxed);
+    }
   }
   if (dccl_ring_push(&dccl_g.ring, r) != 0)
     atomic_fetch_add_explicit(&dccl_g.records_dropped_ring_full, 1, memory_order_relaxed);
@@ -373,10 +386,27 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
            DCCL_FLAG_COPY_ENGINE);
 }
 
+/* The order guard at a KernelCh start (internal.h, DCCL_KCH_*): one relaxed load. */
+static inline uint32_t kch_order(dccl_ctx_t* ctx, const dccl_slot_t* s, uint8_t ch, uint64_t pTimer) {
+  uint32_t f = s->rec.kind == DCCL_KIND_COLL ? DCCL_KCH_COLL : 0;
+  uint64_t last = atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed);
+  if (pTimer != 0 && pTimer + DCCL_KCH_ORDER_SLACK_NS < last) f |= DCCL_KCH_SUSPECT;
+  return f;
+}
+
+/* A collective's KernelCh stop advances its channel's order mark (never backwards: a late or
+   suspect stop only loosens the guard). */
+static inline void kch_order_stop(dccl_ctx_t* ctx, const dccl_kch_t* e, uint32_t ch, uint64_t pTimer) {
+  if (!(e->order & DCCL_KCH_COLL)) return;
+  if (pTimer > atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed))
+    atomic_store_explicit(&ctx->last_stop[ch], pTimer, memory_order_relaxed);
+}
+
 static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId, uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
-  dccl_slot_t* s = handle_slot(p);
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s = handle_slot_ctx(p, &ctx);
   if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS ||
       (atomic_load_explicit(&s->chmask, memory_order_relaxed) & (1ull << channelId))) {
     kch_reject();
@@ -387,6 +417,7 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
   e->stop_ptimer = 0;
   e->sync_start = 0;
   e->sync_ns = 0;
+  e->order = kch_order(ctx, s, channelId, pTimer);
   atomic_store_explicit(&e->gen, (uint32_t)DCCL_H_GEN(p), memory_order_release);
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
 }
@@ -471,17 +502,19 @@ static ncclResult_t dccl_stop(void* eHandle) {
     if (tag == DCCL_H_TAG_KCH) kch_reject();
     return ncclSuccess;
   }
+  /* Read before this side's atomic: once it is published the other side may finish the slot and
+     a new occupant rewrite expect_kch. */
+  uint32_t need = s->expect_kch;
   if (tag == DCCL_H_TAG_SLOT) {
     /* seq_cst store then load, against the KernelCh side's RMW then load: at least one side
        sees both conditions; the ctl CAS makes sure only one finishes. */
     atomic_store_explicit(&s->stopped, 1, memory_order_seq_cst);
-    if (s->expect_kch == 0 ||
-        (uint32_t)popcount64(atomic_load_explicit(&s->chmask, memory_order_seq_cst)) >= s->expect_kch)
+    if (need == 0 || (uint32_t)popcount64(atomic_load_explicit(&s->chmask, memory_order_seq_cst)) >= need)
       slot_try_finish(s, h);
   } else {
     uint64_t bit = 1ull << DCCL_H_CH(h);
     uint64_t m = atomic_fetch_or_explicit(&s->chmask, bit, memory_order_seq_cst) | bit;
-    if ((uint32_t)popcount64(m) >= s->expect_kch && atomic_load_explicit(&s->stopped, memory_order_seq_cst))
+    if ((uint32_t)popcount64(m) >= need && atomic_load_explicit(&s->stopped, memory_order_seq_cst))
       slot_try_finish(s, h);
   }
   return ncclSuccess;
@@ -494,14 +527,17 @@ static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eS
   int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
   int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
   if (!(kch_stop || sync_stop) || args == NULL) return ncclSuccess;
-  dccl_slot_t* s = handle_slot(h);
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s = handle_slot_ctx(h, &ctx);
   if (s == NULL) return ncclSuccess;
   /* the channel entry's generation stamp decides: a late child never writes another op's timer */
   dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
   if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
   uint64_t t = args->kernelCh.pTimer;
-  if (kch_stop) e->stop_ptimer = t;
-  else if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+  if (kch_stop) {
+    e->stop_ptimer = t;
+    kch_order_stop(ctx, e, DCCL_H_CH(h), t);
+  } else if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 

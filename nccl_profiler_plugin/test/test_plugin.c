@@ -697,9 +697,10 @@ static int test_late_child_after_reap(void) {
   ncclProfiler_v6.stopEvent(b);
   kch_stop(ka, 999999); /* a's child, late */
   TEST_ASSERT(ring_take(out, 4) == 0, "a's late child does not complete b");
-  kch_stop(kch_start(ctx, b, 0, 7000), 8000);
+  kch_stop(kch_start(ctx, b, 0, 1007000), 1008000); /* b's kernel runs after a's */
   TEST_ASSERT(ring_take(out, 4) == 1 && out[0].seq_number == 2, "b");
-  TEST_ASSERT(out[0].gpu_start_ns == 7000 && out[0].gpu_end_ns == 8000, "b's own timestamps %llu..%llu",
+  TEST_ASSERT(out[0].gpu_start_ns == 1007000 && out[0].gpu_end_ns == 1008000 && out[0].flags == 0,
+              "b's own timestamps %llu..%llu",
               (unsigned long long)out[0].gpu_start_ns, (unsigned long long)out[0].gpu_end_ns);
   ncclProfiler_v6.stopEvent(a); /* a second, late stop of a: no effect */
   TEST_ASSERT(ring_take(out, 4) == 0, "nothing");
@@ -900,6 +901,64 @@ static int test_ce_collective_counted(void) {
   return 0;
 }
 
+/* One P2p (Send to peer 1, 2 channels) with the given pTimers. */
+static void run_p2p(void* ctx, uint64_t t0, uint64_t t1) {
+  ncclProfilerEventDescr_v6_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileP2p;
+  d.p2p.func = "Send";
+  d.p2p.datatype = "ncclInt32";
+  d.p2p.count = 256;
+  d.p2p.peer = 1;
+  d.p2p.nChannels = 2;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  for (uint8_t c = 0; c < 2; c++) kch_stop(kch_start(ctx, h, c, t0 + c), t1 - c);
+}
+
+/* NCCL 2.28 after a send/recv to self: KernelCh pTimers of older kernels. A start before the
+   channel's last collective stop, or a stop before its start, gives KERNEL_CPU + TIMING_SUSPECT;
+   in-order records, other communicators and overlapping sends/receives are left alone. */
+static int test_kch_order_guard(void) {
+  clear_env();
+  void* ctx = init6(0x51, 0, 4);
+  void* other = init6(0x52, 0, 4);
+  const uint64_t T = 1000000000ull, gap = 100000, span = 30000;
+  dccl_event_record_t out[8];
+  for (uint64_t i = 0; i < 4; i++) run_coll(ctx, i, 4, 0, T + i * gap, T + i * gap + span);
+  TEST_ASSERT(ring_take(out, 8) == 4, "four in-order records");
+  for (int i = 0; i < 4; i++)
+    TEST_ASSERT(out[i].timing_source == DCCL_TIMING_KERNEL_GPU && out[i].flags == 0 &&
+                    out[i].gpu_start_ns == T + (uint64_t)i * gap && out[i].gpu_end_ns == T + (uint64_t)i * gap + span,
+                "in order %d: timing %d flags %d", i, out[i].timing_source, out[i].flags);
+  /* overlapping sends of one group (same channels) never trip it: P2P stops do not advance it */
+  run_p2p(ctx, T + 4 * gap, T + 4 * gap + span);
+  run_p2p(ctx, T + 4 * gap + 10, T + 4 * gap + span / 2);
+  /* divergence: start of the kernel 3 back, stop of the one before */
+  run_coll(ctx, 4, 4, 0, T + 1 * gap, T + 3 * gap + span);
+  run_p2p(ctx, T + 2 * gap, T + 3 * gap);            /* a send after it, also stale */
+  run_coll(ctx, 5, 4, 1, T + 9 * gap, T + 9 * gap - 5); /* stops before it starts */
+  run_coll(other, 0, 4, 0, T, T + span);             /* another communicator: its own order */
+  TEST_ASSERT(ring_take(out, 8) == 6, "six records");
+  TEST_ASSERT(out[0].flags == 0 && out[1].flags == 0 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU &&
+                  out[1].timing_source == DCCL_TIMING_KERNEL_GPU, "overlapping p2p not flagged");
+  for (int i = 2; i < 5; i++)
+    TEST_ASSERT(out[i].timing_source == DCCL_TIMING_KERNEL_CPU && out[i].flags == DCCL_FLAG_TIMING_SUSPECT &&
+                    out[i].cpu_end_ns >= out[i].enqueue_ns,
+                "suspect %d (kind %d): timing %d flags %d", i, out[i].kind, out[i].timing_source, out[i].flags);
+  TEST_ASSERT(out[2].gpu_start_ns == T + gap && out[2].gpu_end_ns == T + 3 * gap + span, "pTimers kept as seen");
+  TEST_ASSERT(out[5].comm_hash == 0x52 && out[5].flags == 0 && out[5].timing_source == DCCL_TIMING_KERNEL_GPU,
+              "other comm unaffected");
+  dccl_stats_record_t st;
+  dccl_stats_snapshot(&st);
+  TEST_ASSERT(st.kernel_ch_timing_suspect == 3, "STATS counter %llu", (unsigned long long)st.kernel_ch_timing_suspect);
+  ncclProfiler_v6.finalize(other);
+  ncclProfiler_v6.finalize(ctx);
+  atomic_store(&dccl_g.timing_suspect, 0);
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -927,6 +986,7 @@ static const test_case_t k_tests[] = {
     {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
     {"ce_collective_counted", test_ce_collective_counted},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
+    {"kch_order_guard", test_kch_order_guard},
 };
 
 int main(int argc, char** argv) {
