@@ -83,6 +83,16 @@ typedef struct dccl_kch {
    advance the per-channel stop (a group's sends and receives share channels and may overlap). */
 #define DCCL_KCH_COLL 1u
 #define DCCL_KCH_SUSPECT 2u
+#define DCCL_KCH_STOPPED 4u /* its stopEvent came (a second one is refused) */
+
+/* Completion: two atomic RMWs per operation, whatever its channel count. The KernelCh events of
+   one operation all come from its communicator's proxy thread (NCCL's profiler proxy progress), so
+   chmask (channels started) and kch_stopped (stops counted) are plain loads/stores there; the
+   stop that brings kch_stopped to expect_kch sets DCCL_DONE_KERNELS, the Coll/P2p stop sets
+   DCCL_DONE_STOPPED, and whichever RMW sees both finishes the slot (the ctl CAS makes that happen
+   once). Were that proxy assumption broken, a lost count would only make the record STALE. */
+#define DCCL_DONE_STOPPED (1ull << 63)
+#define DCCL_DONE_KERNELS (1ull << 62)
 #define DCCL_KCH_ORDER_SLACK_NS 1000 /* timer rounding of simulators; real violations are >= a kernel */
 
 /* One in-flight Coll or P2p operation. Written by the starting thread, completed by whichever
@@ -90,9 +100,10 @@ typedef struct dccl_kch {
 typedef struct dccl_slot {
   dccl_event_record_t rec;      /* prebuilt at start; timing fields filled at completion */
   _Atomic uint32_t busy;        /* 0 free, 1 allocated */
-  _Atomic uint32_t stopped;     /* Coll/P2p stopEvent seen */
+  uint32_t kch_stopped;         /* KernelCh stops counted (the operation's proxy thread only) */
   _Atomic uint64_t ctl;         /* (generation << 1) | finished */
-  _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c stopped */
+  _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c started (its proxy thread only) */
+  _Atomic uint64_t done;        /* DCCL_DONE_STOPPED | DCCL_DONE_KERNELS */
   _Atomic uint64_t armed_ns;    /* CLOCK_MONOTONIC enqueue time once fully built, 0 when free (reaper) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
   uint32_t pad_;

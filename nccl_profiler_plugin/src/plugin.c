@@ -34,14 +34,6 @@ dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
 #define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
 
-/* Bit count without depending on -mpopcnt (baseline x86-64 would call libgcc). */
-static inline uint32_t popcount64(uint64_t x) {
-  x = x - ((x >> 1) & 0x5555555555555555ull);
-  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
-  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
-  return (uint32_t)((x * 0x0101010101010101ull) >> 56);
-}
-
 /* record_seq base: ring pushes of earlier plugin lifetimes (all comms finalized, then a new init). */
 uint64_t dccl_seq_base;
 
@@ -221,13 +213,14 @@ static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
    stamped with this generation count (a stray late child of an earlier occupant never does). */
 void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
+  (void)atomic_load_explicit(&s->done, memory_order_acquire); /* pairs with the events' RMWs (the reaper's view) */
   uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
   uint32_t seen = 0, suspect = 0;
   uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
   int all_gpu = 1;
   for (uint64_t bits = m; bits; bits &= bits - 1) {
     const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
-    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen) continue;
+    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen || !(e->order & DCCL_KCH_STOPPED)) continue;
     seen++;
     suspect |= (e->order & DCCL_KCH_SUSPECT) | (e->stop_ptimer != 0 && e->stop_ptimer < e->start_ptimer);
     if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
@@ -295,7 +288,9 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
 
 /* Start a Coll (kind COLL) or P2p (kind P2P). `root` is the peer for P2P. `children`: KernelCh
    stops this operation will get (0: it completes at its stopEvent). */
-static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
+/* Out of line: the startEvent dispatcher then needs no callee-saved registers, so its most
+   frequent case, KernelCh (nChannels per operation), runs without a prologue/epilogue. */
+static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
                             const char* datatype, size_t count, int root, uint8_t nChannels, uint8_t nWarps,
                             const char* algo, const char* proto, uint32_t children, uint64_t user_tag,
                             uint16_t flags) {
@@ -338,7 +333,8 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
       .user_tag = user_tag,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
-  atomic_store_explicit(&s->stopped, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->done, 0, memory_order_relaxed);
+  s->kch_stopped = 0;
   atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
@@ -412,6 +408,8 @@ static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
     kch_reject();
     return;
   }
+  uint64_t started = atomic_load_explicit(&s->chmask, memory_order_relaxed);
+  atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
   dccl_kch_t* e = &s->ch[channelId];
   e->start_ptimer = pTimer;
   e->stop_ptimer = 0;
@@ -439,16 +437,22 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
+/* KernelCh, the most frequent start (nChannels per operation), is taken before the out-of-line
+   switch, so it runs without the others' register saves. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_CASE)                     \
+  static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
-    dccl_ctx_t* ctx = (dccl_ctx_t*)context;                                                                  \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
-    if (ctx == NULL || d == NULL) return ncclSuccess;                                                        \
+    if (context == NULL || d == NULL) return ncclSuccess;                                                    \
+    if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
+      start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
+    else                                                                                                     \
+      fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
+    return ncclSuccess;                                                                                      \
+  }                                                                                                          \
+  static void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                                      \
     switch ((uint64_t)d->type) {                                                                             \
-      case ncclProfileKernelCh:                                                                              \
-        start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                         \
-        break;                                                                                               \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
                    d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto, (COLL_TAG),  \
@@ -473,7 +477,6 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
            ProxyStep, ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                       \
         break;                                                                                               \
     }                                                                                                        \
-    return ncclSuccess;                                                                                      \
   }
 
 #define DCCL_CE_CASE(TAG)                                                                                  \
@@ -502,20 +505,24 @@ static ncclResult_t dccl_stop(void* eHandle) {
     if (tag == DCCL_H_TAG_KCH) kch_reject();
     return ncclSuccess;
   }
-  /* Read before this side's atomic: once it is published the other side may finish the slot and
-     a new occupant rewrite expect_kch. */
+  /* Read before this side's RMW: once it is published the other side may finish the slot and a
+     new occupant rewrite expect_kch. */
   uint32_t need = s->expect_kch;
+  uint64_t w;
   if (tag == DCCL_H_TAG_SLOT) {
-    /* seq_cst store then load, against the KernelCh side's RMW then load: at least one side
-       sees both conditions; the ctl CAS makes sure only one finishes. */
-    atomic_store_explicit(&s->stopped, 1, memory_order_seq_cst);
-    if (need == 0 || (uint32_t)popcount64(atomic_load_explicit(&s->chmask, memory_order_seq_cst)) >= need)
-      slot_try_finish(s, h);
+    w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_STOPPED, memory_order_acq_rel);
+    if (need == 0 || (w & DCCL_DONE_KERNELS)) slot_try_finish(s, h);
   } else {
-    uint64_t bit = 1ull << DCCL_H_CH(h);
-    uint64_t m = atomic_fetch_or_explicit(&s->chmask, bit, memory_order_seq_cst) | bit;
-    if ((uint32_t)popcount64(m) >= need && atomic_load_explicit(&s->stopped, memory_order_seq_cst))
-      slot_try_finish(s, h);
+    dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h) ||
+        (e->order & DCCL_KCH_STOPPED)) {
+      kch_reject(); /* a second stop of one channel */
+      return ncclSuccess;
+    }
+    e->order |= DCCL_KCH_STOPPED;
+    if (++s->kch_stopped != need) return ncclSuccess;
+    w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_KERNELS, memory_order_acq_rel);
+    if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
   }
   return ncclSuccess;
 }

@@ -39,6 +39,10 @@ def built() -> dict[str, Path]:
     }
 
 
+# Collectors of the running test (collector_factory): run_scenario lets them finish reading.
+_LIVE_COLLECTORS: list["FakeCollector"] = []
+
+
 class FakeCollector:
     """Accepts plugin connections on a Unix or TCP socket and decodes every frame.
 
@@ -51,6 +55,7 @@ class FakeCollector:
         self.connections: list[list[np.void]] = []
         self.bad_frames = 0
         self._socks: list[socket.socket] = []
+        self._readers: list[threading.Thread] = []
         self._lock = threading.Lock()
         if addr.startswith("unix:"):
             path = addr[5:]
@@ -78,7 +83,19 @@ class FakeCollector:
                 recs: list[np.void] = []
                 self.connections.append(recs)
                 self._socks.append(conn)
-            threading.Thread(target=self._read, args=(conn, recs), daemon=True).start()
+            t = threading.Thread(target=self._read, args=(conn, recs), daemon=True)
+            with self._lock:
+                self._readers.append(t)
+            t.start()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every connection the plugin closed has been read to its end (a blocking
+        scenario's process has exited, so its frames are all in the socket buffers)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            readers = list(self._readers)
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _read(self, conn: socket.socket, recs: list) -> None:
         buf = b""
@@ -151,11 +168,13 @@ def collector_factory():
     def make(addr: str) -> FakeCollector:
         c = FakeCollector(addr)
         made.append(c)
+        _LIVE_COLLECTORS.append(c)
         return c
 
     yield make
     for c in made:
         c.kill()
+        _LIVE_COLLECTORS.remove(c)
 
 
 def _base_env(addr: str, extra: dict | None) -> dict:
@@ -188,7 +207,10 @@ def _finish(proc, timeout=60) -> dict:
 def run_scenario(built, tmp_path):
     """run_scenario(steps, addr, abi=6, env=None) -> result dict (blocking)."""
     def run(steps, addr, abi=6, env=None, timeout=60):
-        return _finish(_spawn(built, tmp_path, steps, addr, abi, env), timeout)
+        res = _finish(_spawn(built, tmp_path, steps, addr, abi, env), timeout)
+        for c in _LIVE_COLLECTORS:  # the process exited: let the collectors read what it sent
+            c.settle()
+        return res
     return run
 
 
