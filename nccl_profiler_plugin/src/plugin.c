@@ -496,35 +496,38 @@ DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_C
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
                   DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_CASE)
 
+/* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
+   KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
+   and the channel is counted there, so each channel's stop decodes its handle once. */
 static ncclResult_t dccl_stop(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  uint32_t tag = DCCL_H_TAG(h);
-  if (h == 0 || (tag != DCCL_H_TAG_SLOT && tag != DCCL_H_TAG_KCH)) return ncclSuccess;
+  if (h == 0 || DCCL_H_TAG(h) != DCCL_H_TAG_SLOT) return ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
-  if (s == NULL || !handle_live(s, h)) { /* late: its operation finished, was reaped, or its comm is gone */
-    if (tag == DCCL_H_TAG_KCH) kch_reject();
-    return ncclSuccess;
-  }
-  /* Read before this side's RMW: once it is published the other side may finish the slot and a
-     new occupant rewrite expect_kch. */
+  if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
+  /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
+     occupant rewrite expect_kch. */
   uint32_t need = s->expect_kch;
-  uint64_t w;
-  if (tag == DCCL_H_TAG_SLOT) {
-    w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_STOPPED, memory_order_acq_rel);
-    if (need == 0 || (w & DCCL_DONE_KERNELS)) slot_try_finish(s, h);
-  } else {
-    dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h) ||
-        (e->order & DCCL_KCH_STOPPED)) {
-      kch_reject(); /* a second stop of one channel */
-      return ncclSuccess;
-    }
-    e->order |= DCCL_KCH_STOPPED;
-    if (++s->kch_stopped != need) return ncclSuccess;
-    w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_KERNELS, memory_order_acq_rel);
-    if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
-  }
+  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_STOPPED, memory_order_acq_rel);
+  if (need == 0 || (w & DCCL_DONE_KERNELS)) slot_try_finish(s, h);
   return ncclSuccess;
+}
+
+/* KernelChStop: the channel's stop pTimer, the order mark, and the count (DCCL_DONE_*). */
+static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
+  /* A live generation means this entry was stamped by this operation's start (the only way to
+     get a KernelCh handle), so the entry's own stamp need not be checked again. */
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+  if (!handle_live(s, h) || (e->order & DCCL_KCH_STOPPED)) {
+    kch_reject(); /* late (its operation finished or was reaped), or a second stop of one channel */
+    return;
+  }
+  uint32_t need = s->expect_kch;
+  e->stop_ptimer = t;
+  e->order |= DCCL_KCH_STOPPED;
+  kch_order_stop(ctx, e, DCCL_H_CH(h), t);
+  if (++s->kch_stopped != need) return;
+  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_KERNELS, memory_order_acq_rel);
+  if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
 }
 
 static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eState,
@@ -533,18 +536,22 @@ static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eS
   uint32_t tag = DCCL_H_TAG(h);
   int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
   int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
-  if (!(kch_stop || sync_stop) || args == NULL) return ncclSuccess;
+  if (!(kch_stop || sync_stop)) return ncclSuccess;
+  uint64_t t = args ? args->kernelCh.pTimer : 0;
   dccl_ctx_t* ctx;
   dccl_slot_t* s = handle_slot_ctx(h, &ctx);
-  if (s == NULL) return ncclSuccess;
-  /* the channel entry's generation stamp decides: a late child never writes another op's timer */
+  if (s == NULL) { /* its communicator is gone */
+    if (kch_stop) kch_reject();
+    return ncclSuccess;
+  }
+  if (kch_stop) {
+    kch_stopped(ctx, s, h, t);
+    return ncclSuccess;
+  }
+  /* the channel entry's generation stamp decides: a late phase never writes another op's timer */
   dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
   if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
-  uint64_t t = args->kernelCh.pTimer;
-  if (kch_stop) {
-    e->stop_ptimer = t;
-    kch_order_stop(ctx, e, DCCL_H_CH(h), t);
-  } else if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 
