@@ -82,6 +82,23 @@ static void* run_coll(void* ctx, uint64_t seq, uint8_t nch, int kernels_first, u
   return h;
 }
 
+/* One P2p (2 channels, KernelCh after its stop) with the given pTimers; returns its handle. */
+static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_t t1) {
+  ncclProfilerEventDescr_v6_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileP2p;
+  d.p2p.func = func;
+  d.p2p.datatype = "ncclInt32";
+  d.p2p.count = 256;
+  d.p2p.peer = peer;
+  d.p2p.nChannels = 2;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  for (uint8_t c = 0; c < 2 && h != NULL; c++) kch_stop(kch_start(ctx, h, c, t0 + c), t1 - c);
+  return h;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static const char* fake_env_vals[16][2];
@@ -386,21 +403,7 @@ static int test_sampling_and_min_bytes(void) {
 static int test_p2p(void) {
   clear_env();
   void* ctx = init6(77, 1, 4);
-  for (int i = 0; i < 3; i++) {
-    ncclProfilerEventDescr_v6_t d;
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileP2p;
-    d.p2p.func = i == 2 ? "Recv" : "Send";
-    d.p2p.datatype = "ncclInt32";
-    d.p2p.count = 256;
-    d.p2p.peer = 3;
-    d.p2p.nChannels = 2;
-    void* h = NULL;
-    ncclProfiler_v6.startEvent(ctx, &h, &d);
-    TEST_ASSERT(h != NULL, "p2p handle");
-    ncclProfiler_v6.stopEvent(h);
-    for (uint8_t c = 0; c < 2; c++) kch_stop(kch_start(ctx, h, c, 500 + c), 900);
-  }
+  for (int i = 0; i < 3; i++) TEST_ASSERT(run_p2p(ctx, i == 2 ? "Recv" : "Send", 3, 500, 900) != NULL, "p2p handle");
   dccl_event_record_t out[4];
   TEST_ASSERT(ring_take(out, 4) == 3, "three p2p");
   TEST_ASSERT(out[0].kind == DCCL_KIND_P2P && out[0].func == DCCL_FUNC_SEND && out[0].root == 3, "send to 3");
@@ -901,22 +904,6 @@ static int test_ce_collective_counted(void) {
   return 0;
 }
 
-/* One P2p (Send to peer 1, 2 channels) with the given pTimers. */
-static void run_p2p(void* ctx, uint64_t t0, uint64_t t1) {
-  ncclProfilerEventDescr_v6_t d;
-  memset(&d, 0, sizeof d);
-  d.type = ncclProfileP2p;
-  d.p2p.func = "Send";
-  d.p2p.datatype = "ncclInt32";
-  d.p2p.count = 256;
-  d.p2p.peer = 1;
-  d.p2p.nChannels = 2;
-  void* h = NULL;
-  ncclProfiler_v6.startEvent(ctx, &h, &d);
-  ncclProfiler_v6.stopEvent(h);
-  for (uint8_t c = 0; c < 2; c++) kch_stop(kch_start(ctx, h, c, t0 + c), t1 - c);
-}
-
 /* NCCL 2.28 after a send/recv to self: KernelCh pTimers of older kernels. A start before the
    channel's last collective stop, or a stop before its start, gives KERNEL_CPU + TIMING_SUSPECT;
    in-order records, other communicators and overlapping sends/receives are left alone. */
@@ -933,11 +920,11 @@ static int test_kch_order_guard(void) {
                     out[i].gpu_start_ns == T + (uint64_t)i * gap && out[i].gpu_end_ns == T + (uint64_t)i * gap + span,
                 "in order %d: timing %d flags %d", i, out[i].timing_source, out[i].flags);
   /* overlapping sends of one group (same channels) never trip it: P2P stops do not advance it */
-  run_p2p(ctx, T + 4 * gap, T + 4 * gap + span);
-  run_p2p(ctx, T + 4 * gap + 10, T + 4 * gap + span / 2);
+  run_p2p(ctx, "Send", 1, T + 4 * gap, T + 4 * gap + span);
+  run_p2p(ctx, "Send", 1, T + 4 * gap + 10, T + 4 * gap + span / 2);
   /* divergence: start of the kernel 3 back, stop of the one before */
   run_coll(ctx, 4, 4, 0, T + 1 * gap, T + 3 * gap + span);
-  run_p2p(ctx, T + 2 * gap, T + 3 * gap);            /* a send after it, also stale */
+  run_p2p(ctx, "Send", 1, T + 2 * gap, T + 3 * gap);            /* a send after it, also stale */
   run_coll(ctx, 5, 4, 1, T + 9 * gap, T + 9 * gap - 5); /* stops before it starts */
   run_coll(other, 0, 4, 0, T, T + span);             /* another communicator: its own order */
   TEST_ASSERT(ring_take(out, 8) == 6, "six records");

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -56,6 +57,7 @@ class FakeCollector:
         self.bad_frames = 0
         self._socks: list[socket.socket] = []
         self._readers: list[threading.Thread] = []
+        self._accepting = False
         self._lock = threading.Lock()
         if addr.startswith("unix:"):
             path = addr[5:]
@@ -80,22 +82,30 @@ class FakeCollector:
             except OSError:
                 return
             with self._lock:
+                self._accepting = True  # until its reader is registered
                 recs: list[np.void] = []
                 self.connections.append(recs)
                 self._socks.append(conn)
             t = threading.Thread(target=self._read, args=(conn, recs), daemon=True)
+            t.start()
             with self._lock:
                 self._readers.append(t)
-            t.start()
+                self._accepting = False
 
     def settle(self, timeout: float = 10.0) -> None:
-        """Wait until every connection the plugin closed has been read to its end (a blocking
-        scenario's process has exited, so its frames are all in the socket buffers)."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            readers = list(self._readers)
-        for t in readers:
-            t.join(max(0.0, deadline - time.monotonic()))
+        """After a blocking scenario's process exited (its frames are all in socket buffers): wait
+        until no connection is left waiting to be accepted and every accepted one was read to its
+        end, or `timeout` seconds."""
+        deadline, idle = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline and idle < 3:  # idle on 3 polls: accept() has not just returned
+            try:
+                pending = bool(select.select([self._srv], [], [], 0)[0])
+            except (OSError, ValueError):  # killed
+                return
+            with self._lock:
+                busy = pending or self._accepting or any(t.is_alive() for t in self._readers)
+            idle = 0 if busy else idle + 1
+            time.sleep(0.005)
 
     def _read(self, conn: socket.socket, recs: list) -> None:
         buf = b""

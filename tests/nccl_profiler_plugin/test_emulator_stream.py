@@ -219,6 +219,7 @@ def test_tcp_collector(run_scenario, collector_factory):
     res = run_scenario([{"op": "init", "hash": 5, "threads": 1}, {"op": "run", "ops": ops}, {"op": "finalize"}],
                        addr)
     assert res["ok"], res
+    assert len(col.events()) == len(ops), res["stats"]
     check_events(col.events(), ops, comm_hash=5, rank=0, nranks=2, nnodes=1)
 
 
