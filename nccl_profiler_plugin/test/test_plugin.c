@@ -424,6 +424,11 @@ static int test_duplicate_and_bad_channel(void) {
   ncclProfiler_v6.stopEvent(h);
   void* k0 = kch_start(ctx, h, 0, 10);
   kch_stop(k0, 20);
+  uint64_t rejected = atomic_load(&dccl_g.kch_dropped);
+  kch_stop(k0, 25); /* a second stop of channel 0 must not count as the second channel */
+  dccl_event_record_t early[2];
+  TEST_ASSERT(ring_take(early, 2) == 0 && atomic_load(&dccl_g.kch_dropped) == rejected + 1,
+              "second stop of one channel refused and counted");
   TEST_ASSERT(kch_start(ctx, h, 0, 10) == NULL, "duplicate channel refused");
   TEST_ASSERT(kch_start(ctx, h, 64, 10) == NULL, "channel id >= 64 refused");
   kch_stop(kch_start(ctx, h, 5, 11), 30);
