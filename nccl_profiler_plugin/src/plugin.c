@@ -398,7 +398,9 @@ static inline void kch_order_stop(dccl_ctx_t* ctx, const dccl_kch_t* e, uint32_t
     atomic_store_explicit(&ctx->last_stop[ch], pTimer, memory_order_relaxed);
 }
 
-static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId, uint64_t pTimer) {
+/* Inlined into each version's startEvent: KernelCh is the most frequent start. */
+static inline __attribute__((always_inline)) void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
+                                                            uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
   dccl_ctx_t* ctx;
