@@ -14,6 +14,9 @@ The ring is sized (DYNAMICCL_RING_SIZE=262144) to hold one run, because a run pr
 ~1M records/s, 100x what a training job does; with the default 65,536 records the excess would
 be dropped and counted, which is cheaper than recording and would flatter the number.
 
+Goals: issue 23's <= 100 ns added with one thread and <= 150 ns with v7 KernelPhase; the 2-thread
+configuration keeps the earlier 300 ns bound (the issue states none).
+
 A third configuration replays the same collectives through profiler ABI v7 with KernelPhase on
 (mask 70|32768): three phase children per KernelCh, the initial_sync one kept (issue 23 goal: at
 most 150 ns added, 1 thread); its no-op baseline runs v7 with the same mask.
@@ -38,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN_DIR = REPO / "nccl_profiler_plugin"
 BUILD = PLUGIN_DIR / "test" / "build"
-GOAL_NS = {1: 200.0, 2: 300.0, "v7": 150.0}
+GOAL_NS = {1: 100.0, 2: 300.0, "v7": 150.0}  # 1 thread and v7: issue 23; 2 threads: no stated goal, the earlier bound
 PHASES_MASK = 70 | 32768
 EMU_F_PHASES = 0x400
 WARMUP = 20_000

@@ -57,6 +57,8 @@ class EventFlags:
     SYMMETRIC = 2  # profiler v7 (NCCL 2.31+): a symmetric-memory kernel ran it (coll.isSymColl)
     COPY_ENGINE = 4  # a copy-engine collective (v6+ CeColl event, only with DYNAMICCL_EVENT_MASK bit 4096):
                      # counted and enqueue-timed only (timing NONE, algo/proto UNKNOWN)
+    TIMING_SUSPECT = 8  # a KernelCh pTimer broke the channel's kernel order (NCCL 2.28 after a send/recv to
+                        # self) or stopped before it started: timing_source is KERNEL_CPU, gpu_* kept as seen
 
 
 # Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6); the
@@ -109,7 +111,8 @@ STATS_DTYPE = np.dtype([
     ("records_sent", "<u8"), ("records_emitted", "<u8"), ("events_stale", "<u8"),
     ("reconnects", "<u8"), ("sampled_out", "<u8"),
     ("kernel_ch_rejected", "<u8"),       # KernelCh starts refused (bad or duplicate channel id)
-    ("reserved", "<u8", (4,)),
+    ("kernel_ch_timing_suspect", "<u8"), # records flagged TIMING_SUSPECT (KernelCh pTimers out of order)
+    ("reserved", "<u8", (3,)),
 ])
 
 for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE):
@@ -159,6 +162,7 @@ def c_header() -> str:
         "#define DCCL_FLAG_STALE " + str(EventFlags.STALE),
         "#define DCCL_FLAG_SYMMETRIC " + str(EventFlags.SYMMETRIC),
         "#define DCCL_FLAG_COPY_ENGINE " + str(EventFlags.COPY_ENGINE),
+        "#define DCCL_FLAG_TIMING_SUSPECT " + str(EventFlags.TIMING_SUSPECT),
         "",
         _c_enum("FUNC", FUNCS), _c_enum("DTYPE", DATATYPES),
         "static const uint8_t dccl_dtype_sizes[] = {" + ", ".join(map(str, DATATYPE_SIZES)) + "};",

@@ -20,6 +20,7 @@
 #define EMU_MAX_COMMS 256
 #define EMU_QUEUE_SIZE 512 /* app -> proxy hand-off, per communicator (power of two) */
 #define EMU_PROXY_STEPS 2   /* ProxyStep events per ProxyOp when crossing nodes */
+#define EMU_HIST 8           /* kernels remembered per communicator for EMU_F_STALE_PTIMER */
 #define EMU_FOREIGN_PARENT ((void*)(uintptr_t)0xdead0000) /* a pointer from another process */
 
 static char g_err[1024];
@@ -80,7 +81,24 @@ typedef struct emu_comm {
   _Atomic uint64_t tail __attribute__((aligned(64))); /* written by proxy */
   _Atomic int stop;
   uint64_t calls_proxy __attribute__((aligned(64)));
+  /* proxy side: the GPU times of the last EMU_HIST kernels (EMU_F_STALE_PTIMER) */
+  uint64_t hist_start[EMU_HIST];
+  uint64_t hist_end[EMU_HIST];
+  uint64_t hist_n;
 } emu_comm_t;
+
+/* The pTimer base pair (start, stop) channel 0 reports for op; records op's real times. */
+static void emu_ptimers(emu_comm_t* c, const emu_coll_t* op, uint64_t* t0, uint64_t* t1) {
+  *t0 = op->gpu_start_ns;
+  *t1 = op->gpu_end_ns;
+  if ((op->flags & EMU_F_STALE_PTIMER) && c->hist_n >= EMU_STALE_START_LAG) {
+    *t0 = c->hist_start[(c->hist_n - EMU_STALE_START_LAG) % EMU_HIST];
+    *t1 = c->hist_end[(c->hist_n - EMU_STALE_STOP_LAG) % EMU_HIST];
+  }
+  c->hist_start[c->hist_n % EMU_HIST] = op->gpu_start_ns;
+  c->hist_end[c->hist_n % EMU_HIST] = op->gpu_end_ns;
+  c->hist_n++;
+}
 
 struct emu {
   void* dl;
@@ -257,12 +275,14 @@ static void replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64
     }
   }
   if ((op->flags & EMU_F_CE) && e->version >= 6) nch = 0; /* copy engines: no kernel, no proxy */
-  if ((mask & ncclProfileKernelCh) && !(op->flags & EMU_F_NO_KERNEL)) {
+  if ((mask & ncclProfileKernelCh) && !(op->flags & EMU_F_NO_KERNEL) && nch > 0) {
     int gpu = !(op->flags & EMU_F_NO_GPU_TIMER);
+    uint64_t g0, g1;
+    emu_ptimers(c, op, &g0, &g1);
     for (int ch = 0; ch < nch; ch++) {
       void* k;
-      uint64_t t0 = gpu ? op->gpu_start_ns + (uint64_t)ch : 0;
-      uint64_t t1 = gpu ? op->gpu_end_ns - (uint64_t)ch : 0;
+      uint64_t t0 = gpu ? g0 + (uint64_t)ch : 0;
+      uint64_t t1 = gpu ? g1 - (uint64_t)ch : 0;
       EMU_START(c, &k, ncclProfileKernelCh, kparent, {
         d.kernelCh.channelId = (uint8_t)ch;
         d.kernelCh.pTimer = t0;

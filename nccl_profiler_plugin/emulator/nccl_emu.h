@@ -38,6 +38,12 @@ extern "C" {
 #define EMU_F_SYMMETRIC 0x100    /* v7: isSymColl = 1, kernelVariant "sym" */
 #define EMU_F_CE 0x200           /* v6+: a copy-engine collective (CeColl event, no Coll, no kernel) */
 #define EMU_F_PHASES 0x400       /* v7 with KernelPhase in the mask: 3 phases per KernelCh */
+#define EMU_F_STALE_PTIMER 0x800 /* NCCL 2.28 after a send/recv to self (device work counter ahead of the
+                                   host's): KernelCh start pTimers are those of the kernel EMU_STALE_START_LAG
+                                   operations back on this communicator, stop pTimers EMU_STALE_STOP_LAG back
+                                   (as on an H100: start ~1.4 s, stop ~0.5 s before the enqueue) */
+#define EMU_STALE_START_LAG 6
+#define EMU_STALE_STOP_LAG 2
 #define EMU_SYNC_NS(ch) (100u + (ch)) /* initial_sync length of channel ch with EMU_F_PHASES */
 #define EMU_USER_TAG(op) (0x5400000000000000ull | (op)->seq_number)
 

@@ -21,6 +21,7 @@
 #define DCCL_FLAG_STALE 1
 #define DCCL_FLAG_SYMMETRIC 2
 #define DCCL_FLAG_COPY_ENGINE 4
+#define DCCL_FLAG_TIMING_SUSPECT 8
 
 enum {
   DCCL_FUNC_ALLGATHER = 0,
@@ -158,7 +159,8 @@ typedef struct dccl_stats_record_t {
   uint64_t reconnects;
   uint64_t sampled_out;
   uint64_t kernel_ch_rejected;
-  uint64_t reserved[4];
+  uint64_t kernel_ch_timing_suspect;
+  uint64_t reserved[3];
 } dccl_stats_record_t;
 _Static_assert(sizeof(dccl_stats_record_t) == 128, "dccl_stats_record_t size");
 

@@ -71,17 +71,39 @@ typedef struct dccl_kch {
   uint64_t sync_start;        /* v7 KernelPhase initial_sync start pTimer (0: none) */
   uint64_t sync_ns;           /* its duration once stopped (0: none) */
   _Atomic uint32_t gen;
-  uint32_t pad_;
+  uint32_t order;             /* DCCL_KCH_COLL | DCCL_KCH_SUSPECT, set at its start */
 } dccl_kch_t;
+
+/* KernelCh timing guard. A communicator's kernels run one after another on each channel, so an
+   operation's KernelCh start pTimer on channel c cannot precede the latest KernelCh stop pTimer a
+   collective of the same communicator reported on c. NCCL 2.28's proxy breaks this once its host
+   and device per-channel work counters disagree (after a send/recv to self): it then fires
+   KernelCh events with older kernels' timestamps. Such a child, or one whose stop precedes its
+   start, makes the record KERNEL_CPU-timed with DCCL_FLAG_TIMING_SUSPECT. Only collectives
+   advance the per-channel stop (a group's sends and receives share channels and may overlap). */
+#define DCCL_KCH_COLL 1u
+#define DCCL_KCH_SUSPECT 2u
+#define DCCL_KCH_STOPPED 4u /* its stopEvent came (a second one is refused) */
+
+/* Completion: two atomic RMWs per operation, whatever its channel count. The KernelCh events of
+   one operation all come from its communicator's proxy thread (NCCL's profiler proxy progress), so
+   chmask (channels started) and kch_stopped (stops counted) are plain loads/stores there; the
+   stop that brings kch_stopped to expect_kch sets DCCL_DONE_KERNELS, the Coll/P2p stop sets
+   DCCL_DONE_STOPPED, and whichever RMW sees both finishes the slot (the ctl CAS makes that happen
+   once). Were that proxy assumption broken, a lost count would only make the record STALE. */
+#define DCCL_DONE_STOPPED (1ull << 63)
+#define DCCL_DONE_KERNELS (1ull << 62)
+#define DCCL_KCH_ORDER_SLACK_NS 1000 /* timer rounding of simulators; real violations are >= a kernel */
 
 /* One in-flight Coll or P2p operation. Written by the starting thread, completed by whichever
    thread (proxy thread, application thread, reaper) makes the completion condition true. */
 typedef struct dccl_slot {
   dccl_event_record_t rec;      /* prebuilt at start; timing fields filled at completion */
   _Atomic uint32_t busy;        /* 0 free, 1 allocated */
-  _Atomic uint32_t stopped;     /* Coll/P2p stopEvent seen */
+  uint32_t kch_stopped;         /* KernelCh stops counted (the operation's proxy thread only) */
   _Atomic uint64_t ctl;         /* (generation << 1) | finished */
-  _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c stopped */
+  _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c started (its proxy thread only) */
+  _Atomic uint64_t done;        /* DCCL_DONE_STOPPED | DCCL_DONE_KERNELS */
   _Atomic uint64_t armed_ns;    /* CLOCK_MONOTONIC enqueue time once fully built, 0 when free (reaper) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
   uint32_t pad_;
@@ -140,6 +162,8 @@ typedef struct dccl_ctx {
   _Atomic uint64_t cursor __attribute__((aligned(64)));
   _Atomic uint64_t dropped_pool_full;
   _Atomic uint64_t sampled_out;
+  /* KernelCh timing guard: the latest collective KernelCh stop pTimer per channel (proxy thread) */
+  _Atomic uint64_t last_stop[DCCL_MAX_CHANNELS] __attribute__((aligned(64)));
 } dccl_ctx_t;
 
 /* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer) ---- */
@@ -184,6 +208,7 @@ typedef struct dccl_global {
   _Atomic uint64_t reconnects;
   _Atomic uint64_t sampled_out;
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
+  _Atomic uint64_t timing_suspect; /* records whose KernelCh pTimers failed the order guard */
   /* link to the DynamICCL tuner plugin (applied config version in every record) */
   _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
   void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */

@@ -294,6 +294,7 @@ void dccl_stats_snapshot(dccl_stats_record_t* out) {
   out->reconnects = atomic_load(&dccl_g.reconnects);
   out->sampled_out = sampled;
   out->kernel_ch_rejected = atomic_load(&dccl_g.kch_dropped);
+  out->kernel_ch_timing_suspect = atomic_load(&dccl_g.timing_suspect);
 }
 
 /* Debug/test hook: a snapshot of the plugin's counters (same content as the STATS record). Not part of NCCL's ABI. */

@@ -34,14 +34,6 @@ dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
 #define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
 
-/* Bit count without depending on -mpopcnt (baseline x86-64 would call libgcc). */
-static inline uint32_t popcount64(uint64_t x) {
-  x = x - ((x >> 1) & 0x5555555555555555ull);
-  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
-  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0full;
-  return (uint32_t)((x * 0x0101010101010101ull) >> 56);
-}
-
 /* record_seq base: ring pushes of earlier plugin lifetimes (all comms finalized, then a new init). */
 uint64_t dccl_seq_base;
 
@@ -196,12 +188,19 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
   return UINT32_MAX;
 }
 
-/* The slot a handle names, or NULL when its communicator is gone (finalized, or not ours). */
-static inline dccl_slot_t* handle_slot(uint64_t h) {
+/* The slot a handle names (and its communicator in *out), or NULL when its communicator is gone
+   (finalized, or not ours). */
+static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
   dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
   if (ctx == NULL) return NULL;
   uint32_t i = DCCL_H_SLOT(h);
+  *out = ctx;
   return i < ctx->pool_size ? &ctx->slots[i] : NULL;
+}
+
+static inline dccl_slot_t* handle_slot(uint64_t h) {
+  dccl_ctx_t* ctx;
+  return handle_slot_ctx(h, &ctx);
 }
 
 /* Is the operation the handle was issued for still in flight in this slot? */
@@ -214,14 +213,16 @@ static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
    stamped with this generation count (a stray late child of an earlier occupant never does). */
 void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
+  (void)atomic_load_explicit(&s->done, memory_order_acquire); /* pairs with the events' RMWs (the reaper's view) */
   uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
-  uint32_t seen = 0;
+  uint32_t seen = 0, suspect = 0;
   uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
   int all_gpu = 1;
   for (uint64_t bits = m; bits; bits &= bits - 1) {
     const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
-    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen) continue;
+    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen || !(e->order & DCCL_KCH_STOPPED)) continue;
     seen++;
+    suspect |= (e->order & DCCL_KCH_SUSPECT) | (e->stop_ptimer != 0 && e->stop_ptimer < e->start_ptimer);
     if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
     if (e->start_ptimer != 0 && e->start_ptimer < gmin) gmin = e->start_ptimer;
     if (e->stop_ptimer > gmax) gmax = e->stop_ptimer;
@@ -242,6 +243,11 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   } else {
     r->cpu_end_ns = dccl_now_ns();
     r->timing_source = (seen >= s->expect_kch && all_gpu) ? DCCL_TIMING_KERNEL_GPU : DCCL_TIMING_KERNEL_CPU;
+    if (suspect) { /* the host times stand; the GPU ones belong to other kernels (internal.h) */
+      r->timing_source = DCCL_TIMING_KERNEL_CPU;
+      r->flags |= DCCL_FLAG_TIMING_SUSPECT;
+      atomic_fetch_add_explicit(&dccl_g.timing_suspect, 1, memory_order_relaxed);
+    }
   }
   if (dccl_ring_push(&dccl_g.ring, r) != 0)
     atomic_fetch_add_explicit(&dccl_g.records_dropped_ring_full, 1, memory_order_relaxed);
@@ -282,7 +288,9 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
 
 /* Start a Coll (kind COLL) or P2p (kind P2P). `root` is the peer for P2P. `children`: KernelCh
    stops this operation will get (0: it completes at its stopEvent). */
-static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
+/* Out of line: the startEvent dispatcher then needs no callee-saved registers, so its most
+   frequent case, KernelCh (nChannels per operation), runs without a prologue/epilogue. */
+static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
                             const char* datatype, size_t count, int root, uint8_t nChannels, uint8_t nWarps,
                             const char* algo, const char* proto, uint32_t children, uint64_t user_tag,
                             uint16_t flags) {
@@ -325,7 +333,8 @@ static inline void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint6
       .user_tag = user_tag,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
-  atomic_store_explicit(&s->stopped, 0, memory_order_relaxed);
+  atomic_store_explicit(&s->done, 0, memory_order_relaxed);
+  s->kch_stopped = 0;
   atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
@@ -373,20 +382,42 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
            DCCL_FLAG_COPY_ENGINE);
 }
 
-static inline void start_kch(void** eHandle, void* parentObj, uint8_t channelId, uint64_t pTimer) {
+/* The order guard at a KernelCh start (internal.h, DCCL_KCH_*): one relaxed load. */
+static inline uint32_t kch_order(dccl_ctx_t* ctx, const dccl_slot_t* s, uint8_t ch, uint64_t pTimer) {
+  uint32_t f = s->rec.kind == DCCL_KIND_COLL ? DCCL_KCH_COLL : 0;
+  uint64_t last = atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed);
+  if (pTimer != 0 && pTimer + DCCL_KCH_ORDER_SLACK_NS < last) f |= DCCL_KCH_SUSPECT;
+  return f;
+}
+
+/* A collective's KernelCh stop advances its channel's order mark (never backwards: a late or
+   suspect stop only loosens the guard). */
+static inline void kch_order_stop(dccl_ctx_t* ctx, const dccl_kch_t* e, uint32_t ch, uint64_t pTimer) {
+  if (!(e->order & DCCL_KCH_COLL)) return;
+  if (pTimer > atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed))
+    atomic_store_explicit(&ctx->last_stop[ch], pTimer, memory_order_relaxed);
+}
+
+/* Inlined into each version's startEvent: KernelCh is the most frequent start. */
+static inline __attribute__((always_inline)) void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
+                                                            uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
-  dccl_slot_t* s = handle_slot(p);
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s = handle_slot_ctx(p, &ctx);
   if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS ||
       (atomic_load_explicit(&s->chmask, memory_order_relaxed) & (1ull << channelId))) {
     kch_reject();
     return;
   }
+  uint64_t started = atomic_load_explicit(&s->chmask, memory_order_relaxed);
+  atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
   dccl_kch_t* e = &s->ch[channelId];
   e->start_ptimer = pTimer;
   e->stop_ptimer = 0;
   e->sync_start = 0;
   e->sync_ns = 0;
+  e->order = kch_order(ctx, s, channelId, pTimer);
   atomic_store_explicit(&e->gen, (uint32_t)DCCL_H_GEN(p), memory_order_release);
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
 }
@@ -408,16 +439,22 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
+/* KernelCh, the most frequent start (nChannels per operation), is taken before the out-of-line
+   switch, so it runs without the others' register saves. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_CASE)                     \
+  static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
-    dccl_ctx_t* ctx = (dccl_ctx_t*)context;                                                                  \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
-    if (ctx == NULL || d == NULL) return ncclSuccess;                                                        \
+    if (context == NULL || d == NULL) return ncclSuccess;                                                    \
+    if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
+      start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
+    else                                                                                                     \
+      fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
+    return ncclSuccess;                                                                                      \
+  }                                                                                                          \
+  static void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                                      \
     switch ((uint64_t)d->type) {                                                                             \
-      case ncclProfileKernelCh:                                                                              \
-        start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                         \
-        break;                                                                                               \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
                    d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto, (COLL_TAG),  \
@@ -442,7 +479,6 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
            ProxyStep, ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                       \
         break;                                                                                               \
     }                                                                                                        \
-    return ncclSuccess;                                                                                      \
   }
 
 #define DCCL_CE_CASE(TAG)                                                                                  \
@@ -462,29 +498,38 @@ DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_C
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
                   DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_CASE)
 
+/* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
+   KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
+   and the channel is counted there, so each channel's stop decodes its handle once. */
 static ncclResult_t dccl_stop(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  uint32_t tag = DCCL_H_TAG(h);
-  if (h == 0 || (tag != DCCL_H_TAG_SLOT && tag != DCCL_H_TAG_KCH)) return ncclSuccess;
+  if (h == 0 || DCCL_H_TAG(h) != DCCL_H_TAG_SLOT) return ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
-  if (s == NULL || !handle_live(s, h)) { /* late: its operation finished, was reaped, or its comm is gone */
-    if (tag == DCCL_H_TAG_KCH) kch_reject();
-    return ncclSuccess;
-  }
-  if (tag == DCCL_H_TAG_SLOT) {
-    /* seq_cst store then load, against the KernelCh side's RMW then load: at least one side
-       sees both conditions; the ctl CAS makes sure only one finishes. */
-    atomic_store_explicit(&s->stopped, 1, memory_order_seq_cst);
-    if (s->expect_kch == 0 ||
-        (uint32_t)popcount64(atomic_load_explicit(&s->chmask, memory_order_seq_cst)) >= s->expect_kch)
-      slot_try_finish(s, h);
-  } else {
-    uint64_t bit = 1ull << DCCL_H_CH(h);
-    uint64_t m = atomic_fetch_or_explicit(&s->chmask, bit, memory_order_seq_cst) | bit;
-    if ((uint32_t)popcount64(m) >= s->expect_kch && atomic_load_explicit(&s->stopped, memory_order_seq_cst))
-      slot_try_finish(s, h);
-  }
+  if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
+  /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
+     occupant rewrite expect_kch. */
+  uint32_t need = s->expect_kch;
+  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_STOPPED, memory_order_acq_rel);
+  if (need == 0 || (w & DCCL_DONE_KERNELS)) slot_try_finish(s, h);
   return ncclSuccess;
+}
+
+/* KernelChStop: the channel's stop pTimer, the order mark, and the count (DCCL_DONE_*). */
+static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
+  /* A live generation means this entry was stamped by this operation's start (the only way to
+     get a KernelCh handle), so the entry's own stamp need not be checked again. */
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+  if (!handle_live(s, h) || (e->order & DCCL_KCH_STOPPED)) {
+    kch_reject(); /* late (its operation finished or was reaped), or a second stop of one channel */
+    return;
+  }
+  uint32_t need = s->expect_kch;
+  e->stop_ptimer = t;
+  e->order |= DCCL_KCH_STOPPED;
+  kch_order_stop(ctx, e, DCCL_H_CH(h), t);
+  if (++s->kch_stopped != need) return;
+  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_KERNELS, memory_order_acq_rel);
+  if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
 }
 
 static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eState,
@@ -493,15 +538,22 @@ static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eS
   uint32_t tag = DCCL_H_TAG(h);
   int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
   int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
-  if (!(kch_stop || sync_stop) || args == NULL) return ncclSuccess;
-  dccl_slot_t* s = handle_slot(h);
-  if (s == NULL) return ncclSuccess;
-  /* the channel entry's generation stamp decides: a late child never writes another op's timer */
+  if (!(kch_stop || sync_stop)) return ncclSuccess;
+  uint64_t t = args ? args->kernelCh.pTimer : 0;
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s = handle_slot_ctx(h, &ctx);
+  if (s == NULL) { /* its communicator is gone */
+    if (kch_stop) kch_reject();
+    return ncclSuccess;
+  }
+  if (kch_stop) {
+    kch_stopped(ctx, s, h, t);
+    return ncclSuccess;
+  }
+  /* the channel entry's generation stamp decides: a late phase never writes another op's timer */
   dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
   if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
-  uint64_t t = args->kernelCh.pTimer;
-  if (kch_stop) e->stop_ptimer = t;
-  else if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 

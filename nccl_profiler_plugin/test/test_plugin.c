@@ -82,6 +82,23 @@ static void* run_coll(void* ctx, uint64_t seq, uint8_t nch, int kernels_first, u
   return h;
 }
 
+/* One P2p (2 channels, KernelCh after its stop) with the given pTimers; returns its handle. */
+static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_t t1) {
+  ncclProfilerEventDescr_v6_t d;
+  memset(&d, 0, sizeof d);
+  d.type = ncclProfileP2p;
+  d.p2p.func = func;
+  d.p2p.datatype = "ncclInt32";
+  d.p2p.count = 256;
+  d.p2p.peer = peer;
+  d.p2p.nChannels = 2;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  for (uint8_t c = 0; c < 2 && h != NULL; c++) kch_stop(kch_start(ctx, h, c, t0 + c), t1 - c);
+  return h;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 static const char* fake_env_vals[16][2];
@@ -386,21 +403,7 @@ static int test_sampling_and_min_bytes(void) {
 static int test_p2p(void) {
   clear_env();
   void* ctx = init6(77, 1, 4);
-  for (int i = 0; i < 3; i++) {
-    ncclProfilerEventDescr_v6_t d;
-    memset(&d, 0, sizeof d);
-    d.type = ncclProfileP2p;
-    d.p2p.func = i == 2 ? "Recv" : "Send";
-    d.p2p.datatype = "ncclInt32";
-    d.p2p.count = 256;
-    d.p2p.peer = 3;
-    d.p2p.nChannels = 2;
-    void* h = NULL;
-    ncclProfiler_v6.startEvent(ctx, &h, &d);
-    TEST_ASSERT(h != NULL, "p2p handle");
-    ncclProfiler_v6.stopEvent(h);
-    for (uint8_t c = 0; c < 2; c++) kch_stop(kch_start(ctx, h, c, 500 + c), 900);
-  }
+  for (int i = 0; i < 3; i++) TEST_ASSERT(run_p2p(ctx, i == 2 ? "Recv" : "Send", 3, 500, 900) != NULL, "p2p handle");
   dccl_event_record_t out[4];
   TEST_ASSERT(ring_take(out, 4) == 3, "three p2p");
   TEST_ASSERT(out[0].kind == DCCL_KIND_P2P && out[0].func == DCCL_FUNC_SEND && out[0].root == 3, "send to 3");
@@ -421,6 +424,11 @@ static int test_duplicate_and_bad_channel(void) {
   ncclProfiler_v6.stopEvent(h);
   void* k0 = kch_start(ctx, h, 0, 10);
   kch_stop(k0, 20);
+  uint64_t rejected = atomic_load(&dccl_g.kch_dropped);
+  kch_stop(k0, 25); /* a second stop of channel 0 must not count as the second channel */
+  dccl_event_record_t early[2];
+  TEST_ASSERT(ring_take(early, 2) == 0 && atomic_load(&dccl_g.kch_dropped) == rejected + 1,
+              "second stop of one channel refused and counted");
   TEST_ASSERT(kch_start(ctx, h, 0, 10) == NULL, "duplicate channel refused");
   TEST_ASSERT(kch_start(ctx, h, 64, 10) == NULL, "channel id >= 64 refused");
   kch_stop(kch_start(ctx, h, 5, 11), 30);
@@ -697,9 +705,10 @@ static int test_late_child_after_reap(void) {
   ncclProfiler_v6.stopEvent(b);
   kch_stop(ka, 999999); /* a's child, late */
   TEST_ASSERT(ring_take(out, 4) == 0, "a's late child does not complete b");
-  kch_stop(kch_start(ctx, b, 0, 7000), 8000);
+  kch_stop(kch_start(ctx, b, 0, 1007000), 1008000); /* b's kernel runs after a's */
   TEST_ASSERT(ring_take(out, 4) == 1 && out[0].seq_number == 2, "b");
-  TEST_ASSERT(out[0].gpu_start_ns == 7000 && out[0].gpu_end_ns == 8000, "b's own timestamps %llu..%llu",
+  TEST_ASSERT(out[0].gpu_start_ns == 1007000 && out[0].gpu_end_ns == 1008000 && out[0].flags == 0,
+              "b's own timestamps %llu..%llu",
               (unsigned long long)out[0].gpu_start_ns, (unsigned long long)out[0].gpu_end_ns);
   ncclProfiler_v6.stopEvent(a); /* a second, late stop of a: no effect */
   TEST_ASSERT(ring_take(out, 4) == 0, "nothing");
@@ -900,6 +909,48 @@ static int test_ce_collective_counted(void) {
   return 0;
 }
 
+/* NCCL 2.28 after a send/recv to self: KernelCh pTimers of older kernels. A start before the
+   channel's last collective stop, or a stop before its start, gives KERNEL_CPU + TIMING_SUSPECT;
+   in-order records, other communicators and overlapping sends/receives are left alone. */
+static int test_kch_order_guard(void) {
+  clear_env();
+  void* ctx = init6(0x51, 0, 4);
+  void* other = init6(0x52, 0, 4);
+  const uint64_t T = 1000000000ull, gap = 100000, span = 30000;
+  dccl_event_record_t out[8];
+  for (uint64_t i = 0; i < 4; i++) run_coll(ctx, i, 4, 0, T + i * gap, T + i * gap + span);
+  TEST_ASSERT(ring_take(out, 8) == 4, "four in-order records");
+  for (int i = 0; i < 4; i++)
+    TEST_ASSERT(out[i].timing_source == DCCL_TIMING_KERNEL_GPU && out[i].flags == 0 &&
+                    out[i].gpu_start_ns == T + (uint64_t)i * gap && out[i].gpu_end_ns == T + (uint64_t)i * gap + span,
+                "in order %d: timing %d flags %d", i, out[i].timing_source, out[i].flags);
+  /* overlapping sends of one group (same channels) never trip it: P2P stops do not advance it */
+  run_p2p(ctx, "Send", 1, T + 4 * gap, T + 4 * gap + span);
+  run_p2p(ctx, "Send", 1, T + 4 * gap + 10, T + 4 * gap + span / 2);
+  /* divergence: start of the kernel 3 back, stop of the one before */
+  run_coll(ctx, 4, 4, 0, T + 1 * gap, T + 3 * gap + span);
+  run_p2p(ctx, "Send", 1, T + 2 * gap, T + 3 * gap);            /* a send after it, also stale */
+  run_coll(ctx, 5, 4, 1, T + 9 * gap, T + 9 * gap - 5); /* stops before it starts */
+  run_coll(other, 0, 4, 0, T, T + span);             /* another communicator: its own order */
+  TEST_ASSERT(ring_take(out, 8) == 6, "six records");
+  TEST_ASSERT(out[0].flags == 0 && out[1].flags == 0 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU &&
+                  out[1].timing_source == DCCL_TIMING_KERNEL_GPU, "overlapping p2p not flagged");
+  for (int i = 2; i < 5; i++)
+    TEST_ASSERT(out[i].timing_source == DCCL_TIMING_KERNEL_CPU && out[i].flags == DCCL_FLAG_TIMING_SUSPECT &&
+                    out[i].cpu_end_ns >= out[i].enqueue_ns,
+                "suspect %d (kind %d): timing %d flags %d", i, out[i].kind, out[i].timing_source, out[i].flags);
+  TEST_ASSERT(out[2].gpu_start_ns == T + gap && out[2].gpu_end_ns == T + 3 * gap + span, "pTimers kept as seen");
+  TEST_ASSERT(out[5].comm_hash == 0x52 && out[5].flags == 0 && out[5].timing_source == DCCL_TIMING_KERNEL_GPU,
+              "other comm unaffected");
+  dccl_stats_record_t st;
+  dccl_stats_snapshot(&st);
+  TEST_ASSERT(st.kernel_ch_timing_suspect == 3, "STATS counter %llu", (unsigned long long)st.kernel_ch_timing_suspect);
+  ncclProfiler_v6.finalize(other);
+  ncclProfiler_v6.finalize(ctx);
+  atomic_store(&dccl_g.timing_suspect, 0);
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -927,6 +978,7 @@ static const test_case_t k_tests[] = {
     {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
     {"ce_collective_counted", test_ce_collective_counted},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
+    {"kch_order_guard", test_kch_order_guard},
 };
 
 int main(int argc, char** argv) {

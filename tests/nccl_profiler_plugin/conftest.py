@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -39,6 +40,10 @@ def built() -> dict[str, Path]:
     }
 
 
+# Collectors of the running test (collector_factory): run_scenario lets them finish reading.
+_LIVE_COLLECTORS: list["FakeCollector"] = []
+
+
 class FakeCollector:
     """Accepts plugin connections on a Unix or TCP socket and decodes every frame.
 
@@ -51,6 +56,8 @@ class FakeCollector:
         self.connections: list[list[np.void]] = []
         self.bad_frames = 0
         self._socks: list[socket.socket] = []
+        self._readers: list[threading.Thread] = []
+        self._accepting = False
         self._lock = threading.Lock()
         if addr.startswith("unix:"):
             path = addr[5:]
@@ -75,10 +82,30 @@ class FakeCollector:
             except OSError:
                 return
             with self._lock:
+                self._accepting = True  # until its reader is registered
                 recs: list[np.void] = []
                 self.connections.append(recs)
                 self._socks.append(conn)
-            threading.Thread(target=self._read, args=(conn, recs), daemon=True).start()
+            t = threading.Thread(target=self._read, args=(conn, recs), daemon=True)
+            t.start()
+            with self._lock:
+                self._readers.append(t)
+                self._accepting = False
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """After a blocking scenario's process exited (its frames are all in socket buffers): wait
+        until no connection is left waiting to be accepted and every accepted one was read to its
+        end, or `timeout` seconds."""
+        deadline, idle = time.monotonic() + timeout, 0
+        while time.monotonic() < deadline and idle < 3:  # idle on 3 polls: accept() has not just returned
+            try:
+                pending = bool(select.select([self._srv], [], [], 0)[0])
+            except (OSError, ValueError):  # killed
+                return
+            with self._lock:
+                busy = pending or self._accepting or any(t.is_alive() for t in self._readers)
+            idle = 0 if busy else idle + 1
+            time.sleep(0.005)
 
     def _read(self, conn: socket.socket, recs: list) -> None:
         buf = b""
@@ -151,11 +178,13 @@ def collector_factory():
     def make(addr: str) -> FakeCollector:
         c = FakeCollector(addr)
         made.append(c)
+        _LIVE_COLLECTORS.append(c)
         return c
 
     yield make
     for c in made:
         c.kill()
+        _LIVE_COLLECTORS.remove(c)
 
 
 def _base_env(addr: str, extra: dict | None) -> dict:
@@ -188,7 +217,10 @@ def _finish(proc, timeout=60) -> dict:
 def run_scenario(built, tmp_path):
     """run_scenario(steps, addr, abi=6, env=None) -> result dict (blocking)."""
     def run(steps, addr, abi=6, env=None, timeout=60):
-        return _finish(_spawn(built, tmp_path, steps, addr, abi, env), timeout)
+        res = _finish(_spawn(built, tmp_path, steps, addr, abi, env), timeout)
+        for c in _LIVE_COLLECTORS:  # the process exited: let the collectors read what it sent
+            c.settle()
+        return res
     return run
 
 

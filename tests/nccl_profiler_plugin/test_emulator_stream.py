@@ -15,7 +15,8 @@ DT = {n: i for i, n in enumerate(wf.DATATYPES)}
 ALGO = {n: i for i, n in enumerate(wf.ALGOS)}
 PROTO = {n: i for i, n in enumerate(wf.PROTOS)}
 FLAG = {"NULL_PARENT": 0x1, "NULL_KCH_PARENT": 0x2, "NO_KERNEL": 0x4, "CROSS_NODE": 0x8, "PXN": 0x10,
-        "NO_GPU_TIMER": 0x20, "COLLNET": 0x40, "TAGGED": 0x80, "SYMMETRIC": 0x100, "CE": 0x200, "PHASES": 0x400}
+        "NO_GPU_TIMER": 0x20, "COLLNET": 0x40, "TAGGED": 0x80, "SYMMETRIC": 0x100, "CE": 0x200, "PHASES": 0x400,
+        "STALE_PTIMER": 0x800}
 T0 = 1_700_000_000_000_000_000
 
 
@@ -218,6 +219,7 @@ def test_tcp_collector(run_scenario, collector_factory):
     res = run_scenario([{"op": "init", "hash": 5, "threads": 1}, {"op": "run", "ops": ops}, {"op": "finalize"}],
                        addr)
     assert res["ok"], res
+    assert len(col.events()) == len(ops), res["stats"]
     check_events(col.events(), ops, comm_hash=5, rank=0, nranks=2, nnodes=1)
 
 

@@ -160,3 +160,29 @@ def test_kernel_phase_initial_sync(abi, run_scenario, collector_factory, sock_ad
     check_events(ev, ops, comm_hash=0x5C, rank=0, nranks=2, nnodes=1)
     want = {op["seq_number"]: (100 + op["n_channels"] - 1 if abi == 7 else 0) for op in ops}
     assert all(int(r["sync_wait_ns"]) == want[int(r["seq_number"])] for r in ev)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stale_kernelch_ptimers_after_self_send_are_not_gpu_timed(run_scenario, collector_factory, sock_addr,
+                                                                  threads):
+    """NCCL 2.28 after a send/recv to self replays older kernels' pTimers (emulator STALE_PTIMER: start
+    6 kernels back, stop 2 back). The records before it keep their exact GPU times; the ones after are
+    KERNEL_CPU-timed and flagged TIMING_SUSPECT, counted in STATS."""
+    col = collector_factory(sock_addr)
+    before = make_ops(40, seq0=0, n_channels=8)
+    self_pair = [dict(before[0], func=F[f], root=1, seq_number=0, n_channels=2) for f in ("Send", "Recv")]
+    after = make_ops(40, seq0=100, n_channels=8, flags=FLAG["STALE_PTIMER"])
+    res = run_scenario([
+        {"op": "init", "hash": 0x5E1F, "nnodes": 1, "nranks": 4, "rank": 1, "threads": threads},
+        {"op": "run", "ops": before + self_pair + after}, {"op": "sync"}, {"op": "finalize"},
+    ], sock_addr)
+    assert res["ok"], res
+    ev = col.events()
+    check_events(ev[ev["seq_number"] < 100], before + self_pair, comm_hash=0x5E1F, rank=1, nranks=4, nnodes=1)
+    late = ev[ev["seq_number"] >= 100]
+    assert len(late) == len(after)
+    assert not np.any(late["timing_source"] == wf.TimingSource.KERNEL_GPU)
+    assert np.all(late["timing_source"] == wf.TimingSource.KERNEL_CPU)
+    assert np.all(late["flags"] == wf.EventFlags.TIMING_SUSPECT)
+    assert np.all(late["cpu_end_ns"] >= late["enqueue_ns"]) and np.all(late["channels_seen"] == 8)
+    assert res["stats"]["kernel_ch_timing_suspect"] == len(after)

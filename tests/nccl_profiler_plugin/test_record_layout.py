@@ -41,6 +41,7 @@ def test_c_layout_matches_numpy(tmp_path):
         f'  printf("const FLAG_STALE %d\\n", DCCL_FLAG_STALE);',
         f'  printf("const FLAG_SYMMETRIC %d\\n", DCCL_FLAG_SYMMETRIC);',
         f'  printf("const FLAG_COPY_ENGINE %d\\n", DCCL_FLAG_COPY_ENGINE);',
+        f'  printf("const FLAG_TIMING_SUSPECT %d\\n", DCCL_FLAG_TIMING_SUSPECT);',
         "  return 0;", "}",
     ]
     src = tmp_path / "layout.c"
@@ -65,6 +66,7 @@ def test_c_layout_matches_numpy(tmp_path):
     assert got[("const", "FLAG_STALE")] == (wf.EventFlags.STALE,)
     assert got[("const", "FLAG_SYMMETRIC")] == (wf.EventFlags.SYMMETRIC,)
     assert got[("const", "FLAG_COPY_ENGINE")] == (wf.EventFlags.COPY_ENGINE,)
+    assert got[("const", "FLAG_TIMING_SUSPECT")] == (wf.EventFlags.TIMING_SUSPECT,)
 
 
 def test_enum_tables_in_header_match():
