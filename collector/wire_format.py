@@ -58,7 +58,7 @@ class EventFlags:
     COPY_ENGINE = 4  # a copy-engine collective (v6+ CeColl event, only with DYNAMICCL_EVENT_MASK bit 4096):
                      # counted and enqueue-timed only (timing NONE, algo/proto UNKNOWN)
     TIMING_SUSPECT = 8  # a KernelCh pTimer broke the channel's kernel order (NCCL 2.28 after a send/recv to
-                        # self) or stopped before it started: timing_source is KERNEL_CPU, gpu_* kept as seen
+                        # self) or stopped before it started: timing_source is NONE, gpu_* kept as seen
 
 
 # Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6); the

@@ -37,12 +37,17 @@ class CallRecords:
         r, own = self.records, self._self
         timed = ((r["timing_source"] == TimingSource.KERNEL_GPU) & (r["gpu_start_ns"] > 0)
                  & (r["gpu_end_ns"] >= r["gpu_start_ns"]))
-        return bool(len(r)) and bool(np.all(((r["flags"] & EventFlags.STALE) == 0) & (timed | own)))
+        flagged = (r["flags"] & EventFlags.TIMING_SUSPECT) != 0     # the plugin refused a wrong GPU time
+        return bool(len(r)) and bool(np.all(((r["flags"] & EventFlags.STALE) == 0) & (timed | own | flagged)))
+
+    @property
+    def suspect(self) -> bool:
+        return bool(np.any((self.records["flags"] & EventFlags.TIMING_SUSPECT) != 0))
 
     @property
     def gpu_us(self) -> float:
         r = self.records[~self._self]
-        if not len(r):
+        if not len(r) or self.suspect:
             return float("nan")
         return float(int(r["gpu_end_ns"].max()) - int(r["gpu_start_ns"].min())) / 1e3
 

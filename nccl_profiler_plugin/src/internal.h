@@ -79,7 +79,8 @@ typedef struct dccl_kch {
    collective of the same communicator reported on c. NCCL 2.28's proxy breaks this once its host
    and device per-channel work counters disagree (after a send/recv to self): it then fires
    KernelCh events with older kernels' timestamps. Such a child, or one whose stop precedes its
-   start, makes the record KERNEL_CPU-timed with DCCL_FLAG_TIMING_SUSPECT. Only collectives
+   start, makes the record untimed (NONE) with DCCL_FLAG_TIMING_SUSPECT: on the H100 those KernelCh
+   events also fired ~0.05 ms after the enqueue, so the host's stop time is no completion time. Only collectives
    advance the per-channel stop (a group's sends and receives share channels and may overlap). */
 #define DCCL_KCH_COLL 1u
 #define DCCL_KCH_SUSPECT 2u

@@ -243,8 +243,9 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   } else {
     r->cpu_end_ns = dccl_now_ns();
     r->timing_source = (seen >= s->expect_kch && all_gpu) ? DCCL_TIMING_KERNEL_GPU : DCCL_TIMING_KERNEL_CPU;
-    if (suspect) { /* the host times stand; the GPU ones belong to other kernels (internal.h) */
-      r->timing_source = DCCL_TIMING_KERNEL_CPU;
+    if (suspect) { /* no latency: the GPU times belong to other kernels and NCCL fired the KernelCh
+                      events early, so cpu_end is no completion time either (internal.h) */
+      r->timing_source = DCCL_TIMING_NONE;
       r->flags |= DCCL_FLAG_TIMING_SUSPECT;
       atomic_fetch_add_explicit(&dccl_g.timing_suspect, 1, memory_order_relaxed);
     }

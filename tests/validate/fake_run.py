@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from collector.wire_format import ALGOS, EVENT_DTYPE, FUNCS, PROTOS, Kind, TimingSource
+from collector.wire_format import ALGOS, EVENT_DTYPE, FUNCS, PROTOS, EventFlags, Kind, TimingSource
 from dynamiccl.validate.cli import make_spec
 
 DEFAULT = ("RING", "LL128", 2)      # "NCCL's" choice for every collective in the fake run
@@ -174,6 +174,12 @@ def _break(breakage: str | None, events: np.ndarray, results: list[dict], log: l
         after = min(c[3] for c in r0["calls"] if c[0] == "after_a2a")
         late = (events["enqueue_ns"] > after) & (events["rank"] == 0)
         events["gpu_start_ns"][late] -= 900_000_000
+    elif breakage == "divergence_flagged":   # the plugin's order guard caught it: untimed and flagged
+        r0 = next(r for r in results if r["rank"] == 0)
+        after = min(c[3] for c in r0["calls"] if c[0] == "after_a2a")
+        late = (events["enqueue_ns"] > after) & (events["rank"] == 0)
+        events["timing_source"][late] = TimingSource.NONE
+        events["flags"][late] |= EventFlags.TIMING_SUSPECT
     elif breakage == "split_switch":         # rank 1 applies the mid-run version one collective late
         ix = np.flatnonzero((events["rank"] == 1) & (events["tuner_config_version"] == 3))[0]
         events["tuner_config_version"][ix] = 2

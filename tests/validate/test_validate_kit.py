@@ -72,6 +72,15 @@ def test_each_defect_fails_its_check(tmp_path, breakage, check):
     assert all(v == "PASS" for v in others.values()), others
 
 
+def test_timings_the_plugin_flagged_after_a_send_to_self_pass(tmp_path):
+    """The order guard's records (untimed, TIMING_SUSPECT) are what a correct plugin emits there."""
+    out = fake_run(str(tmp_path / "run"), "divergence_flagged")
+    assert analyse(out), _status(out)
+    doc = json.loads(Path(out, "report.json").read_text())
+    two_b = next(c for c in doc["checks"] if c["name"].startswith("2b"))
+    assert two_b["numbers"]["flagged"] == 10 and two_b["numbers"]["wrong"] == 0
+
+
 def test_overhead_above_the_bound_fails(tmp_path):
     out = fake_run(str(tmp_path / "run"))
     run = json.loads(Path(out, "run.json").read_text())
