@@ -441,6 +441,9 @@ EMU_EXPORT emu_t* emu_open(const char* plugin_path, int abi_version) {
     set_err("unsupported profiler ABI version %d (this emulator speaks 4, 5, 6, 7)", abi_version);
     return NULL;
   }
+  /* The emulator's pTimers are simulated time, not the GPU's wall clock: the plugin's check of a KernelCh
+     span against the host interval does not apply (unless the caller set DYNAMICCL_SPAN_CHECK itself). */
+  setenv("DYNAMICCL_SPAN_CHECK", "0", 0);
   void* dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
   if (dl == NULL) {
     set_err("cannot load profiler plugin %s: %s", plugin_path, dlerror());

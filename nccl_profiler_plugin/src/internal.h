@@ -23,6 +23,12 @@
 #define DCCL_DEFAULT_SAMPLE 1
 #define DCCL_DEFAULT_FLUSH_MS 100
 #define DCCL_DEFAULT_STALE_MS 10000
+/* 1: a KernelCh span (last stop - first start pTimer) longer than the host interval from the
+   operation's enqueue to its last KernelCh stop, plus DCCL_SPAN_SLACK_NS, is refused like a broken
+   channel order: NCCL's pTimers are the GPU's wall clock, so no kernel outlasts that interval.
+   0 for an emulated NCCL whose pTimers are simulated time (the emulator sets it). */
+#define DCCL_DEFAULT_SPAN_CHECK 1
+#define DCCL_SPAN_SLACK_NS 20000ull
 
 /* ---- limits ---- */
 #define DCCL_MAX_CHANNELS 64           /* NCCL MAXCHANNELS: KernelCh channelId < 64 */
@@ -52,6 +58,7 @@ typedef struct dccl_config {
   uint32_t sample;
   uint32_t flush_ms;
   uint32_t stale_ms;
+  uint32_t span_check;
 } dccl_config_t;
 
 /* Parse DYNAMICCL_* from the environment into *cfg. Returns 0, or -1 with a message in err. */

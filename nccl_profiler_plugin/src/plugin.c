@@ -243,6 +243,9 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   } else {
     r->cpu_end_ns = dccl_now_ns();
     r->timing_source = (seen >= s->expect_kch && all_gpu) ? DCCL_TIMING_KERNEL_GPU : DCCL_TIMING_KERNEL_CPU;
+    if (dccl_g.cfg.span_check && gmin != UINT64_MAX && gmax > gmin && r->cpu_end_ns > r->enqueue_ns &&
+        gmax - gmin > r->cpu_end_ns - r->enqueue_ns + DCCL_SPAN_SLACK_NS)
+      suspect = 1; /* longer on the GPU than it existed on the host: another kernel's times */
     if (suspect) { /* no latency: the GPU times belong to other kernels and NCCL fired the KernelCh
                       events early, so cpu_end is no completion time either (internal.h) */
       r->timing_source = DCCL_TIMING_NONE;

@@ -18,6 +18,7 @@ static void clear_env(void) {
   const char* vars[] = {"DYNAMICCL_COLLECTOR", "DYNAMICCL_EVENT_MASK", "DYNAMICCL_POOL_SIZE", "DYNAMICCL_RING_SIZE",
                         "DYNAMICCL_MIN_BYTES", "DYNAMICCL_SAMPLE",     "DYNAMICCL_FLUSH_MS",  "DYNAMICCL_STALE_MS"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+  setenv("DYNAMICCL_SPAN_CHECK", "0", 1); /* the unit tests' pTimers are made up; span_check_guard turns it on */
   g_log[0] = '\0';
   g_warns = 0;
 }
@@ -951,6 +952,28 @@ static int test_kch_order_guard(void) {
   return 0;
 }
 
+/* A KernelCh span longer than the operation existed on the host (enqueue to last KernelCh stop, + 20 us)
+   is another kernel's times: NONE + TIMING_SUSPECT. Spans within the slack stay GPU-timed. */
+static int test_span_check_guard(void) {
+  clear_env();
+  setenv("DYNAMICCL_SPAN_CHECK", "1", 1);
+  void* ctx = init6(0x53, 0, 4);
+  const uint64_t T = 1000000000ull;
+  dccl_event_record_t out[4];
+  run_coll(ctx, 0, 4, 0, T, T + 5000);                  /* 5 us: within the slack of any host interval */
+  run_coll(ctx, 1, 4, 0, T + 100000, T + 100000 + 50000000ull); /* 50 ms on the GPU, microseconds on the host */
+  TEST_ASSERT(ring_take(out, 4) == 2, "two records");
+  TEST_ASSERT(out[0].timing_source == DCCL_TIMING_KERNEL_GPU && out[0].flags == 0, "short span kept: %d %d",
+              out[0].timing_source, out[0].flags);
+  TEST_ASSERT(out[1].timing_source == DCCL_TIMING_NONE && out[1].flags == DCCL_FLAG_TIMING_SUSPECT &&
+                  out[1].gpu_end_ns - out[1].gpu_start_ns == 50000000ull,
+              "long span refused: timing %d flags %d", out[1].timing_source, out[1].flags);
+  ncclProfiler_v6.finalize(ctx);
+  atomic_store(&dccl_g.timing_suspect, 0);
+  clear_env();
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -979,6 +1002,7 @@ static const test_case_t k_tests[] = {
     {"ce_collective_counted", test_ce_collective_counted},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
     {"kch_order_guard", test_kch_order_guard},
+    {"span_check_guard", test_span_check_guard},
 };
 
 int main(int argc, char** argv) {
