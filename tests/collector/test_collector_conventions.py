@@ -22,16 +22,15 @@ def _hello(job, host, pid):
 
 @pytest.fixture
 def served(quiet_config, sock_path):
-    cfg = quiet_config.replace(receiver={"listen": (f"unix:{sock_path}",)},
-                               prometheus={"address": "127.0.0.1:0"})
-    p = Pipeline(cfg).start()
-    yield p
-    p.shutdown()
+    """A collector with a plugin socket and /metrics on an ephemeral port."""
+    with Pipeline(quiet_config.replace(receiver={"listen": (f"unix:{sock_path}",)},
+                                       prometheus={"address": "127.0.0.1:0"})) as p:
+        yield p
 
 
 def _scrape(p) -> str:
-    with urllib.request.urlopen(f"http://{p.addresses['metrics']}/metrics", timeout=5) as r:
-        return r.read().decode()
+    url = f"http://{p.addresses['metrics']}/metrics"
+    return urllib.request.urlopen(url, timeout=5).read().decode()
 
 
 def _job_connections(p) -> dict[tuple[str, str], float]:
