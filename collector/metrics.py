@@ -72,6 +72,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Number of record_seq jumps seen.", ("job_id", "host")),
     MetricSpec("dynamiccl_collector_connections_open", "gauge",
                "Plugin connections currently open."),
+    MetricSpec("dynamiccl_plugin_connections_open", "gauge",
+               "Plugin connections currently open, per job and host (counted once the connection's PROCESS "
+               "record names them).", ("job_id", "host")),
     MetricSpec("dynamiccl_collector_connections_total", "counter",
                "Plugin connections accepted, by transport.", ("transport",)),
     MetricSpec("dynamiccl_collector_connections_refused_total", "counter",
@@ -170,6 +173,9 @@ class SelfMetrics:
         self.gaps: dict[tuple[str, str], int] = {}
         self.connections_open = 0
         self.connections_total = {"unix": 0, "tcp": 0}
+        # (job_id, host) -> open connections; a key leaves at 0, so it holds at most one entry per open
+        # connection (bounded by the receiver's max_connections)
+        self.job_connections: dict[tuple[str, str], int] = {}
         self.parquet_files = 0
         self.parquet_rows = 0
         self.parquet_errors = 0
@@ -196,6 +202,15 @@ class SelfMetrics:
     def refused(self, reason: str) -> None:
         with self._lock:
             self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+    def job_connection(self, key: tuple[str, str], delta: int) -> None:
+        """A connection of ``key`` = (job_id, host) opened (+1) or closed (-1)."""
+        with self._lock:
+            n = self.job_connections.get(key, 0) + delta
+            if n > 0:
+                self.job_connections[key] = n
+            else:
+                self.job_connections.pop(key, None)
 
     def gap(self, job_id: str, host: str, lost: int, jumps: int) -> None:
         """Count a delivery gap per (job, host); beyond ``max_gap_label_sets`` label sets the

@@ -487,6 +487,8 @@ def cusum_updates_per_s(n_streams: int = 10_000, seconds: float = 0.5, seed: int
 # CLI
 # ------------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from dynamiccl.progress import add_progress_flag
+    add_progress_flag(p)
     p.add_argument("--quick", action="store_true", help="a small suite for tests (< 60 s)")
     p.add_argument("--seeds", type=int, default=2, help="seeds per workload (default 2)")
     p.add_argument("--jobs", type=int, default=1, help="parallel worker processes (default 1)")
@@ -541,19 +543,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"suite: {sum(not r.stationary for r in suite)} event runs "
           f"({sum(len(r.meta) for r in suite)} events), {sum(r.stationary for r in suite)} stationary runs "
           f"({sum(r.duration_s for r in suite if r.stationary) / 3600:.1f} simulated hours)", flush=True)
+    from dynamiccl.progress import enabled_for, progress
     results = []
-    if args.jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        import functools
-        with ProcessPoolExecutor(args.jobs) as ex:
-            for res in ex.map(functools.partial(run_one, config=cfg), suite):
+    with progress(len(suite), "detector evaluate", enabled=enabled_for(args)) as step:
+        if args.jobs > 1:
+            from concurrent.futures import ProcessPoolExecutor
+            import functools
+            with ProcessPoolExecutor(args.jobs) as ex:
+                for res in ex.map(functools.partial(run_one, config=cfg), suite):
+                    results.append(res)
+                    _progress(res)
+                    step()
+        else:
+            for spec in suite:
+                res = run_one(spec, cfg)
                 results.append(res)
                 _progress(res)
-    else:
-        for spec in suite:
-            res = run_one(spec, cfg)
-            results.append(res)
-            _progress(res)
+                step()
     rep = score(results, cfg)
     ups = cusum_updates_per_s()
     rep["updates_per_s"] = ups

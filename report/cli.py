@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     p.add_argument("--audit", default=None, help="retuner audit JSONL (default: retuner-audit.jsonl found next to the run)")
     p.add_argument("--truth", default=None, help="ground truth JSONL (default: truth.jsonl or sim/truth.jsonl)")
     p.add_argument("--title", default=None)
+    from dynamiccl.progress import add_progress_flag
+    add_progress_flag(p)
     p.set_defaults(func=report_cmd)
 
     r = subparsers.add_parser("replay", help="re-run the detector over a recorded run with other settings",
@@ -59,17 +61,23 @@ def report_cmd(args: argparse.Namespace) -> int:
     from report.sidecars import load_sidecars
     from report.summary import ScanConfig, summarise
 
+    from dynamiccl.progress import enabled_for, progress
     t0 = time.perf_counter()
     cfg = ScanConfig(bin_s=args.bin, sample_records=args.sample_records).validate()
-    summ = summarise(args.parquet_dir, cfg)  # FileNotFoundError → exit 2 via dynamiccl.cli
-    side = load_sidecars(args.parquet_dir, changes=args.changes, audit=args.audit, truth=args.truth)
-    for p in summ.problems + side.problems:
-        print(f"dynamiccl report: warning: {p}", file=sys.stderr)
-    if summ.empty:
-        why = "; ".join(summ.problems) or "no records"
-        print(f"dynamiccl report: error: nothing to report in {args.parquet_dir}: {why}", file=sys.stderr)
-        return 2
-    out = write_report(summ, side, args.output or _default_output(args.parquet_dir), title=args.title)
+    # three stages (scan the history, read the sidecars, write the HTML): the scan dominates on a large run
+    with progress(3, "report", enabled=enabled_for(args)) as step:
+        summ = summarise(args.parquet_dir, cfg)  # FileNotFoundError → exit 2 via dynamiccl.cli
+        step()
+        side = load_sidecars(args.parquet_dir, changes=args.changes, audit=args.audit, truth=args.truth)
+        step()
+        for p in summ.problems + side.problems:
+            print(f"dynamiccl report: warning: {p}", file=sys.stderr)
+        if summ.empty:
+            why = "; ".join(summ.problems) or "no records"
+            print(f"dynamiccl report: error: nothing to report in {args.parquet_dir}: {why}", file=sys.stderr)
+            return 2
+        out = write_report(summ, side, args.output or _default_output(args.parquet_dir), title=args.title)
+        step()
     wall = time.perf_counter() - t0
     print(f"report written: {out}")
     print(f"records={summ.records} files={len(summ.inventory.files)} skipped_files={len(summ.inventory.skipped)} "

@@ -62,6 +62,8 @@ def register(subparsers) -> None:
     e.add_argument("--policy", action="append", default=None, metavar="KEY=VALUE",
                    help="override a PolicyConfig field of the retuner under test, e.g. recognize=false (repeatable; "
                         "for ablations)")
+    from dynamiccl.progress import add_progress_flag
+    add_progress_flag(e)
     e.set_defaults(func=evaluate_cmd)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
@@ -160,8 +162,9 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     results = []
     print(f"{'workload':18s} {'scenario':24s} {'oracle gain':>11s} {'captured':>8s} {'react.':>6s} {'ours/default':>12s} "
           f"{'ours/tune-once':>14s} {'mism.':>5s}  collectives to 5 % (first; recurrence; recovery)", flush=True)
-    for w in wls:
-        for s in scs:
+    from dynamiccl.progress import enabled_for, progress
+    with progress(len(wls) * len(scs), "retuner evaluate", enabled=enabled_for(args)) as step:
+        for w, s in ((w, s) for w in wls for s in scs):
             r = evaluate_one(w, s, seed=args.seed, delay_s=args.delay, tuner_mode=args.tuner,
                              delivery_faults=args.delivery_faults, retuner_cfg=rcfg)
             results.append(r)
@@ -175,6 +178,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
                   f"{r.coll('ours') / r.coll('default'):12.4f} {r.coll('ours') / r.coll('tune_once'):14.4f} "
                   f"{_fmt(o.mismatches):>5s}  {','.join(first) or '-'}; {','.join(rec) or '-'}; "
                   f"{','.join(recov) or '-'}", flush=True)
+            step()
     s = summarize(results)
     ours = [r.runs["ours"] for r in results]
     kinds = sorted({o.tuner_kind for o in ours})

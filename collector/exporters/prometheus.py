@@ -12,7 +12,7 @@ import time
 from typing import Callable
 
 import numpy as np
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from collector.component import WindowResult
@@ -63,6 +63,7 @@ class MetricsCollector:
             dropped, malformed, refusals = dict(m.dropped), dict(m.malformed), dict(m.refusals)
             gap_records, gaps = dict(m.gap_records), dict(m.gaps)
             conns = dict(m.connections_total)
+            jobs = dict(m.job_connections)
         for name, value in simple.items():
             f = _fam(name)
             f.add_metric([], value)
@@ -84,6 +85,10 @@ class MetricsCollector:
         f = _fam("dynamiccl_collector_queue_records")
         for qname, q in self.queues.items():
             f.add_metric([qname], q.pending)
+        yield f
+        f = _fam("dynamiccl_plugin_connections_open")
+        for (job, host), n in sorted(jobs.items()):
+            f.add_metric([job, host], n)
         yield f
         f = _fam("dynamiccl_build_info")
         f.add_metric([self.version], 1)
@@ -135,6 +140,17 @@ class MetricsCollector:
         yield f
 
 
+def _ready_for_serving(registry: CollectorRegistry) -> None:
+    """``process_*`` metrics on the served registry and no ``_created`` series, as the detector and
+    retuner do (detector.metrics.export_process_metrics). The collector's own families never carry
+    ``_created``; the switch is process-wide and covers any client-library metric registered here."""
+    disable_created_metrics()
+    try:
+        ProcessCollector(registry=registry)
+    except ValueError:   # "Duplicated timeseries": the registry already exports process_*
+        pass
+
+
 class PrometheusExporter:
     """Exporter: consumes WindowResult; serves ``/metrics`` on ``config.address`` if set."""
 
@@ -161,6 +177,7 @@ class PrometheusExporter:
             return
         from collector.exporters.http_metrics import start_metrics_server
         host, port = parse_host_port(self.config.address, key="metrics")
+        _ready_for_serving(self.registry)
         try:
             self._httpd, self._thread = start_metrics_server(
                 host, port, self.registry, max_clients=self.config.max_clients,

@@ -39,10 +39,16 @@ log = logging.getLogger(__name__)
 _MAX_FRAME = 16 + MAX_RECORDS_PER_FRAME * RECORD_SIZE
 
 
+#: the plugin socket's mode, whatever the umask: the collector's user and group may connect (connect()
+#: needs write permission), other users may not. Deployments share the group with training processes
+#: (Kubernetes fsGroup, Slurm runs the collector as the job's user).
+UNIX_SOCKET_MODE = 0o660
+
+
 class _Conn:
     """One connection. Holds no buffer while idle: only a partial frame is kept (``pending``)."""
     __slots__ = ("sock", "transport", "peer", "decoder", "pending", "opened", "last_rx", "frame_since",
-                 "rate_start", "rate_count", "greeted", "bound_job")
+                 "rate_start", "rate_count", "greeted", "bound_job", "job_key")
 
     def __init__(self, sock, transport: str, peer: str, now: float):
         self.sock = sock
@@ -56,6 +62,7 @@ class _Conn:
         self.rate_count = 0
         self.greeted = False           # the auth preamble (or its absence) has been handled
         self.bound_job: str | None = None  # the job its token may speak for (None: any)
+        self.job_key: tuple[str, str] | None = None  # (job_id, host) once counted in job_connections
 
 
 class StreamReceiver:
@@ -100,6 +107,9 @@ class StreamReceiver:
         except BaseException:
             self._close_listeners()
             raise
+        for _sock, kind, bound in self._listeners:
+            if kind == "unix":
+                os.chmod(bound[5:], UNIX_SOCKET_MODE)
         self.addresses = [bound for _, _, bound in self._listeners]
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -242,6 +252,8 @@ class StreamReceiver:
         conn.sock.close()
         with self.metrics._lock:
             self.metrics.connections_open -= 1
+        if conn.job_key is not None:
+            self.metrics.job_connection(conn.job_key, -1)
 
     def _reject(self, conn: _Conn, reason: str, message: str) -> None:
         log.warning("connection %s (host=%s pid=%s): %s; dropping the connection", conn.peer,
@@ -288,6 +300,9 @@ class StreamReceiver:
             self._refuse(conn, "auth", f"connection {conn.peer}: token of job {conn.bound_job!r} used for job "
                          f"{conn.decoder.job_id!r}; closed")
             return
+        if conn.job_key is None and conn.decoder.job_id is not None:
+            conn.job_key = (conn.decoder.job_id, conn.decoder.host)
+            self.metrics.job_connection(conn.job_key, +1)
         res.consumed += start
         rest = fill - res.consumed
         if res.consumed or not rest:
