@@ -68,6 +68,8 @@ class DetectorConfig:
     small_shift_wait: bool = False           # ... judged on the next windows when first seen in
                                              # the alarm window (confirmed or old baseline restored;
                                              # off: 2 false changes on eval-mixed, see README)
+    step_ratio: float = 1.1                  # an incident's level moving again by this (deeper or
+                                             # softer) is a change of its own (`detector.steps`)
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
     recovery_windows: int = 3                # ... for this many consecutive windows
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
@@ -148,6 +150,8 @@ class DetectorConfig:
             raise ValueError(f"detector config: persist_ratio must be >= 1, got {self.persist_ratio!r}")
         if not self.workload_settle_ratio >= 1:
             raise ValueError(f"detector config: workload_settle_ratio must be >= 1, got {self.workload_settle_ratio!r}")
+        if not self.step_ratio > 1:
+            raise ValueError(f"detector config: step_ratio must be > 1, got {self.step_ratio!r}")
         if not self.min_ratio >= 1:
             raise ValueError(f"detector config: min_ratio must be >= 1, got {self.min_ratio!r}")
         if not 0.5 <= self.straggler_share <= 1:

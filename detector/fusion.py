@@ -48,6 +48,7 @@ from .classify import classify_size_response
 from .config import DetectorConfig
 from .events import RegimeChange
 from .straggler import STRAGGLER_REL_Z, RankHistory, comm_hosts, find_stragglers, has_rank_evidence
+from .steps import StepRule
 from .streams import StreamTable, WindowStreams
 
 __all__ = ["Fusion", "Incident"]
@@ -77,10 +78,11 @@ class Incident:
     flapping_id: str | None = None
     closed_step: int | None = None
     rank_of: tuple[int, int] | None = None     # (comm_hash, rank): opened by rank evidence alone
+    step_ids: list[str] = field(default_factory=list)   # deeper / softer steps (`detector.steps`)
 
     @property
     def ids(self) -> list[str]:
-        return [self.id] + ([self.flapping_id] if self.flapping_id else [])
+        return [self.id] + ([self.flapping_id] if self.flapping_id else []) + self.step_ids
 
     def add(self, idx, med, scale, level) -> None:
         new = ~np.isin(idx, self.streams)
@@ -133,6 +135,13 @@ class Fusion:
                          "rank_rechecks": 0, "onset_waits": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
+        self.steps = StepRule(config, table, self._next_id, self.counters)
+        self._step_fresh: list = []
+
+    def _next_id(self, job: str) -> str:
+        n = self._n.get(job, 0) + 1
+        self._n[job] = n
+        return f"rc-{job}-{n}"
 
     # ------------------------------------------------------------------ public
     def active_changes(self) -> list[RegimeChange]:
@@ -155,7 +164,10 @@ class Fusion:
                 if self._time_share(j, resized) >= self.config.workload_settle_share:
                     self._rebased_at[j] = ws.t
         groups = self._confirm_pending(ws)
+        self._step_fresh = []
         self._group_alarms(ws, groups)
+        live = {id(inc) for incs in self.active.values() for inc in incs}
+        out += self.steps.process(ws, window_s, self._step_fresh, live)
         created = set()
         for (job, direction), g in groups.items():
             inc, change = self._new_or_merge(ws, job, direction, g, ae)
@@ -222,6 +234,9 @@ class Fusion:
         fired = ws.fired
         new = np.fromiter((i not in si for i in fired.tolist()), bool, fired.size)
         self.counters["alarms_absorbed"] += int(fired.size - new.sum())
+        if not new.all():          # alarms of an incident's streams: a deeper or softer step?
+            old = np.flatnonzero(~new)
+            self._step_fresh = self.steps.collect(ws, old, [si[int(fired[p])] for p in old.tolist()])
         if not new.any():
             return
         codes = tab.job_code[fired].astype(np.int64) * 2 + (ws.direction > 0)
@@ -767,7 +782,7 @@ class Fusion:
             id=f"rc-{inc.job}-{n}", kind="recovery", job_id=inc.job,
             start_s=float(tab.window_start_of(first_off)), detected_s=float(ws.window_start + self._window_s),
             magnitude=round(mag, 4), comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
-            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=inc.id,
+            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=base.id,
             evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
         tab.restore_baseline(inc.streams, inc.base_med, inc.base_scale)
         # streams of the same communicators that learned their baseline during the incident

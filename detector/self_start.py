@@ -11,6 +11,12 @@ has heavy tails), never more trigger-happy. For serially correlated per-window n
 (``long_run_variance`` v) the effective sample count is ``n / v``: prediction variance
 ``scale^2 (1 + v/n)``, ``(n - 1) / v`` degrees of freedom.
 
+After an alarm the stream re-learns its level from a short warm-up while its scale, in log
+units the same multiplicative noise, is pooled with the scale it had (unless the new regime is
+over twice as noisy): ``n`` counts the samples behind the mean, ``n_var`` those behind the
+scale, and the prediction variance is ``scale^2 (1 + v/n)`` with ``(n_var - 1) / v`` degrees of
+freedom. A second step 10 s after the first is then judged against a well-known scale.
+
 Learning: an in-control value (|u| < 3, the stream's charts quiet) joins the running mean and
 variance with weight ``1 / n`` (an expanding window up to ``memory`` values, then exponential
 forgetting with that horizon); the variance of a normal truncated at 3 sigma is 0.9733 of the
@@ -33,26 +39,41 @@ class SelfStart:
     def __init__(self, capacity: int, *, memory: int, long_run_variance: float):
         self.memory = int(memory)
         self.v = float(long_run_variance)
-        self.n = np.zeros(capacity, np.int64)        # 0: not monitored (warming up)
+        self.n = np.zeros(capacity, np.int64)        # samples behind the mean; 0: warming up
+        self.n_var = np.zeros(capacity, np.int64)    # samples behind the scale
         self.mean = np.zeros(capacity, np.float64)
         self.var = np.zeros(capacity, np.float64)
 
     def grow(self, extra: int) -> None:
         self.n = np.concatenate([self.n, np.zeros(extra, np.int64)])
+        self.n_var = np.concatenate([self.n_var, np.zeros(extra, np.int64)])
         self.mean = np.concatenate([self.mean, np.zeros(extra)])
         self.var = np.concatenate([self.var, np.zeros(extra)])
 
-    def start(self, idx, mean, scale, n) -> None:
-        """Streams ``idx`` are monitored from a baseline of ``n`` samples (0: warming up)."""
+    def start(self, idx, mean, scale, n, n_var=None) -> None:
+        """Streams ``idx`` are monitored from a baseline of ``n`` samples (``n_var`` behind its
+        scale, default ``n``)."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
-        self.n[idx] = np.minimum(np.broadcast_to(np.asarray(n, np.int64), idx.shape), self.memory)
+        n = np.minimum(np.broadcast_to(np.asarray(n, np.int64), idx.shape), self.memory)
+        self.n[idx] = n
+        self.n_var[idx] = n if n_var is None else np.minimum(
+            np.broadcast_to(np.asarray(n_var, np.int64), idx.shape), self.memory)
         self.mean[idx] = mean
         self.var[idx] = np.asarray(scale, np.float64) ** 2
+
+    def pooled_scale(self, old_scale, old_n, new_scale, new_n) -> tuple[np.ndarray, np.ndarray]:
+        """(scale, samples) of a re-learnt level: the old scale pooled with the new warm-up's,
+        or the new one alone where it is over twice the old (a noisier regime)."""
+        old_n = np.asarray(old_n, np.float64)
+        pooled = np.sqrt((old_n * np.square(old_scale) + new_n * np.square(new_scale)) / (old_n + new_n))
+        keep_old = (old_n > 0) & np.isfinite(old_scale) & (new_scale <= 2.0 * old_scale)
+        return (np.where(keep_old, pooled, new_scale),
+                np.where(keep_old, np.minimum(old_n + new_n, self.memory), new_n).astype(np.int64))
 
     def standardise(self, idx: np.ndarray, z: np.ndarray) -> np.ndarray:
         """u (N(0,1) in control) from z = (x - mean) / scale of streams ``idx``."""
         n = np.maximum(self.n[idx], 2).astype(np.float64)
-        dof = np.maximum((n - 1.0) / self.v, 1.0)
+        dof = np.maximum((np.maximum(self.n_var[idx], 2) - 1.0) / self.v, 1.0)
         t = z / np.sqrt(1.0 + self.v / n)
         # the lower tail on both sides: exact far out (no 1 - p cancellation)
         p = stdtr(dof, -np.abs(t))
@@ -69,4 +90,5 @@ class SelfStart:
             self.mean[j] += w * d
             self.var[j] = (1.0 - w) * (self.var[j] + w * d * d / TRUNC_VAR)
             self.n[j] = n
+            self.n_var[j] = np.minimum(self.n_var[j] + 1, self.memory)
         return ok

@@ -123,6 +123,10 @@ class StreamTable:
         # the baseline a stream had when it last alarmed (to restore its sample count with it)
         self.saved_med = np.full(cap, np.nan)
         self.saved_n = np.zeros(cap, np.int64)
+        # the scale (and its sample count) a stream had when it alarmed: pooled into the
+        # re-learnt baseline of the new level (`detector.self_start`); 0 after a workload change
+        self.carry_scale = np.full(cap, np.nan)
+        self.carry_n = np.zeros(cap, np.int64)
         self.ap_ref = np.zeros(cap, np.uint64)
         self.last_seen = np.full(cap, -np.inf)
         self.gap_step = np.full(cap, -(1 << 40), np.int64)
@@ -156,7 +160,8 @@ class StreamTable:
         self.spread_prev = ext(self.spread_prev, np.nan)
         for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale", "saved_med"):
             setattr(self, name, ext(getattr(self, name), np.nan))
-        for name in ("prev_n", "saved_n"):
+        self.carry_scale = ext(self.carry_scale, np.nan)
+        for name in ("prev_n", "saved_n", "carry_n"):
             setattr(self, name, ext(getattr(self, name), 0))
         self.ap_ref = ext(self.ap_ref, 0)
         self.last_seen = ext(self.last_seen, -np.inf)
@@ -312,11 +317,13 @@ class StreamTable:
         self.monitor_since[done] = t
         if done.size:
             med, scale = self.banks[0].baseline
-            self.ss.start(done, med[done], scale[done], cfg.warmup)
-            low = done[scale[done] < cfg.scale_floor]
-            if low.size:
+            sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], scale[done], cfg.warmup)
+            self.ss.start(done, med[done], sc, cfg.warmup, nv)
+            self.carry_n[done] = 0
+            moved = done[(sc != scale[done]) | (sc < cfg.scale_floor)]
+            if moved.size:
                 for bank in self.banks:
-                    bank.set_baseline(low, med[low], cfg.scale_floor)
+                    bank.set_baseline(moved, med[moved], np.maximum(np.sqrt(self.ss.var[moved]), cfg.scale_floor))
             self.rebase_warm[done] = False
         fired_any = self.banks[0].drift_detected.copy()
         for bank in self.banks[1:]:
@@ -334,6 +341,8 @@ class StreamTable:
             base_med, base_scale = med[fired].copy(), scale[fired].copy()
             self.saved_med[fired] = base_med
             self.saved_n[fired] = self.ss.n[fired]
+            self.carry_scale[fired] = np.sqrt(self.ss.var[fired])
+            self.carry_n[fired] = self.ss.n_var[fired]
             self.ss.n[fired] = 0
             self.rebase_warm[fired] = False
             # the other banks reset too (one baseline per stream); the next update re-warms all
@@ -380,6 +389,7 @@ class StreamTable:
         for bank in self.banks:
             bank.reset_streams(idx)
         self.ss.n[idx] = 0
+        self.carry_n[idx] = 0           # a new workload may have another noise
         self.rebase_warm[idx] = ~match
         if r_idx.size:
             self._adopt(r_idx, r_med, r_scale, np.maximum(r_n, 1))
@@ -437,6 +447,7 @@ class StreamTable:
         for bank in self.banks:
             bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
         self.ss.start(idx, median, scale, n)
+        self.carry_n[idx] = 0
 
     # ------------------------------------------------------------------ self-starting baseline
     def _standardise(self, i_ok: np.ndarray, x: np.ndarray, warming: np.ndarray):
@@ -584,6 +595,7 @@ class StreamTable:
         self.prev_n[idle] = 0
         self.rebase_warm[idle] = False
         self.ss.n[idle] = 0
+        self.carry_n[idle] = 0
         self.ap_ref[idle] = 0
         self.hist[:, idle] = np.nan
         for i in idle.tolist():
