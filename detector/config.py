@@ -32,8 +32,14 @@ class DetectorConfig:
     arl0: float = 1e5                        # minimum windows between false alarms, per stream and bank
     stream_false_alarms_per_day: float = 1.0  # all streams together (before fusion): per-stream arl0 =
                                              # max(arl0, streams x windows per day / this)
-    warmup: int = 5                          # windows of robust baseline before a stream is monitored
-                                             # (self-starting: `detector.self_start`)
+    warmup: int = 60                         # windows of robust baseline before a stream is monitored
+    self_start: bool = False                 # self-starting baselines (`detector.self_start`): the
+                                             # known-baseline threshold from the first monitored
+                                             # window, the baseline learning on; for a short warm-up
+                                             # (warmup=5). Off: thresholds calibrated for
+                                             # max(warmup, 60) samples of a fixed baseline (the
+                                             # simulated suite's recall fell 0.954 -> 0.884 with it
+                                             # on: see docs/evaluation/2026-11-26-detection-real-jobs.md)
     baseline_estimator: str = "winsorized"   # "winsorized" (mean/sd of the warm-up clipped at
                                              # median +- 3 MAD-sigma: h = 2.2 instead of 4.1 for
                                              # delta = 6 at 60 windows) or "mad" (median / 1.4826

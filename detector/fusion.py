@@ -311,7 +311,7 @@ class Fusion:
             moved = np.abs(np.log(tab.bytes_per_record[idx] / tab.bytes_ref[idx]))
             covm = np.abs(np.log(tab.coverage[idx] / tab.coverage_ref[idx]))
         explained = (np.isfinite(moved) & (moved >= 0.5 * np.abs(lr)) & (moved >= 0.01)) | (
-            np.isfinite(covm) & (covm >= 0.5 * cfg.coverage_change))
+            np.isfinite(covm) & (covm >= 0.5 * cfg.coverage_change) & tab.rank_set_changed[idx])
         # a workload change elsewhere in the job moves other streams' timing too (arrival
         # coupling): alarms in the few windows after one are part of it
         # (modest shifts only: such coupling moves latencies by a few per cent)

@@ -46,6 +46,7 @@ _ALGO_CODE = {a: i for i, a in enumerate(ALGOS)}
 _PROTO_CODE = {p: i for i, p in enumerate(PROTOS)}
 _GROW = 1024
 KNOWN_BASELINE = 10**9   # sample count standing for a known baseline in `detector.arl`
+FIXED_BASELINE_MIN = 60  # a fixed baseline's threshold is calibrated for at least this many samples
 
 
 @dataclass
@@ -105,6 +106,12 @@ class StreamTable:
         self.bytes_per_record = np.full(cap, np.nan)
         self.coverage_ref = np.full(cap, np.nan)
         self.coverage = np.full(cap, np.nan)
+        # ranks of the stream's communicator reporting in the window (the ranks frame; -1:
+        # unknown) and in the window its coverage reference was set: a coverage change is a
+        # rank vanishing or joining only if that number changed
+        self.reporting = np.full(cap, -1, np.int64)
+        self.reporting_ref = np.full(cap, -1, np.int64)
+        self.rank_set_changed = np.zeros(cap, bool)
         self.instances_ref = np.full(cap, np.nan)
         self.instances = np.zeros(cap, np.float64)
         # log(p90 / p50) of the stream's latest window and of the one before it: a window holding a
@@ -154,6 +161,9 @@ class StreamTable:
         self.bytes_per_record = ext(self.bytes_per_record, np.nan)
         self.coverage_ref = ext(self.coverage_ref, np.nan)
         self.coverage = ext(self.coverage, np.nan)
+        self.reporting = ext(self.reporting, -1)
+        self.reporting_ref = ext(self.reporting_ref, -1)
+        self.rank_set_changed = ext(self.rank_set_changed, False)
         self.instances_ref = ext(self.instances_ref, np.nan)
         self.instances = ext(self.instances, 0.0)
         self.spread = ext(self.spread, np.nan)
@@ -243,6 +253,8 @@ class StreamTable:
             cov = rec[ok] / np.maximum(inst[ok], 1)     # ranks reporting per instance
         self.bytes_per_record[i_ok] = bpr
         self.coverage[i_ok] = cov
+        rep_ok = _reporting(agg, wf.ranks)[ok] if n_rows else np.zeros(0, np.int64)
+        self.reporting[i_ok] = rep_ok
         self.instances[:] = 0.0
         self.instances[i_ok] = inst[ok]
         ref = self.bytes_ref[i_ok]
@@ -252,12 +264,22 @@ class StreamTable:
             moved = ~first & (np.abs(np.log(bpr / ref)) > cfg.workload_change)
             # a rank or a host stopped (or started) reporting: the stream's make-up changed
             lost = ~first & (np.abs(np.log(cov / cref)) > cfg.coverage_change)
+        # ... but only if ranks stopped or started reporting: with every rank still there, fewer
+        # records per instance are instances straddling the window's edge, which a slowdown
+        # makes more frequent (a throttled test-bed rank reset its streams 40-66 times a run
+        # instead of alarming); without rank information the coverage alone decides
+        rref = self.reporting_ref[i_ok]
+        same_ranks = (rref >= 0) & (rep_ok >= 0) & (rep_ok == rref)
+        lost &= ~same_ranks
+        self.rank_set_changed[:] = False
+        self.rank_set_changed[i_ok] = ~first & ~same_ranks
         b_ok = bits[ok]
         b_ref = self.ap_ref[i_ok]
         cfg_changed = (b_ref != 0) & ((b_ok & b_ref) == 0)
         rebase = moved | cfg_changed | lost
         self.bytes_ref[i_ok[first]] = bpr[first]
         self.coverage_ref[i_ok[first]] = cov[first]
+        self.reporting_ref[i_ok[first]] = rep_ok[first]
         rebased = i_ok[rebase]
         resized = i_ok[rebase & (moved | cfg_changed)]
         if rebased.size:
@@ -277,6 +299,7 @@ class StreamTable:
                 self._adopt(j, self.prev_med[j], self.prev_scale[j], np.maximum(self.prev_n[j], 1))
                 self.bytes_ref[j] = bpr[back][match]
                 self.coverage_ref[j] = cov[back][match]
+                self.reporting_ref[j] = self.reporting[j]
                 self.rebase_warm[j] = False
                 self.monitor_since[j] = t
                 self.n_restored += int(j.size)
@@ -317,7 +340,9 @@ class StreamTable:
         self.monitor_since[done] = t
         if done.size:
             med, scale = self.banks[0].baseline
-            sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], scale[done], cfg.warmup)
+            sc, nv = scale[done], np.full(done.size, cfg.warmup, np.int64)
+            if cfg.self_start:
+                sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], sc, cfg.warmup)
             self.ss.start(done, med[done], sc, cfg.warmup, nv)
             self.carry_n[done] = 0
             moved = done[(sc != scale[done]) | (sc < cfg.scale_floor)]
@@ -396,6 +421,7 @@ class StreamTable:
             self.n_restored += int(r_idx.size)
         self.bytes_ref[idx] = new_bpr
         self.coverage_ref[idx] = new_cov
+        self.reporting_ref[idx] = self.reporting[idx]
         self.hist[:, idx] = np.nan
         self.n_rebased += int(idx.size)
         self.last_rebased = np.concatenate([self.last_rebased, idx])
@@ -454,7 +480,7 @@ class StreamTable:
         """Replace the values of monitored streams by baseline + scale x u, u their self-starting
         standardised value (`detector.self_start`), so the banks' known-baseline thresholds hold
         whatever the baseline's sample count. Returns u per ``i_ok`` (NaN: warming up)."""
-        if i_ok.size == 0:
+        if i_ok.size == 0 or not self.config.self_start:
             return None
         mon = ~warming[i_ok]
         u = np.full(i_ok.size, np.nan)
@@ -557,12 +583,15 @@ class StreamTable:
             self._set_thresholds()
 
     def _set_thresholds(self) -> None:
-        """h for the per-stream ARL0 with a known baseline: the self-starting standardisation
-        already accounts for the baseline's estimation error (`detector.self_start`)."""
+        """h for the per-stream ARL0: with ``self_start``, the known-baseline one (the
+        standardisation accounts for the baseline's estimation error, `detector.self_start`);
+        else the one for a fixed baseline from max(warmup, 60) samples (below ~60 the exact
+        correction explodes: h = 1,600 sigma at 20 samples)."""
         from .arl import cusum_threshold_correlated
         cfg = self.config
+        n = KNOWN_BASELINE if cfg.self_start else max(cfg.warmup, FIXED_BASELINE_MIN)
         for bank in self.banks:
-            bank.set_threshold(cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, KNOWN_BASELINE,
+            bank.set_threshold(cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, n,
                                                           cfg.long_run_variance, True, cfg.baseline_estimator))
 
     def _allocate(self) -> int:
@@ -587,6 +616,7 @@ class StreamTable:
         self.active[idle] = False
         self.bytes_ref[idle] = np.nan
         self.coverage_ref[idle] = np.nan
+        self.reporting_ref[idle] = -1
         self.instances_ref[idle] = np.nan
         self.spread[idle] = np.nan
         self.spread_prev[idle] = np.nan
@@ -637,3 +667,15 @@ def _group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         pl.col("ap_bit").unique().sum().alias("ap_bits"),
     )
     return agg, agg.select(pl.struct(*STREAM_KEY).hash(seed=7)).to_series().to_numpy()
+
+
+def _reporting(agg: pl.DataFrame, ranks: pl.DataFrame) -> np.ndarray:
+    """Per stream row of ``agg``: ranks of its communicator with records in the ranks frame
+    (-1 where the frame says nothing about it)."""
+    if ranks is None or ranks.height == 0 or "records" not in ranks.columns:
+        return np.full(agg.height, -1, np.int64)
+    n = (ranks.filter(pl.col("records") > 0).group_by("job_id", "comm_hash")
+         .agg(pl.col("rank").n_unique().cast(pl.Int64).alias("n_reporting")))
+    out = agg.select("job_id", "comm_hash").join(n, on=["job_id", "comm_hash"], how="left",
+                                                   maintain_order="left")
+    return out.get_column("n_reporting").fill_null(-1).to_numpy().astype(np.int64)

@@ -9,13 +9,16 @@ from detector.service import Detector
 from detector.testing import EPOCH, Regime, SyntheticJob
 
 
+SHORT = DetectorConfig(autoencoder=False, self_start=True, warmup=5)
+
+
 def _net(job, m):
     return Regime(mult={i: m for i, s in enumerate(job.streams) if s.nnodes > 1})
 
 
 def _run(job, schedule, n, cfg=None):
     """``schedule``: [(window, multiplier of the multi-node streams)], in order."""
-    det = Detector(cfg or DetectorConfig(autoencoder=False))
+    det = Detector(cfg or SHORT)
     out = []
     for t in range(n):
         cur = 1.0
@@ -28,11 +31,12 @@ def _run(job, schedule, n, cfg=None):
 
 def test_first_alarm_after_a_short_warm_up():
     """A 1.5x slowdown 10 s into the job (1 s windows) is reported within 2 s: the baseline
-    needs 5 windows, not 60 (before: nothing until window 61)."""
+    needs 5 windows with ``self_start`` (the default, a fixed 60-window baseline: nothing)."""
     job = SyntheticJob(seed=3)
     _, ch = _run(job, [(10, 1.5)], 20)
     assert ch and ch[0].kind in ("bandwidth", "latency")
     assert 0 < ch[0].detected_s - (EPOCH + 10) <= 2.0, [(c.kind, c.detected_s - EPOCH) for c in ch]
+    assert _run(SyntheticJob(seed=3), [(10, 1.5)], 20, DetectorConfig(autoencoder=False))[1] == []
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
