@@ -65,3 +65,37 @@ def test_no_step_in_a_stationary_degraded_regime():
     job = SyntheticJob(seed=4)
     _, ch = _run(job, [(20, 2.0)], 320)
     assert len(ch) == 1 and "step" not in ch[0].evidence, [(c.kind, c.detected_s - EPOCH) for c in ch]
+
+
+def _straddling(wf, idx_streams, frac):
+    """The window with ``frac`` of the records of the given multi-node comms missing from their
+    instances (collectives straddling the window's edge): every rank still reports."""
+    import polars as pl
+    comms = list(idx_streams)
+    on = pl.col("comm_name").is_in(comms)
+    k = wf.keys.with_columns(
+        pl.when(on).then((pl.col("records") * frac).round().cast(pl.Int64)).otherwise(pl.col("records")).alias("records"),
+        pl.when(on).then((pl.col("bytes_total") * frac).round().cast(pl.Int64)).otherwise(pl.col("bytes_total"))
+        .alias("bytes_total"))
+    return type(wf)(wf.window_start, wf.window_s, k, wf.ranks, wf.counters)
+
+
+def test_a_slowdown_with_straddling_instances_alarms_instead_of_re_baselining():
+    """A 1.5x slowdown of the multi-node comms whose windows also lose 10 % of their records per
+    instance (long collectives straddling the window's edge) with every rank still reporting:
+    a change, not a silent re-baseline (before: the coverage check reset the streams)."""
+    job = SyntheticJob(seed=3)
+    det = Detector(DetectorConfig(autoencoder=False))
+    dp = {s.comm for s in job.streams if s.nnodes > 1}
+    out = []
+    for t in range(80):
+        wf = job.window(t, _net(job, 1.5) if t >= 70 else None)
+        out += det.process(_straddling(wf, dp, 0.9) if t >= 70 else wf)
+    assert out and out[0].detected_s - (EPOCH + 70) <= 3.0, [(c.kind, c.detected_s - EPOCH) for c in out]
+    # a rank that stops reporting is still a coverage change: re-baselined, no regime change
+    det2 = Detector(DetectorConfig(autoencoder=False))
+    job2 = SyntheticJob(seed=3)
+    ch = []
+    for t in range(90):
+        ch += det2.process(job2.window(t, Regime(missing_ranks=(5,)) if t >= 70 else None))
+    assert ch == [] and det2.table.n_rebased > 0
