@@ -57,6 +57,7 @@ MAX_INCIDENTS_PER_JOB = 64
 MAX_CLOSED_PER_JOB = 16
 MAX_PENDING = 4096
 MAX_EVIDENCE_STREAMS = 12
+MAX_SILENT = 64            # windows a pending group may wait for its streams' next value
 
 
 @dataclass
@@ -114,6 +115,7 @@ class _Pending:
     start: np.ndarray
     step: int
     tries: int = 0
+    silent: int = 0        # windows without a value of its streams (not tries)
     peak: bool = False     # judged on its alarm window once confirmed (deferred for rank evidence)
 
 
@@ -216,7 +218,12 @@ class Fusion:
                     g["peak"] = g.get("peak", False) or p.peak
                     continue
             # not (yet) confirmed: a bursty regime (on/off every window) gets a second window;
-            # a one-window hiccup does not come back
+            # a one-window hiccup does not come back. A window with no value of its streams (a
+            # sparse stream between samples, `detector.sparse`) is no try, up to MAX_SILENT
+            if not ok.any() and p.silent < MAX_SILENT:
+                p.silent += 1
+                keep.append(p)
+                continue
             p.tries += 1
             if p.tries < self.config.confirm_windows:
                 keep.append(p)

@@ -36,6 +36,7 @@ from collector.wire_format import ALGOS, PROTOS
 from .config import DetectorConfig
 from .cusum_bank import CUSUMBank
 from .self_start import SelfStart
+from .sparse import InstancePool
 
 __all__ = ["StreamTable", "WindowStreams", "STREAM_KEY"]
 
@@ -91,6 +92,7 @@ class StreamTable:
         self.n_rebased = 0
         self.n_restored = 0
         self.n_refined = 0                           # in-control windows learned by baselines
+        self.pool = InstancePool(_GROW)
         self.ss = SelfStart(_GROW, memory=cfg.baseline_memory, long_run_variance=cfg.long_run_variance)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.arl0
@@ -149,6 +151,7 @@ class StreamTable:
         for bank in self.banks:
             bank.grow(extra)
         self.ss.grow(extra)
+        self.pool.grow(extra)
 
         def ext(a, fill):
             return np.concatenate([a, np.full((extra,) + a.shape[1:], fill, dtype=a.dtype)])
@@ -234,16 +237,27 @@ class StreamTable:
             nonpos = ~nan & (lat <= 0)
             absurd = ~nan & (lat > cfg.max_latency_s)
             sparse = ~(nan | nonpos | absurd) & (inst < cfg.min_instances)
+        if (sparse & keep).any():
+            # too few instances for a statistic: pooled with the stream's next windows until
+            # there are enough (`detector.sparse`); the window completing a pool carries it
+            rows = np.flatnonzero(sparse & keep)
+            done, pooled = self.pool.add(idx[rows], np.log(lat[rows]), inst[rows], cfg.min_instances)
+            lat, lat90, sparse = lat.copy(), lat90.copy(), sparse.copy()
+            lat[rows[done]] = pooled
+            lat90[rows[done]] = np.nan
+            sparse[rows[done]] = False
         for name, m in (("nan", nan), ("nonpositive", nonpos), ("absurd", absurd), ("sparse", sparse)):
             c = int((m & keep).sum())
             if c:
                 invalid[name] = c
         ok = keep & ~(nan | nonpos | absurd | sparse)
+        self.pool.clear(idx[ok & (inst >= cfg.min_instances)])   # a whole window needs no pool
         idx_all = idx[keep]
         prev = self.last_seen[idx_all]
-        # first data after a gap in a stream (a checkpoint pause, a restart): its next windows
-        # are settling, and the fusion stage wants them confirmed
-        gap = np.isfinite(prev) & (wf.window_start - prev > 1.5 * self._window_s)
+        # first data after a gap in a stream (a checkpoint pause, a restart; a silence longer
+        # than 1.5x its usual interval): its next windows are settling, and the fusion stage
+        # wants them confirmed
+        gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s)
         self.gap_step[idx_all[gap]] = t
         self.last_seen[idx_all] = wf.window_start
         # ---- benign workload / configuration changes -------------------------------------
@@ -414,6 +428,7 @@ class StreamTable:
         for bank in self.banks:
             bank.reset_streams(idx)
         self.ss.n[idx] = 0
+        self.pool.clear(idx)
         self.carry_n[idx] = 0           # a new workload may have another noise
         self.rebase_warm[idx] = ~match
         if r_idx.size:
@@ -625,6 +640,7 @@ class StreamTable:
         self.prev_n[idle] = 0
         self.rebase_warm[idle] = False
         self.ss.n[idle] = 0
+        self.pool.forget(idle)
         self.carry_n[idle] = 0
         self.ap_ref[idle] = 0
         self.hist[:, idle] = np.nan
