@@ -577,7 +577,9 @@ class Fusion:
         order = np.argsort(-np.abs(np.nan_to_num(lr)))
         idx, med, scale, level, lr = idx[order], med[order], scale[order], level[order], lr[order]
         comms_h = list(dict.fromkeys(tab.comm_hash[idx].tolist()))
-        evidence: dict = {"n_streams": int(idx.size), "arl0": float(tab.arl0)}
+        evidence: dict = {"n_streams": int(idx.size), "arl0": float(tab.arl0),
+                          # the delay in instances of the change's collectives (onset window on)
+                          "delay_instances": tab.instances_since(idx, onset_step)}
         kind = None
         ranks: list[int] = []
         hosts: list[str] = []

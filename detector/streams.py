@@ -88,6 +88,7 @@ class StreamTable:
         self.t = -1                                  # bank step of the last window
         self.window_starts = np.full(cfg.history, np.nan)
         self.hist = np.full((cfg.history, _GROW), np.nan)   # (window slot, stream)
+        self.inst_hist = np.zeros((cfg.history, _GROW), np.int64)   # instances per window
         self.n_dropped_streams = 0
         self.n_rebased = 0
         self.n_restored = 0
@@ -189,6 +190,7 @@ class StreamTable:
         self.old_cov = ext(self.old_cov, np.nan)
         self.old_unknown = ext(self.old_unknown, False)
         self.hist = np.concatenate([self.hist, np.full((self.hist.shape[0], extra), np.nan)], axis=1)
+        self.inst_hist = np.concatenate([self.inst_hist, np.zeros((self.hist.shape[0], extra), np.int64)], axis=1)
         self.capacity = new_cap
 
     @property
@@ -346,6 +348,8 @@ class StreamTable:
                 self._learnable[mon] = False   # a thin window's median is not baseline material
         self.hist[t % H] = np.nan
         self.hist[t % H, i_ok] = x_valid
+        self.inst_hist[t % H] = 0
+        self.inst_hist[t % H, idx[keep]] = inst[keep]      # every instance seen, pooled or not
         warming_before = self.banks[0].warming_up
         u = self._standardise(i_ok, x, warming_before)
         for bank in self.banks:
@@ -531,6 +535,16 @@ class StreamTable:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return np.nanmedian(self.hist[steps][:, np.asarray(idx, np.int64)], axis=0)
+
+    def instances_since(self, idx, since_step: int) -> int:
+        """Instances of streams ``idx`` (the most of any one) from bank step ``since_step`` to
+        now, within the history: a delay in instances (sparse jobs count steps, not seconds)."""
+        H = self.config.history
+        lo = max(since_step, self.t - H + 1)
+        steps = np.arange(lo, self.t + 1) % H
+        if steps.size == 0 or len(idx) == 0:
+            return 0
+        return int(self.inst_hist[steps][:, np.asarray(idx, np.int64)].sum(axis=0).max())
 
     def current(self, idx) -> np.ndarray:
         return self.hist[self.t % self.config.history, np.asarray(idx, np.int64)]

@@ -35,6 +35,8 @@ def test_sparse_job_slowdown_found_within_ten_steps():
     delay_steps = (first.detected_s - (EPOCH + 180 * STEP)) / STEP
     assert 0 < delay_steps <= 10, (delay_steps, [(c.kind, (c.detected_s - EPOCH) / STEP) for c in ch])
     assert det.table.pool.n_pooled > 0
+    # the delay in instances: one instance per step, so about the delay in steps
+    assert 1 <= first.evidence["delay_instances"] <= delay_steps + 1, first.evidence["delay_instances"]
 
 
 def test_sparse_job_stationary_hour_has_no_change():
