@@ -219,8 +219,11 @@ class Fusion(Tracking):
                     continue
             # not (yet) confirmed: a bursty regime (on/off every window) gets a second window;
             # a one-window hiccup does not come back. A window with no value of its streams (a
-            # sparse stream between samples, `detector.sparse`) is no try, up to MAX_SILENT
-            if not ok.any() and p.silent < MAX_SILENT:
+            # sparse stream between samples, `detector.sparse`) is no try, up to MAX_SILENT;
+            # a dense stream's silence is a pause, and its alarm is judged as before
+            with np.errstate(invalid="ignore"):
+                sparse = bool((self.table.instances_ref[p.idx] < self.config.min_instances).all())
+            if not ok.any() and sparse and p.silent < MAX_SILENT:
                 p.silent += 1
                 keep.append(p)
                 continue

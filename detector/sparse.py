@@ -54,12 +54,16 @@ class InstancePool:
         self.n_pooled += int(j.size)
         return done, lat
 
-    def gap(self, idx: np.ndarray, dt: np.ndarray, window_s: float) -> np.ndarray:
+    def gap(self, idx: np.ndarray, dt: np.ndarray, window_s: float, sparse: np.ndarray) -> np.ndarray:
         """Which of ``idx`` (seconds ``dt`` since their last data, NaN: first) come back after a
-        gap; learns their interval."""
-        known = np.isfinite(self.interval[idx])
-        # the first interval of a stream is learnt, not judged (a sparse stream's is its step)
-        out = known & np.isfinite(dt) & (dt > 1.5 * np.maximum(window_s, self.interval[idx]))
+        gap; learns their interval. Only ``sparse`` streams (fewer instances per window than a
+        statistic needs) are judged against their interval; the others against 1.5 windows:
+        an intermittent stream of a dense job (a mix's size bucket) must not stretch the gap
+        that marks a checkpoint pause (the stationary suite's false changes otherwise)."""
+        known = np.isfinite(self.interval[idx]) | ~sparse
+        usual = np.where(sparse & np.isfinite(self.interval[idx]), self.interval[idx], window_s)
+        # a sparse stream's first interval is learnt, not judged (it is its step)
+        out = known & np.isfinite(dt) & (dt > 1.5 * np.maximum(window_s, usual))
         learn = np.isfinite(dt) & ~out
         j = idx[learn]
         old = self.interval[j]

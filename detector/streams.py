@@ -259,7 +259,9 @@ class StreamTable:
         # first data after a gap in a stream (a checkpoint pause, a restart; a silence longer
         # than 1.5x its usual interval): its next windows are settling, and the fusion stage
         # wants them confirmed
-        gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s)
+        with np.errstate(invalid="ignore"):
+            thin = self.instances_ref[idx_all] < cfg.min_instances
+        gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s, thin)
         self.gap_step[idx_all[gap]] = t
         self.last_seen[idx_all] = wf.window_start
         # ---- benign workload / configuration changes -------------------------------------
