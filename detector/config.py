@@ -32,7 +32,14 @@ class DetectorConfig:
     arl0: float = 1e5                        # minimum windows between false alarms, per stream and bank
     stream_false_alarms_per_day: float = 1.0  # all streams together (before fusion): per-stream arl0 =
                                              # max(arl0, streams x windows per day / this)
-    warmup: int = 60                         # windows of robust baseline
+    warmup: int = 60                         # windows of robust baseline before a stream is monitored
+    self_start: bool = False                 # self-starting baselines (`detector.self_start`): the
+                                             # known-baseline threshold from the first monitored
+                                             # window, the baseline learning on; for a short warm-up
+                                             # (warmup=5). Off: thresholds calibrated for
+                                             # max(warmup, 60) samples of a fixed baseline (the
+                                             # simulated suite's recall fell 0.954 -> 0.884 with it
+                                             # on: see docs/evaluation/2026-11-26-detection-real-jobs.md)
     baseline_estimator: str = "winsorized"   # "winsorized" (mean/sd of the warm-up clipped at
                                              # median +- 3 MAD-sigma: h = 2.2 instead of 4.1 for
                                              # delta = 6 at 60 windows) or "mad" (median / 1.4826
@@ -46,11 +53,9 @@ class DetectorConfig:
                                              # suite's streams): the threshold of a chart that
                                              # integrates over many windows (delta = 2) is set for it
                                              # (`detector.arl.cusum_threshold_correlated`); 1: off
-    threshold_warmup: int = 60               # thresholds are calibrated for max(warmup, this) samples
-    baseline_refine: int = 0                 # > warmup: a monitored stream's baseline keeps learning
-                                             # from its in-control windows (doubling: 60 -> 120 -> ...
-                                             # up to this many samples), with the threshold calibrated
-                                             # for its sample count (off by default: see README)
+    baseline_memory: int = 480               # a monitored baseline keeps learning from its in-control
+                                             # windows: expanding up to this many, then forgetting
+                                             # with this horizon
     scale_floor: float = 0.004               # minimum baseline sigma of log-latency (0.4 %)
     min_instances: int = 2                   # a stream's window needs this many instances
     max_latency_s: float = 3600.0            # lat_p50 above this (or <= 0, NaN) is invalid
@@ -69,6 +74,8 @@ class DetectorConfig:
     small_shift_wait: bool = False           # ... judged on the next windows when first seen in
                                              # the alarm window (confirmed or old baseline restored;
                                              # off: 2 false changes on eval-mixed, see README)
+    step_ratio: float = 1.1                  # an incident's level moving again by this (deeper or
+                                             # softer) is a change of its own (`detector.steps`)
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
     recovery_windows: int = 3                # ... for this many consecutive windows
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
@@ -135,21 +142,22 @@ class DetectorConfig:
         if self.baseline_estimator not in BASELINE_METHODS:
             raise ValueError(f"detector config: baseline_estimator must be one of {BASELINE_METHODS}, "
                              f"got {self.baseline_estimator!r}")
-        if not (isinstance(self.baseline_refine, int) and not isinstance(self.baseline_refine, bool)
-                and self.baseline_refine >= 0):
-            raise ValueError(f"detector config: baseline_refine must be an int >= 0, got {self.baseline_refine!r}")
-        for name in ("threshold_warmup", "confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
+        for name in ("baseline_memory", "confirm_windows", "workload_settle", "warmup", "min_instances", "max_streams", "corroborate", "recovery_windows",
                      "flap_transitions", "history", "straggler_min_instances", "autoencoder_grace",
                      "top_statistics"):
             positive(name, integer=True)
         if self.warmup < 2:
             raise ValueError(f"detector config: warmup must be >= 2, got {self.warmup!r}")
+        if self.baseline_memory < self.warmup:
+            raise ValueError(f"detector config: baseline_memory must be >= warmup, got {self.baseline_memory!r}")
         if not 0 < self.recovery_fraction < 1:
             raise ValueError(f"detector config: recovery_fraction must be in (0, 1), got {self.recovery_fraction!r}")
         if not self.persist_ratio >= 1:
             raise ValueError(f"detector config: persist_ratio must be >= 1, got {self.persist_ratio!r}")
         if not self.workload_settle_ratio >= 1:
             raise ValueError(f"detector config: workload_settle_ratio must be >= 1, got {self.workload_settle_ratio!r}")
+        if not self.step_ratio > 1:
+            raise ValueError(f"detector config: step_ratio must be > 1, got {self.step_ratio!r}")
         if not self.min_ratio >= 1:
             raise ValueError(f"detector config: min_ratio must be >= 1, got {self.min_ratio!r}")
         if not 0.5 <= self.straggler_share <= 1:

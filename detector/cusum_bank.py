@@ -468,6 +468,20 @@ class CUSUMBank(base.Base):
         self._inv_scale[idx] = 1.0 / scale
         self._clear_statistics(idx)
 
+    def move_baseline(self, idx, median, scale) -> None:
+        """Update the baseline of monitored streams ``idx`` in place, statistics kept (a
+        self-starting baseline that goes on learning, `detector.self_start`)."""
+        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
+        median = np.broadcast_to(np.asarray(median, dtype=np.float64), idx.shape)
+        scale = np.broadcast_to(np.asarray(scale, dtype=np.float64), idx.shape)
+        if not (np.isfinite(median).all() and np.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError("move_baseline: median must be finite and scale finite and > 0")
+        if not self._monitoring[idx].all():
+            raise ValueError("move_baseline: only monitored streams have a baseline to move")
+        self._median[idx] = median
+        self._scale[idx] = scale
+        self._inv_scale[idx] = 1.0 / scale
+
     def _clear_statistics(self, idx: np.ndarray) -> None:
         self._s_up[idx] = 0.0
         self._s_down[idx] = 0.0

@@ -48,14 +48,16 @@ from .classify import classify_size_response
 from .config import DetectorConfig
 from .events import RegimeChange
 from .straggler import STRAGGLER_REL_Z, RankHistory, comm_hosts, find_stragglers, has_rank_evidence
+from .steps import StepRule
+from .tracking import Tracking
 from .streams import StreamTable, WindowStreams
 
 __all__ = ["Fusion", "Incident"]
 
 MAX_INCIDENTS_PER_JOB = 64
-MAX_CLOSED_PER_JOB = 16
 MAX_PENDING = 4096
 MAX_EVIDENCE_STREAMS = 12
+MAX_SILENT = 64            # windows a pending group may wait for its streams' next value
 
 
 @dataclass
@@ -77,10 +79,11 @@ class Incident:
     flapping_id: str | None = None
     closed_step: int | None = None
     rank_of: tuple[int, int] | None = None     # (comm_hash, rank): opened by rank evidence alone
+    step_ids: list[str] = field(default_factory=list)   # deeper / softer steps (`detector.steps`)
 
     @property
     def ids(self) -> list[str]:
-        return [self.id] + ([self.flapping_id] if self.flapping_id else [])
+        return [self.id] + ([self.flapping_id] if self.flapping_id else []) + self.step_ids
 
     def add(self, idx, med, scale, level) -> None:
         new = ~np.isin(idx, self.streams)
@@ -112,10 +115,11 @@ class _Pending:
     start: np.ndarray
     step: int
     tries: int = 0
+    silent: int = 0        # windows without a value of its streams (not tries)
     peak: bool = False     # judged on its alarm window once confirmed (deferred for rank evidence)
 
 
-class Fusion:
+class Fusion(Tracking):
     """Turns one window's stream alarms into regime changes; keeps incidents per job."""
 
     def __init__(self, config: DetectorConfig, table: StreamTable, ranks: RankHistory):
@@ -133,6 +137,13 @@ class Fusion:
                          "rank_rechecks": 0, "onset_waits": 0}
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}
+        self.steps = StepRule(config, table, self._next_id, self.counters)
+        self._step_fresh: list = []
+
+    def _next_id(self, job: str) -> str:
+        n = self._n.get(job, 0) + 1
+        self._n[job] = n
+        return f"rc-{job}-{n}"
 
     # ------------------------------------------------------------------ public
     def active_changes(self) -> list[RegimeChange]:
@@ -155,7 +166,10 @@ class Fusion:
                 if self._time_share(j, resized) >= self.config.workload_settle_share:
                     self._rebased_at[j] = ws.t
         groups = self._confirm_pending(ws)
+        self._step_fresh = []
         self._group_alarms(ws, groups)
+        live = {id(inc) for incs in self.active.values() for inc in incs}
+        out += self.steps.process(ws, window_s, self._step_fresh, live)
         created = set()
         for (job, direction), g in groups.items():
             inc, change = self._new_or_merge(ws, job, direction, g, ae)
@@ -204,7 +218,15 @@ class Fusion:
                     g["peak"] = g.get("peak", False) or p.peak
                     continue
             # not (yet) confirmed: a bursty regime (on/off every window) gets a second window;
-            # a one-window hiccup does not come back
+            # a one-window hiccup does not come back. A window with no value of its streams (a
+            # sparse stream between samples, `detector.sparse`) is no try, up to MAX_SILENT;
+            # a dense stream's silence is a pause, and its alarm is judged as before
+            with np.errstate(invalid="ignore"):
+                sparse = bool((self.table.instances_ref[p.idx] < self.config.min_instances).all())
+            if not ok.any() and sparse and p.silent < MAX_SILENT:
+                p.silent += 1
+                keep.append(p)
+                continue
             p.tries += 1
             if p.tries < self.config.confirm_windows:
                 keep.append(p)
@@ -222,6 +244,9 @@ class Fusion:
         fired = ws.fired
         new = np.fromiter((i not in si for i in fired.tolist()), bool, fired.size)
         self.counters["alarms_absorbed"] += int(fired.size - new.sum())
+        if not new.all():          # alarms of an incident's streams: a deeper or softer step?
+            old = np.flatnonzero(~new)
+            self._step_fresh = self.steps.collect(ws, old, [si[int(fired[p])] for p in old.tolist()])
         if not new.any():
             return
         codes = tab.job_code[fired].astype(np.int64) * 2 + (ws.direction > 0)
@@ -296,7 +321,7 @@ class Fusion:
             moved = np.abs(np.log(tab.bytes_per_record[idx] / tab.bytes_ref[idx]))
             covm = np.abs(np.log(tab.coverage[idx] / tab.coverage_ref[idx]))
         explained = (np.isfinite(moved) & (moved >= 0.5 * np.abs(lr)) & (moved >= 0.01)) | (
-            np.isfinite(covm) & (covm >= 0.5 * cfg.coverage_change))
+            np.isfinite(covm) & (covm >= 0.5 * cfg.coverage_change) & tab.rank_set_changed[idx])
         # a workload change elsewhere in the job moves other streams' timing too (arrival
         # coupling): alarms in the few windows after one are part of it
         # (modest shifts only: such coupling moves latencies by a few per cent)
@@ -555,7 +580,9 @@ class Fusion:
         order = np.argsort(-np.abs(np.nan_to_num(lr)))
         idx, med, scale, level, lr = idx[order], med[order], scale[order], level[order], lr[order]
         comms_h = list(dict.fromkeys(tab.comm_hash[idx].tolist()))
-        evidence: dict = {"n_streams": int(idx.size), "arl0": float(tab.arl0)}
+        evidence: dict = {"n_streams": int(idx.size), "arl0": float(tab.arl0),
+                          # the delay in instances of the change's collectives (onset window on)
+                          "delay_instances": tab.instances_since(idx, onset_step)}
         kind = None
         ranks: list[int] = []
         hosts: list[str] = []
@@ -674,122 +701,6 @@ class Fusion:
             return []
         common = set.intersection(*sets)
         return sorted(common) if common else sorted(set.union(*sets))
-
-    # ------------------------------------------------------------------ tracking
-    def _track(self, ws: WindowStreams, inc: Incident) -> RegimeChange | None:
-        cfg, tab = self.config, self.table
-        if inc.streams.size == 0:
-            self._close(inc, ws.t)
-            return None
-        cur = tab.current(inc.streams)
-        if inc.rank_of is not None:
-            return self._track_rank(ws, inc, cur)
-        shift = inc.level - inc.base_med
-        ok = np.isfinite(cur) & np.isfinite(shift) & (np.abs(shift) > 0)
-        if not ok.any() or 2 * int(ok.sum()) < int(np.count_nonzero(np.isfinite(shift) & (shift != 0))):
-            # most of its streams silent (a pause, a size mix moving them to other buckets):
-            # the few left (often the ones the workload change moved) are no evidence either way
-            return None
-        p = (cur[ok] - inc.base_med[ok]) / shift[ok]
-        score = float(np.median(p))
-        if score <= cfg.recovery_fraction:
-            inc.off_count += 1
-            inc.on = False
-            need = cfg.recovery_windows
-            if inc.kind == "flapping" or inc.flapping_id is not None:
-                # a flapping link is back only after a quiet spell longer than its off phases
-                need = max(need, int(math.ceil(0.5 * cfg.flap_window_s / self._window_s)))
-            if inc.off_count >= need:
-                return self._recover(ws, inc, cur)
-            return None
-        if score >= 0.5:
-            if not inc.on:
-                inc.onsets.append(ws.t)
-            inc.on = True
-            inc.off_count = 0
-            upd = ok.copy()
-            upd[ok] = p >= 0.5
-            inc.level[upd] = 0.8 * inc.level[upd] + 0.2 * cur[upd]
-            horizon = cfg.flap_window_s / self._window_s
-            recent = [s for s in inc.onsets if ws.t - s <= horizon]
-            if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.flap_transitions:
-                return self._flapping(ws, inc)
-        else:
-            inc.off_count = 0
-        return None
-
-    def _track_rank(self, ws, inc: Incident, cur) -> RegimeChange | None:
-        """A change opened by rank evidence (a small slowdown, within a few sigma of the
-        latency noise) is tracked by the same evidence: it recovers after ``recovery_windows``
-        windows in which its rank is no longer the dominant shortest."""
-        cfg = self.config
-        if not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
-            return None
-        f = self.ranks.frames[-1][1]
-        comm, rank = inc.rank_of
-        sel = f.filter((pl.col("job_id") == inc.job) & (pl.col("comm_hash") == comm))
-        total = int(sel.get_column("shortest_count").sum() or 0) if sel.height else 0
-        if total < cfg.straggler_min_instances:
-            return None
-        mine = int(sel.filter(pl.col("rank") == rank).get_column("shortest_count").sum() or 0)
-        if mine >= 0.5 * cfg.straggler_share * total:
-            inc.off_count = 0
-            return None
-        inc.off_count += 1
-        if inc.off_count >= cfg.recovery_windows:
-            return self._recover(ws, inc, cur)
-        return None
-
-    def _flapping(self, ws, inc: Incident) -> RegimeChange:
-        n = self._n.get(inc.job, 0) + 1
-        self._n[inc.job] = n
-        cid = f"rc-{inc.job}-{n}"
-        inc.flapping_id = cid
-        base = inc.change
-        change = RegimeChange(
-            id=cid, kind="flapping", job_id=inc.job, start_s=base.start_s,
-            detected_s=float(ws.window_start + self._window_s), magnitude=base.magnitude, comms=base.comms,
-            comm_names=base.comm_names, funcs=base.funcs, size_buckets=base.size_buckets, ranks=base.ranks,
-            hosts=base.hosts, evidence={"refines": inc.id, "on_transitions": len(inc.onsets),
-                                        "n_streams": int(inc.streams.size)})
-        return change
-
-    def _recover(self, ws, inc: Incident, cur) -> RegimeChange:
-        tab = self.table
-        ok = np.isfinite(cur)
-        with np.errstate(invalid="ignore"):
-            mag = float(np.exp(np.median(cur[ok] - inc.level[ok]))) if ok.any() else 1.0
-        n = self._n.get(inc.job, 0) + 1
-        self._n[inc.job] = n
-        first_off = ws.t - inc.off_count + 1
-        base = inc.change
-        change = RegimeChange(
-            id=f"rc-{inc.job}-{n}", kind="recovery", job_id=inc.job,
-            start_s=float(tab.window_start_of(first_off)), detected_s=float(ws.window_start + self._window_s),
-            magnitude=round(mag, 4), comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
-            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=inc.id,
-            evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
-        tab.restore_baseline(inc.streams, inc.base_med, inc.base_scale)
-        # streams of the same communicators that learned their baseline during the incident
-        # (they were warming up at its onset) learned the degraded level: learn again
-        comms = np.unique(tab.comm_hash[inc.streams])
-        same = np.flatnonzero(tab.active & np.isin(tab.comm_hash, comms) & (tab.job_code == tab.jobs.get(inc.job, -2))
-                              & (tab.monitor_since > inc.onset_step))
-        same = same[~np.isin(same, inc.streams)]
-        if same.size:
-            tab.rebase(same)
-        self._close(inc, ws.t)
-        return change
-
-    def _close(self, inc: Incident, step: int) -> None:
-        lst = self.active.get(inc.job, [])
-        if inc in lst:
-            lst.remove(inc)
-        if not lst:
-            self.active.pop(inc.job, None)
-        self._release(inc)
-        inc.closed_step = step
-        self.closed.setdefault(inc.job, deque(maxlen=MAX_CLOSED_PER_JOB)).append(inc)
 
 
 def _new_group() -> dict:

@@ -16,8 +16,10 @@ One call per window, :meth:`StreamTable.update`, does everything vectorised:
    re-baselined instead of alarming;
 5. feeds ``log(lat_p50_s)`` to one `CUSUMBank` per configured delta (a window with fewer than
    ``instance_weight`` x its usual instances shrunk towards the baseline by
-   sqrt(instances / (instance_weight x usual)): a noisier median) and floors the learned
-   baseline scale at ``scale_floor``; thresholds come from the per-stream ARL0
+   sqrt(instances / (instance_weight x usual)): a noisier median), standardised against a
+   self-starting baseline (`detector.self_start`: monitored after ``warmup`` windows, learning
+   from its in-control windows after that) whose scale is floored at ``scale_floor``; the
+   thresholds are the known-baseline ones for the per-stream ARL0
    (`detector.arl.cusum_threshold_correlated`, for ``long_run_variance``).
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collector.wire_format import ALGOS, PROTOS
 
 from .config import DetectorConfig
 from .cusum_bank import CUSUMBank
+from .self_start import SelfStart
+from .sparse import InstancePool
 
 __all__ = ["StreamTable", "WindowStreams", "STREAM_KEY"]
 
@@ -42,6 +46,8 @@ _AP_UNKNOWN = 63
 _ALGO_CODE = {a: i for i, a in enumerate(ALGOS)}
 _PROTO_CODE = {p: i for i, p in enumerate(PROTOS)}
 _GROW = 1024
+KNOWN_BASELINE = 10**9   # sample count standing for a known baseline in `detector.arl`
+FIXED_BASELINE_MIN = 60  # a fixed baseline's threshold is calibrated for at least this many samples
 
 
 @dataclass
@@ -82,10 +88,13 @@ class StreamTable:
         self.t = -1                                  # bank step of the last window
         self.window_starts = np.full(cfg.history, np.nan)
         self.hist = np.full((cfg.history, _GROW), np.nan)   # (window slot, stream)
+        self.inst_hist = np.zeros((cfg.history, _GROW), np.int64)   # instances per window
         self.n_dropped_streams = 0
         self.n_rebased = 0
         self.n_restored = 0
-        self.n_refined = 0
+        self.n_refined = 0                           # in-control windows learned by baselines
+        self.pool = InstancePool(_GROW)
+        self.ss = SelfStart(_GROW, memory=cfg.baseline_memory, long_run_variance=cfg.long_run_variance)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.arl0
         self._set_thresholds()
@@ -100,6 +109,12 @@ class StreamTable:
         self.bytes_per_record = np.full(cap, np.nan)
         self.coverage_ref = np.full(cap, np.nan)
         self.coverage = np.full(cap, np.nan)
+        # ranks of the stream's communicator reporting in the window (the ranks frame; -1:
+        # unknown) and in the window its coverage reference was set: a coverage change is a
+        # rank vanishing or joining only if that number changed
+        self.reporting = np.full(cap, -1, np.int64)
+        self.reporting_ref = np.full(cap, -1, np.int64)
+        self.rank_set_changed = np.zeros(cap, bool)
         self.instances_ref = np.full(cap, np.nan)
         self.instances = np.zeros(cap, np.float64)
         # log(p90 / p50) of the stream's latest window and of the one before it: a window holding a
@@ -115,16 +130,13 @@ class StreamTable:
         self.old_bpr = np.full(cap, np.nan)         # the workload before the last change ...
         self.old_cov = np.full(cap, np.nan)
         self.old_unknown = np.zeros(cap, bool)      # ... whose baseline the stream did not know
-        # baseline refinement: samples behind the current baseline (0 while warming up), the
-        # in-control samples gathered since (count, sum and sum of squares of x - median), and
         # the baseline a stream had when it last alarmed (to restore its sample count with it)
-        self.ref_n = np.zeros(cap, np.int64)
-        self.acc_n = np.zeros(cap, np.int64)
-        self.acc_s = np.zeros(cap, np.float64)
-        self.acc_q = np.zeros(cap, np.float64)
         self.saved_med = np.full(cap, np.nan)
         self.saved_n = np.zeros(cap, np.int64)
-        self.saved_acc = np.zeros((cap, 3), np.float64)
+        # the scale (and its sample count) a stream had when it alarmed: pooled into the
+        # re-learnt baseline of the new level (`detector.self_start`); 0 after a workload change
+        self.carry_scale = np.full(cap, np.nan)
+        self.carry_n = np.zeros(cap, np.int64)
         self.ap_ref = np.zeros(cap, np.uint64)
         self.last_seen = np.full(cap, -np.inf)
         self.gap_step = np.full(cap, -(1 << 40), np.int64)
@@ -139,6 +151,8 @@ class StreamTable:
         extra = new_cap - self.capacity
         for bank in self.banks:
             bank.grow(extra)
+        self.ss.grow(extra)
+        self.pool.grow(extra)
 
         def ext(a, fill):
             return np.concatenate([a, np.full((extra,) + a.shape[1:], fill, dtype=a.dtype)])
@@ -151,16 +165,18 @@ class StreamTable:
         self.bytes_per_record = ext(self.bytes_per_record, np.nan)
         self.coverage_ref = ext(self.coverage_ref, np.nan)
         self.coverage = ext(self.coverage, np.nan)
+        self.reporting = ext(self.reporting, -1)
+        self.reporting_ref = ext(self.reporting_ref, -1)
+        self.rank_set_changed = ext(self.rank_set_changed, False)
         self.instances_ref = ext(self.instances_ref, np.nan)
         self.instances = ext(self.instances, 0.0)
         self.spread = ext(self.spread, np.nan)
         self.spread_prev = ext(self.spread_prev, np.nan)
         for name in ("prev_bpr", "prev_cov", "prev_med", "prev_scale", "saved_med"):
             setattr(self, name, ext(getattr(self, name), np.nan))
-        for name in ("prev_n", "ref_n", "acc_n", "saved_n"):
+        self.carry_scale = ext(self.carry_scale, np.nan)
+        for name in ("prev_n", "saved_n", "carry_n"):
             setattr(self, name, ext(getattr(self, name), 0))
-        for name in ("acc_s", "acc_q"):
-            setattr(self, name, ext(getattr(self, name), 0.0))
         self.ap_ref = ext(self.ap_ref, 0)
         self.last_seen = ext(self.last_seen, -np.inf)
         self.gap_step = ext(self.gap_step, -(1 << 40))
@@ -169,12 +185,12 @@ class StreamTable:
         self.job_code = ext(self.job_code, -1)
         self.func = ext(self.func, None)
         self.comm_name = ext(self.comm_name, None)
-        self.saved_acc = ext(self.saved_acc, 0.0)
         self.rebase_warm = ext(self.rebase_warm, False)
         self.old_bpr = ext(self.old_bpr, np.nan)
         self.old_cov = ext(self.old_cov, np.nan)
         self.old_unknown = ext(self.old_unknown, False)
         self.hist = np.concatenate([self.hist, np.full((self.hist.shape[0], extra), np.nan)], axis=1)
+        self.inst_hist = np.concatenate([self.inst_hist, np.zeros((self.hist.shape[0], extra), np.int64)], axis=1)
         self.capacity = new_cap
 
     @property
@@ -223,16 +239,29 @@ class StreamTable:
             nonpos = ~nan & (lat <= 0)
             absurd = ~nan & (lat > cfg.max_latency_s)
             sparse = ~(nan | nonpos | absurd) & (inst < cfg.min_instances)
+        if (sparse & keep).any():
+            # too few instances for a statistic: pooled with the stream's next windows until
+            # there are enough (`detector.sparse`); the window completing a pool carries it
+            rows = np.flatnonzero(sparse & keep)
+            done, pooled = self.pool.add(idx[rows], np.log(lat[rows]), inst[rows], cfg.min_instances)
+            lat, lat90, sparse = lat.copy(), lat90.copy(), sparse.copy()
+            lat[rows[done]] = pooled
+            lat90[rows[done]] = np.nan
+            sparse[rows[done]] = False
         for name, m in (("nan", nan), ("nonpositive", nonpos), ("absurd", absurd), ("sparse", sparse)):
             c = int((m & keep).sum())
             if c:
                 invalid[name] = c
         ok = keep & ~(nan | nonpos | absurd | sparse)
+        self.pool.clear(idx[ok & (inst >= cfg.min_instances)])   # a whole window needs no pool
         idx_all = idx[keep]
         prev = self.last_seen[idx_all]
-        # first data after a gap in a stream (a checkpoint pause, a restart): its next windows
-        # are settling, and the fusion stage wants them confirmed
-        gap = np.isfinite(prev) & (wf.window_start - prev > 1.5 * self._window_s)
+        # first data after a gap in a stream (a checkpoint pause, a restart; a silence longer
+        # than 1.5x its usual interval): its next windows are settling, and the fusion stage
+        # wants them confirmed
+        with np.errstate(invalid="ignore"):
+            thin = self.instances_ref[idx_all] < cfg.min_instances
+        gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s, thin)
         self.gap_step[idx_all[gap]] = t
         self.last_seen[idx_all] = wf.window_start
         # ---- benign workload / configuration changes -------------------------------------
@@ -242,6 +271,8 @@ class StreamTable:
             cov = rec[ok] / np.maximum(inst[ok], 1)     # ranks reporting per instance
         self.bytes_per_record[i_ok] = bpr
         self.coverage[i_ok] = cov
+        rep_ok = _reporting(agg, wf.ranks)[ok] if n_rows else np.zeros(0, np.int64)
+        self.reporting[i_ok] = rep_ok
         self.instances[:] = 0.0
         self.instances[i_ok] = inst[ok]
         ref = self.bytes_ref[i_ok]
@@ -251,12 +282,22 @@ class StreamTable:
             moved = ~first & (np.abs(np.log(bpr / ref)) > cfg.workload_change)
             # a rank or a host stopped (or started) reporting: the stream's make-up changed
             lost = ~first & (np.abs(np.log(cov / cref)) > cfg.coverage_change)
+        # ... but only if ranks stopped or started reporting: with every rank still there, fewer
+        # records per instance are instances straddling the window's edge, which a slowdown
+        # makes more frequent (a throttled test-bed rank reset its streams 40-66 times a run
+        # instead of alarming); without rank information the coverage alone decides
+        rref = self.reporting_ref[i_ok]
+        same_ranks = (rref >= 0) & (rep_ok >= 0) & (rep_ok == rref)
+        lost &= ~same_ranks
+        self.rank_set_changed[:] = False
+        self.rank_set_changed[i_ok] = ~first & ~same_ranks
         b_ok = bits[ok]
         b_ref = self.ap_ref[i_ok]
         cfg_changed = (b_ref != 0) & ((b_ok & b_ref) == 0)
         rebase = moved | cfg_changed | lost
         self.bytes_ref[i_ok[first]] = bpr[first]
         self.coverage_ref[i_ok[first]] = cov[first]
+        self.reporting_ref[i_ok[first]] = rep_ok[first]
         rebased = i_ok[rebase]
         resized = i_ok[rebase & (moved | cfg_changed)]
         if rebased.size:
@@ -273,11 +314,10 @@ class StreamTable:
                          & (np.abs(np.log(cov[back] / self.prev_cov[j])) <= 0.5 * cfg.coverage_change))
             j = j[match]
             if j.size:
-                for bank in self.banks:
-                    bank.set_baseline(j, self.prev_med[j], self.prev_scale[j])
-                self._set_ref(j, np.maximum(self.prev_n[j], 1))
+                self._adopt(j, self.prev_med[j], self.prev_scale[j], np.maximum(self.prev_n[j], 1))
                 self.bytes_ref[j] = bpr[back][match]
                 self.coverage_ref[j] = cov[back][match]
+                self.reporting_ref[j] = self.reporting[j]
                 self.rebase_warm[j] = False
                 self.monitor_since[j] = t
                 self.n_restored += int(j.size)
@@ -293,6 +333,7 @@ class StreamTable:
         self.spread[i_ok] = np.where(np.isfinite(sp) & (sp >= 0), sp, np.nan)
         x = np.full(self.capacity, np.nan)
         x[i_ok] = x_valid
+        self._learnable = np.ones(i_ok.size, bool)
         if cfg.instance_weight > 0 and i_ok.size:
             # the median of a window with far fewer instances than usual is noisier (its
             # sampling variance grows like 1 / instances) and often a phase's edge: its deviation
@@ -306,20 +347,28 @@ class StreamTable:
                 j = i_ok[mon]
                 med = self.banks[0].baseline[0][j]
                 x[j] = med + (x_valid[mon] - med) * w[mon]
+                self._learnable[mon] = False   # a thin window's median is not baseline material
         self.hist[t % H] = np.nan
         self.hist[t % H, i_ok] = x_valid
+        self.inst_hist[t % H] = 0
+        self.inst_hist[t % H, idx[keep]] = inst[keep]      # every instance seen, pooled or not
         warming_before = self.banks[0].warming_up
+        u = self._standardise(i_ok, x, warming_before)
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
         self.monitor_since[done] = t
         if done.size:
             med, scale = self.banks[0].baseline
-            low = done[scale[done] < cfg.scale_floor]
-            if low.size:
+            sc, nv = scale[done], np.full(done.size, cfg.warmup, np.int64)
+            if cfg.self_start:
+                sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], sc, cfg.warmup)
+            self.ss.start(done, med[done], sc, cfg.warmup, nv)
+            self.carry_n[done] = 0
+            moved = done[(sc != scale[done]) | (sc < cfg.scale_floor)]
+            if moved.size:
                 for bank in self.banks:
-                    bank.set_baseline(low, med[low], cfg.scale_floor)
-            self._set_ref(done, cfg.warmup)
+                    bank.set_baseline(moved, med[moved], np.maximum(np.sqrt(self.ss.var[moved]), cfg.scale_floor))
             self.rebase_warm[done] = False
         fired_any = self.banks[0].drift_detected.copy()
         for bank in self.banks[1:]:
@@ -336,9 +385,10 @@ class StreamTable:
             med, scale = self.banks[0].baseline
             base_med, base_scale = med[fired].copy(), scale[fired].copy()
             self.saved_med[fired] = base_med
-            self.saved_n[fired] = self.ref_n[fired]
-            self.saved_acc[fired] = np.stack([self.acc_n[fired], self.acc_s[fired], self.acc_q[fired]], axis=1)
-            self._set_ref(fired, 0)
+            self.saved_n[fired] = self.ss.n[fired]
+            self.carry_scale[fired] = np.sqrt(self.ss.var[fired])
+            self.carry_n[fired] = self.ss.n_var[fired]
+            self.ss.n[fired] = 0
             self.rebase_warm[fired] = False
             # the other banks reset too (one baseline per stream); the next update re-warms all
             for bank in self.banks:
@@ -347,8 +397,8 @@ class StreamTable:
             direction = np.zeros(0, np.int8)
             start = np.zeros(0, np.int64)
             base_med = base_scale = np.zeros(0)
-        if cfg.baseline_refine > cfg.warmup and i_ok.size:
-            self._refine(i_ok, x_valid)
+        if u is not None:
+            self._learn(i_ok, x_valid, u, fired_any)
         if t % 64 == 63:
             self._evict(wf.window_start)
         return WindowStreams(t, wf.window_start, i_ok, x_valid, fired, direction, start, base_med,
@@ -380,18 +430,19 @@ class StreamTable:
         self.prev_cov[idx[known]] = cur_cov[known]
         self.prev_med[idx[known]] = cur_med[known]
         self.prev_scale[idx[known]] = cur_scale[known]
-        self.prev_n[idx[known]] = self.ref_n[idx[known]]
+        self.prev_n[idx[known]] = self.ss.n[idx[known]]
         for bank in self.banks:
             bank.reset_streams(idx)
-        self._set_ref(idx, 0)
+        self.ss.n[idx] = 0
+        self.pool.clear(idx)
+        self.carry_n[idx] = 0           # a new workload may have another noise
         self.rebase_warm[idx] = ~match
         if r_idx.size:
-            for bank in self.banks:
-                bank.set_baseline(r_idx, r_med, r_scale)
-            self._set_ref(r_idx, np.maximum(r_n, 1))
+            self._adopt(r_idx, r_med, r_scale, np.maximum(r_n, 1))
             self.n_restored += int(r_idx.size)
         self.bytes_ref[idx] = new_bpr
         self.coverage_ref[idx] = new_cov
+        self.reporting_ref[idx] = self.reporting[idx]
         self.hist[:, idx] = np.nan
         self.n_rebased += int(idx.size)
         self.last_rebased = np.concatenate([self.last_rebased, idx])
@@ -411,24 +462,15 @@ class StreamTable:
         return med[idx], scale[idx]
 
     def restore_baseline(self, idx, median, scale) -> None:
-        """Monitor ``idx`` against a known (e.g. pre-change) baseline at once."""
+        """Monitor ``idx`` against a known (e.g. pre-change) baseline at once; the baseline a
+        stream had when it alarmed comes back with its sample count."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
         if idx.size:
-            for bank in self.banks:
-                bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
+            same = self.saved_med[idx] == np.asarray(median, np.float64)
+            n = np.maximum(np.where(same, self.saved_n[idx], 0), self.config.warmup)
+            self._adopt(idx, median, scale, n)
             self.monitor_since[idx] = self.t
             self.rebase_warm[idx] = False
-            # the baseline a stream had when it alarmed comes back with its sample count and
-            # the in-control windows it had gathered since
-            same = self.saved_med[idx] == np.asarray(median, np.float64)
-            n = np.where(same, self.saved_n[idx], 0)
-            self._set_ref(idx, np.maximum(n, self.config.warmup))
-            back = idx[same & (n > 0)]
-            if back.size:
-                acc = self.saved_acc[back]
-                self.acc_n[back] = acc[:, 0].astype(np.int64)
-                self.acc_s[back] = acc[:, 1]
-                self.acc_q[back] = acc[:, 2]
 
     def adopt_previous(self, idx, median, scale) -> None:
         """Streams ``idx`` were re-baselined for a workload change while re-learning (e.g.
@@ -446,70 +488,44 @@ class StreamTable:
         self.prev_n[idx] = self.config.warmup
         self.old_unknown[idx] = False
 
-    # ------------------------------------------------------------------ baseline refinement
-    def _set_ref(self, idx, n) -> None:
-        """Streams ``idx`` now have a baseline from ``n`` samples (0: warming up): clear their
-        refinement sums and give them the threshold calibrated for ``n``."""
-        idx = np.atleast_1d(np.asarray(idx, np.int64))
-        if idx.size == 0:
-            return
-        n = np.broadcast_to(np.asarray(n, np.int64), idx.shape)
-        self.ref_n[idx] = n
-        self.acc_n[idx] = 0
-        self.acc_s[idx] = 0.0
-        self.acc_q[idx] = 0.0
-        if len(self._ladder) > 1:
-            lev = self._level(n)
-            for bank, hs in zip(self.banks, self._h_ladder):
-                bank.set_threshold(hs[lev], idx)
-
-    def _level(self, n: np.ndarray) -> np.ndarray:
-        """Index in the threshold ladder of a baseline from ``n`` samples (the largest rung
-        not above n; warming streams and short warm-ups get the first rung)."""
-        return np.clip(np.searchsorted(self._ladder, n, side="right") - 1, 0, len(self._ladder) - 1)
-
-    def _refine(self, idx: np.ndarray, x: np.ndarray) -> None:
-        """Grow the baselines of monitored streams ``idx`` (values ``x``) with their in-control
-        windows. A window is in control when it is within 3 baseline sigma (a one-window
-        hiccup is not); when a stream has gathered as many such windows as its baseline has,
-        and its statistics are quiet (an excursion in progress is left alone), its baseline
-        becomes the pooled estimate: median + mean deviation, and the pooled sigma (the
-        variance of a normal truncated at 3 sigma is 0.9733 of the full one; floored at
-        ``scale_floor``), and its threshold drops to the one calibrated for the larger sample
-        (`detector.arl.cusum_threshold_estimated`): the same false-alarm rate, a shorter delay."""
-        cfg = self.config
-        n_ref = self.ref_n[idx]
-        m = (n_ref > 0) & (n_ref < cfg.baseline_refine) & (self.monitor_since[idx] < self.t)
-        if not m.any():
-            return
-        idx, x = idx[m], x[m]
-        med, scale = self.banks[0].baseline
-        d = x - med[idx]
-        ok = np.abs(d) < 3.0 * scale[idx]
-        idx, d = idx[ok], d[ok]
-        self.acc_n[idx] += 1
-        self.acc_s[idx] += d
-        self.acc_q[idx] += d * d
-        due = idx[self.acc_n[idx] >= self.ref_n[idx]]
-        if due.size == 0:
-            return
-        quiet = np.ones(due.size, bool)
+    def _adopt(self, idx, median, scale, n) -> None:
+        """Streams ``idx`` are monitored from now on against (median, scale) learned from ``n``
+        samples (statistics cleared; the scale floored at ``scale_floor``)."""
         for bank in self.banks:
-            h = bank.threshold if np.ndim(bank.threshold) == 0 else bank.threshold[due]
-            quiet &= np.maximum(bank.statistic_up[due], bank.statistic_down[due]) < 0.25 * h
-        due = due[quiet]
-        if due.size == 0:
-            return
-        n0, n1 = self.ref_n[due].astype(np.float64), self.acc_n[due].astype(np.float64)
-        mean = self.acc_s[due] / n1
-        var1 = np.maximum(self.acc_q[due] / n1 - mean * mean, 0.0) / 0.9733
-        n = n0 + n1
-        new_med = med[due] + mean * (n1 / n)
-        new_scale = np.maximum(np.sqrt((n0 * scale[due] ** 2 + n1 * var1) / n), cfg.scale_floor)
-        for bank in self.banks:
-            bank.set_baseline(due, new_med, new_scale)
-        self._set_ref(due, np.minimum(n, cfg.baseline_refine).astype(np.int64))
-        self.n_refined += int(due.size)
+            bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
+        self.ss.start(idx, median, scale, n)
+        self.carry_n[idx] = 0
+
+    # ------------------------------------------------------------------ self-starting baseline
+    def _standardise(self, i_ok: np.ndarray, x: np.ndarray, warming: np.ndarray):
+        """Replace the values of monitored streams by baseline + scale x u, u their self-starting
+        standardised value (`detector.self_start`), so the banks' known-baseline thresholds hold
+        whatever the baseline's sample count. Returns u per ``i_ok`` (NaN: warming up)."""
+        if i_ok.size == 0 or not self.config.self_start:
+            return None
+        mon = ~warming[i_ok]
+        u = np.full(i_ok.size, np.nan)
+        if mon.any():
+            j = i_ok[mon]
+            med, scale = self.banks[0].baseline
+            z = (x[j] - med[j]) / scale[j]
+            u[mon] = self.ss.standardise(j, z)
+            x[j] = med[j] + scale[j] * u[mon]
+        return u
+
+    def _learn(self, i_ok: np.ndarray, x_valid: np.ndarray, u: np.ndarray, fired: np.ndarray) -> None:
+        """In-control windows (|u| < 3) of monitored streams that did not alarm join their
+        baselines. Windows are not held back while a chart is in an excursion: learning only the
+        values below it biases the baseline low and doubled the false-alarm rate (measured,
+        `tests/detector/test_streams.py`); a real shift is absorbed at 1/n per window only."""
+        quiet = np.isfinite(u) & self._learnable & ~fired[i_ok] & (self.monitor_since[i_ok] < self.t)
+        learned = self.ss.learn(i_ok, x_valid, np.where(np.isfinite(u), u, np.inf), quiet)
+        j = i_ok[learned]
+        if j.size:
+            scale = np.maximum(np.sqrt(self.ss.var[j]), self.config.scale_floor)
+            for bank in self.banks:
+                bank.move_baseline(j, self.ss.mean[j], scale)
+            self.n_refined += int(j.size)
 
     def recent(self, idx, since_step: int) -> np.ndarray:
         """Mean of the valid values of streams ``idx`` from bank step ``since_step`` to now."""
@@ -521,6 +537,16 @@ class StreamTable:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return np.nanmedian(self.hist[steps][:, np.asarray(idx, np.int64)], axis=0)
+
+    def instances_since(self, idx, since_step: int) -> int:
+        """Instances of streams ``idx`` (the most of any one) from bank step ``since_step`` to
+        now, within the history: a delay in instances (sparse jobs count steps, not seconds)."""
+        H = self.config.history
+        lo = max(since_step, self.t - H + 1)
+        steps = np.arange(lo, self.t + 1) % H
+        if steps.size == 0 or len(idx) == 0:
+            return 0
+        return int(self.inst_hist[steps][:, np.asarray(idx, np.int64)].sum(axis=0).max())
 
     def current(self, idx) -> np.ndarray:
         return self.hist[self.t % self.config.history, np.asarray(idx, np.int64)]
@@ -588,30 +614,16 @@ class StreamTable:
             self._set_thresholds()
 
     def _set_thresholds(self) -> None:
-        """h from the ARL0 with the estimated-baseline correction for
-        max(warmup, threshold_warmup) samples. Below ~60 samples the correction explodes
-        (h = 1,600 σ at 20 samples) although the scale floor already bounds how small a
-        learned σ can be; a short warm-up therefore gets the 60-sample threshold (more false
-        alarms than nominal on streams noisier than the floor, caught by the fusion rules)."""
+        """h for the per-stream ARL0: with ``self_start``, the known-baseline one (the
+        standardisation accounts for the baseline's estimation error, `detector.self_start`);
+        else the one for a fixed baseline from max(warmup, 60) samples (below ~60 the exact
+        correction explodes: h = 1,600 sigma at 20 samples)."""
         from .arl import cusum_threshold_correlated
         cfg = self.config
-        n = max(cfg.warmup, cfg.threshold_warmup)
-        ladder = [n]
-        while cfg.baseline_refine > cfg.warmup and 2 * ladder[-1] <= cfg.baseline_refine:
-            ladder.append(2 * ladder[-1])
-        self._ladder = np.array(ladder, np.int64)
-        self._h_ladder = [np.array([cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, m,
-                                                               cfg.long_run_variance, True,
-                                                               cfg.baseline_estimator)
-                                    for m in ladder]) for bank in self.banks]
-        for bank, hs in zip(self.banks, self._h_ladder):
-            bank.set_threshold(hs[0])
-        if len(ladder) > 1:
-            live = np.flatnonzero(self.ref_n[: self.n] > 0)
-            if live.size:
-                lev = self._level(self.ref_n[live])
-                for bank, hs in zip(self.banks, self._h_ladder):
-                    bank.set_threshold(hs[lev], live)
+        n = KNOWN_BASELINE if cfg.self_start else max(cfg.warmup, FIXED_BASELINE_MIN)
+        for bank in self.banks:
+            bank.set_threshold(cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, n,
+                                                          cfg.long_run_variance, True, cfg.baseline_estimator))
 
     def _allocate(self) -> int:
         if self._free:
@@ -635,6 +647,7 @@ class StreamTable:
         self.active[idle] = False
         self.bytes_ref[idle] = np.nan
         self.coverage_ref[idle] = np.nan
+        self.reporting_ref[idle] = -1
         self.instances_ref[idle] = np.nan
         self.spread[idle] = np.nan
         self.spread_prev[idle] = np.nan
@@ -642,7 +655,9 @@ class StreamTable:
             getattr(self, name)[idle] = np.nan
         self.prev_n[idle] = 0
         self.rebase_warm[idle] = False
-        self._set_ref(idle, 0)
+        self.ss.n[idle] = 0
+        self.pool.forget(idle)
+        self.carry_n[idle] = 0
         self.ap_ref[idle] = 0
         self.hist[:, idle] = np.nan
         for i in idle.tolist():
@@ -684,3 +699,15 @@ def _group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         pl.col("ap_bit").unique().sum().alias("ap_bits"),
     )
     return agg, agg.select(pl.struct(*STREAM_KEY).hash(seed=7)).to_series().to_numpy()
+
+
+def _reporting(agg: pl.DataFrame, ranks: pl.DataFrame) -> np.ndarray:
+    """Per stream row of ``agg``: ranks of its communicator with records in the ranks frame
+    (-1 where the frame says nothing about it)."""
+    if ranks is None or ranks.height == 0 or "records" not in ranks.columns:
+        return np.full(agg.height, -1, np.int64)
+    n = (ranks.filter(pl.col("records") > 0).group_by("job_id", "comm_hash")
+         .agg(pl.col("rank").n_unique().cast(pl.Int64).alias("n_reporting")))
+    out = agg.select("job_id", "comm_hash").join(n, on=["job_id", "comm_hash"], how="left",
+                                                   maintain_order="left")
+    return out.get_column("n_reporting").fill_null(-1).to_numpy().astype(np.int64)

@@ -1,7 +1,8 @@
 """``dynamiccl replay``: re-run detection over a recorded run with other settings ("what if").
 
-The run's usable part files (see :mod:`report.inventory`) are read back by the collector's
-``ReplayReceiver`` and go through its ``WindowAggregator`` (window / lateness settings of your
+The run's usable part files (see :mod:`report.inventory`) are read back (the collector's
+``read_batches``), merged in event-time order across files and hosts (:class:`EventTimeMerge`)
+and go through the collector's ``WindowAggregator`` (window / lateness settings of your
 choice) into the detector (:func:`report.detect.make_detector`), synchronously, losing nothing:
 there is no queue to overflow. Regime changes are printed, optionally written as JSONL (the
 report's ``changes.jsonl``), and scored against the ground truth when a ``truth.jsonl`` is found.
@@ -14,15 +15,17 @@ import json
 import logging
 import os
 import sys
-import threading
+import heapq
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from detector.config import DetectorConfig
 from detector.events import RegimeChange
 from dynamiccl.contracts.atomic import atomic_write
 
-__all__ = ["ReplayResult", "replay", "replay_main", "add_detector_args", "detector_config_from_args"]
+__all__ = ["ReplayResult", "EventTimeMerge", "replay", "replay_main", "add_detector_args", "detector_config_from_args"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,117 @@ def make_retuner(audit_path: str | None):
     return Retuner(cfg)
 
 
+def _event_time_ns(ev: np.ndarray) -> np.ndarray:
+    """The collector's event time: GPU start for kernel-timed records, else the enqueue time."""
+    from collector.wire_format import TimingSource
+    gpu = ev["timing_source"] == TimingSource.KERNEL_GPU
+    return np.where(gpu, ev["gpu_start_ns"], ev["enqueue_ns"]).view(np.int64)
+
+
+def _file_start_ns(path: str) -> int:
+    """A lower bound on a part file's first event time (footer statistics of ``enqueue_ns``, which
+    never follows a record's GPU start; 0 when absent: the file is then opened at once)."""
+    import pyarrow.parquet as pq
+    try:
+        meta = pq.ParquetFile(path).metadata
+        col = meta.schema.to_arrow_schema().get_field_index("enqueue_ns")
+        lows = [meta.row_group(g).column(col).statistics for g in range(meta.num_row_groups)]
+        return int(min(st.min for st in lows)) if lows and all(st is not None and st.has_min_max
+                                                                for st in lows) else 0
+    except Exception:  # unreadable footers are the inventory's business; order them first
+        return 0
+
+
+class EventTimeMerge:
+    """Yields the records of many part files as ``RecordBatch`` es in event-time order, one batch
+    per (window, host, job): every record of window w is handed over before any of window w + 1.
+
+    Rule: a file's unread records start no earlier than the first event time of the last batch
+    read from it (a part file is in arrival order), so windows below the minimum of that bound
+    over the open files (and the start of the next unopened file) are complete and are emitted.
+    The file furthest behind is read next; files are opened when the merge reaches their start,
+    so about one read batch per file that overlaps in time is held. Reading a whole file (or a
+    low-rate run's 8,192-row batch spanning minutes) per host ahead of the others made the
+    collector drop the others' records as late.
+    """
+
+    def __init__(self, paths, *, window_ns: int, batch_rows: int = 8192):
+        self.window_ns = int(window_ns)
+        self.batch_rows = batch_rows
+        self._pending = [(_file_start_ns(p), i, p) for i, p in enumerate(paths)]
+        heapq.heapify(self._pending)
+        self._groups: dict[tuple[str, str], int] = {}
+        self._names: list[dict[int, str]] = []
+        self._pool: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (events, t, group)
+        self.errors: list[tuple[str, str]] = []
+        self.records_read = 0
+
+    def __iter__(self):
+        from collector.receivers.replay import read_batches
+        active: dict[int, list] = {}  # file index -> [batch iterator, lower bound of unread, path]
+        emitted_upto = None
+        while self._pending or active:
+            bound = min((a[1] for a in active.values()), default=None)
+            while self._pending and (bound is None or self._pending[0][0] <= bound):
+                start, i, path = heapq.heappop(self._pending)
+                active[i] = [read_batches(path, batch_rows=self.batch_rows), start, path]
+                bound = start if bound is None else min(bound, start)
+            i = min(active, key=lambda k: active[k][1])
+            self._advance(active, i)
+            low = min([a[1] for a in active.values()] + [p[0] for p in self._pending[:1]], default=None)
+            upto = None if low is None else low // self.window_ns  # windows < upto are complete
+            if upto is None or emitted_upto is None or upto > emitted_upto:
+                emitted_upto = upto
+                yield from self._emit(upto)
+
+    def _advance(self, active: dict, i: int) -> None:
+        it, _, path = active[i]
+        try:
+            batch = next(it)
+        except StopIteration:
+            del active[i]
+            return
+        except Exception as exc:  # a damaged part file: what was read stays, the rest is skipped
+            log.error("replay: skipping the rest of %s: %s", path, exc)
+            self.errors.append((path, str(exc)))
+            del active[i]
+            return
+        if not len(batch.events):
+            return
+        t = _event_time_ns(batch.events)
+        g = self._groups.setdefault((batch.host, batch.job_id), len(self._groups))
+        if g == len(self._names):
+            self._names.append({})
+        self._names[g].update(batch.comm_names)
+        self._pool.append((batch.events, t, np.full(len(t), g, np.int32)))
+        self.records_read += len(t)
+        active[i][1] = max(active[i][1], int(t.min()))
+
+    def _emit(self, upto: int | None):
+        """Hand over the pooled records of windows < ``upto`` (all when None), window by window."""
+        from collector.component import RecordBatch
+        if not self._pool:
+            return
+        ev = np.concatenate([p[0] for p in self._pool])
+        t = np.concatenate([p[1] for p in self._pool])
+        g = np.concatenate([p[2] for p in self._pool])
+        w = t // self.window_ns
+        ready = np.ones(len(t), bool) if upto is None else w < upto
+        if not ready.any():
+            self._pool = [(ev, t, g)]
+            return
+        rest = ~ready
+        self._pool = [(ev[rest], t[rest], g[rest])] if rest.any() else []
+        ev, t, g, w = ev[ready], t[ready], g[ready], w[ready]
+        order = np.lexsort((t, g, w))
+        ev, g, w = ev[order], g[order], w[order]
+        cut = np.flatnonzero((np.diff(w) != 0) | (np.diff(g) != 0)) + 1
+        hosts = list(self._groups)
+        for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(ev)]):
+            host, job = hosts[int(g[lo])]
+            yield RecordBatch(ev[lo:hi], host, job, self._names[int(g[lo])])
+
+
 def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float = 1.0,
            lateness_s: float = 30.0, batch_rows: int = 8192, on_change=None, retuner: bool = True,
            audit_path: str | None = None, detector: str = "auto") -> ReplayResult:
@@ -64,7 +178,6 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
     from collector.config import WindowConfig
     from collector.metrics import SelfMetrics
     from collector.processors.window_agg import WindowAggregator
-    from collector.receivers.replay import ReplayReceiver
     from collector.records import valid_mask
     from report.detect import make_detector
     from report.inventory import take_inventory
@@ -97,28 +210,25 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
 
     wcfg = WindowConfig(window_s=window_s, allowed_lateness_s=lateness_s)
     agg = WindowAggregator(wcfg, next_consumer=FuncConsumer(on_window), metrics=metrics)
-    lock = threading.Lock()
-
-    def ingest(batch: RecordBatch, block: bool = True) -> int:
+    def ingest(batch: RecordBatch) -> int:
         ok = valid_mask(batch.events)
         n_ok = int(ok.sum())
-        with lock:
-            res.invalid += len(batch.events) - n_ok
+        res.invalid += len(batch.events) - n_ok
         if n_ok < len(batch.events):
             batch = RecordBatch(batch.events[ok], batch.host, batch.job_id, batch.comm_names)
         if n_ok:
             agg.consume(batch)
         return n_ok
 
-    rec = ReplayReceiver([f.path for f in inv.files], ingest=ingest, batch_rows=batch_rows)
-    rec.start()
-    rec.done.wait()
-    rec.shutdown()
+    merge = EventTimeMerge([f.path for f in inv.files], window_ns=int(round(window_s * 1e9)),
+                           batch_rows=batch_rows)
+    for batch in merge:
+        res.records += ingest(batch)
+    res.skipped.extend(merge.errors)
     agg.shutdown()  # closes the windows still open → detector
     if rt is not None:
         res.decisions = list(rt.audit.recent)
         rt.close()
-    res.records = rec.records
     res.late = int(metrics.dropped.get("late", 0)) + int(metrics.dropped.get("too_early", 0))
     res.wall_s = time.perf_counter() - t0
     return res

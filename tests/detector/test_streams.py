@@ -85,24 +85,69 @@ def test_per_stream_threshold():
         bank.set_threshold([1.0, -1.0], [0, 1])
 
 
-def test_baseline_refines_and_lowers_the_threshold():
-    """In-control windows after the warm-up double a stream's baseline sample (60 -> 120 ->
-    240); its threshold drops to the one calibrated for that many samples. Off: unchanged."""
+def test_baseline_keeps_learning_after_a_short_warm_up():
+    """A stream is monitored after ``warmup`` (5) windows and its baseline goes on learning from
+    its in-control windows (up to ``baseline_memory``); the threshold stays the known-baseline
+    one (the self-starting standardisation carries the estimation error)."""
+    from detector.arl import cusum_threshold_correlated
+    from detector.streams import KNOWN_BASELINE
+    cfg = DetectorConfig(autoencoder=False, self_start=True, warmup=5)
     job = SyntheticJob(seed=5)
-    on = StreamTable(DetectorConfig(autoencoder=False, baseline_refine=480))
-    off = StreamTable(DetectorConfig(autoencoder=False))                       # the default: off
-    for t in range(60 + 60 + 120 + 3):
-        wf = job.window(t)
-        on.update(wf)
-        off.update(wf)
-    live = np.flatnonzero(on.active[:on.n])
-    assert (on.ref_n[live] >= 240).mean() > 0.9, on.ref_n[live]
-    h_on = np.asarray(on.banks[0].threshold)[live]
-    assert np.all(h_on < 0.7 * off.banks[0].threshold)
-    assert np.ndim(off.banks[0].threshold) == 0 and off.n_refined == 0
-    med_on, sc_on = on.baseline(live)
-    med_off, sc_off = off.baseline(live)
-    assert np.all(np.abs(med_on - med_off) < 3 * sc_off)      # the same baseline, more precise
+    tab = StreamTable(cfg)
+    for t in range(cfg.warmup + 1):
+        tab.update(job.window(t))
+    live = np.flatnonzero(tab.active[:tab.n])
+    assert not tab.banks[0].warming_up[live].any()
+    for t in range(cfg.warmup + 1, 250):
+        tab.update(job.window(t))
+    assert (tab.ss.n[live] >= 200).mean() > 0.9, tab.ss.n[live]
+    assert tab.banks[0].threshold == pytest.approx(cusum_threshold_correlated(
+        tab.arl0, 1.0, KNOWN_BASELINE, cfg.long_run_variance, estimator=cfg.baseline_estimator))
+    med, scale = tab.baseline(live)
+    assert np.all(np.abs(med - tab.ss.mean[live]) == 0) and np.all(scale >= cfg.scale_floor)
+
+
+def test_self_starting_chart_holds_its_false_alarm_rate_from_a_5_sample_baseline():
+    """Gaussian streams monitored from a 5-sample baseline: with the self-starting
+    standardisation the known-baseline threshold keeps the stated rate (1 / arl0 per sample,
+    within sampling error: 1.2x), while plugging the 5-sample estimate in raises it 4.5-fold."""
+    from detector.arl import cusum_threshold
+    from detector.self_start import SelfStart
+    rng = np.random.default_rng(11)
+    n, steps, warm, arl0 = 400, 1500, 5, 2000.0
+    h = cusum_threshold(2 * arl0, 1.0)          # two-sided, delta = 2: k = 1
+    counts = {}
+    for mode in ("self-start", "plug-in"):
+        bank = CUSUMBank(n_streams=n, delta=2.0, arl0=arl0, warmup=warm, mode="both", min_value=None,
+                         z_clip=1e9, estimator="winsorized")
+        bank.set_threshold(h)
+        ss = SelfStart(n, memory=480, long_run_variance=1.0)
+        idx = np.arange(n)
+        alarms = 0
+        x_all = rng.standard_normal((steps, n))
+        for i in range(steps):
+            x = x_all[i].copy()
+            warming = bank.warming_up.copy()
+            med, scale = bank.baseline
+            if mode == "self-start" and not warming.all():
+                z = (x - med) / np.where(np.isfinite(scale), scale, 1.0)
+                u = ss.standardise(idx, z)
+                x = np.where(warming, x, med + scale * u)
+            bank.update_many(x)
+            alarms += int(bank.drift_detected.sum())
+            done = warming & ~bank.warming_up
+            if done.any():
+                med, scale = bank.baseline
+                ss.start(idx[done], med[done], scale[done], warm)
+            if mode == "self-start":
+                quiet = ~warming & ~bank.drift_detected
+                ok = ss.learn(idx, x_all[i], np.where(quiet, u if not warming.all() else 0.0, np.inf), quiet)
+                if ok.any():
+                    bank.move_baseline(idx[ok], ss.mean[ok], np.sqrt(ss.var[ok]))
+            ss.n[bank.drift_detected] = 0
+        counts[mode] = alarms / (n * steps)
+    assert 0.3 / arl0 < counts["self-start"] < 2.0 / arl0, counts
+    assert counts["plug-in"] > 3 * counts["self-start"], counts   # measured: 1.2x and 4.5x nominal
 
 
 def test_mix_return_restores_the_previous_baseline():
@@ -110,7 +155,7 @@ def test_mix_return_restores_the_previous_baseline():
     no match, no new change after it) still gets its old baseline back once the original
     sizes are seen again: no 60-window blind spell."""
     job = SyntheticJob(seed=6)
-    tab = StreamTable(DetectorConfig(autoencoder=False, baseline_refine=0))
+    tab = StreamTable(DetectorConfig(autoencoder=False))
     i = job.large()[0]
     for t in range(70):
         tab.update(job.window(t))
@@ -153,14 +198,15 @@ def test_small_shift_threshold_is_set_for_correlated_noise():
     per-window noise's long-run variance (`long_run_variance`, default 2); the delta = 6 chart,
     which one window can fire, keeps the threshold for independent noise."""
     from detector.arl import cusum_threshold_correlated, cusum_threshold_estimated
+    K = 60                       # the default: a fixed baseline from 60 windows
     cfg = DetectorConfig(autoencoder=False)
     tab = StreamTable(cfg)
     small, large = tab.banks
     assert cfg.baseline_estimator == "winsorized" and cfg.long_run_variance == 2.0
-    assert small.threshold == pytest.approx(cusum_threshold_correlated(tab.arl0, 1.0, 60, 2.0,
+    assert small.threshold == pytest.approx(cusum_threshold_correlated(tab.arl0, 1.0, K, 2.0,
                                                                         estimator="winsorized"))
-    assert small.threshold > 2 * cusum_threshold_estimated(tab.arl0, 1.0, 60, estimator="winsorized")
-    assert large.threshold == pytest.approx(cusum_threshold_estimated(tab.arl0, 3.0, 60, estimator="winsorized"))
+    assert small.threshold > 2 * cusum_threshold_estimated(tab.arl0, 1.0, K, estimator="winsorized")
+    assert large.threshold == pytest.approx(cusum_threshold_estimated(tab.arl0, 3.0, K, estimator="winsorized"))
     with pytest.raises(ValueError, match="long_run_variance"):
         DetectorConfig(long_run_variance=0.5).validate()
     with pytest.raises(ValueError, match="instance_weight"):

@@ -1,0 +1,71 @@
+"""Sparse streams: a statistic formed over enough instances whatever the collective's rate.
+
+A stream whose window holds fewer than ``min_instances`` instances (one data-parallel
+all-reduce per 5-10 s training step: one instance in one window of five) pools its windows
+until it has that many: the sample is the instance-weighted mean of the windows' log-latency,
+given to the CUSUMs in the window that completes it. A stream with enough instances per window
+never pools (its samples are exactly as before); before this, such a stream never got a
+baseline and the job was not monitored at all.
+
+Its cadence is learned too: the interval between its windows with data (an EWMA), so that the
+first value after a *gap* (a checkpoint pause) means a silence longer than 1.5x its usual
+interval, not 1.5 windows, which every value of a sparse stream would be.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["InstancePool"]
+
+_EWMA = 0.1
+
+
+class InstancePool:
+    """Per-stream pooled (sum of instances x log-latency, instances) and data interval."""
+
+    def __init__(self, capacity: int):
+        self.s = np.zeros(capacity)
+        self.n = np.zeros(capacity, np.int64)
+        self.interval = np.full(capacity, np.nan)   # EWMA of seconds between windows with data
+        self.n_pooled = 0                           # samples formed by pooling
+
+    def grow(self, extra: int) -> None:
+        self.s = np.concatenate([self.s, np.zeros(extra)])
+        self.n = np.concatenate([self.n, np.zeros(extra, np.int64)])
+        self.interval = np.concatenate([self.interval, np.full(extra, np.nan)])
+
+    def clear(self, idx) -> None:
+        self.s[idx] = 0.0
+        self.n[idx] = 0
+
+    def forget(self, idx) -> None:
+        self.clear(idx)
+        self.interval[idx] = np.nan
+
+    def add(self, idx: np.ndarray, log_lat: np.ndarray, inst: np.ndarray, need: int):
+        """Pool the windows of streams ``idx``; returns (mask of the ones now complete, their
+        pooled latency). Complete pools are emptied."""
+        self.s[idx] += inst * log_lat
+        self.n[idx] += inst
+        done = self.n[idx] >= need
+        j = idx[done]
+        lat = np.exp(self.s[j] / self.n[j])
+        self.clear(j)
+        self.n_pooled += int(j.size)
+        return done, lat
+
+    def gap(self, idx: np.ndarray, dt: np.ndarray, window_s: float, sparse: np.ndarray) -> np.ndarray:
+        """Which of ``idx`` (seconds ``dt`` since their last data, NaN: first) come back after a
+        gap; learns their interval. Only ``sparse`` streams (fewer instances per window than a
+        statistic needs) are judged against their interval; the others against 1.5 windows:
+        an intermittent stream of a dense job (a mix's size bucket) must not stretch the gap
+        that marks a checkpoint pause (the stationary suite's false changes otherwise)."""
+        known = np.isfinite(self.interval[idx]) | ~sparse
+        usual = np.where(sparse & np.isfinite(self.interval[idx]), self.interval[idx], window_s)
+        # a sparse stream's first interval is learnt, not judged (it is its step)
+        out = known & np.isfinite(dt) & (dt > 1.5 * np.maximum(window_s, usual))
+        learn = np.isfinite(dt) & ~out
+        j = idx[learn]
+        old = self.interval[j]
+        self.interval[j] = np.where(np.isfinite(old), (1 - _EWMA) * old + _EWMA * dt[learn], dt[learn])
+        return out

@@ -1,0 +1,149 @@
+"""Tracking of open incidents (a part of `detector.fusion.Fusion`).
+
+Each window an incident's streams are placed between their old baseline (0) and their degraded
+level (1): ``recovery_windows`` windows in a row at ≤ ``recovery_fraction`` emit a ``recovery``
+(and restore the old baselines at once); ``flap_transitions`` off→on transitions within
+``flap_window_s`` emit one ``flapping`` change; an incident opened by rank evidence is tracked
+by that evidence. A window in which most of an incident's streams are silent counts neither way.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import polars as pl
+
+from typing import TYPE_CHECKING
+
+from .events import RegimeChange
+
+if TYPE_CHECKING:
+    from .fusion import Incident
+    from .streams import WindowStreams
+
+__all__ = ["Tracking"]
+
+MAX_CLOSED_PER_JOB = 16
+
+
+class Tracking:
+    """Mixin of `Fusion`: needs ``config``, ``table``, ``ranks``, ``active``, ``closed``,
+    ``_n``, ``_window_s`` and ``_release``."""
+
+    def _track(self, ws: WindowStreams, inc: Incident) -> RegimeChange | None:
+        cfg, tab = self.config, self.table
+        if inc.streams.size == 0:
+            self._close(inc, ws.t)
+            return None
+        cur = tab.current(inc.streams)
+        if inc.rank_of is not None:
+            return self._track_rank(ws, inc, cur)
+        shift = inc.level - inc.base_med
+        ok = np.isfinite(cur) & np.isfinite(shift) & (np.abs(shift) > 0)
+        if not ok.any() or 2 * int(ok.sum()) < int(np.count_nonzero(np.isfinite(shift) & (shift != 0))):
+            # most of its streams silent (a pause, a size mix moving them to other buckets):
+            # the few left (often the ones the workload change moved) are no evidence either way
+            return None
+        p = (cur[ok] - inc.base_med[ok]) / shift[ok]
+        score = float(np.median(p))
+        if score <= cfg.recovery_fraction:
+            inc.off_count += 1
+            inc.on = False
+            need = cfg.recovery_windows
+            if inc.kind == "flapping" or inc.flapping_id is not None:
+                # a flapping link is back only after a quiet spell longer than its off phases
+                need = max(need, int(math.ceil(0.5 * cfg.flap_window_s / self._window_s)))
+            if inc.off_count >= need:
+                return self._recover(ws, inc, cur)
+            return None
+        if score >= 0.5:
+            if not inc.on:
+                inc.onsets.append(ws.t)
+            inc.on = True
+            inc.off_count = 0
+            upd = ok.copy()
+            upd[ok] = p >= 0.5
+            inc.level[upd] = 0.8 * inc.level[upd] + 0.2 * cur[upd]
+            horizon = cfg.flap_window_s / self._window_s
+            recent = [s for s in inc.onsets if ws.t - s <= horizon]
+            if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.flap_transitions:
+                return self._flapping(ws, inc)
+        else:
+            inc.off_count = 0
+        return None
+
+    def _track_rank(self, ws, inc: Incident, cur) -> RegimeChange | None:
+        """A change opened by rank evidence (a small slowdown, within a few sigma of the
+        latency noise) is tracked by the same evidence: it recovers after ``recovery_windows``
+        windows in which its rank is no longer the dominant shortest."""
+        cfg = self.config
+        if not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
+            return None
+        f = self.ranks.frames[-1][1]
+        comm, rank = inc.rank_of
+        sel = f.filter((pl.col("job_id") == inc.job) & (pl.col("comm_hash") == comm))
+        total = int(sel.get_column("shortest_count").sum() or 0) if sel.height else 0
+        if total < cfg.straggler_min_instances:
+            return None
+        mine = int(sel.filter(pl.col("rank") == rank).get_column("shortest_count").sum() or 0)
+        if mine >= 0.5 * cfg.straggler_share * total:
+            inc.off_count = 0
+            return None
+        inc.off_count += 1
+        if inc.off_count >= cfg.recovery_windows:
+            return self._recover(ws, inc, cur)
+        return None
+
+    def _flapping(self, ws, inc: Incident) -> RegimeChange:
+        n = self._n.get(inc.job, 0) + 1
+        self._n[inc.job] = n
+        cid = f"rc-{inc.job}-{n}"
+        inc.flapping_id = cid
+        base = inc.change
+        change = RegimeChange(
+            id=cid, kind="flapping", job_id=inc.job, start_s=base.start_s,
+            detected_s=float(ws.window_start + self._window_s), magnitude=base.magnitude, comms=base.comms,
+            comm_names=base.comm_names, funcs=base.funcs, size_buckets=base.size_buckets, ranks=base.ranks,
+            hosts=base.hosts, evidence={"refines": inc.id, "on_transitions": len(inc.onsets),
+                                        "n_streams": int(inc.streams.size)})
+        return change
+
+    def _recover(self, ws, inc: Incident, cur) -> RegimeChange:
+        tab = self.table
+        ok = np.isfinite(cur)
+        with np.errstate(invalid="ignore"):
+            mag = float(np.exp(np.median(cur[ok] - inc.level[ok]))) if ok.any() else 1.0
+        n = self._n.get(inc.job, 0) + 1
+        self._n[inc.job] = n
+        first_off = ws.t - inc.off_count + 1
+        base = inc.change
+        change = RegimeChange(
+            id=f"rc-{inc.job}-{n}", kind="recovery", job_id=inc.job,
+            start_s=float(tab.window_start_of(first_off)), detected_s=float(ws.window_start + self._window_s),
+            magnitude=round(mag, 4), comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
+            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=base.id,
+            evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
+        tab.restore_baseline(inc.streams, inc.base_med, inc.base_scale)
+        # streams of the same communicators that learned their baseline during the incident
+        # (they were warming up at its onset) learned the degraded level: learn again
+        comms = np.unique(tab.comm_hash[inc.streams])
+        same = np.flatnonzero(tab.active & np.isin(tab.comm_hash, comms) & (tab.job_code == tab.jobs.get(inc.job, -2))
+                              & (tab.monitor_since > inc.onset_step))
+        same = same[~np.isin(same, inc.streams)]
+        if same.size:
+            tab.rebase(same)
+        self._close(inc, ws.t)
+        return change
+
+    def _close(self, inc: Incident, step: int) -> None:
+        lst = self.active.get(inc.job, [])
+        if inc in lst:
+            lst.remove(inc)
+        if not lst:
+            self.active.pop(inc.job, None)
+        self._release(inc)
+        inc.closed_step = step
+        self.closed.setdefault(inc.job, deque(maxlen=MAX_CLOSED_PER_JOB)).append(inc)
+
+

@@ -1,0 +1,46 @@
+"""A sparse job: one instance of each collective per 5 s training step (1 s windows), so four
+windows in five hold nothing and the fifth one instance. Streams pool windows until they hold
+``min_instances`` instances (`detector.sparse`); before, no stream ever got a baseline."""
+from __future__ import annotations
+
+from collector.features import WindowFeatures, empty_keys, empty_ranks
+from detector.config import DetectorConfig
+from detector.service import Detector
+from detector.testing import EPOCH, Regime, SyntheticJob
+
+STEP = 5          # windows per training step
+
+
+def _feed(job, steps, slow_from=None, mult=1.5):
+    det = Detector(DetectorConfig(autoencoder=False))
+    out = []
+    for t in range(steps * STEP):
+        if t % STEP == 0:
+            on = slow_from is not None and t >= slow_from * STEP
+            reg = Regime(instances_frac=1e-6, mult={i: mult for i, s in enumerate(job.streams) if s.nnodes > 1}
+                         if on else {})
+            wf = job.window(t, reg)
+        else:
+            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
+        out += det.process(wf)
+    return det, out
+
+
+def test_sparse_job_slowdown_found_within_ten_steps():
+    job = SyntheticJob(seed=7, sigma=0.05)
+    det, ch = _feed(job, 200, slow_from=180)
+    assert ch, det.fusion.counters
+    first = ch[0]
+    assert first.kind in ("bandwidth", "latency")
+    delay_steps = (first.detected_s - (EPOCH + 180 * STEP)) / STEP
+    assert 0 < delay_steps <= 10, (delay_steps, [(c.kind, (c.detected_s - EPOCH) / STEP) for c in ch])
+    assert det.table.pool.n_pooled > 0
+    # the delay in instances: one instance per step, so about the delay in steps
+    assert 1 <= first.evidence["delay_instances"] <= delay_steps + 1, first.evidence["delay_instances"]
+
+
+def test_sparse_job_stationary_hour_has_no_change():
+    job = SyntheticJob(seed=8, sigma=0.05)
+    det, ch = _feed(job, 720)            # one hour
+    assert ch == [], [(c.kind, (c.detected_s - EPOCH) / STEP) for c in ch]
+    assert det.table.n_active > 0 and not det.table.banks[0].warming_up[:det.table.n].all()
