@@ -24,7 +24,7 @@ def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]
     from detector.config import DetectorConfig
     from report.detect import make_detector
 
-    det = make_detector(DetectorConfig(warmup=WARMUP_WINDOWS, threshold_warmup=WARMUP_WINDOWS))
+    det = make_detector(DetectorConfig(warmup=WARMUP_WINDOWS))
     changes: list = []
     agg = WindowAggregator(WindowConfig(window_s=WINDOW_S, allowed_lateness_s=30.0),
                            next_consumer=FuncConsumer(lambda r: changes.extend(det.process(r.features))))

@@ -132,3 +132,21 @@ def test_worker_phases_run_on_gloo(tmp_path):
     assert funcs == {("sweep", f) for f in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "SendRecv")} | {
         ("a2a", "AlltoAll"), ("after_a2a", "AllReduce")}
     assert "3" in conf.read_text().split("version")[-1]      # rank 0 staged the mid-run version
+
+
+@pytest.mark.parametrize("run", ["h100_run3", "h100_run4"])
+def test_detector_names_the_slow_rank_on_real_nccl_records(run):
+    """Real records of the kit's slow-rank phase (H100, NCCL 2.28.9, 4 ranks sharing the GPU; the last
+    rank sleeps one call time before each AllReduce from 15 s on): a change within 5 s, the rank named
+    first, nothing before the onset. run4 was missed before the coverage rule stopped re-learning a
+    stream whose instances per window fell with its latency."""
+    pytest.importorskip("polars")
+    import numpy as np
+
+    from dynamiccl.validate.detect import check_detection
+    data = np.load(Path(__file__).with_name("data") / f"slow_rank_{run}.npz")
+    meta = json.loads(str(data["meta"]))
+    c = check_detection(data["events"], {int(k): v for k, v in meta["hosts"].items()}, meta["onset_ns"],
+                        meta["slow_rank"])
+    assert c.ok, c.summary
+    assert c.numbers["slow_rank_named"] and c.numbers["false_before_onset"] == 0, c.summary
