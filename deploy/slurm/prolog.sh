@@ -20,9 +20,10 @@ mkdir -p "$DCCL_JOB_SHARED/parquet" "$DCCL_JOB_SHARED/tuner"
 
 metrics_port="$(dccl_free_port)"
 features_port="$(dccl_free_port)"
+# --allow-remote: the central Prometheus scrapes this /metrics; records arrive on the job's Unix socket only
 dccl_start collector - "$DYNAMICCL_BIN" collector --listen "unix:$DCCL_SOCKET" \
   --metrics "0.0.0.0:$metrics_port" --features "tcp:127.0.0.1:$features_port" \
-  --parquet "$DCCL_JOB_SHARED/parquet/$DCCL_NODE"
+  --parquet "$DCCL_JOB_SHARED/parquet/$DCCL_NODE" --allow-remote
 
 # ready = the socket exists; a collector that died (port taken, bad directory) fails the prolog with its log
 i=0
