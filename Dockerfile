@@ -14,7 +14,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# builds nccl_profiler_plugin/*.so through hatch_build.py and ships them in the wheel
+# builds dynamiccl/nccl_profiler_plugin/*.so through hatch_build.py and ships them in the wheel
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:${PYTHON_VERSION}-slim

@@ -14,8 +14,8 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 PLUGINS = {
     # folder: shared libraries its Makefile builds in place (paths relative to the folder)
-    "nccl_profiler_plugin": ("libnccl-profiler-dynamiccl.so", "emulator/libdccl-nccl-emu.so"),
-    "nccl_tuner_plugin": ("libnccl-tuner-dynamiccl.so",),
+    "dynamiccl/nccl_profiler_plugin": ("libnccl-profiler-dynamiccl.so", "emulator/libdccl-nccl-emu.so"),
+    "dynamiccl/nccl_tuner_plugin": ("libnccl-tuner-dynamiccl.so",),
 }
 
 

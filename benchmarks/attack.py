@@ -38,8 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from collector.testing import encode_frame, encode_frames, process_record, synthetic_events  # noqa: E402
-from collector.wire_format import EVENT_DTYPE  # noqa: E402
+from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events  # noqa: E402
+from dynamiccl.collector.wire_format import EVENT_DTYPE  # noqa: E402
 
 LEGIT_JOB, LEGIT_COMM = "legit-job", 0x1E61_0000_0000_0001
 TARGETS = {"legit_ratio": 0.99, "metrics_max_bytes": 5e6, "metrics_max_s": 1.0, "rss_max_bytes": 1e9,
@@ -186,7 +186,7 @@ class LegitCounter:
     """Sums the legitimate job's records over the feature stream's closed windows."""
 
     def __init__(self, address: str):
-        from collector.features import subscribe
+        from dynamiccl.collector.features import subscribe
         self.records, self.windows = 0, 0
         self._it = subscribe(address, timeout=None)
         threading.Thread(target=self._run, daemon=True).start()

@@ -32,7 +32,7 @@ RATE_FLOOR = 0.95  # achieved / target rate below this fails the run
 
 def sender(path: str, rate: float, duration: float, ranks: int, frame: int, seed: int, q,
            paced: bool = True) -> None:
-    from collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
+    from dynamiccl.collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
     tick = 0.01
     per_tick = int(rate * tick)
     inst_per_tick = max(1, per_tick // ranks)
@@ -137,8 +137,8 @@ def main() -> int:
     ap.add_argument("--writer", default=None, choices=("process", "thread"),
                     help="parquet writer (default: the collector's, a child process)")
     args = ap.parse_args()
-    from collector.config import default_config
-    from collector.pipeline import Pipeline
+    from dynamiccl.collector.config import default_config
+    from dynamiccl.collector.pipeline import Pipeline
 
     base = baseline(args.rate, args.duration, args.ranks, args.frame, args.seed)
     d = tempfile.mkdtemp(prefix="dce")

@@ -35,11 +35,11 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    from collector.component import RecordBatch
-    from collector.config import default_config
-    from collector.decode import StreamDecoder
-    from collector.pipeline import Pipeline
-    from collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
+    from dynamiccl.collector.component import RecordBatch
+    from dynamiccl.collector.config import default_config
+    from dynamiccl.collector.decode import StreamDecoder
+    from dynamiccl.collector.pipeline import Pipeline
+    from dynamiccl.collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
 
     rss_import = rss_mb()
     inst = args.rate // args.ranks

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 
 
 class LegacyExporter:
-    """The exporter before this change (collector/exporters/parquet.py at 5c2275a), trimmed to
+    """The exporter before this change (dynamiccl/collector/exporters/parquet.py at 5c2275a), trimmed to
     its work: per batch ``to_table``; per flush ``concat_tables`` + ``unify_dictionaries`` +
     ``write_table``."""
 
@@ -40,7 +40,7 @@ class LegacyExporter:
 
     def _table(self, batch):
         import pyarrow as pa
-        from collector.exporters.parquet import RECORD_COLUMNS
+        from dynamiccl.collector.exporters.parquet import RECORD_COLUMNS
         ev = batch.events
         n = len(ev)
         cols = {name: pa.array(np.ascontiguousarray(ev[name])) for name in RECORD_COLUMNS}
@@ -58,7 +58,7 @@ class LegacyExporter:
         return pa.table(cols)
 
     def consume(self, batch) -> None:
-        from collector.records import event_time_ns
+        from dynamiccl.collector.records import event_time_ns
         table = self._table(batch)
         hours = event_time_ns(batch.events) // (3600 * 10**9)
         key = (batch.job_id, int(hours.min()))  # the benchmark's data stays within one hour
@@ -83,8 +83,8 @@ class LegacyExporter:
 
 
 def make_batches(records: int, ranks: int, frame: int, seed: int):
-    from collector.component import RecordBatch
-    from collector.testing import advance, synthetic_events
+    from dynamiccl.collector.component import RecordBatch
+    from dynamiccl.collector.testing import advance, synthetic_events
     tick = 0.01
     per_tick = 5000  # 500,000 records/s in 10 ms ticks, as collector_e2e.py sends them
     inst = per_tick // ranks
@@ -146,8 +146,8 @@ def main() -> int:
     ap.add_argument("--compression", default=None, help="default: the collector's")
     ap.add_argument("--writer", default=None, choices=("process", "thread"), help="default: the collector's")
     args = ap.parse_args()
-    from collector.config import ParquetConfig
-    from collector.exporters.parquet import ParquetExporter
+    from dynamiccl.collector.config import ParquetConfig
+    from dynamiccl.collector.exporters.parquet import ParquetExporter
 
     defaults = ParquetConfig()
     compression = args.compression or defaults.compression

@@ -24,14 +24,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 
-from collector.component import RecordBatch  # noqa: E402
-from collector.config import WindowConfig  # noqa: E402
-from collector.decode import StreamDecoder  # noqa: E402
-from collector.metrics import SelfMetrics  # noqa: E402
-from collector.processors.window_agg import WindowAggregator  # noqa: E402
-from collector.testing import (NopConsumer, encode_frame, encode_frames, process_record,  # noqa: E402
+from dynamiccl.collector.component import RecordBatch  # noqa: E402
+from dynamiccl.collector.config import WindowConfig  # noqa: E402
+from dynamiccl.collector.decode import StreamDecoder  # noqa: E402
+from dynamiccl.collector.metrics import SelfMetrics  # noqa: E402
+from dynamiccl.collector.processors.window_agg import WindowAggregator  # noqa: E402
+from dynamiccl.collector.testing import (NopConsumer, encode_frame, encode_frames, process_record,  # noqa: E402
                                synthetic_events)
-from collector.wire_format import EVENT_DTYPE  # noqa: E402
+from dynamiccl.collector.wire_format import EVENT_DTYPE  # noqa: E402
 
 
 def main() -> int:

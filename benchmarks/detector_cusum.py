@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from detector import CUSUM, CUSUMBank  # noqa: E402
+from dynamiccl.detector import CUSUM, CUSUMBank  # noqa: E402
 
 
 def bench_bank(n_streams: int, steps: int, repeat: int, dirty: bool) -> float:

@@ -28,11 +28,11 @@ import polars as pl  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures, decode_line, encode_line  # noqa: E402
-from detector.feature_decode import decode  # noqa: E402
-from detector.config import DetectorConfig  # noqa: E402
-from detector.cusum_bank import CUSUMBank  # noqa: E402
-from detector.service import Detector  # noqa: E402
+from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures, decode_line, encode_line  # noqa: E402
+from dynamiccl.detector.feature_decode import decode  # noqa: E402
+from dynamiccl.detector.config import DetectorConfig  # noqa: E402
+from dynamiccl.detector.cusum_bank import CUSUMBank  # noqa: E402
+from dynamiccl.detector.service import Detector  # noqa: E402
 
 EPOCH = 1_767_225_600.0
 
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
           f"(p95 process {np.percentile(proc_cpu[mon], 95) * 1e3:.1f} ms, max {proc_cpu[mon].max() * 1e3:.1f} ms)")
     print(f"baseline: CUSUMBank.update_many x{len(cfg.deltas)} banks on {n} streams: {bank_ms:.1f} ms "
           f"(process/baseline = {proc_ms / bank_ms:.1f}x)")
-    print(f"decode: detector.feature_decode {dec_ms:.0f} ms vs collector.features.decode_line {ref_decode_ms:.0f} ms")
+    print(f"decode: dynamiccl.detector.feature_decode {dec_ms:.0f} ms vs dynamiccl.collector.features.decode_line {ref_decode_ms:.0f} ms")
     print(f"at one window per second: {per_window / 10:.1f} % of one core (target < 50 %)")
     print(f"streams={n} cpu_per_window_ms={per_window:.1f} decode_ms={dec_ms:.1f} process_ms={proc_ms:.1f} "
           f"core_fraction={per_window / 1000:.3f} bank_ms={bank_ms:.1f}")

@@ -23,7 +23,7 @@ from dynamiccl.contracts.lines import LineSplitter  # noqa: E402
 
 
 def quadratic(chunks):
-    """The reader retuner/service.py had: ``buf += chunk`` then split the whole buffer again."""
+    """The reader dynamiccl/retuner/service.py had: ``buf += chunk`` then split the whole buffer again."""
     buf, out = b"", []
     for chunk in chunks:
         buf += chunk

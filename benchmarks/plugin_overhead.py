@@ -3,7 +3,7 @@
 Replays eager AllReduce (float32, 8 channels, KernelCh on: 31 plugin calls per collective:
 GroupApi start/record/stop, CollApi start/stop, Coll start/stop, 8 x KernelCh
 start/record(KernelChStop)/stop) through the GPU-free emulator
-(nccl_profiler_plugin/emulator), once against a no-op plugin (returns success and a dummy
+(dynamiccl/nccl_profiler_plugin/emulator), once against a no-op plugin (returns success and a dummy
 handle, same activation mask) and once against ours, with 1 thread (KernelCh inline) and with an
 application thread + a proxy thread. Fixed workload: 20,000 warm-up + 200,000 timed collectives
 per run, runs alternate no-op/ours, medians over --reps runs.
@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PLUGIN_DIR = REPO / "nccl_profiler_plugin"
+PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 BUILD = PLUGIN_DIR / "test" / "build"
 GOAL_NS = {1: 100.0, 2: 300.0, "v7": 150.0}  # 1 thread and v7: issue 23; 2 threads: no stated goal, the earlier bound
 PHASES_MASK = 70 | 32768

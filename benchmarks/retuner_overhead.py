@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from detector.events import RegimeChange  # noqa: E402
-from retuner.agent import Retuner  # noqa: E402
-from retuner.config import PolicyConfig, RetunerConfig  # noqa: E402
-from retuner.types import Observation, Target  # noqa: E402
+from dynamiccl.detector.events import RegimeChange  # noqa: E402
+from dynamiccl.retuner.agent import Retuner  # noqa: E402
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig  # noqa: E402
+from dynamiccl.retuner.types import Observation, Target  # noqa: E402
 
 CELLS = [("RING", "SIMPLE"), ("TREE", "SIMPLE"), ("RING", "LL128"), ("TREE", "LL128"), ("RING", "LL"), ("TREE", "LL")]
 

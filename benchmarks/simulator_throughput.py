@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.cli import TARGET_RPS, bench  # noqa: E402
+from dynamiccl.harness.simulator.cli import TARGET_RPS, bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

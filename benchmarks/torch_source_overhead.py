@@ -85,7 +85,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    import collector.sources.torch_distributed as src
+    import dynamiccl.collector.sources.torch_distributed as src
 
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="dynamiccl-bench-")

@@ -1,6 +1,6 @@
 """Cost of one ``getCollInfo`` call of the DynamICCL tuner plugin vs a no-op tuner, in the same run.
 
-A C harness (``nccl_tuner_plugin/bench/bench_harness.c``) calls ``ncclTunerPlugin_v6.getCollInfo`` the
+A C harness (``dynamiccl/nccl_tuner_plugin/bench/bench_harness.c``) calls ``ncclTunerPlugin_v6.getCollInfo`` the
 way NCCL's ``ncclPrepareTasks`` does: a freshly filled ``float[7][3]`` cost table per call (a 84-byte
 copy, counted for both plugins), ``nChannels`` starting at 0, ``nBytes`` cycling over 64 seeded sizes
 from 8 B to 1 GiB. Configurations, alternated run by run (median over ``--reps``):
@@ -36,14 +36,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-TUNER_DIR = REPO / "nccl_tuner_plugin"
+TUNER_DIR = REPO / "dynamiccl" / "nccl_tuner_plugin"
 BUILD = TUNER_DIR / "test" / "build"
 GOAL_NS = 50.0
 CHAINED_GOAL_ADDED_NS = 30.0
 ALLREDUCE = 4
 
-from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs  # noqa: E402
-from simulator.tuner_abi import TunerPlugin  # noqa: E402
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, write_configs  # noqa: E402
+from dynamiccl.harness.simulator.tuner_abi import TunerPlugin  # noqa: E402
 
 
 def configs(kind: str) -> list[TunerConfig]:

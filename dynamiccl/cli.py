@@ -17,15 +17,15 @@ from dynamiccl import __version__
 # third-party imports are missing still gets its subcommands, which then say which extra to install.
 SUBCOMMANDS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("dynamiccl.plugins", ("plugins",), None),
-    ("collector.cli", ("collector",), "services"),
-    ("simulator.cli", ("simulate",), "services"),
+    ("dynamiccl.collector.cli", ("collector",), "services"),
+    ("dynamiccl.harness.simulator.cli", ("simulate",), "services"),
     ("dynamiccl.demo", ("demo",), "services"),
-    ("detector.cli", ("detector",), "services"),
+    ("dynamiccl.detector.cli", ("detector",), "services"),
     ("dynamiccl.stack", ("stack",), "services"),
-    ("dashboards.cli", ("dashboards",), "services"),
-    ("report.cli", ("report", "replay"), "report"),
-    ("retuner.cli", ("retuner",), "services"),
-    ("testbed.cli", ("testbed",), "services"),
+    ("dynamiccl.dashboards.cli", ("dashboards",), "services"),
+    ("dynamiccl.report.cli", ("report", "replay"), "report"),
+    ("dynamiccl.retuner.cli", ("retuner",), "services"),
+    ("dynamiccl.harness.testbed.cli", ("testbed",), "services"),
     ("dynamiccl.validate", ("validate-nccl",), "node"),     # numpy + the user's torch (docs/real-nccl.md)
 )
 SUBCOMMAND_MODULES = tuple(m for m, _, _ in SUBCOMMANDS)
@@ -33,8 +33,7 @@ COMMAND_EXTRA = {c: extra for _, cmds, extra in SUBCOMMANDS for c in cmds}
 #: third-party module → the extra that installs it (when a command's own extra is not the one)
 MODULE_EXTRA = {"torch": "autoencoder", "plotly": "report", "grafana_foundation_sdk": "test",
                 "jsonschema": "test"}
-FIRST_PARTY = ("dynamiccl", "collector", "detector", "retuner", "simulator", "testbed", "report", "dashboards",
-               "nccl_profiler_plugin", "nccl_tuner_plugin")
+FIRST_PARTY = ("dynamiccl",)
 
 
 def missing_extra(command: str, module: str) -> str:

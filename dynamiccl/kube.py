@@ -3,7 +3,7 @@
 Kustomize cannot wrap a rule file into a ``PrometheusRule`` nor read files outside its directory, so the
 two manifests that carry shared content are generated from the single sources and committed:
 ``prometheusrule.yaml`` from ``deploy/prometheus/rules/*.yml`` and ``dashboards.yaml`` (one ConfigMap per
-dashboard, labelled for Grafana's dashboard sidecar) from ``dashboards/json/*.json``.
+dashboard, labelled for Grafana's dashboard sidecar) from ``dynamiccl/dashboards/json/*.json``.
 ``dynamiccl stack kube`` writes them; ``dynamiccl stack kube --check`` (and a test) fails when they are stale.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def generated(repo: Path = _REPO) -> dict[str, str]:
     return {
         "prometheusrule.yaml": _HEADER.format(src="deploy/prometheus/rules/*.yml")
         + dump(prometheus_rule(rules)),
-        "dashboards.yaml": _HEADER.format(src="dashboards/json/*.json") + _dashboards(repo / "dashboards" / "json"),
+        "dashboards.yaml": _HEADER.format(src="dynamiccl/dashboards/json/*.json") + _dashboards(repo / "dynamiccl" / "dashboards" / "json"),
     }
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-import nccl_profiler_plugin
-import nccl_tuner_plugin
+from dynamiccl import nccl_profiler_plugin
+from dynamiccl import nccl_tuner_plugin
 from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
 
 

@@ -55,7 +55,7 @@ log = logging.getLogger("dynamiccl.stack")
 _REPO = Path(__file__).resolve().parents[1]
 #: a checkout's deploy/ when run from one, else the copy the wheel ships (pyproject force-include)
 DEFAULT_DEPLOY_DIR = _REPO / "deploy" if (_REPO / "deploy").is_dir() else Path(__file__).resolve().parent / "deploy"
-DEFAULT_DASHBOARDS_DIR = _REPO / "dashboards" / "json"
+DEFAULT_DASHBOARDS_DIR = Path(__file__).resolve().parent / "dashboards" / "json"
 #: runbooks of a checkout as file:// URLs (the wheel does not ship docs/: then the rules keep repository paths)
 DEFAULT_RUNBOOK_URL = (_REPO / "docs" / "runbooks").as_uri() if (_REPO / "docs" / "runbooks").is_dir() else None
 #: the file the detector's change log goes to, next to the parquet history (where `dynamiccl report` looks)
@@ -533,5 +533,5 @@ def register(sub) -> None:
 
 
 def _loopback(host: str) -> bool:
-    from collector.cli import is_loopback
+    from dynamiccl.collector.cli import is_loopback
     return is_loopback(host)

@@ -103,7 +103,7 @@ def _kube_cmd(args: argparse.Namespace) -> int:
 
 
 def _webhook_cmd(args: argparse.Namespace) -> int:
-    from collector.config import parse_host_port
+    from dynamiccl.collector.config import parse_host_port
     host, port = parse_host_port(args.listen, key="--listen")
     try:
         hook = AlertWebhook(host, port, on_notification=print_notification).start()

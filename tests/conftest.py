@@ -15,6 +15,6 @@ def built_profiler() -> Path:
     """Path of the profiler plugin built from this checkout."""
     if shutil.which("make") is None or shutil.which("cc") is None:
         pytest.skip("make and a C compiler are needed to build the plugin")
-    subprocess.run(["make", "-s", "-C", str(ROOT / "nccl_profiler_plugin")], check=True)
-    import nccl_profiler_plugin
+    subprocess.run(["make", "-s", "-C", str(ROOT / "dynamiccl" / "nccl_profiler_plugin")], check=True)
+    from dynamiccl import nccl_profiler_plugin
     return nccl_profiler_plugin.library_path()

@@ -3,12 +3,12 @@
 Layers, in data-flow order (a module may import its own layer and the ones listed for it, nothing else):
 
 * ``dynamiccl.contracts`` — what the stages agree on; imports nothing first-party.
-* the plugins' Python side (``nccl_profiler_plugin``, ``nccl_tuner_plugin``: library paths, the tuner file
+* the plugins' Python side (``dynamiccl.nccl_profiler_plugin``, ``dynamiccl.nccl_tuner_plugin``: library paths, the tuner file
   format, the agreement hook) and ``dynamiccl.nccl_model`` (NCCL's topology and cost model) — libraries every
   stage may use; they import only the contracts.
-* the stages: ``collector`` → ``detector`` → ``retuner`` → the views (``report``, ``dashboards``); a stage imports
+* the stages: ``dynamiccl.collector`` → ``.detector`` → ``.retuner`` → the views (``.report``, ``.dashboards``); a stage imports
   the ones before it, never one after it.
-* the harness (``simulator``, ``testbed`` and the evaluation / simulated-feed / test-helper modules inside the
+* the harness (``dynamiccl.harness``: the simulator, the test bed; and the evaluation / simulated-feed / test-helper modules inside the
   stages) may import every product layer; no product module imports it.
 * the CLI (``dynamiccl.cli`` and the role modules it registers) may import everything; nothing imports
   ``dynamiccl.cli`` (``python -m dynamiccl`` excepted) and no product or harness module imports a CLI module.
@@ -22,25 +22,27 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("dynamiccl", "collector", "detector", "retuner", "report", "dashboards", "simulator", "testbed",
-            "nccl_profiler_plugin", "nccl_tuner_plugin")
+PACKAGES = ("dynamiccl",)
 
 # module-name prefixes -> layer; the longest matching prefix wins
 LAYER_OF = {
     "dynamiccl.contracts": "contracts",
-    "nccl_profiler_plugin": "plugins", "nccl_tuner_plugin": "plugins",
+    "dynamiccl.nccl_profiler_plugin": "plugins", "dynamiccl.nccl_tuner_plugin": "plugins",
     "dynamiccl.nccl_model": "nccl_model",
     "dynamiccl": "meta",                    # dynamiccl/__init__.py: the version
-    "collector": "collector", "detector": "detector", "retuner": "retuner",
-    "report": "views", "dashboards": "views",
-    "simulator": "harness", "testbed": "harness",
-    "retuner.evaluation": "harness", "detector.evaluate": "harness", "detector.simfeed": "harness",
-    "detector.testing": "harness", "collector.testing": "harness", "report.synthetic": "harness",
+    "dynamiccl.collector": "collector", "dynamiccl.detector": "detector", "dynamiccl.retuner": "retuner",
+    "dynamiccl.report": "views", "dynamiccl.dashboards": "views",
+    "dynamiccl.harness": "harness",
+    "dynamiccl.retuner.evaluation": "harness", "dynamiccl.detector.evaluate": "harness",
+    "dynamiccl.detector.simfeed": "harness", "dynamiccl.detector.testing": "harness",
+    "dynamiccl.collector.testing": "harness", "dynamiccl.report.synthetic": "harness",
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
     "dynamiccl.plugins": "cli", "dynamiccl.stack_cli": "cli", "dynamiccl.settings": "cli",
     "dynamiccl.logfmt": "cli", "dynamiccl.rules": "cli", "dynamiccl.kube": "cli", "dynamiccl.webhook": "cli",
-    **{f"{p}.cli": "cli" for p in PACKAGES if p != "dynamiccl"},
+    **{f"dynamiccl.{p}.cli": "cli" for p in ("collector", "detector", "retuner", "report", "dashboards",
+                                             "nccl_profiler_plugin", "nccl_tuner_plugin", "harness.testbed",
+                                             "harness.simulator")},
 }
 PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "collector", "detector", "retuner", "views")
 ALLOWED = {
@@ -60,10 +62,10 @@ ALLOWED = {
 # longer needed, so a fixed violation leaves it, and a new one fails until it is fixed (or argued for here).
 KNOWN = {
     # detector: the service's Grafana annotations come from the views layer (dashboards.grafana_push)
-    ("detector.runner", "dashboards.grafana_push"),
+    ("dynamiccl.detector.runner", "dynamiccl.dashboards.grafana_push"),
     # collector: the pipeline stamps its version from the top-level package (a package cycle: dynamiccl's
     # CLI imports the collector); the version belongs in the contracts or importlib.metadata
-    ("collector.pipeline", "dynamiccl"),
+    ("dynamiccl.collector.pipeline", "dynamiccl"),
     # the stack builds each service's command line with the CLI's own parser
     ("dynamiccl.stack", "dynamiccl.cli"),
 }
@@ -129,11 +131,11 @@ def violations() -> set[tuple[str, str]]:
 
 def test_the_walker_sees_imports_lazy_and_relative():
     known = modules()
-    deps = imports("retuner.agent", known["retuner.agent"], known)
-    assert "detector.events" in deps            # a lazy import inside a method
-    assert "dynamiccl.contracts.collectives" in deps and "nccl_tuner_plugin.config" in deps
-    assert layer("retuner.evaluation.runner") == "harness" and layer("retuner.agent") == "retuner"
-    assert layer("collector.cli") == "cli" and layer("dynamiccl.contracts.lines") == "contracts"
+    deps = imports("dynamiccl.retuner.agent", known["dynamiccl.retuner.agent"], known)
+    assert "dynamiccl.detector.events" in deps            # a lazy import inside a method
+    assert "dynamiccl.contracts.collectives" in deps and "dynamiccl.nccl_tuner_plugin.config" in deps
+    assert layer("dynamiccl.retuner.evaluation.runner") == "harness" and layer("dynamiccl.retuner.agent") == "retuner"
+    assert layer("dynamiccl.collector.cli") == "cli" and layer("dynamiccl.contracts.lines") == "contracts"
 
 
 def test_contracts_import_nothing_first_party_but_themselves():

@@ -32,7 +32,7 @@ class Collective:
     name: str                    # wire name: the string NCCL's profiler passes
     code: int                    # wire code: index in FUNCS
     tuner_token: str | None      # token in the tuner config file; None: the tuner is never asked
-    tuner_index: int | None      # index in the C tuner's FUNC_NAMES (nccl_tuner_plugin/src/rules.c)
+    tuner_index: int | None      # index in the C tuner's FUNC_NAMES (dynamiccl/nccl_tuner_plugin/src/rules.c)
     cost_index: int | None       # ncclFunc_t in NCCL's cost model; None: not modelled
     p2p: bool                    # point-to-point: no algorithm/protocol choice
     busbw: int                   # BUSBW_* kind

@@ -1,5 +1,5 @@
 """The tuner config file's format constants, shared by the writer (the retuner) and both parsers
-(``nccl_tuner_plugin/config.py`` and the C plugin's ``src/rules.c`` / ``src/internal.h``)."""
+(``dynamiccl/nccl_tuner_plugin/config.py`` and the C plugin's ``src/rules.c`` / ``src/internal.h``)."""
 from __future__ import annotations
 
 __all__ = ["ENV_VAR", "DEFAULT_PATH", "MAX_RULES", "MAX_VERSIONS", "MAX_FILE_BYTES", "MAX_LINE_CHARS",

@@ -63,8 +63,8 @@ def _free_metrics_address(wanted: str) -> str:
 def _plugin_tuner(conf: Path):
     """The real tuner plugin (a private instance, immediate mode), re-reading ``conf`` at every step boundary.
     In the simulator the engine makes one decision per collective for all ranks, so there is nothing to
-    agree on; real jobs use the agreement hook (nccl_tuner_plugin/README.md)."""
-    from simulator.tuner_abi import PluginTuner, TunerPlugin
+    agree on; real jobs use the agreement hook (dynamiccl/nccl_tuner_plugin/README.md)."""
+    from dynamiccl.harness.simulator.tuner_abi import PluginTuner, TunerPlugin
 
     plugin = TunerPlugin.private_copy()
     plugin.configure(str(conf), mode="immediate", poll_ms=0)
@@ -72,18 +72,18 @@ def _plugin_tuner(conf: Path):
 
 
 def run(args: argparse.Namespace) -> int:
-    from collector.config import default_config
-    from collector.pipeline import Pipeline
-    from detector.config import DetectorConfig
-    from detector.service import Detector
+    from dynamiccl.collector.config import default_config
+    from dynamiccl.collector.pipeline import Pipeline
+    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.service import Detector
     from dynamiccl.demo.history import History
     from dynamiccl.demo.pacing import WindowPacer, pacing_lag_s
     from dynamiccl.demo.summary import analyse, print_summary
     from dynamiccl.demo.view import LiveView
-    from retuner.agent import Retuner
-    from retuner.config import PolicyConfig, RetunerConfig
-    from simulator.driver import SimulatedJob
-    from simulator.workload import load as load_workload
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+    from dynamiccl.harness.simulator.driver import SimulatedJob
+    from dynamiccl.harness.simulator.workload import load as load_workload
 
     out = _prepare_out(Path(args.out))
     sock_dir = tempfile.mkdtemp(prefix="dynamiccl-demo-")

@@ -25,7 +25,7 @@ SLOW = 1.10             # the retuner's hysteresis (PolicyConfig.min_change): a 
 
 
 def _probe_made_ranks_late(c, tr, w, sc, parquet_dir: Path, epoch_s: float) -> dict | None:
-    from simulator.cost_model import ALGOS, PROTOS
+    from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
 
     ranks = set(c.ranks or ())
     comms = {x.name for x in w.comms if ranks & set(x.ranks)}
@@ -73,9 +73,9 @@ def _configs_at(parquet_dir: Path, names: set[str], t0_ns: int, t1_ns: int,
 def explain_by_config(changes: list, parquet_dir: Path, workload: str, scenario: str, duration_s: float,
                       epoch_s: float) -> dict[str, dict]:
     """``{change id: {"config", "model_ratio", "magnitude"}}`` for the changes our configs explain (see module)."""
-    from retuner.evaluation.truth import Truth
-    from simulator.scenario import load as load_scenario
-    from simulator.workload import load as load_workload
+    from dynamiccl.retuner.evaluation.truth import Truth
+    from dynamiccl.harness.simulator.scenario import load as load_scenario
+    from dynamiccl.harness.simulator.workload import load as load_workload
 
     w, sc = load_workload(workload), load_scenario(scenario)
     tr = Truth(w, sc, duration_s)
@@ -95,7 +95,7 @@ def explain_by_config(changes: list, parquet_dir: Path, workload: str, scenario:
 
 def _level_of_our_config(c, tr, w, sc, parquet_dir: Path, epoch_s: float) -> dict | None:
     """The change's own streams ran a config of ours whose modelled time against NCCL's default matches it."""
-    from simulator.cost_model import ALGOS, PROTOS
+    from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
 
     names = set(c.comm_names or ())
     t_on = c.start_s - epoch_s

@@ -16,13 +16,13 @@ from dynamiccl.demo.history import History, family
 __all__ = ["oracle_regimes", "measure", "GAIN_FLOOR"]
 
 #: an oracle gain below this (over the stream's own gain at the baseline) is "nothing to gain" (as in
-#: retuner.evaluation.suite: 1 %)
+#: dynamiccl.retuner.evaluation.suite: 1 %)
 GAIN_FLOOR = 0.01
 _NETWORK = ("bw_drop", "latency", "incast", "flap", "degrading_nic")
 
 
 def _cfg_name(cfg) -> str:
-    from simulator.cost_model import ALGOS, PROTOS
+    from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
 
     return f"{ALGOS[cfg[0]]}/{PROTOS[cfg[1]]}"
 
@@ -35,9 +35,9 @@ def oracle_regimes(workload: str, scenario: str, duration_s: float, truth: list[
     """Per network regime of the ground truth and per stream: NCCL's default and the oracle's best config and
     expected times. ``better`` marks the streams where the regime itself opens a gain (≥ GAIN_FLOOR over the
     stream's oracle gain at the baseline, which a regime-driven retuner does not chase)."""
-    from retuner.evaluation.truth import Truth
-    from simulator.scenario import load as load_scenario
-    from simulator.workload import load as load_workload
+    from dynamiccl.retuner.evaluation.truth import Truth
+    from dynamiccl.harness.simulator.scenario import load as load_scenario
+    from dynamiccl.harness.simulator.workload import load as load_workload
 
     w, sc = load_workload(workload), load_scenario(scenario)
     tr = Truth(w, sc, duration_s)

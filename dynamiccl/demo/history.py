@@ -6,7 +6,7 @@ per-config sums. Detected changes and config switches are kept as marks on the s
 ``max_windows`` points per stream, ``max_streams`` streams.
 
 >>> import polars as pl
->>> from collector.features import WindowFeatures, empty_ranks
+>>> from dynamiccl.collector.features import WindowFeatures, empty_ranks
 >>> keys = pl.DataFrame({"comm_name": ["dp0", "dp1"], "func": ["AllReduce"] * 2, "size_bucket": [24, 24],
 ...                      "algo": ["RING"] * 2, "proto": ["SIMPLE"] * 2, "records": [10, 10], "instances": [5, 5],
 ...                      "lat_mean_s": [1e-3, 2e-3], "lat_p50_s": [1e-3, 2e-3], "busbw_Bps": [2e10, 1e10],

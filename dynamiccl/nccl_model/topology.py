@@ -97,7 +97,7 @@ class InterNet:
     gpu_nic_local: bool = True
     # Per-platform FITTED terms, neutral by default (every preset but p5 leaves them so: bit-identical). Fitted to
     # AWS's 16-rank AllReduce regions (reference §4.5) and checked on regions held out of the fit (32/64 ranks,
-    # AllGather/ReduceScatter): `python -m simulator.aws_regions --search`, simulator/README.md "Per-platform
+    # AllGather/ReduceScatter): `python -m dynamiccl.harness.simulator.aws_regions --search`, dynamiccl/harness/simulator/README.md "Per-platform
     # fit". Only ``ll_crossing_us`` on p5 passed that check; the other two are the candidates that did not.
     ll_crossing_us: float = 0.0        # extra µs per network crossing of host-staged LL
     tree_ll128_eff: float = 1.0        # efficiency of multi-node Tree/LL128's bandwidth + fill terms (candidate)
@@ -312,7 +312,7 @@ _PRESETS: dict[str, Topology] = {
         # 16 ranks. Reading: host-staged LL (send buffer in host memory, proxy polls every line's flag) costs
         # more per network crossing on these AMD hosts. Fitted on the 16-rank AllReduce region only (>= 10.5 µs
         # needed; smallest value on a 2-µs grid that reaches the best 16-rank agreement: 12); held-out check:
-        # p5 AllReduce at 32 / 64 ranks 51 -> 85 % / 46 -> 82 % of sizes agree (simulator/aws_regions.py).
+        # p5 AllReduce at 32 / 64 ranks 51 -> 85 % / 46 -> 82 % of sizes agree (dynamiccl/harness/simulator/aws_regions.py).
         InterNet(kind="efa", nic_bw_gbps=50.0, latency_us=20.0, nics_per_node=8, plugin_latency_us=75.0,
                  ll_crossing_us=12.0),
         cpu_vendor="amd",     # p5.48xlarge: 3rd-gen AMD EPYC (Milan, 7R13)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collector.wire_format import FUNCS, Kind
+from dynamiccl.collector.wire_format import FUNCS, Kind
 
 from .matching import match_calls, record_choice
 from .nccl_log import NcclLog

@@ -17,12 +17,12 @@ MAX_DELAY_S = 5.0
 
 
 def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]:
-    from collector.component import FuncConsumer, RecordBatch
-    from collector.config import WindowConfig
-    from collector.processors.window_agg import WindowAggregator
-    from collector.records import event_time_ns, valid_mask
-    from detector.config import DetectorConfig
-    from report.detect import make_detector
+    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.config import WindowConfig
+    from dynamiccl.collector.processors.window_agg import WindowAggregator
+    from dynamiccl.collector.records import event_time_ns, valid_mask
+    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.report.detect import make_detector
 
     det = make_detector(DetectorConfig(warmup=WARMUP_WINDOWS))
     changes: list = []

@@ -56,8 +56,8 @@ def probe_gpu() -> GpuInfo:
 
 def build_plugins() -> dict[str, str]:
     """Paths of the profiler and tuner plugins; built with make + cc when missing."""
-    import nccl_profiler_plugin
-    import nccl_tuner_plugin
+    from dynamiccl import nccl_profiler_plugin
+    from dynamiccl import nccl_tuner_plugin
     out = {}
     for name, mod, target in (("profiler", nccl_profiler_plugin, "libnccl-profiler-dynamiccl.so"),
                               ("tuner", nccl_tuner_plugin, "libnccl-tuner-dynamiccl.so")):

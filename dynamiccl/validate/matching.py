@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collector.wire_format import ALGOS, FUNCS, PROTOS, EventFlags, Kind, TimingSource
+from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS, EventFlags, Kind, TimingSource
 
 __all__ = ["CallRecords", "match_calls", "record_choice", "COLL_FUNCS"]
 

@@ -1,6 +1,6 @@
 """The kit's in-process collector: the plugins' Unix socket, decoded by the collector's own decoder.
 
-Imports only the standard library, numpy and ``collector.decode`` (numpy only). Keeps every
+Imports only the standard library, numpy and ``dynamiccl.collector.decode`` (numpy only). Keeps every
 COLL/P2P record, the last STATS record of each plugin process, and counts protocol errors.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 
-from collector.decode import ProtocolError, StreamDecoder
-from collector.wire_format import EVENT_DTYPE, STATS_DTYPE
+from dynamiccl.collector.decode import ProtocolError, StreamDecoder
+from dynamiccl.collector.wire_format import EVENT_DTYPE, STATS_DTYPE
 
 __all__ = ["KitReceiver"]
 

@@ -133,12 +133,12 @@ class Rank:
     def _stage(self, versions: list[dict]) -> None:
         """Rank 0 writes the tuner config (every version so far, as the retuner does)."""
         if self.rank == 0:
-            from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
+            from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
             cfgs = [TunerConfig(v["version"], tuple(Rule(**r) for r in v["rules"])) for v in versions]
             write_configs(os.environ["DYNAMICCL_TUNER_CONFIG"], cfgs)
 
     def _agree(self) -> int:
-        from nccl_tuner_plugin.sync import agree
+        from dynamiccl.nccl_tuner_plugin.sync import agree
         return int(agree())
 
     def phase_tuner(self) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from collector.config import default_config
+from dynamiccl.collector.config import default_config
 
 
 def wait_until(pred, timeout=10.0, interval=0.02):

@@ -7,13 +7,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from collector.component import RecordBatch
-from collector.config import WindowConfig
-from collector.features import KEYS_SCHEMA, RANKS_SCHEMA
-from collector.metrics import SelfMetrics
-from collector.processors.window_agg import WindowAggregator
-from collector.testing import SinkConsumer, synthetic_events
-from collector.wire_format import ALGOS, FUNCS, PROTOS
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import WindowConfig
+from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA
+from dynamiccl.collector.metrics import SelfMetrics
+from dynamiccl.collector.processors.window_agg import WindowAggregator
+from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
 
 NRANKS = 8
 FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,

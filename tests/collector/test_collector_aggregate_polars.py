@@ -10,12 +10,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from collector.component import RecordBatch
-from collector.config import WindowConfig
-from collector.metrics import DURATION_BUCKETS_S, SelfMetrics
-from collector.processors.window_agg import WindowAggregator
-from collector.testing import SinkConsumer, synthetic_events
-from collector.wire_format import ALGOS, FUNCS, PROTOS
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import WindowConfig
+from dynamiccl.collector.metrics import DURATION_BUCKETS_S, SelfMetrics
+from dynamiccl.collector.processors.window_agg import WindowAggregator
+from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
 
 WINDOW_NS = 50_000_000
 HOSTS = 3

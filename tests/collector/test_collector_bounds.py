@@ -9,12 +9,12 @@ import urllib.request
 import numpy as np
 import pytest
 
-from collector.component import RecordBatch
-from collector.config import WindowConfig
-from collector.metrics import DROP_REASONS, SelfMetrics
-from collector.pipeline import Pipeline
-from collector.processors.window_agg import COLUMNS, WindowAggregator
-from collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import WindowConfig
+from dynamiccl.collector.metrics import DROP_REASONS, SelfMetrics
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.processors.window_agg import COLUMNS, WindowAggregator
+from dynamiccl.collector.testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config, wait_until  # noqa: F401 (fixture)
 from test_collector_aggregate import assert_row_matches, reference  # plain-Python reference of one window
@@ -54,7 +54,7 @@ def test_flooded_window_drops_exact_excess_and_aggregates_the_kept_records(caplo
     ev = _events()
     cap = 3000
     agg, sink, m = _agg(window_s=1000.0, max_window_records=cap, max_buffered_records=10 * cap)
-    with caplog.at_level(logging.WARNING, logger="collector.processors.window_agg"):
+    with caplog.at_level(logging.WARNING, logger="dynamiccl.collector.processors.window_agg"):
         _feed(agg, ev)
         _feed(agg, ev)          # keep flooding the full window: everything counted, nothing kept
     agg.shutdown()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from collector.config import CollectorConfig, ReceiverConfig, WindowConfig, default_config, flatten
-from collector.metrics import METRICS
-from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.collector.config import CollectorConfig, ReceiverConfig, WindowConfig, default_config, flatten
+from dynamiccl.collector.metrics import METRICS
+from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
 
 from collector_helpers import quiet_config  # noqa: F401,E402 (fixture)
 
@@ -87,7 +87,7 @@ def test_validate_names_the_key():
 
 
 def test_components_shutdown_without_start_and_twice(quiet_config, tmp_path):
-    from collector.pipeline import Pipeline
+    from dynamiccl.collector.pipeline import Pipeline
     cfg = quiet_config.replace(parquet={"directory": str(tmp_path)})
     p = Pipeline(cfg)
     for comp in (p.prometheus, p.features, p.parquet, p.aggregator, *p.queues.values()):
@@ -102,7 +102,7 @@ def test_components_shutdown_without_start_and_twice(quiet_config, tmp_path):
 
 
 def _readme():
-    return (ROOT / "collector" / "README.md").read_text()
+    return (ROOT / "dynamiccl" / "collector" / "README.md").read_text()
 
 
 def test_readme_config_table_matches_defaults():

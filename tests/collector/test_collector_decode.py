@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.decode import GapTracker, ProtocolError, StreamDecoder
-from collector.testing import (comm_record, encode_frame, header, process_record, stats_record,
+from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
+from dynamiccl.collector.testing import (comm_record, encode_frame, header, process_record, stats_record,
                                synthetic_events)
-from collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
+from dynamiccl.collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
 
 
 def _random_events(n, seed=3):

@@ -12,14 +12,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from collector.component import RecordBatch
-from collector.config import ParquetConfig
-from collector.exporters.parquet import RECORD_COLUMNS, ParquetExporter
-from collector.features import subscribe
-from collector.metrics import BY_NAME, METRICS, SelfMetrics
-from collector.pipeline import Pipeline
-from collector.receivers.replay import read_batches
-from collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import ParquetConfig
+from dynamiccl.collector.exporters.parquet import RECORD_COLUMNS, ParquetExporter
+from dynamiccl.collector.features import subscribe
+from dynamiccl.collector.metrics import BY_NAME, METRICS, SelfMetrics
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.receivers.replay import read_batches
+from dynamiccl.collector.testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
@@ -164,9 +164,9 @@ def test_feature_stream_over_a_socket_and_slow_subscriber(served):
 def test_feature_stream_refuses_beyond_max_subscribers_and_evicts_a_stalled_client(tmp_path):
     import socket
 
-    from collector.config import FeaturesConfig
-    from collector.exporters.feature_stream import FeatureStream
-    from collector.metrics import SelfMetrics
+    from dynamiccl.collector.config import FeaturesConfig
+    from dynamiccl.collector.exporters.feature_stream import FeatureStream
+    from dynamiccl.collector.metrics import SelfMetrics
     from collector_helpers import wait_until
 
     m = SelfMetrics()

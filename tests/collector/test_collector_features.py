@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from collector.features import KEYS_DEFAULTS, KEYS_SCHEMA, WindowFeatures, decode_line, empty_ranks, encode_line
+from dynamiccl.collector.features import KEYS_DEFAULTS, KEYS_SCHEMA, WindowFeatures, decode_line, empty_ranks, encode_line
 
 
 def _window(n: int) -> WindowFeatures:
@@ -38,7 +38,7 @@ def test_round_trip_keeps_tuner_config_version():
 
 @pytest.mark.parametrize("n", [3, 3000])  # 3000 rows: a line over 64 KiB takes the detector's fast path
 def test_old_lines_decode_missing_version_as_0(n):
-    from detector.feature_decode import decode
+    from dynamiccl.detector.feature_decode import decode
     wf = _window(n)
     line = _old_line(wf)
     assert b"tuner_config_version" not in line and (n < 100 or len(line) > 1 << 16)
@@ -49,7 +49,7 @@ def test_old_lines_decode_missing_version_as_0(n):
 
 
 def test_unknown_or_other_missing_columns_still_rejected_by_fast_path():
-    from detector.feature_decode import _fast
+    from dynamiccl.detector.feature_decode import _fast
     msg = json.loads(_old_line(_window(3000)))
     del msg["keys"]["lat_p50_s"]
     with pytest.raises(ValueError, match="unexpected columns"):

@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from collector.pipeline import Pipeline
-from collector.testing import (comm_record, encode_frame, encode_frames, header, process_record,
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.testing import (comm_record, encode_frame, encode_frames, header, process_record,
                                stats_record, synthetic_events)
-from collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
+from dynamiccl.collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
 
 from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 

@@ -1,4 +1,4 @@
-"""GPU telemetry (collector/telemetry/gpu.py) through a pynvml stand-in, and without a driver."""
+"""GPU telemetry (dynamiccl/collector/telemetry/gpu.py) through a pynvml stand-in, and without a driver."""
 from __future__ import annotations
 
 import logging
@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 
-from collector.config import TelemetryConfig, default_config
-from collector.metrics import BY_NAME
-from collector.telemetry import gpu as gpu_mod
-from collector.telemetry.fake_nvml import FakeNvml
-from collector.telemetry.gpu import GpuTelemetry
+from dynamiccl.collector.config import TelemetryConfig, default_config
+from dynamiccl.collector.metrics import BY_NAME
+from dynamiccl.collector.telemetry import gpu as gpu_mod
+from dynamiccl.collector.telemetry.fake_nvml import FakeNvml
+from dynamiccl.collector.telemetry.gpu import GpuTelemetry
 
 
 def _samples(t: GpuTelemetry) -> dict[str, list]:
@@ -83,7 +83,7 @@ def test_unsupported_metric_is_skipped_not_counted_and_errors_are_counted():
 
 def test_no_driver_says_so_once_and_exports_up_0(caplog, monkeypatch):
     monkeypatch.setattr(gpu_mod, "_warned", False)
-    with caplog.at_level(logging.DEBUG, logger="collector.telemetry.gpu"):
+    with caplog.at_level(logging.DEBUG, logger="dynamiccl.collector.telemetry.gpu"):
         for _ in range(3):
             t = GpuTelemetry(TelemetryConfig(), nvml=FakeNvml(driver=False), host="h")
             t.start()
@@ -109,8 +109,8 @@ def test_real_pynvml_without_driver_carries_on():
 
 
 def test_pipeline_serves_gpu_metrics_and_the_cli_switch(monkeypatch):
-    from collector.cli import config_from_args, register
-    from collector.pipeline import Pipeline
+    from dynamiccl.collector.cli import config_from_args, register
+    from dynamiccl.collector.pipeline import Pipeline
     import argparse
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus=1))
     cfg = default_config().replace(receiver={"listen": ()}, parquet={"directory": None},

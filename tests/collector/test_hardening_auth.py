@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from collector.auth import TokenTable, encode_preamble, sender_token
-from collector.pipeline import Pipeline
-from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
-from collector.wire_format import EVENT_DTYPE
+from dynamiccl.collector.auth import TokenTable, encode_preamble, sender_token
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.collector.wire_format import EVENT_DTYPE
 
 from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
@@ -87,7 +87,7 @@ def test_sender_token_from_file_or_env(tmp_path):
 
 
 def test_wire_sender_opens_with_the_token_and_the_collector_accepts_it(quiet_config, sock_path, tmp_path):
-    from collector.sources.wire_sender import Comm, SenderConfig, WireSender
+    from dynamiccl.collector.sources.wire_sender import Comm, SenderConfig, WireSender
 
     p = _pipe(quiet_config, sock_path, _tokens(tmp_path, "job1 s3cret\n"))
     (tmp_path / "job").mkdir()
@@ -110,7 +110,7 @@ def test_wire_sender_opens_with_the_token_and_the_collector_accepts_it(quiet_con
 def test_non_loopback_listen_needs_allow_remote():
     import argparse
 
-    from collector.cli import config_from_args, register
+    from dynamiccl.collector.cli import config_from_args, register
     ap = argparse.ArgumentParser()
     register(ap.add_subparsers())
     base = ["collector", "--metrics", "off", "--features", "off", "--parquet", "off"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collector.component import RecordBatch
-from collector.config import PrometheusConfig, WindowConfig
-from collector.exporters.prometheus import PrometheusExporter
-from collector.metrics import PluginStats, SelfMetrics
-from collector.processors.window_agg import WindowAggregator
-from collector.testing import synthetic_events
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import PrometheusConfig, WindowConfig
+from dynamiccl.collector.exporters.prometheus import PrometheusExporter
+from dynamiccl.collector.metrics import PluginStats, SelfMetrics
+from dynamiccl.collector.processors.window_agg import WindowAggregator
+from dynamiccl.collector.testing import synthetic_events
 
 
 class Clock:

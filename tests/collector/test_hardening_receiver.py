@@ -6,9 +6,9 @@ import socket
 import numpy as np
 import pytest
 
-from collector.pipeline import Pipeline
-from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
-from collector.wire_format import EVENT_DTYPE
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.collector.wire_format import EVENT_DTYPE
 
 from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 
@@ -111,7 +111,7 @@ def test_process_record_mid_connection_cannot_reattribute(quiet_config, sock_pat
 def test_a_socket_of_another_user_is_not_taken_over(tmp_path):
     import os
 
-    from collector.net import listen
+    from dynamiccl.collector.net import listen
     if os.geteuid() != 0:
         pytest.skip("needs root to create a socket owned by another user")
     path = str(tmp_path / "s.sock")

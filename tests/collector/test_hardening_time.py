@@ -6,14 +6,14 @@ import os
 
 import numpy as np
 
-from collector.component import RecordBatch
-from collector.config import ParquetConfig, WindowConfig
-from collector.exporters.parquet import ParquetExporter
-from collector.metrics import SelfMetrics
-from collector.pipeline import Pipeline
-from collector.processors.time_gate import EventTimeGate
-from collector.processors.window_agg import WindowAggregator
-from collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import ParquetConfig, WindowConfig
+from dynamiccl.collector.exporters.parquet import ParquetExporter
+from dynamiccl.collector.metrics import SelfMetrics
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.processors.time_gate import EventTimeGate
+from dynamiccl.collector.processors.window_agg import WindowAggregator
+from dynamiccl.collector.testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config  # noqa: F401 (fixture)
 

@@ -9,14 +9,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from collector.component import RecordBatch
-from collector.config import ParquetConfig, default_config
-from collector.exporters.parquet import RECORD_COLUMNS, ParquetExporter
-from collector.exporters.parquet_writer import SCHEMA
-from collector.metrics import SelfMetrics
-from collector.pipeline import Pipeline
-from collector.records import event_time_ns
-from collector.testing import synthetic_events
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import ParquetConfig, default_config
+from dynamiccl.collector.exporters.parquet import RECORD_COLUMNS, ParquetExporter
+from dynamiccl.collector.exporters.parquet_writer import SCHEMA
+from dynamiccl.collector.metrics import SelfMetrics
+from dynamiccl.collector.pipeline import Pipeline
+from dynamiccl.collector.records import event_time_ns
+from dynamiccl.collector.testing import synthetic_events
 
 from collector_helpers import quiet_config, wait_until  # noqa: F401 (fixture)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from collector.component import RecordBatch
-from collector.config import ParquetConfig
-from collector.exporters import parquet as parquet_mod
-from collector.exporters.parquet import ParquetExporter
-from collector.metrics import SelfMetrics
-from collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.config import ParquetConfig
+from dynamiccl.collector.exporters import parquet as parquet_mod
+from dynamiccl.collector.exporters.parquet import ParquetExporter
+from dynamiccl.collector.metrics import SelfMetrics
+from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
 
 from collector_helpers import wait_until
 
@@ -71,7 +71,7 @@ def test_writer_killed_is_counted_logged_once_and_replaced(tmp_path, caplog):
         exp.consume(_batch(i))
     assert exp.sync(30)
     first = exp.writer_pid
-    with caplog.at_level(logging.ERROR, logger="collector.exporters.parquet"):
+    with caplog.at_level(logging.ERROR, logger="dynamiccl.collector.exporters.parquet"):
         assert _kill_writer(exp) == first
         for i in range(15, 20):  # the collector keeps consuming; the death is found on the next send
             exp.consume(_batch(i))
@@ -146,10 +146,10 @@ def test_three_quick_deaths_fall_back_to_a_writer_thread(tmp_path):
 
 _CRASHING_COLLECTOR = textwrap.dedent("""
     import os, sys
-    from collector.component import RecordBatch
-    from collector.config import ParquetConfig
-    from collector.exporters.parquet import ParquetExporter
-    from collector.testing import synthetic_events
+    from dynamiccl.collector.component import RecordBatch
+    from dynamiccl.collector.config import ParquetConfig
+    from dynamiccl.collector.exporters.parquet import ParquetExporter
+    from dynamiccl.collector.testing import synthetic_events
     exp = ParquetExporter(ParquetConfig(directory=sys.argv[1], row_group_rows=1000, max_buffered_rows=2000))
     exp.start()
     for i in range(5):  # 1000 rows: one full slab, handed to the writer
@@ -201,8 +201,8 @@ def test_writer_never_deadlocks_with_a_collector_that_sends_without_reading():
     """The collector sends while the writer's replies pile up unread: both must not block."""
     import threading
 
-    from collector.exporters.parquet_channel import ProcessChannel
-    from collector.exporters.parquet_writer import SlabMemory
+    from dynamiccl.collector.exporters.parquet_channel import ProcessChannel
+    from dynamiccl.collector.exporters.parquet_writer import SlabMemory
 
     mem = SlabMemory(2, 16)
     ch = ProcessChannel(mem, compression="none")
@@ -224,9 +224,9 @@ def test_writer_never_deadlocks_with_a_collector_that_sends_without_reading():
 def test_part_files_are_fsynced_before_rename(tmp_path, monkeypatch):
     import numpy as np
 
-    import collector.exporters.parquet_writer as pw
-    from collector.exporters.parquet_writer import SlabMemory, WriterCore
-    from collector.testing import synthetic_events
+    import dynamiccl.collector.exporters.parquet_writer as pw
+    from dynamiccl.collector.exporters.parquet_writer import SlabMemory, WriterCore
+    from dynamiccl.collector.testing import synthetic_events
 
     order = []
     monkeypatch.setattr(pw, "_fsync", lambda p: order.append(("fsync", p)))
@@ -248,7 +248,7 @@ def test_read_only_history_directory_is_refused_at_start(tmp_path, monkeypatch):
 
     import pytest
 
-    from collector.metrics import SelfMetrics
+    from dynamiccl.collector.metrics import SelfMetrics
     d = tmp_path / "ro"
     d.mkdir()
     real_open = builtins.open
@@ -268,8 +268,8 @@ def test_disk_full_keeps_the_row_groups_written_before_it(tmp_path, monkeypatch)
     import numpy as np
     import pyarrow.parquet as pq_mod
 
-    from collector.exporters.parquet_writer import SlabMemory, WriterCore
-    from collector.testing import synthetic_events
+    from dynamiccl.collector.exporters.parquet_writer import SlabMemory, WriterCore
+    from dynamiccl.collector.testing import synthetic_events
 
     calls = {"n": 0}
     real = pq_mod.ParquetWriter.write_table

@@ -24,11 +24,11 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
 
-from collector.decode import StreamDecoder  # noqa: E402
-from collector.records import duration_s  # noqa: E402
-from collector.sources import torch_distributed as src  # noqa: E402
-from collector.sources.wire_sender import SenderConfig  # noqa: E402
-from collector.wire_format import DATATYPES, FUNCS, Kind, TimingSource  # noqa: E402
+from dynamiccl.collector.decode import StreamDecoder  # noqa: E402
+from dynamiccl.collector.records import duration_s  # noqa: E402
+from dynamiccl.collector.sources import torch_distributed as src  # noqa: E402
+from dynamiccl.collector.sources.wire_sender import SenderConfig  # noqa: E402
+from dynamiccl.collector.wire_format import DATATYPES, FUNCS, Kind, TimingSource  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,8 +37,8 @@ import json, os, sys, time
 import torch, torch.distributed as dist
 rank, store = int(sys.argv[1]), sys.argv[2]
 if "--enable" in sys.argv:  # the one-line way; rank 0 is started through the runner instead
-    import collector.sources.torch_distributed as d; d.enable()
-import collector.sources.torch_distributed as d
+    import dynamiccl.collector.sources.torch_distributed as d; d.enable()
+import dynamiccl.collector.sources.torch_distributed as d
 assert d.is_enabled()
 dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
 t = torch.arange(1024, dtype=torch.float32)
@@ -150,7 +150,7 @@ def two_rank_job():
                DYNAMICCL_FLUSH_MS="20", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     store = os.path.join(d, "store")
     procs = [
-        subprocess.Popen([sys.executable, "-m", "collector.sources.torch_distributed", str(script), "0", store],
+        subprocess.Popen([sys.executable, "-m", "dynamiccl.collector.sources.torch_distributed", str(script), "0", store],
                          env=dict(env, DYNAMICCL_HOST="h0"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
         subprocess.Popen([sys.executable, str(script), "1", store, "--enable"],
                          env=dict(env, DYNAMICCL_HOST="h1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
@@ -390,8 +390,8 @@ def test_collector_down_then_up_reconnects_with_process_and_comm_first(world1):
 
 
 def test_tcp_stream_into_the_collector_pipeline(world1):
-    from collector.config import default_config
-    from collector.pipeline import Pipeline
+    from dynamiccl.collector.config import default_config
+    from dynamiccl.collector.pipeline import Pipeline
     cfg = default_config().replace(receiver={"listen": ("tcp:127.0.0.1:0",)}, parquet={"directory": None},
                                    prometheus={"address": None}, features={"address": None},
                                    window={"window_s": 0.5, "allowed_lateness_s": 0.1, "idle_flush_s": 0.5})

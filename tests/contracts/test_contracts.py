@@ -13,10 +13,10 @@ from dynamiccl.contracts.collectives import (ALGOS, COLLECTIVES, COST_FUNCS, FUN
                                              bucket_range, busbw_factor, collective, size_bucket, tuner_token)
 
 REPO = Path(__file__).resolve().parents[2]
-RULES_C = (REPO / "nccl_tuner_plugin/src/rules.c").read_text()
-INTERNAL_H = (REPO / "nccl_tuner_plugin/src/internal.h").read_text()
-TUNER_ABI_H = (REPO / "nccl_tuner_plugin/include/nccl_tuner_abi.h").read_text()
-RECORD_H = (REPO / "nccl_profiler_plugin/include/dynamiccl_record.h").read_text()
+RULES_C = (REPO / "dynamiccl/nccl_tuner_plugin/src/rules.c").read_text()
+INTERNAL_H = (REPO / "dynamiccl/nccl_tuner_plugin/src/internal.h").read_text()
+TUNER_ABI_H = (REPO / "dynamiccl/nccl_tuner_plugin/include/nccl_tuner_abi.h").read_text()
+RECORD_H = (REPO / "dynamiccl/nccl_profiler_plugin/include/dynamiccl_record.h").read_text()
 
 
 def c_strings(src: str, array: str) -> tuple[str, ...]:
@@ -86,7 +86,7 @@ def test_the_record_header_names_the_contracts_tables_in_wire_order():
 
 
 def test_the_record_layout_header_is_generated_from_the_wire_format():
-    from collector import wire_format
+    from dynamiccl.collector import wire_format
     assert wire_format.c_header() == RECORD_H
     assert wire_format.FUNCS is FUNCS and wire_format.ALGOS is ALGOS and wire_format.PROTOS is PROTOS
 
@@ -94,8 +94,8 @@ def test_the_record_layout_header_is_generated_from_the_wire_format():
 # ---- the Python stages -------------------------------------------------------------------------------
 def test_every_stage_uses_the_one_table():
     from dynamiccl.nccl_model import cost_model
-    from nccl_tuner_plugin import config
-    from simulator import tuner_abi
+    from dynamiccl.nccl_tuner_plugin import config
+    from dynamiccl.harness.simulator import tuner_abi
     assert config.FUNCS == TUNER_FUNCS and config.ALGOS is ALGOS and config.PROTOS is PROTOS
     assert cost_model.FUNCS == COST_FUNCS == ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
     assert cost_model.ALGOS is ALGOS and cost_model.PROTOS is PROTOS
@@ -111,8 +111,8 @@ def test_the_wire_and_tuner_spellings_of_all_to_all_meet_in_one_row():
 
 
 def test_busbw_factor_is_the_same_everywhere():
-    from collector.records import busbw_factor as records_busbw
-    from simulator.perf_model import busbw_factor as sim_busbw
+    from dynamiccl.collector.records import busbw_factor as records_busbw
+    from dynamiccl.harness.simulator.perf_model import busbw_factor as sim_busbw
     codes = np.arange(len(FUNCS))
     for n in (2, 8, 64):
         expected = [busbw_factor(f, n) for f in FUNCS]
@@ -123,8 +123,8 @@ def test_busbw_factor_is_the_same_everywhere():
 
 
 def test_one_size_bucket_definition_agrees_at_zero_bytes_and_everywhere_else():
-    from collector.records import size_bucket as records_bucket
-    from retuner.types import bucket_of
+    from dynamiccl.collector.records import size_bucket as records_bucket
+    from dynamiccl.retuner.types import bucket_of
     sizes = [0, 1, 2, 3, 4, 1023, 1024, 1025, (1 << 30) - 1, 1 << 30, (1 << 40) + 7]
     assert records_bucket(np.array(sizes, np.uint64)).tolist() == [size_bucket(b) for b in sizes]
     assert [bucket_of(b) for b in sizes] == [size_bucket(b) for b in sizes]
@@ -135,10 +135,10 @@ def test_one_size_bucket_definition_agrees_at_zero_bytes_and_everywhere_else():
 
 
 def test_the_stages_default_addresses_are_the_contracts_addresses():
-    from collector import config as cc
-    from detector import config as dc
+    from dynamiccl.collector import config as cc
+    from dynamiccl.detector import config as dc
     from dynamiccl import stack
-    from retuner import config as rc
+    from dynamiccl.retuner import config as rc
     assert (cc.DEFAULT_LISTEN, cc.DEFAULT_METRICS, cc.DEFAULT_FEATURES) == (
         addresses.COLLECTOR_LISTEN, addresses.COLLECTOR_METRICS, addresses.COLLECTOR_FEATURES)
     assert (dc.DEFAULT_FEATURES, dc.DEFAULT_METRICS, dc.DEFAULT_SERVE) == (

@@ -96,13 +96,13 @@ def test_the_retuner_service_reads_a_28_mb_line_in_linear_time(monkeypatch):
     copies O(n^2 / chunk) bytes: seconds of CPU for 28 MB arriving in 16 KiB pieces. The linear reader needs a
     few hundredths of a second; the bound is CPU time (process_time), which other processes on the machine do
     not inflate, far from both."""
-    import collector.features
-    from retuner.config import RetunerConfig
-    from retuner.service import RetunerService
+    import dynamiccl.collector.features
+    from dynamiccl.retuner.config import RetunerConfig
+    from dynamiccl.retuner.service import RetunerService
 
     line = b'{"v":1,"pad":"' + b"x" * (28 << 20) + b'"}'
     chunks = [line[i:i + (1 << 14)] for i in range(0, len(line), 1 << 14)] + [b"\n"]
-    monkeypatch.setattr(collector.features, "connect", lambda addr, timeout=None: FakeSock(chunks))
+    monkeypatch.setattr(dynamiccl.collector.features, "connect", lambda addr, timeout=None: FakeSock(chunks))
     svc = RetunerService(RetunerConfig(dry_run=True, changes=None, features=None, metrics=None))
     t0 = time.process_time()
     got = []

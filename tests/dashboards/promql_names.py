@@ -12,7 +12,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 #: service → module declaring its metrics (``METRICS`` of ``MetricSpec(name, type, help, labels)``)
-OWNERS = {"collector": "collector.metrics", "detector": "detector.metrics", "retuner": "retuner.metrics"}
+OWNERS = {"collector": "dynamiccl.collector.metrics", "detector": "dynamiccl.detector.metrics", "retuner": "dynamiccl.retuner.metrics"}
 BUILTIN = {"up": ("job", "instance"), "ALERTS": None, "ALERTS_FOR_STATE": None}
 TARGET_LABELS = ("job", "instance")      # added by Prometheus to every scraped series
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool", "and", "or",

@@ -12,7 +12,7 @@ import yaml
 from promql_names import (BUILTIN, ROOT, TARGET_LABELS, dashboard_queries, declared, metric_names, owner, recorded,
                           rules, selectors, series_names)
 
-JSON_DIR = ROOT / "dashboards" / "json"
+JSON_DIR = ROOT / "dynamiccl" / "dashboards" / "json"
 SCHEMA = Path(__file__).with_name("schema") / "dashboard.jsonschema.json"
 
 
@@ -21,8 +21,8 @@ def _docs() -> dict[str, dict]:
 
 
 def test_committed_json_is_current():
-    from dashboards.cli import stale
-    assert stale(JSON_DIR) == [], "run `dynamiccl dashboards build` and commit dashboards/json/"
+    from dynamiccl.dashboards.cli import stale
+    assert stale(JSON_DIR) == [], "run `dynamiccl dashboards build` and commit dynamiccl/dashboards/json/"
 
 
 def test_check_command_detects_a_stale_file(tmp_path, capsys):
@@ -103,7 +103,7 @@ def test_no_fixed_prometheus_uid_anywhere():
 # ---- one source of truth for metric names -----------------------------------------------------------
 def _uses() -> list[tuple[str, str, str]]:
     """(source, where, expr) for every dashboard query and rule expression."""
-    out = [(f"dashboards/json/{n}", w, e) for n, d in _docs().items() for w, e in dashboard_queries(d)]
+    out = [(f"dynamiccl/dashboards/json/{n}", w, e) for n, d in _docs().items() for w, e in dashboard_queries(d)]
     out += [("deploy/prometheus/rules", r.get("alert") or r.get("record"), r["expr"]) for r in rules()]
     return out
 

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from fake_grafana import FakeGrafana
-from dashboards.grafana_push import Annotator, GrafanaError, add_annotation, connect, push_dashboards
+from dynamiccl.dashboards.grafana_push import Annotator, GrafanaError, add_annotation, connect, push_dashboards
 from dynamiccl.cli import main
 
 RC = {"v": 1, "id": "rc-j1-1", "kind": "bandwidth", "job_id": "j1", "start_s": 1700000010.0,

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def built_plugins() -> Path:
     if shutil.which("make") is None or shutil.which("cc") is None:
         pytest.skip("make and a C compiler are needed to build the plugins")
-    subprocess.run(["make", "-s", "-C", str(ROOT / "nccl_profiler_plugin"), "libnccl-profiler-dynamiccl.so",
+    subprocess.run(["make", "-s", "-C", str(ROOT / "dynamiccl" / "nccl_profiler_plugin"), "libnccl-profiler-dynamiccl.so",
                     "emulator"], check=True)
-    subprocess.run(["make", "-s", "-C", str(ROOT / "nccl_tuner_plugin"), "libnccl-tuner-dynamiccl.so"], check=True)
+    subprocess.run(["make", "-s", "-C", str(ROOT / "dynamiccl" / "nccl_tuner_plugin"), "libnccl-tuner-dynamiccl.so"], check=True)
     return ROOT

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
-from collector.features import WindowFeatures, empty_ranks
+from dynamiccl.collector.features import WindowFeatures, empty_ranks
 from dynamiccl.demo import _prepare_out
 from dynamiccl.demo.gain import measure, oracle_regimes
 from dynamiccl.demo.history import History
@@ -101,7 +101,7 @@ def test_history_keeps_per_stream_points_and_config_switches():
 
 # ---- the oracle and the measured gain --------------------------------------------------------------------
 def test_the_demo_scenario_has_a_regime_where_the_oracle_beats_nccls_default():
-    from simulator.scenario import preset
+    from dynamiccl.harness.simulator.scenario import preset
 
     truth = preset("demo").truth(duration_s=100)
     regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 100, truth)

@@ -6,12 +6,12 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from collector.metrics import METRICS as COLLECTOR_METRICS
-from detector.events import RegimeChange
-from detector.metrics import METRICS as DETECTOR_METRICS, ActiveRegimes
-from detector.runner import DetectorService, ServiceConfig
-from detector.service import Detector
-from retuner.metrics import METRICS as RETUNER_METRICS
+from dynamiccl.collector.metrics import METRICS as COLLECTOR_METRICS
+from dynamiccl.detector.events import RegimeChange
+from dynamiccl.detector.metrics import METRICS as DETECTOR_METRICS, ActiveRegimes
+from dynamiccl.detector.runner import DetectorService, ServiceConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.retuner.metrics import METRICS as RETUNER_METRICS
 
 #: the collector's names; what other services must not call differently
 OLD_NAMES = {"comm_name", "func"}
@@ -89,8 +89,8 @@ def test_detector_endpoint_has_process_metrics_and_no_created_series():
 
 
 def test_retuner_endpoint_has_process_metrics_and_no_created_series(tmp_path):
-    from retuner.config import RetunerConfig
-    from retuner.service import RetunerService
+    from dynamiccl.retuner.config import RetunerConfig
+    from dynamiccl.retuner.service import RetunerService
     cfg = RetunerConfig(tuner_config_path=str(tmp_path / "tuner.conf"), audit_path=str(tmp_path / "audit.jsonl"),
                         changes=None, features=None, metrics="127.0.0.1:0")
     svc = RetunerService(cfg).start()
@@ -105,7 +105,7 @@ def test_retuner_endpoint_has_process_metrics_and_no_created_series(tmp_path):
 def test_process_metrics_on_a_registry_that_has_them_already():
     from prometheus_client import ProcessCollector
 
-    from detector.metrics import export_process_metrics
+    from dynamiccl.detector.metrics import export_process_metrics
     reg = CollectorRegistry()
     ProcessCollector(registry=reg)
     export_process_metrics(reg)                # no "Duplicated timeseries" error

@@ -152,7 +152,7 @@ def test_generated_files_are_current_and_the_rules_pass_promtool(rendered, tmp_p
     groups = {g["name"] for g in rule["spec"]["groups"]}
     assert groups == {"dynamiccl-alerts", "dynamiccl-recording"}
     maps = _by_kind(rendered["base"], "ConfigMap")
-    assert sorted(k for m in maps for k in m["data"]) == sorted(p.name for p in (ROOT / "dashboards/json").glob("*.json"))
+    assert sorted(k for m in maps for k in m["data"]) == sorted(p.name for p in (ROOT / "dynamiccl/dashboards/json").glob("*.json"))
     assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
     promtool = shutil.which("promtool")
     if promtool is None:

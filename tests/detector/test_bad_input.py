@@ -6,10 +6,10 @@ import dataclasses
 import numpy as np
 import polars as pl
 
-from collector.features import WindowFeatures
-from detector.config import DetectorConfig
-from detector.service import Detector
-from detector.testing import Regime, SyntheticJob
+from dynamiccl.collector.features import WindowFeatures
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.detector.testing import Regime, SyntheticJob
 
 WARM = 70
 

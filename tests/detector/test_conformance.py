@@ -8,8 +8,8 @@ import pytest
 from river import base
 from river.checks import common as river_common
 
-import detector
-from detector import checks
+from dynamiccl import detector
+from dynamiccl.detector import checks
 
 DETECTOR_CLASSES = [
     obj for name in detector.__all__ if inspect.isclass(obj := getattr(detector, name))

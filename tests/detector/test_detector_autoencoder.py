@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from detector import Autoencoder
-from detector.checks import _windows
+from dynamiccl.detector import Autoencoder
+from dynamiccl.detector.checks import _windows
 
 
 def _trained(n=600, **params):

@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from detector import CUSUM, CUSUMBank
-from detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_correlated,
+from dynamiccl.detector import CUSUM, CUSUMBank
+from dynamiccl.detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_correlated,
                           cusum_threshold_estimated,
                           siegmund_arl)
 
@@ -193,8 +193,8 @@ def test_false_alarm_rate_on_correlated_noise_needs_the_long_run_variance():
 def test_winsorized_baseline_is_robust_and_less_noisy():
     """Mean / sd of the warm-up clipped at 3 robust sigma: a gross outlier moves it by at most
     3 sigma / n; on Gaussian data it is consistent and its scale error is ~0.72 / sqrt(n)
-    (the constant `detector.arl` uses) against ~1.17 / sqrt(n) for the MAD."""
-    from detector._baseline import robust_baseline
+    (the constant `dynamiccl.detector.arl` uses) against ~1.17 / sqrt(n) for the MAD."""
+    from dynamiccl.detector._baseline import robust_baseline
     rng = np.random.default_rng(2)
     v = rng.standard_normal((20000, 60))
     loc_w, sc_w = robust_baseline(v, "winsorized")

@@ -1,4 +1,4 @@
-"""The parameter tables in detector/README.md match the constructors (documentation drift)."""
+"""The parameter tables in dynamiccl/detector/README.md match the constructors (documentation drift)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import detector
-
+from dynamiccl import detector
 README = Path(detector.__file__).with_name("README.md").read_text()
 
 

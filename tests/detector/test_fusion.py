@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detector.config import DetectorConfig
-from detector.events import KINDS
-from detector.service import Detector
-from detector.testing import EPOCH, Regime, SyntheticJob, bandwidth_regime, latency_regime
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.events import KINDS
+from dynamiccl.detector.service import Detector
+from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob, bandwidth_regime, latency_regime
 
 WARM = 70  # windows before any event (warm-up is 60)
 

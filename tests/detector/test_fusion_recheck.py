@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from detector.config import DetectorConfig
-from detector.service import Detector
-from detector.testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob
 
 WARM = 70  # windows before any event (warm-up is 60)
 

@@ -10,12 +10,12 @@ import urllib.request
 
 import pytest
 
-from collector.features import encode_line
-from detector.config import DetectorConfig
-from detector.events import RegimeChange
-from detector.runner import DetectorService, ServiceConfig
-from detector.server import ChangeServer, subscribe_changes
-from detector.testing import SyntheticJob, bandwidth_regime
+from dynamiccl.collector.features import encode_line
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.events import RegimeChange
+from dynamiccl.detector.runner import DetectorService, ServiceConfig
+from dynamiccl.detector.server import ChangeServer, subscribe_changes
+from dynamiccl.detector.testing import SyntheticJob, bandwidth_regime
 
 
 class FakeCollector:
@@ -136,7 +136,7 @@ def test_slow_client_drops_are_counted_not_blocking():
 
 
 def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
-    pytest.importorskip("dashboards.grafana_push")
+    pytest.importorskip("dynamiccl.dashboards.grafana_push")
     col = FakeCollector()
     with socket.socket() as s:                    # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -1,12 +1,12 @@
 """A sparse job: one instance of each collective per 5 s training step (1 s windows), so four
 windows in five hold nothing and the fifth one instance. Streams pool windows until they hold
-``min_instances`` instances (`detector.sparse`); before, no stream ever got a baseline."""
+``min_instances`` instances (`dynamiccl.detector.sparse`); before, no stream ever got a baseline."""
 from __future__ import annotations
 
-from collector.features import WindowFeatures, empty_keys, empty_ranks
-from detector.config import DetectorConfig
-from detector.service import Detector
-from detector.testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob
 
 STEP = 5          # windows per training step
 

@@ -1,12 +1,12 @@
 """Short warm-up and back-to-back changes: a stream is monitored after a few windows, and an
-incident that gets deeper or softer is reported again (`detector.steps`), not absorbed."""
+incident that gets deeper or softer is reported again (`dynamiccl.detector.steps`), not absorbed."""
 from __future__ import annotations
 
 import pytest
 
-from detector.config import DetectorConfig
-from detector.service import Detector
-from detector.testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob
 
 
 SHORT = DetectorConfig(autoencoder=False, self_start=True, warmup=5)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detector.config import DetectorConfig
-from detector.cusum_bank import CUSUMBank
-from detector.streams import StreamTable
-from detector.testing import Regime, SyntheticJob
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.cusum_bank import CUSUMBank
+from dynamiccl.detector.streams import StreamTable
+from dynamiccl.detector.testing import Regime, SyntheticJob
 
 
 def test_grow_keeps_old_streams_and_new_ones_warm_up():
@@ -89,8 +89,8 @@ def test_baseline_keeps_learning_after_a_short_warm_up():
     """A stream is monitored after ``warmup`` (5) windows and its baseline goes on learning from
     its in-control windows (up to ``baseline_memory``); the threshold stays the known-baseline
     one (the self-starting standardisation carries the estimation error)."""
-    from detector.arl import cusum_threshold_correlated
-    from detector.streams import KNOWN_BASELINE
+    from dynamiccl.detector.arl import cusum_threshold_correlated
+    from dynamiccl.detector.streams import KNOWN_BASELINE
     cfg = DetectorConfig(autoencoder=False, self_start=True, warmup=5)
     job = SyntheticJob(seed=5)
     tab = StreamTable(cfg)
@@ -111,8 +111,8 @@ def test_self_starting_chart_holds_its_false_alarm_rate_from_a_5_sample_baseline
     """Gaussian streams monitored from a 5-sample baseline: with the self-starting
     standardisation the known-baseline threshold keeps the stated rate (1 / arl0 per sample,
     within sampling error: 1.2x), while plugging the 5-sample estimate in raises it 4.5-fold."""
-    from detector.arl import cusum_threshold
-    from detector.self_start import SelfStart
+    from dynamiccl.detector.arl import cusum_threshold
+    from dynamiccl.detector.self_start import SelfStart
     rng = np.random.default_rng(11)
     n, steps, warm, arl0 = 400, 1500, 5, 2000.0
     h = cusum_threshold(2 * arl0, 1.0)          # two-sided, delta = 2: k = 1
@@ -197,7 +197,7 @@ def test_small_shift_threshold_is_set_for_correlated_noise():
     """The delta = 2 chart integrates over many windows, so its threshold is set for the
     per-window noise's long-run variance (`long_run_variance`, default 2); the delta = 6 chart,
     which one window can fire, keeps the threshold for independent noise."""
-    from detector.arl import cusum_threshold_correlated, cusum_threshold_estimated
+    from dynamiccl.detector.arl import cusum_threshold_correlated, cusum_threshold_estimated
     K = 60                       # the default: a fixed baseline from 60 windows
     cfg = DetectorConfig(autoencoder=False)
     tab = StreamTable(cfg)

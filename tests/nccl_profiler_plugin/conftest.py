@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = REPO / "nccl_profiler_plugin"
+PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 BUILD = PLUGIN_DIR / "test" / "build"
 sys.path.insert(0, str(REPO))
 
-from collector import wire_format as wf  # noqa: E402
+from dynamiccl.collector import wire_format as wf  # noqa: E402
 
 KIND_DTYPES = {wf.Kind.COLL: wf.EVENT_DTYPE, wf.Kind.P2P: wf.EVENT_DTYPE, wf.Kind.COMM: wf.COMM_DTYPE,
                wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE}

@@ -18,8 +18,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from collector import wire_format as wf  # noqa: E402
-from nccl_profiler_plugin.emulator import Emulator, EmulatorError  # noqa: E402
+from dynamiccl.collector import wire_format as wf  # noqa: E402
+from dynamiccl.nccl_profiler_plugin.emulator import Emulator, EmulatorError  # noqa: E402
 
 
 def _ops(spec: list[dict]) -> np.ndarray:

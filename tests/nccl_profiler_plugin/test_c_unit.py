@@ -1,4 +1,4 @@
-"""The C unit tests (nccl_profiler_plugin/test/test_plugin.c), plain, under AddressSanitizer +
+"""The C unit tests (dynamiccl/nccl_profiler_plugin/test/test_plugin.c), plain, under AddressSanitizer +
 UBSan and under valgrind; plus valgrind on the emulator driving the real .so (sender thread,
 sockets) and a warning-free build check."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from c_unit import REPO, assert_all_passed, assert_builds_without_warnings, make, run_unit_binary  # noqa: E402
 
-PLUGIN_DIR = REPO / "nccl_profiler_plugin"
+PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):

@@ -1,5 +1,5 @@
 """End to end: the real plugin .so, driven by the emulator (NCCL's call sequence), streaming
-frames to a fake collector that decodes them with collector.wire_format's dtypes."""
+frames to a fake collector that decodes them with dynamiccl.collector.wire_format's dtypes."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from collector import wire_format as wf
+from dynamiccl.collector import wire_format as wf
 
 F = {n: i for i, n in enumerate(wf.FUNCS)}
 DT = {n: i for i, n in enumerate(wf.DATATYPES)}
@@ -302,7 +302,7 @@ def test_missing_symbol_is_a_clear_error(built, tmp_path):
     # a library without ncclProfiler_v* symbols: the emulator library itself
     import sys
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "from nccl_profiler_plugin.emulator import Emulator, EmulatorError\n"
+            "from dynamiccl.nccl_profiler_plugin.emulator import Emulator, EmulatorError\n"
             "try:\n    Emulator(%r, 6)\nexcept EmulatorError as e:\n    print(e)\n") % (
         str(built["plugin"].parents[1]), str(built["emu_lib"]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

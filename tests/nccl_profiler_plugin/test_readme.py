@@ -5,7 +5,7 @@ import re
 import subprocess
 from pathlib import Path
 
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "nccl_profiler_plugin"
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "dynamiccl" / "nccl_profiler_plugin"
 NO_C_DEFAULT = {"DYNAMICCL_JOB_ID", "DYNAMICCL_HOST",  # fallback chains, documented in words
                 "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TOKEN"}  # secrets: no default
 

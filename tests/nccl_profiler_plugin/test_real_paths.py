@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector import wire_format as wf
+from dynamiccl.collector import wire_format as wf
 from test_emulator_stream import FLAG, F, check_events, make_ops, proc_and_comms
 
 

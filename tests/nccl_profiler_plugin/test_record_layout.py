@@ -1,4 +1,4 @@
-"""The generated C header matches collector.wire_format field by field (offset and size), and
+"""The generated C header matches dynamiccl.collector.wire_format field by field (offset and size), and
 the committed header is exactly what the generator prints."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from collector import wire_format as wf
+from dynamiccl.collector import wire_format as wf
 
-PLUGIN_DIR = Path(__file__).resolve().parents[2] / "nccl_profiler_plugin"
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "dynamiccl" / "nccl_profiler_plugin"
 HEADER = PLUGIN_DIR / "include" / "dynamiccl_record.h"
 STRUCTS = {
     "dccl_frame_header_t": wf.HEADER_DTYPE,
@@ -23,7 +23,7 @@ STRUCTS = {
 
 def test_committed_header_is_generated():
     assert HEADER.read_text() == wf.c_header(), \
-        "regenerate: python -m collector.wire_format > nccl_profiler_plugin/include/dynamiccl_record.h"
+        "regenerate: python -m dynamiccl.collector.wire_format > dynamiccl/nccl_profiler_plugin/include/dynamiccl_record.h"
 
 
 def test_c_layout_matches_numpy(tmp_path):

@@ -66,8 +66,8 @@ def test_no_collector_logs_once_and_sums_up_at_finalize(run_scenario, tmp_path):
 
 
 def test_token_opens_the_connection_and_the_collector_accepts_it(run_scenario, tmp_path):
-    from collector.config import default_config
-    from collector.pipeline import Pipeline
+    from dynamiccl.collector.config import default_config
+    from dynamiccl.collector.pipeline import Pipeline
     tokens = tmp_path / "tokens"
     tokens.write_text("job-test s3cret\n")
     os.chmod(tokens, 0o600)

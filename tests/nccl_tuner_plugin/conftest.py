@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TUNER_DIR = REPO / "nccl_tuner_plugin"
+TUNER_DIR = REPO / "dynamiccl" / "nccl_tuner_plugin"
 BUILD = TUNER_DIR / "test" / "build"
 sys.path.insert(0, str(REPO))
 
@@ -29,7 +29,7 @@ def built() -> dict[str, Path]:
 @pytest.fixture
 def private_plugin(built, tmp_path):
     """factory(mode="immediate", abi=6) -> a private TunerPlugin instance reading tmp_path/<n>.conf (no thread)."""
-    from simulator.tuner_abi import TunerPlugin
+    from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
 
     made = []
 

@@ -1,4 +1,4 @@
-"""simulator.tuner_abi: the real .so through NCCL's tuner ABI — clear errors for a wrong library, symbol or
+"""dynamiccl.harness.simulator.tuner_abi: the real .so through NCCL's tuner ABI — clear errors for a wrong library, symbol or
 version; the engine and the simulated job take their decisions from the plugin."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
-from simulator.tuner_abi import PluginTuner, TunerABIError, TunerPlugin
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
+from dynamiccl.harness.simulator.tuner_abi import PluginTuner, TunerABIError, TunerPlugin
 
 
 def test_unsupported_abi_version(built):
@@ -71,8 +71,8 @@ def test_every_exported_abi_version_decides(private_plugin, abi):
 
 
 def test_engine_takes_decisions_from_the_plugin(private_plugin):
-    from simulator.engine import Engine
-    from simulator.workload import preset
+    from dynamiccl.harness.simulator.engine import Engine
+    from dynamiccl.harness.simulator.workload import preset
 
     wl = preset("small")
     base = Engine(wl, seed=3).step()
@@ -83,7 +83,7 @@ def test_engine_takes_decisions_from_the_plugin(private_plugin):
     tuner = PluginTuner(p)
     eng = Engine(wl, seed=3, tuner=tuner)
     b = eng.step()
-    from collector.wire_format import FUNCS as WIRE_FUNCS
+    from dynamiccl.collector.wire_format import FUNCS as WIRE_FUNCS
 
     tp = np.array([wl.comms[c].name.startswith("tp") for c in b.comm])
     ar = b.ops["func"] == WIRE_FUNCS.index("AllReduce")
@@ -105,8 +105,8 @@ def test_simulated_job_records_carry_the_tuner_decisions_and_version(private_plu
     import importlib.util
     from pathlib import Path
 
-    from collector.wire_format import FUNCS as WIRE_FUNCS
-    from simulator.driver import SimulatedJob
+    from dynamiccl.collector.wire_format import FUNCS as WIRE_FUNCS
+    from dynamiccl.harness.simulator.driver import SimulatedJob
 
     conf_spec = importlib.util.spec_from_file_location(
         "profiler_conftest", Path(__file__).resolve().parents[1] / "nccl_profiler_plugin" / "conftest.py")

@@ -1,10 +1,10 @@
-"""nccl_tuner_plugin.config: the file format's strict grammar, the epoch annotation, and the writer's
+"""dynamiccl.nccl_tuner_plugin.config: the file format's strict grammar, the epoch annotation, and the writer's
 refusals that protect cross-rank consistency (a version number never reused, versions never going back)."""
 from __future__ import annotations
 
 import pytest
 
-from nccl_tuner_plugin.config import (MAX_VERSIONS, Rule, TunerConfig, format_configs, next_version, parse_configs,
+from dynamiccl.nccl_tuner_plugin.config import (MAX_VERSIONS, Rule, TunerConfig, format_configs, next_version, parse_configs,
                                       read_configs, write_configs)
 
 R1 = Rule("AllReduce", 0, 65535, "RING", "LL", 8)
@@ -61,7 +61,7 @@ def test_next_version(tmp_path):
 
 def test_hook_never_raises_when_the_plugin_refuses(private_plugin, caplog):
     """A plugin left in immediate mode refuses apply_version: the hook logs and returns, the job goes on."""
-    from nccl_tuner_plugin import sync
+    from dynamiccl.nccl_tuner_plugin import sync
 
     p = private_plugin("immediate")
     write_configs(p.conf, [TunerConfig(3, (R1,))])

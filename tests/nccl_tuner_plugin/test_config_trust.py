@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
 
 
 def _good(p, v=1):

@@ -6,7 +6,7 @@ engine with every rank's decisions taken from its OWN instance of the real plugi
 .so, its own config file, no reload thread). At every step boundary a retuner writes a new version (random
 rules for the workload's collectives, the newest 8 kept); a distributor copies the file to each rank, but a
 random rank's copy is delayed by 1-6 steps or dropped, and late copies may arrive after newer ones. Each rank
-re-reads its file, then the agreement hook runs over all ranks (``nccl_tuner_plugin.sync.run_ranks``: the
+re-reads its file, then the agreement hook runs over all ranks (``dynamiccl.nccl_tuner_plugin.sync.run_ranks``: the
 hook's real code with an in-memory MIN all-reduce). For every collective every member rank's plugin is asked;
 a *mismatch* is a collective on which two ranks would run different (algo, proto, channels, chunk).
 
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from nccl_tuner_plugin import sync
-from nccl_tuner_plugin.config import ALGOS, MAX_VERSIONS, PROTOS, Rule, TunerConfig, format_configs
-from simulator.engine import Engine
-from simulator.tuner_abi import RankTuners
-from simulator.workload import preset
+from dynamiccl.nccl_tuner_plugin import sync
+from dynamiccl.nccl_tuner_plugin.config import ALGOS, MAX_VERSIONS, PROTOS, Rule, TunerConfig, format_configs
+from dynamiccl.harness.simulator.engine import Engine
+from dynamiccl.harness.simulator.tuner_abi import RankTuners
+from dynamiccl.harness.simulator.workload import preset
 
 TUNED = [("AllReduce", 1 << 20), ("AllReduce", 4 << 20), ("AllReduce", 8), ("AllGather", 65536),
          ("ReduceScatter", 1 << 20)]

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from nccl_tuner_plugin import config as C
-from nccl_tuner_plugin.config import ALGOS, FUNCS, PROTOS, U64_MAX, Rule, TunerConfig, apply_rule
+from dynamiccl.nccl_tuner_plugin import config as C
+from dynamiccl.nccl_tuner_plugin.config import ALGOS, FUNCS, PROTOS, U64_MAX, Rule, TunerConfig, apply_rule
 
 COMMS = (0x1111, 0xABCDEF0123456789, 0x42)
 # NCCL-path guards the C plugin adds on top of config.apply_rule (issue 23; to move into apply_rule):
@@ -94,7 +94,7 @@ def python_accepts(text: str) -> tuple[bool, list[TunerConfig]]:
 
 
 def test_parsers_agree_on_random_and_malformed_files(built, tmp_path):
-    from simulator.tuner_abi import TunerPlugin
+    from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
 
     rng = random.Random(7)
     n_ok = n_bad = 0

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
 
 REPO = Path(__file__).resolve().parents[2]
-PROFILER_DIR = REPO / "nccl_profiler_plugin"
+PROFILER_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 SCRIPT = r"""
 import json, sys, time
 sys.path.insert(0, {repo!r})
-from nccl_profiler_plugin.emulator import Emulator
-from simulator.tuner_abi import TunerPlugin
+from dynamiccl.nccl_profiler_plugin.emulator import Emulator
+from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
 spec = json.loads(sys.argv[1])
 
 def ops(n, seq0):

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, write_configs
 
 CELLS = {"TREE": 0, "RING": 3}   # (algo, LL) flat index
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nccl_tuner_plugin.config import Rule, TunerConfig, format_configs
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, format_configs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,8 +20,8 @@ SCRIPT = r"""
 import json, os, sys
 sys.path.insert(0, {repo!r})
 import torch.distributed as dist
-from nccl_tuner_plugin import sync
-from simulator.tuner_abi import TunerPlugin
+from dynamiccl.nccl_tuner_plugin import sync
+from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
 rank = int(os.environ["RANK"])
 files = json.loads(sys.argv[1])[rank]          # the files this rank sees, one per round
 conf = os.environ["CONF"] + f".{{rank}}"
@@ -75,7 +75,7 @@ def test_agree_over_torch_distributed(built, tmp_path):
 FIND_SCRIPT = r"""
 import ctypes, json, os, sys
 sys.path.insert(0, {repo!r})
-from nccl_tuner_plugin import sync
+from dynamiccl.nccl_tuner_plugin import sync
 before = sync.find_plugin()                       # NCCL has not loaded it yet: None, nothing loaded by us
 lib = ctypes.CDLL({plugin!r}, mode=os.RTLD_NOW)   # what NCCL's dlopen does
 lib.dynamiccl_tuner_configure({conf!r}.encode(), 0, 0); lib.dynamiccl_tuner_reload()

@@ -1,4 +1,4 @@
-"""The C unit tests (nccl_tuner_plugin/test/test_tuner.c), plain, under AddressSanitizer + UBSan and
+"""The C unit tests (dynamiccl/nccl_tuner_plugin/test/test_tuner.c), plain, under AddressSanitizer + UBSan and
 under valgrind; a warning-free build of the plugin; and its exported symbols."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from c_unit import REPO, assert_all_passed, assert_builds_without_warnings, make, run_unit_binary  # noqa: E402
 
-TUNER_DIR = REPO / "nccl_tuner_plugin"
+TUNER_DIR = REPO / "dynamiccl" / "nccl_tuner_plugin"
 
 
 def test_c_unit(built):

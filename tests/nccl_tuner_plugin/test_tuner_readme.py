@@ -5,9 +5,9 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "nccl_tuner_plugin" / "README.md").read_text()
-INTERNAL = (REPO / "nccl_tuner_plugin" / "src" / "internal.h").read_text()
-CONTROL = (REPO / "nccl_tuner_plugin" / "src" / "control.c").read_text()
+README = (REPO / "dynamiccl" / "nccl_tuner_plugin" / "README.md").read_text()
+INTERNAL = (REPO / "dynamiccl" / "nccl_tuner_plugin" / "src" / "internal.h").read_text()
+CONTROL = (REPO / "dynamiccl" / "nccl_tuner_plugin" / "src" / "control.c").read_text()
 
 
 def _define(name: str) -> str:

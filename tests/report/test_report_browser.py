@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from detector.events import RegimeChange
+from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
 from report_browser import Browser, chromium_path, decode_png
 from report_helpers import make_run

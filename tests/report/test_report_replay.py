@@ -9,11 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-import report.detect
-from detector.config import DetectorConfig
-from detector.events import RegimeChange
+import dynamiccl.report.detect
+from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
-from report.replay import replay
+from dynamiccl.report.replay import replay
 from report_helpers import make_run, read_tables
 
 START = 1_767_225_600.0
@@ -41,7 +41,7 @@ def test_replay_is_lossless(run, monkeypatch):
             seen["windows"].append(wf.window_start)
             return []
 
-    monkeypatch.setattr(report.detect, "make_detector", lambda cfg, which="auto": Counting(cfg))
+    monkeypatch.setattr(dynamiccl.report.detect, "make_detector", lambda cfg, which="auto": Counting(cfg))
     res = replay(run[1], DetectorConfig(), retuner=False, lateness_s=30.0)
     assert res.records == 240_000 and res.late == 0 and res.invalid == 0
     assert seen["records"] == 240_000
@@ -70,7 +70,7 @@ def test_replay_low_rate_run_loses_nothing(tmp_path, monkeypatch, lateness_s):
     none is late, not even with zero allowed lateness (before: 6,636 of 30,000 dropped)."""
     d = make_run(tmp_path, records=30_000, rate_per_s=100.0, chunk_records=10_000, flush_rows=10_000)
     det = _Counting()
-    monkeypatch.setattr(report.detect, "make_detector", lambda cfg, which="auto": det)
+    monkeypatch.setattr(dynamiccl.report.detect, "make_detector", lambda cfg, which="auto": det)
     res = replay(d, DetectorConfig(), retuner=False, lateness_s=lateness_s)
     assert (res.records, res.late, res.invalid) == (30_000, 0, 0)
     assert det.records == 30_000 and res.windows == len(det.windows) == 300
@@ -80,13 +80,13 @@ def test_replay_low_rate_run_loses_nothing(tmp_path, monkeypatch, lateness_s):
 def test_replay_gives_the_live_changes(tmp_path):
     """Replay and a live collector (records arriving in event-time order, per host) produce the
     same windows, hence the same regime changes, from the same records."""
-    from collector.component import FuncConsumer, RecordBatch
-    from collector.config import WindowConfig
-    from collector.processors.window_agg import WindowAggregator
-    from collector.wire_format import TimingSource
-    from detector.service import Detector
+    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.config import WindowConfig
+    from dynamiccl.collector.processors.window_agg import WindowAggregator
+    from dynamiccl.collector.wire_format import TimingSource
+    from dynamiccl.detector.service import Detector
     from report_helpers import part_files, raw_events
-    from report.synthetic import COMMS, JOB_ID, RANKS_PER_HOST
+    from dynamiccl.report.synthetic import COMMS, JOB_ID, RANKS_PER_HOST
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
     cfg = DetectorConfig(warmup=20, autoencoder=False)

@@ -1,5 +1,5 @@
 """The numbers in the report's HTML tables against the parquet data, recomputed independently
-(pyarrow → numpy → the collector's own definitions in collector/records.py)."""
+(pyarrow → numpy → the collector's own definitions in dynamiccl/collector/records.py)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from collector.records import busbw_factor, duration_s, size_bucket, traffic_bytes, valid_mask
-from collector.wire_format import FUNCS
-from detector.events import RegimeChange
+from dynamiccl.collector.records import busbw_factor, duration_s, size_bucket, traffic_bytes, valid_mask
+from dynamiccl.collector.wire_format import FUNCS
+from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
 from report_helpers import make_run, num, part_files, raw_events, read_tables
 
@@ -79,7 +79,7 @@ def test_config_versions_match_parquet(run):
     versions = {int(num(r["tuner config version"])): num(r["records"]) for r in run["tables"]["versions"]}
     vals, counts = np.unique(ev["tuner_config_version"], return_counts=True)
     assert versions == dict(zip(vals.tolist(), counts.astype(float).tolist()))
-    assert set(versions) == {0, 1}  # report.synthetic switches config at 55 % of the run
+    assert set(versions) == {0, 1}  # dynamiccl.report.synthetic switches config at 55 % of the run
     # the switch of tp AllReduce 1-4 MiB to LL128 is listed, at the bin of the config change
     sw = [r for r in run["tables"]["switches"] if r["collective"][0] == "AllReduce" and r["to"][0] == "RING/LL128"]
     assert sw and all(abs(num(r["time"]) - (START + 0.55 * 120)) <= 4.0 for r in sw)
@@ -96,7 +96,7 @@ def test_changes_table_against_changes_file(run):
         assert num(r["detected"]) == c.detected_s
         assert num(r["detection delay"]) == pytest.approx(c.detected_s - c.start_s)
         assert num(r["magnitude"]) == c.magnitude
-    # ground truth (report.synthetic: bandwidth drop 36-54 s, straggler 84-96 s of 120 s)
+    # ground truth (dynamiccl.report.synthetic: bandwidth drop 36-54 s, straggler 84-96 s of 120 s)
     assert by_id["rc-a"]["ground truth"][0].startswith("bw_drop")
     assert num(by_id["rc-a"]["delay from true onset"]) == pytest.approx(2.5)
     assert by_id["rc-b"]["ground truth"][0].startswith("recovery")

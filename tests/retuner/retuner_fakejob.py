@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nccl_tuner_plugin.config import ALGOS, PROTOS
-from retuner.evaluation.sim_tuner import FileTuner
-from retuner.types import Observation, Target
+from dynamiccl.nccl_tuner_plugin.config import ALGOS, PROTOS
+from dynamiccl.retuner.evaluation.sim_tuner import FileTuner
+from dynamiccl.retuner.types import Observation, Target
 
 DEFAULT_CELL = ("RING", "SIMPLE")
 
@@ -83,7 +83,7 @@ def simple_cost(fast_in: dict[str, tuple[str, str, int]], base: float = 1e-3, ga
 
 
 def rc(id_: str, kind: str, t: float, *, magnitude: float = 2.0, comms=("0x1f",), recovers=None):
-    from detector.events import RegimeChange
+    from dynamiccl.detector.events import RegimeChange
     return RegimeChange(id=id_, kind=kind, job_id="job", start_s=t - 1.0, detected_s=t, magnitude=magnitude,
                         comms=list(comms), comm_names=["dp0"], recovers=recovers)
 

@@ -8,12 +8,12 @@ import stat
 
 import pytest
 
-import nccl_tuner_plugin.config as tc
-from nccl_tuner_plugin.config import Rule, TunerConfig, read_configs, write_configs
-from retuner.agent import Retuner
-from retuner.config import PolicyConfig, RetunerConfig, from_dict
-from retuner.evaluation.sim_tuner import FileTuner
-from retuner.types import Observation
+import dynamiccl.nccl_tuner_plugin.config as tc
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, read_configs, write_configs
+from dynamiccl.retuner.agent import Retuner
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig, from_dict
+from dynamiccl.retuner.evaluation.sim_tuner import FileTuner
+from dynamiccl.retuner.types import Observation
 
 from retuner_fakejob import FakeJob, rc, simple_cost, target
 
@@ -97,7 +97,7 @@ def test_push_error_when_root_ignores_permissions(tmp_path, monkeypatch):
 
     def disk_full(*a, **k):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr("retuner.push.write_configs", disk_full)
+    monkeypatch.setattr("dynamiccl.retuner.push.write_configs", disk_full)
     for _ in range(4):
         rt.observe(job.step())
     assert (tmp_path / "tuner.conf").read_text() == good

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from retuner.evaluation.suite import QUICK, WORKLOADS, evaluate_one, summarize, summary_line
-from retuner.evaluation.truth import Truth
-from simulator.scenario import load_yaml
-from simulator.workload import load
+from dynamiccl.retuner.evaluation.suite import QUICK, WORKLOADS, evaluate_one, summarize, summary_line
+from dynamiccl.retuner.evaluation.truth import Truth
+from dynamiccl.harness.simulator.scenario import load_yaml
+from dynamiccl.harness.simulator.workload import load
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK_REGIME = QUICK[1]
@@ -55,8 +55,8 @@ def test_one_regime_scenario_end_to_end_python_reference():
 
 
 def test_real_plugin_per_rank_with_lossy_delivery_never_mismatches():
-    pytest.importorskip("simulator.tuner_abi")
-    import nccl_tuner_plugin
+    pytest.importorskip("dynamiccl.harness.simulator.tuner_abi")
+    from dynamiccl import nccl_tuner_plugin
     try:
         nccl_tuner_plugin.library_path()
     except Exception as e:                      # noqa: BLE001

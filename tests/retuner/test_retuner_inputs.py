@@ -5,14 +5,14 @@ import time
 
 import pytest
 
-from collector.features import encode_line
-from retuner.config import PolicyConfig, RetunerConfig
+from dynamiccl.collector.features import encode_line
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 from retuner_fakejob import rc
 from test_retuner_stream import _Server, _wait, window
 
 
 def _service(tmp_path, features, changes, **kw):
-    from retuner.service import RetunerService
+    from dynamiccl.retuner.service import RetunerService
     cfg = RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "t.conf"), audit_path=None,
                         policy=PolicyConfig(tune_at_start=False), metrics=None,
                         changes=f"tcp:127.0.0.1:{changes.port}", features=f"tcp:127.0.0.1:{features.port}", **kw)
@@ -33,7 +33,7 @@ def _feed(svc, features, changes, windows, change):
 
 
 def test_apply_without_a_job_allow_list_is_refused_at_start(tmp_path):
-    from retuner.service import RetunerService
+    from dynamiccl.retuner.service import RetunerService
     with pytest.raises(ValueError, match="--job"):
         RetunerService(RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "t.conf"), metrics=None))
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from retuner.config import PolicyConfig, RetunerConfig
-from retuner.model import CommModel, Fit
-from retuner.planner import Planner
-from retuner.types import Target
-from simulator.cost_model import PROTOS, RING
-from simulator.perf_model import NetworkState, expected_time
-from simulator.topology import preset
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+from dynamiccl.retuner.model import CommModel, Fit
+from dynamiccl.retuner.planner import Planner
+from dynamiccl.retuner.types import Target
+from dynamiccl.harness.simulator.cost_model import PROTOS, RING
+from dynamiccl.harness.simulator.perf_model import NetworkState, expected_time
+from dynamiccl.harness.simulator.topology import preset
 
 NB = 24 << 20          # a 24 MiB AllReduce between two nodes (a data-parallel gradient bucket)
 

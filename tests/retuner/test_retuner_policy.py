@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from nccl_tuner_plugin.config import read_configs
-from retuner.agent import Retuner
-from retuner.config import PolicyConfig, RetunerConfig
+from dynamiccl.nccl_tuner_plugin.config import read_configs
+from dynamiccl.retuner.agent import Retuner
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 
 from retuner_fakejob import DEFAULT_CELL, FakeJob, rc, simple_cost, target
 
@@ -183,7 +183,7 @@ def test_allow_and_deny_lists_and_pins(tmp_path):
     run(rt, job, 30, {3: "slow", 5: rc("rc-1", "latency", 1.5)})
     assert not any(r[2] == "TREE" for r in job.ran)
 
-    from retuner.config import Pin
+    from dynamiccl.retuner.config import Pin
     (tmp_path / "p").mkdir()
     rt = make(tmp_path / "p", pins=(Pin("AllReduce", "RING", "LL", 2, comm="0x1f"),))
     job = FakeJob(str(tmp_path / "p" / "tuner.conf"), [target()], simple_cost({}))
@@ -203,7 +203,7 @@ def test_start_up_tuning_sets_the_baseline(tmp_path):
 
 def _run_until_commit(rt: Retuner, job: FakeJob, *, then=None, limit: int = 80) -> float:
     """Steps the job until the retuner commits; returns the event time of the push that applied the commit."""
-    from detector.events import RegimeChange
+    from dynamiccl.detector.events import RegimeChange
     first = RegimeChange(id="rc-1", kind="latency", job_id="job", start_s=1.25, detected_s=1.75, magnitude=2.0,
                          comms=["0x1f"])
     run(rt, job, 10, {4: "slow", 6: first})                # slow from the step starting at 1.25 s
@@ -228,7 +228,7 @@ def test_a_change_caused_by_our_own_push_is_ignored(tmp_path):
     t_push = _run_until_commit(rt, job)
     run(rt, job, 8)                                            # detection delay; verify confirms meanwhile
     n_explore = actions(rt).count("explore")
-    from detector.events import RegimeChange
+    from dynamiccl.detector.events import RegimeChange
     own = RegimeChange(id="own", kind="bandwidth", job_id="job", start_s=t_push, detected_s=job.t,
                        magnitude=1 / 1.3, comms=["0x1f"])
     rt.on_change(own)
@@ -250,7 +250,7 @@ def test_a_real_change_at_the_moment_of_our_push_is_not_ignored(tmp_path):
     job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
     t_push = _run_until_commit(rt, job, then=lambda: setattr(job, "regime", "slow2"))
     run(rt, job, 8)
-    from detector.events import RegimeChange
+    from dynamiccl.detector.events import RegimeChange
     real = RegimeChange(id="real", kind="bandwidth", job_id="job", start_s=t_push - 0.4, detected_s=job.t,
                         magnitude=1.5, comms=["0x1f"])
     rt.on_change(real)
@@ -320,8 +320,8 @@ def test_no_republish(tmp_path, policy):
 
 
 def _lead_exploration(pred_us: float, *, lead_share: float = 0.5):
-    from retuner.explore import Exploration
-    from retuner.types import Candidate
+    from dynamiccl.retuner.explore import Exploration
+    from dynamiccl.retuner.types import Candidate
     pol = PolicyConfig(lead_share=lead_share)
     members = [target(h) for h in (0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18)]
     x = Exploration("x1", trigger="rc-1", kind="latency", members=members, incumbent=None, policy=pol,

@@ -12,10 +12,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from collector.features import KEYS_SCHEMA, WindowFeatures, empty_ranks, encode_line
-from retuner.agent import Retuner, observations_from_window
-from retuner.config import PolicyConfig, RetunerConfig
-from retuner.metrics import METRICS
+from dynamiccl.collector.features import KEYS_SCHEMA, WindowFeatures, empty_ranks, encode_line
+from dynamiccl.retuner.agent import Retuner, observations_from_window
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+from dynamiccl.retuner.metrics import METRICS
 
 from retuner_fakejob import rc
 
@@ -65,7 +65,7 @@ def test_windows_are_attributed_by_time_and_straddling_windows_dropped(tmp_path)
 
 def test_metric_names_are_the_ones_the_architecture_declares():
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    line = next(x for x in doc.splitlines() if x.startswith("Retuner (declared in `retuner/metrics.py`)"))
+    line = next(x for x in doc.splitlines() if x.startswith("Retuner (declared in `dynamiccl/retuner/metrics.py`)"))
     line += doc.split(line, 1)[1].split("\n\n", 1)[0]
     declared = set(re.findall(r"`(dynamiccl_retuner_[a-z_]+)", line))
     names = {m.name for m in METRICS}
@@ -122,7 +122,7 @@ def _wait(pred, timeout=10.0):
 
 
 def test_service_reads_both_streams_serves_metrics_and_survives_bad_lines(tmp_path):
-    from retuner.service import RetunerService
+    from dynamiccl.retuner.service import RetunerService
     changes, features = _Server(), _Server()
     cfg = RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "t.conf"),
                         audit_path=str(tmp_path / "audit.jsonl"), policy=PolicyConfig(tune_at_start=False),

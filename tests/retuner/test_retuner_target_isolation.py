@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from nccl_tuner_plugin.config import read_configs
-from retuner.agent import Retuner
-from retuner.config import PolicyConfig, RetunerConfig
-from retuner.types import Candidate, Target
+from dynamiccl.nccl_tuner_plugin.config import read_configs
+from dynamiccl.retuner.agent import Retuner
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+from dynamiccl.retuner.types import Candidate, Target
 
 from retuner_fakejob import FakeJob, rc, simple_cost, target
 

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from simulator import calibration, perf_model
-from simulator.calibration import FLIP_TARGETS, POINTS, TOLERANCE, evaluate, flip_sizes
+from dynamiccl.harness.simulator import calibration, perf_model
+from dynamiccl.harness.simulator.calibration import FLIP_TARGETS, POINTS, TOLERANCE, evaluate, flip_sizes
 
 MiB = 2 ** 20
 
@@ -92,15 +92,15 @@ def test_no_ll_region_p5():
 
 def test_p5_ll_region_needs_the_fit():
     # Without the fitted term NCCL's AMD figures still leave Tree/LL best at small sizes (63 us vs 83 us at 1 KiB).
-    from simulator.aws_regions import topology_for, with_fit
-    from simulator.oracle import best_configs
+    from dynamiccl.harness.simulator.aws_regions import topology_for, with_fit
+    from dynamiccl.harness.simulator.oracle import best_configs
 
     names = best_configs(with_fit(topology_for("p5", 2)), "AllReduce", np.array([1024, 64 * 1024])).names()
     assert names == ["TREE/LL", "TREE/LL"]
 
 
 def test_published_16_rank_regions_match_flip_targets():
-    from simulator.aws_regions import published_winner
+    from dynamiccl.harness.simulator.aws_regions import published_winner
 
     for topo, platform in (("p5en-2x8", "p5en"), ("p5-2x8", "p5")):
         for s in calibration.FLIP_GRID.tolist():
@@ -111,7 +111,7 @@ def test_held_out_agreement_not_below_unfitted_model():
     # The per-platform fit sees only the 16-rank AllReduce regions; the 32/64-rank AllReduce and every
     # AllGather/ReduceScatter region are held out. As fitted, no held-out entry may be worse than the model with
     # its fitted fields neutral, and p5's LL term must carry over to 32 and 64 ranks (no LL there either).
-    from simulator.aws_regions import heldout_scores, topology_for, with_fit
+    from dynamiccl.harness.simulator.aws_regions import heldout_scores, topology_for, with_fit
 
     fitted = heldout_scores()
     unfit = heldout_scores(lambda p, n: with_fit(topology_for(p, n)))
@@ -130,7 +130,7 @@ def test_held_out_agreement_not_below_unfitted_model():
     "(test_no_common_knob_gives_both_16_rank_sequences). A p5en-only fit was tried and not adopted: the best "
     "per-platform pair on the 16-rank regions (LL crossing 4 us, Tree/LL128 eff 0.8) raises 16-rank agreement "
     "87 -> 95 % but still has no band, and lowers the held-out p5en regions (32/64 ranks, AllGather/ReduceScatter) "
-    "89.7 -> 88.6 % (python -m simulator.aws_regions --search). The 16-rank vertices are polygon corners of a tuner "
+    "89.7 -> 88.6 % (python -m dynamiccl.harness.simulator.aws_regions --search). The 16-rank vertices are polygon corners of a tuner "
     "that skips <= 2-node jobs (aws-ofi-nccl, reference §8.4)"))
 def test_ring_ll128_band_p5en():
     assert _winner_at(flip_sizes("p5en-2x8"), 20 * MiB) == "RING/LL128"
@@ -140,7 +140,7 @@ def test_no_common_knob_gives_both_16_rank_sequences():
     # The published p5en band and the published p5 sequence are incompatible for knobs that act on both (p5 and
     # p5en differ in the model only in EFA latency and host CPU): whenever a Tree/LL128 efficiency and an extra
     # NVLSTree latency make Ring/LL128 win inside 12.5-28.5 MiB on p5en, Ring/LL128 also wins somewhere on p5.
-    from simulator.flip_fit import fitted
+    from dynamiccl.harness.simulator.flip_fit import fitted
 
     sizes = np.array(sorted({int(2 ** (k / 4)) for k in range(4 * 23, 4 * 26 + 1)}))     # 8 - 64 MiB
     in_band = (sizes >= 12.5 * MiB) & (sizes < 28.5 * MiB)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from simulator.cost_model import ALGOS, PROTOS, NcclModel
-from simulator.topology import from_dict, preset
+from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS, NcclModel
+from dynamiccl.harness.simulator.topology import from_dict, preset
 
 SIZES = np.array([4 ** k for k in range(5, 16)])  # 1 KiB .. 1 GiB
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector import wire_format as wf
-from simulator import workload as W
-from simulator.driver import DriverError, SimulatedJob, WireSink
-from simulator.engine import EMU_OP_DTYPE, Engine
+from dynamiccl.collector import wire_format as wf
+from dynamiccl.harness.simulator import workload as W
+from dynamiccl.harness.simulator.driver import DriverError, SimulatedJob, WireSink
+from dynamiccl.harness.simulator.engine import EMU_OP_DTYPE, Engine
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = REPO / "nccl_profiler_plugin"
+PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def sink(tmp_path):
 
 
 def test_emu_record_layout_matches_the_emulator_binding():
-    from nccl_profiler_plugin.emulator import EMU_OP_DTYPE as emu_dtype
+    from dynamiccl.nccl_profiler_plugin.emulator import EMU_OP_DTYPE as emu_dtype
 
     assert EMU_OP_DTYPE == emu_dtype and EMU_OP_DTYPE.itemsize == 64
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collector.wire_format import FUNCS, UNKNOWN
-from simulator import scenario as S
-from simulator import workload as W
-from simulator.cost_model import ALGOS, PROTOS
-from simulator.engine import DEFAULT_EPOCH_NS, Engine
+from dynamiccl.collector.wire_format import FUNCS, UNKNOWN
+from dynamiccl.harness.simulator import scenario as S
+from dynamiccl.harness.simulator import workload as W
+from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
+from dynamiccl.harness.simulator.engine import DEFAULT_EPOCH_NS, Engine
 
 SMALL = W.preset("small")
 LLAMA = W.preset("llama7b-tp8-dp2")

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from simulator.oracle import SIZE_BUCKETS, best_configs
-from simulator.perf_model import NetworkState
-from simulator.topology import preset
+from dynamiccl.harness.simulator.oracle import SIZE_BUCKETS, best_configs
+from dynamiccl.harness.simulator.perf_model import NetworkState
+from dynamiccl.harness.simulator.topology import preset
 
 STATES = {
     "idle": NetworkState(),
@@ -30,7 +30,7 @@ def test_retuning_pays_off_under_congestion():
 
 
 def test_oracle_respects_enabled_cells_and_chunk_limit():
-    from simulator.cost_model import NcclModel
+    from dynamiccl.harness.simulator.cost_model import NcclModel
     t = preset("h100-2x8")
     m = NcclModel(t, exclude_algos=("NVLS_TREE",))
     r = best_configs(t, "AllReduce", SIZE_BUCKETS, model=m)

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from simulator.cost_model import NcclModel
-from simulator.perf_model import NetworkState, expected_time, sample_durations
-from simulator.topology import preset
+from dynamiccl.harness.simulator.cost_model import NcclModel
+from dynamiccl.harness.simulator.perf_model import NetworkState, expected_time, sample_durations
+from dynamiccl.harness.simulator.topology import preset
 
 SMALL, LARGE = np.array([8 * 1024]), np.array([2 ** 30])
 T2 = preset("h100-2x8")
@@ -161,7 +161,7 @@ def test_fitted_ll_crossing_charges_each_network_crossing_of_ll_only():
     # InterNet.ll_crossing_us (fitted on p5): a 2-node Tree crosses the network twice (reduce up, broadcast down),
     # a 2-node Ring AllGather once (one inter-node step); LL128 and one-node runs are untouched.
     import dataclasses
-    from simulator.aws_regions import with_fit
+    from dynamiccl.harness.simulator.aws_regions import with_fit
 
     p5 = preset("p5-2x8")
     base = with_fit(p5)

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector import wire_format as wf
-from simulator import scenario as S
-from simulator import workload as W
-from simulator.driver import DriverError, SimulatedJob
-from simulator.engine import EMU_F_CROSS_NODE, Engine
+from dynamiccl.collector import wire_format as wf
+from dynamiccl.harness.simulator import scenario as S
+from dynamiccl.harness.simulator import workload as W
+from dynamiccl.harness.simulator.driver import DriverError, SimulatedJob
+from dynamiccl.harness.simulator.engine import EMU_F_CROSS_NODE, Engine
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN_DIR = REPO / "nccl_profiler_plugin"
+PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 SRC = Path(__file__).with_name("abi_recorder.c")
 KERNEL_CH_STOP, GROUP_END_API_START = 22, 24
 PROXY_OP, KERNEL_CH = 1 << 3, 1 << 6

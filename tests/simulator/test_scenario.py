@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from simulator import scenario as S
-from simulator.scenario import ScenarioError
-from simulator.topology import preset as topo
+from dynamiccl.harness.simulator import scenario as S
+from dynamiccl.harness.simulator.scenario import ScenarioError
+from dynamiccl.harness.simulator.topology import preset as topo
 
 T = topo("h100-2x8")
 

@@ -1,6 +1,6 @@
 import pytest
 
-from simulator.topology import (GraphParams, InterNet, IntraLink, Topology, load_yaml, preset,
+from dynamiccl.harness.simulator.topology import (GraphParams, InterNet, IntraLink, Topology, load_yaml, preset,
                                 preset_names)
 
 
@@ -73,7 +73,7 @@ def test_derived_graph_matches_reference_assumptions():
 
 
 def test_fitted_fields_are_neutral_except_p5():
-    # The per-platform fitted InterNet fields (simulator/aws_regions.py) leave every other preset bit-identical.
+    # The per-platform fitted InterNet fields (dynamiccl/harness/simulator/aws_regions.py) leave every other preset bit-identical.
     neutral = InterNet()
     for name in preset_names():
         inter = preset(name).inter

@@ -6,8 +6,8 @@ import copy
 import pytest
 import yaml
 
-from simulator import workload as W
-from simulator.workload import WorkloadError
+from dynamiccl.harness.simulator import workload as W
+from dynamiccl.harness.simulator.workload import WorkloadError
 
 BASE = {
     "name": "t", "topology": "h100-2x8",

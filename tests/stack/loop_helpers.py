@@ -69,8 +69,8 @@ def substitute(expr: str) -> str:
 
 def small_workload(step_gap_us: int = 20_000):
     """The simulator's `small` workload with a longer step gap (fewer records/s: gentle on shared CPUs)."""
-    from simulator import workload
-    data = yaml.safe_load((ROOT / "simulator/workloads/small.yaml").read_text())
+    from dynamiccl.harness.simulator import workload
+    data = yaml.safe_load((ROOT / "dynamiccl/harness/simulator/workloads/small.yaml").read_text())
     data["step_gap_us"] = step_gap_us
     data["name"] = "small-e2e"
     return workload.from_dict(data)
@@ -104,15 +104,15 @@ class Loop:
     def start(self) -> "Loop":
         from prometheus_client import CollectorRegistry, start_http_server
 
-        from collector.config import TelemetryConfig, default_config
-        from collector.pipeline import Pipeline
-        from collector.telemetry.fake_nvml import FakeNvml
-        from collector.telemetry.gpu import GpuTelemetry
-        from detector.config import DetectorConfig
-        from detector.service import Detector
+        from dynamiccl.collector.config import TelemetryConfig, default_config
+        from dynamiccl.collector.pipeline import Pipeline
+        from dynamiccl.collector.telemetry.fake_nvml import FakeNvml
+        from dynamiccl.collector.telemetry.gpu import GpuTelemetry
+        from dynamiccl.detector.config import DetectorConfig
+        from dynamiccl.detector.service import Detector
         from dynamiccl.stack import AlertWebhook, render_alertmanager, render_prometheus
-        from simulator import scenario
-        from simulator.driver import SimulatedJob
+        from dynamiccl.harness.simulator import scenario
+        from dynamiccl.harness.simulator.driver import SimulatedJob
 
         for b in ("prometheus", "prometheus-alertmanager"):
             if shutil.which(b) is None:
@@ -140,8 +140,8 @@ class Loop:
         # retuner in process (dry run: recommends, writes nothing), fed by the same windows and changes
         self.retuner = None
         try:
-            from retuner.agent import Retuner
-            from retuner.config import RetunerConfig
+            from dynamiccl.retuner.agent import Retuner
+            from dynamiccl.retuner.config import RetunerConfig
         except ImportError:
             pass
         else:

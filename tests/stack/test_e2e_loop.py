@@ -88,7 +88,7 @@ def test_every_dashboard_query_returns_data(loop):
     loop.webhook.wait_for(_is_regime_alert, timeout=max(0.0, loop.onset_wall + 60 - time.time()))
     time.sleep(3)                                   # a few more scrapes after the alert (ALERTS series)
     empty, checked = [], 0
-    for f in sorted((ROOT / "dashboards/json").glob("*.json")):
+    for f in sorted((ROOT / "dynamiccl/dashboards/json").glob("*.json")):
         for where, expr in dashboard_queries(json.loads(f.read_text())):
             if any(m in expr for m in LIVE_RETUNER_ONLY):
                 continue

@@ -1,6 +1,6 @@
 """The retuner dashboard against a LIVE retuner (slow, ~40-60 s): a simulated job through the real profiler
 plugin and the real tuner plugin, the collector, and the retuner in apply mode (the service default is dry
-run), scraped by the real Prometheus. Every query of dashboards/json/retuner.json must return data,
+run), scraped by the real Prometheus. Every query of dynamiccl/dashboards/json/retuner.json must return data,
 including "Active configuration" and "Measured gain", which only fill once the retuner has committed a
 configuration and verified it from the profiler stream.
 
@@ -36,15 +36,15 @@ def test_retuner_dashboard_fills_from_a_live_retuner(tmp_path, built_profiler):
         pytest.skip("prometheus not installed (Debian: apt-get install prometheus)")
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from collector.config import default_config
-    from collector.pipeline import Pipeline
+    from dynamiccl.collector.config import default_config
+    from dynamiccl.collector.pipeline import Pipeline
     from dynamiccl.demo import _plugin_tuner
     from dynamiccl.stack import render_prometheus
-    from retuner.agent import Retuner
-    from retuner.config import PolicyConfig, RetunerConfig
-    from simulator import scenario
-    from simulator.driver import SimulatedJob
-    from simulator.workload import load
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+    from dynamiccl.harness.simulator import scenario
+    from dynamiccl.harness.simulator.driver import SimulatedJob
+    from dynamiccl.harness.simulator.workload import load
 
     # services this test does not run get free (unused) ports: Prometheus just sees them down
     ports = {k: free_port() for k in ("collector", "detector", "retuner", "prometheus", "alertmanager")}
@@ -55,7 +55,7 @@ def test_retuner_dashboard_fills_from_a_live_retuner(tmp_path, built_profiler):
                                    telemetry={"gpu": False})
     pipeline = Pipeline(cfg).start()
     sub = pipeline.subscribe()
-    workload = load(ROOT / "retuner/workloads/ddp-efa-2x8.yaml")
+    workload = load(ROOT / "dynamiccl/retuner/workloads/ddp-efa-2x8.yaml")
     reg = CollectorRegistry()
     retuner = Retuner(RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "tuner.conf"),
                                     audit_path=str(tmp_path / "audit.jsonl"), topology=workload.topology.name,
@@ -90,7 +90,7 @@ def test_retuner_dashboard_fills_from_a_live_retuner(tmp_path, built_profiler):
             assert f"{algo.lower()}" in conf.lower() and f"{proto.lower()}" in conf.lower(), conf
         time.sleep(4)                                   # a few scrapes with the committed state
         empty, checked = [], 0
-        doc = json.loads((ROOT / "dashboards/json/retuner.json").read_text())
+        doc = json.loads((ROOT / "dynamiccl/dashboards/json/retuner.json").read_text())
         for where, expr in dashboard_queries(doc):
             if where.startswith("annotation"):      # alert annotations: the E2E loop test fires and checks them
                 continue

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dynamiccl.stack import CHANGES_FILE, Stack, StackConfig, _recording_exit, summary_lines
-from report.sidecars import find_sidecar
+from dynamiccl.report.sidecars import find_sidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 

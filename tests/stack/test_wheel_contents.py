@@ -24,7 +24,7 @@ def test_wheel_ships_stack_configuration_and_the_stack_finds_it(tmp_path):
     for rel in Path(ROOT / "deploy").rglob("*"):
         if rel.is_file():
             assert f"dynamiccl/deploy/{rel.relative_to(ROOT / 'deploy').as_posix()}" in names, rel
-    assert {f"dashboards/json/{p.name}" for p in (ROOT / "dashboards/json").glob("*.json")} <= names
+    assert {f"dynamiccl/dashboards/json/{p.name}" for p in (ROOT / "dynamiccl/dashboards/json").glob("*.json")} <= names
     # installed layout (no checkout around it): the stack resolves and validates the shipped copy
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
@@ -35,4 +35,4 @@ def test_wheel_ships_stack_configuration_and_the_stack_finds_it(tmp_path):
     assert res.returncode == 0, res.stderr
     deploy, dashboards = res.stdout.split()
     assert Path(deploy) == site / "dynamiccl" / "deploy"
-    assert Path(dashboards) == site / "dashboards" / "json"
+    assert Path(dashboards) == site / "dynamiccl" / "dashboards" / "json"

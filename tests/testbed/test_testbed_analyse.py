@@ -1,4 +1,4 @@
-"""testbed.analyse: the delay decomposition on a small synthetic run directory (no root needed)."""
+"""dynamiccl.harness.testbed.analyse: the delay decomposition on a small synthetic run directory (no root needed)."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from testbed.analyse import decompose, load_windows
-from testbed.controller import TruthEvent
-from testbed.score import Detection, score
+from dynamiccl.harness.testbed.analyse import decompose, load_windows
+from dynamiccl.harness.testbed.controller import TruthEvent
+from dynamiccl.harness.testbed.score import Detection, score
 
 T0 = 1_800_000_000.0  # onset of the throttle (epoch s)
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from testbed_helpers import leftovers, require_testbed
 
-from testbed.netns import Topology, cleanup, list_runs
+from dynamiccl.harness.testbed.netns import Topology, cleanup, list_runs
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +54,7 @@ def test_topology_lifecycle(tmp_path):
 
 
 def test_cleanup_removes_runs_whose_owner_died(tmp_path):
-    code = ("import sys, time; sys.path.insert(0, %r); from testbed.netns import Topology; "
+    code = ("import sys, time; sys.path.insert(0, %r); from dynamiccl.harness.testbed.netns import Topology; "
             "t = Topology(2, state_dir=%r).create(); print(t.prefix, flush=True); time.sleep(60)"
             % (str(__import__("testbed").__path__[0] + "/.."), str(tmp_path)))
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -3,9 +3,9 @@
 ``tests/testbed/data/<run>/`` holds what a ``dynamiccl testbed run --scenario ci`` wrote that a
 replay needs: ``truth.json``, ``windows_keys.parquet`` / ``windows_ranks.parquet`` (every window
 the live detector saw, with the wall time it reached it) and ``summary.json`` (``detect_from``;
-the live run's line and the machine's load, for reference). ``testbed.analyse.replay`` scores
-a fresh detector on them as if live, so this is the detector (``detector/``) with the test bed's
-settings (``testbed/detect.py``) on real collectives over a real shaped network: every target
+the live run's line and the machine's load, for reference). ``dynamiccl.harness.testbed.analyse.replay`` scores
+a fresh detector on them as if live, so this is the detector (``dynamiccl/detector/``) with the test bed's
+settings (``dynamiccl/harness/testbed/detect.py``) on real collectives over a real shaped network: every target
 of the issue, on three runs (two on a quiet machine, one at load 6-9). The settings were chosen
 on these runs (docs/testbed.md, "Measured"): a regression check, not an out-of-sample measure.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.analyse import replay
+from dynamiccl.harness.testbed.analyse import replay
 
 DATA = Path(__file__).parent / "data"
 RUNS = sorted(p.name for p in DATA.iterdir() if (p / "truth.json").exists())
@@ -37,7 +37,7 @@ def test_replay_meets_targets(run):
 
 
 def test_machine_noise_separates_quiet_runs():
-    from testbed.analyse import machine_noise
+    from dynamiccl.harness.testbed.analyse import machine_noise
     noise = {run: machine_noise(DATA / run) for run in RUNS}
     # dtb3a8e / dtb8f9d: quiet machine (load < 1); h7a: load 6.4 -> 9.2
     assert noise["dtb3a8e"]["stall_share"] < 0.02 and noise["dtb8f9d"]["stall_share"] < 0.02, noise

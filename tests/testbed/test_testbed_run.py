@@ -7,7 +7,7 @@ lossless, nothing is left behind: any of these failing fails the test. The issue
 targets (every change detected within 3 s, no false alarm, single-rank throttles localised) are
 checked last and asserted when the machine was quiet during the run — at most ``QUIET_STALLS``
 of the quiet spans' windows (warm-up, 2-6.5 s after each release) more than 1.25x off their
-median (`testbed.analyse.machine_noise`, measured from the run's own windows: 0-0.9 % on a quiet
+median (`dynamiccl.harness.testbed.analyse.machine_noise`, measured from the run's own windows: 0-0.9 % on a quiet
 machine) — and a miss on a busier machine is reported as an xfail carrying the score line and
 the measured noise (unscripted 1.3-2x stalls of a shared machine are changes too; see
 docs/testbed.md, "Measured"). Needs root + iproute2.
@@ -61,7 +61,7 @@ def test_ci_scenario_end_to_end(tmp_path):
         assert "dropped=0 undelivered=0" in line, line
     assert leftovers(summary["prefix"]) == []
     # the delay decomposition: every hit's stages happen in order and add up to its delay
-    from testbed.analyse import decompose
+    from dynamiccl.harness.testbed.analyse import decompose
     print("  delay decomposition (s after onset): first affected collective end / its window "
           "closed / detector's window end / emitted")
     for row in decompose(tmp_path / "out"):
@@ -83,7 +83,7 @@ def test_ci_scenario_end_to_end(tmp_path):
         missed.append(f"max delay {max_delay} s")
     if localised != localisable:
         missed.append(f"localised {localised}/{localisable}")
-    from testbed.analyse import machine_noise
+    from dynamiccl.harness.testbed.analyse import machine_noise
     noise = machine_noise(tmp_path / "out")
     print(f"  machine noise in the quiet spans: {noise}")
     if missed and noise["stall_share"] <= QUIET_STALLS:

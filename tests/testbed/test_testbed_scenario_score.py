@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.controller import TruthEvent
-from testbed.scenario import BUILTIN, MIN_CHANGE, Action, Scenario, builtin, load
-from testbed.score import Detection, score
+from dynamiccl.harness.testbed.controller import TruthEvent
+from dynamiccl.harness.testbed.scenario import BUILTIN, MIN_CHANGE, Action, Scenario, builtin, load
+from dynamiccl.harness.testbed.score import Detection, score
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def require_testbed() -> None:
     """Skip (printing why) unless root, iproute2 and network namespaces are available."""
-    from testbed.netns import TestbedUnavailable, check_available
+    from dynamiccl.harness.testbed.netns import TestbedUnavailable, check_available
     try:
         check_available()
     except TestbedUnavailable as exc:
@@ -41,7 +41,7 @@ def start_run(state_dir: Path, out_dir: Path, *args: str) -> subprocess.Popen:
 
 def wait_for_state(state_dir: Path, pid: int, timeout: float = 30.0) -> dict:
     """The state file of the run owned by ``pid``, once its namespaces exist."""
-    from testbed.netns import list_runs
+    from dynamiccl.harness.testbed.netns import list_runs
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for st in list_runs(state_dir):

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from collector.wire_format import ALGOS, EVENT_DTYPE, FUNCS, PROTOS, EventFlags, Kind, TimingSource
+from dynamiccl.collector.wire_format import ALGOS, EVENT_DTYPE, FUNCS, PROTOS, EventFlags, Kind, TimingSource
 from dynamiccl.validate.cli import make_spec
 
 DEFAULT = ("RING", "LL128", 2)      # "NCCL's" choice for every collective in the fake run

@@ -1,0 +1,96 @@
+"""``dynamiccl detector run|evaluate``.
+
+``run``: read the collector's feature stream, serve regime changes (NDJSON), export metrics,
+log each change as a JSON line on stdout, post Grafana annotations when a URL is given. Start-up
+errors (bad address, port in use) print one line and exit non-zero; after start-up nothing is
+fatal (the collector may come and go). ``evaluate``: see `dynamiccl.detector.evaluate`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+__all__ = ["register"]
+
+log = logging.getLogger("detector")
+_OFF = ("off", "none", "")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    from .config import DEFAULT_FEATURES, DEFAULT_METRICS, DEFAULT_SERVE
+    p = subparsers.add_parser("detector", help="detect regime changes in the collector's feature stream",
+                              description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="detector_command", metavar="{run,evaluate}")
+    r = sub.add_parser("run", help="run the detector service")
+    r.add_argument("--features", default=DEFAULT_FEATURES, metavar="ADDR",
+                   help=f"collector feature stream, unix:PATH or tcp:HOST:PORT (default {DEFAULT_FEATURES})")
+    r.add_argument("--metrics", default=DEFAULT_METRICS, metavar="HOST:PORT",
+                   help=f"/metrics address (default {DEFAULT_METRICS}); 'off' to disable")
+    r.add_argument("--serve", default=DEFAULT_SERVE, metavar="ADDR",
+                   help=f"regime-change stream (NDJSON) address (default {DEFAULT_SERVE}); 'off' to disable")
+    r.add_argument("--grafana-url", default=os.environ.get("DYNAMICCL_GRAFANA_URL"),
+                   help="post each change as a Grafana annotation (env DYNAMICCL_GRAFANA_URL)")
+    r.add_argument("--grafana-token", default=os.environ.get("DYNAMICCL_GRAFANA_TOKEN"),
+                   help="Grafana service-account token (env DYNAMICCL_GRAFANA_TOKEN)")
+    r.add_argument("--arl0", type=float, default=None, help="windows between false alarms per stream (default 1e5)")
+    r.add_argument("--warmup", type=int, default=None, help="baseline windows per stream (default 60)")
+    r.add_argument("--no-autoencoder", action="store_true", help="run without the torch autoencoder")
+    r.set_defaults(func=run)
+    e = sub.add_parser("evaluate", help="score the detector on simulated scenarios (ground truth)")
+    from .evaluate import add_arguments
+    add_arguments(e)
+    e.set_defaults(func=_evaluate)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    return p
+
+
+def _evaluate(args) -> int:
+    from .evaluate import run as run_eval
+    return run_eval(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config import DetectorConfig
+    from .runner import DetectorService, ServiceConfig
+    off = lambda v: None if v is None or v.lower() in _OFF else v  # noqa: E731
+    dcfg = {}
+    if args.arl0 is not None:
+        dcfg["arl0"] = args.arl0
+    if args.warmup is not None:
+        dcfg["warmup"] = args.warmup
+    if args.no_autoencoder:
+        dcfg["autoencoder"] = False
+    detector_config = DetectorConfig(**dcfg).validate()
+    cfg = ServiceConfig(features=args.features, metrics=off(args.metrics), serve=off(args.serve),
+                        grafana_url=args.grafana_url or None, grafana_token=args.grafana_token or None).validate()
+    stop = threading.Event()
+
+    def _signal(signum, _frame):
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            svc = DetectorService(cfg, detector_config).start()
+        except OSError as exc:
+            print(f"dynamiccl detector: error: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        a = svc.addresses
+        print(f"detector ready: features={a.get('features')} metrics={a.get('metrics') or '-'} "
+              f"serve={a.get('serve') or '-'} grafana={'on' if cfg.grafana_url else 'off'}",
+              file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            pass
+        svc.shutdown()
+        m = svc.metrics
+        print(f"detector stopped: windows={m.value('dynamiccl_detector_windows_received_total'):.0f} "
+              f"changes={m.value('dynamiccl_detector_changes_emitted_total'):.0f}", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

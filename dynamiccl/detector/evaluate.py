@@ -1,0 +1,613 @@
+"""`dynamiccl detector evaluate`: the detector against simulator ground truth.
+
+The suite is generated programmatically (seeded):
+
+* **Event runs** per workload and seed: a 70 s quiet start (the baseline warm-up), then up to six
+  regime events 60 s apart, each lasting 25-30 s and followed by its end (a true recovery), with
+  benign changes (a message-size mix change, a checkpoint pause) in the gaps. Every kind
+  (``bw_drop``, ``latency``, ``straggler``, ``flap``, ``incast``, ``degrading_nic``) is run at
+  every target magnitude (1.05×, 1.1×, 1.25×, 1.5×, 2×, 4×). The magnitude is the slowdown of
+  the job's *dominant affected collective* (the one with most collective time among those the
+  event touches), set by solving the simulator's performance model for the event parameter.
+* **Stationary runs**: hours of simulated training with realistic noise and benign changes,
+  plus one run with bad input (a node's clock jumping, a rank vanishing, garbage durations).
+
+Realistic noise (all runs): per-instance lognormal noise (σ = 5 %), heavy-tailed slow instances
+(1 %, Pareto), job-wide hiccups (1 per 2 minutes, 200 ms, ×1.5), and an AR(1) background load on
+multi-node collectives (σ = 0.5 %, ρ = 0.5 per second). Records go straight into the collector's
+own window aggregation (`dynamiccl.detector.simfeed`), so the features are the collector's real ones.
+
+Scoring (all times are event time):
+
+* a true event is **detected** if a non-recovery change is detected within 5 s of its onset
+  (``detected_s − t_start ∈ [−1, 5]``); **recall** = detected / events;
+* **precision** = changes that match a true event / all changes, where a non-recovery change
+  matches an event active at its detection (at most one non-flapping and one flapping change per
+  event) and a recovery matches an event's end (``[t_end − 1, t_end + 5]``, or any time during a
+  flapping/bursty event, or up to ``flap_window_s`` after a flap's end); changes in stationary runs
+  never match;
+* **delay ratio**: ``(detected_s − onset) / (align + max(1, D*) · window)`` with D* the CUSUM
+  optimum (`dynamiccl.detector.arl.cusum_delay_bound` at the detector's per-stream ARL0, both sides) for the
+  realised shift of the change's strongest stream in baseline σ, and ``align`` the time from the
+  onset to the start of the first whole post-change window;
+* **false alarms per day** = regime changes (not counting their recoveries, which count in
+  precision) in stationary runs / simulated hours × 24;
+* **straggler top-1**: straggler events whose first change names the true rank first (the rank
+  in the first communicator listed), over all straggler events (a miss counts as wrong);
+* **updates/s**: `CUSUMBank.update_many` stream updates per second, 10,000 streams, one core.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("dynamiccl.detector.evaluate")
+
+MAGNITUDES = (1.05, 1.1, 1.25, 1.5, 2.0, 4.0)
+EVENT_KINDS = ("bw_drop", "latency", "straggler", "flap", "incast", "degrading_nic")
+EXPECTED_KIND = {"bw_drop": {"bandwidth"}, "latency": {"latency"}, "straggler": {"straggler"},
+                 "flap": {"flapping"}, "incast": {"bandwidth", "flapping"},
+                 "degrading_nic": {"bandwidth"}}
+BURSTY = ("flap", "incast")
+WORKLOADS = ("llama7b-tp8-dp2", "eval-mixed", "llama70b-fsdp")
+DETECT_WITHIN_S = 5.0
+GAP_S = 60.0
+WARM_S = 70.0
+
+EVAL_MIXED = {
+    "name": "eval-mixed", "topology": "h100-2x8", "dtype": "ncclBfloat16", "step_gap_us": 20000,
+    "arrival_jitter_us": 3.0,
+    "description": "Evaluation workload: TP/DP/world collectives over six size buckets (64 KiB-64 MiB).",
+    "groups": [{"name": "tp", "layout": "block", "size": 8}, {"name": "dp", "layout": "stride", "size": 2},
+               {"name": "world", "layout": "world"}],
+    "schedule": [
+        {"repeat": 16, "ops": [{"group": "tp", "func": "AllReduce", "bytes": 67108864, "compute_us": 2000},
+                               {"group": "tp", "func": "AllReduce", "bytes": 2097152, "compute_us": 500},
+                               {"group": "dp", "func": "AllReduce", "bytes": 26214400},
+                               {"group": "dp", "func": "AllReduce", "bytes": 1048576, "compute_us": 200}]},
+        {"repeat": 4, "ops": [{"group": "world", "func": "AllGather", "bytes": 262144, "compute_us": 300},
+                              {"group": "world", "func": "ReduceScatter", "bytes": 4194304, "compute_us": 300},
+                              {"group": "dp", "func": "AllReduce", "bytes": 65536, "compute_us": 100}]},
+        {"ops": [{"group": "world", "func": "AllReduce", "bytes": 8, "compute_us": 200},
+                 {"group": "world", "func": "AllReduce", "bytes": 8, "compute_us": 50}]},
+    ],
+}
+
+
+def realism(**over):
+    from .simfeed import Realism
+    base = dict(tail_prob=0.01, tail_scale=1.0, hiccup_rate_per_s=1 / 120, hiccup_s=0.2, hiccup_factor=1.5,
+                bg_sigma=0.005, bg_rho=0.5)
+    base.update(over)
+    return Realism(**base)
+
+
+def load_workload(name: str):
+    from dynamiccl.harness.simulator import workload as W
+    if name == "eval-mixed":
+        return W.from_dict(EVAL_MIXED)
+    return W.preset(name)
+
+
+# ------------------------------------------------------------------------------------------------
+# magnitude calibration through the simulator's performance model
+# ------------------------------------------------------------------------------------------------
+class _Calibrator:
+    """Slowdown of the dominant affected collective for an event parameter (noise-free)."""
+
+    def __init__(self, workload):
+        from dynamiccl.harness.simulator.engine import Engine
+        self.w = workload
+        self.eng = Engine(workload, seed=0)       # uses the engine's own model and caches
+        eng = self.eng
+        self.sizes = [nb for (_, _, nb) in eng._uniq]
+        self.dec = [[eng._decide(c, func, self.sizes[u]) for c in eng._groups[g].comms]
+                    for u, (g, func, _) in enumerate(eng._uniq)]
+        counts = np.bincount(eng._slot_u, minlength=len(eng._uniq)).astype(float)
+        self.counts = counts
+        from dynamiccl.harness.simulator.perf_model import NetworkState
+        self.base = eng._durations(NetworkState(noise_sigma=0.0), self.sizes, self.dec)
+        self._ns = NetworkState
+
+    def ratio(self, kind: str, param: float, nodes=None, rank: int | None = None) -> float:
+        eng, NS = self.eng, self._ns
+        nn = self.w.topology.n_nodes
+        if kind == "straggler":
+            best, best_w = 1.0, -1.0
+            for u, (g, func, _) in enumerate(eng._uniq):
+                for cpos, c in enumerate(eng._groups[g].comms):
+                    if rank in c.ranks:
+                        T = self.base[u, cpos]
+                        weight = T * self.counts[u]
+                        if weight > best_w:
+                            best, best_w = (T + param) / T, weight
+            return best
+
+        def per_node(v, neutral):
+            a = np.full(nn, neutral, dtype=float)
+            a[list(nodes) if nodes is not None else slice(None)] = v
+            return tuple(a)
+        if kind in ("bw_drop", "flap", "degrading_nic"):
+            st = NS(link_bw_factor=per_node(1.0 - param, 1.0), noise_sigma=0.0)
+        elif kind == "latency":
+            st = NS(added_latency_us=per_node(param, 0.0), noise_sigma=0.0)
+        elif kind == "incast":
+            st = NS(competing_share=per_node(param, 0.0), noise_sigma=0.0)
+        else:
+            raise ValueError(kind)
+        T = eng._durations(st, self.sizes, self.dec)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = np.where(self.base > 0, T / np.where(self.base > 0, self.base, 1.0), 1.0)
+        weight = np.where(r > 1.001, self.base * self.counts[:, None], -1.0)
+        j = np.unravel_index(int(np.argmax(weight)), weight.shape)
+        return float(r[j]) if weight[j] > 0 else 1.0
+
+    def solve(self, kind: str, target: float, nodes=None, rank=None) -> float | None:
+        """Event parameter giving ``target`` slowdown, or None if out of the kind's range."""
+        if kind in ("bw_drop", "flap", "degrading_nic", "incast"):
+            lo, hi = 0.0, 0.995
+        else:  # latency / straggler: µs
+            lo, hi = 0.0, 1.0
+            while self.ratio(kind, hi, nodes, rank) < target and hi < 1e7:
+                hi *= 2.0
+        if self.ratio(kind, hi, nodes, rank) < target:
+            return None
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            if self.ratio(kind, mid, nodes, rank) < target:
+                lo = mid
+            else:
+                hi = mid
+        return 0.5 * (lo + hi)
+
+
+# ------------------------------------------------------------------------------------------------
+# suite
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class RunSpec:
+    name: str
+    workload: str
+    seed: int
+    duration_s: float
+    events: list[dict]
+    meta: list[dict] = field(default_factory=list)   # per event: kind, target, truth index
+    stationary: bool = False
+    realism: dict = field(default_factory=dict)
+
+
+def build_suite(seeds: int, *, quick: bool = False, stationary_hours: dict | None = None,
+                workloads: tuple[str, ...] | None = None, kinds: tuple[str, ...] | None = None,
+                magnitudes: tuple[float, ...] | None = None) -> list[RunSpec]:
+    """The suite. ``workloads`` / ``kinds`` / ``magnitudes`` select a subset for iteration: the
+    same runs as the full suite (same seeds, event order and benign changes), keeping only the
+    event runs holding a selected event; scoring then counts only selected events (`score`)."""
+    runs: list[RunSpec] = []
+    for name, sel, allowed in (("workload", workloads, WORKLOADS), ("kind", kinds, EVENT_KINDS)):
+        bad = sorted(set(sel or ()) - set(allowed))
+        if bad:
+            raise ValueError(f"unknown {name} {bad}; expected some of {list(allowed)}")
+    bad = sorted(set(magnitudes or ()) - set(MAGNITUDES))
+    if bad:
+        raise ValueError(f"unknown magnitude {bad}; expected some of {list(MAGNITUDES)}")
+    for w in ("llama7b-tp8-dp2",) if quick else WORKLOADS:
+        if workloads and w not in workloads:
+            continue
+        wl = load_workload(w)
+        cal = _Calibrator(wl)
+        nn, nr = wl.topology.n_nodes, wl.topology.n_ranks
+        for seed in range(seeds):
+            rng = np.random.default_rng([seed, 17, len(w)])
+            pairs = [(k, m) for k in EVENT_KINDS for m in MAGNITUDES]
+            if quick:
+                pairs = [("bw_drop", 2.0), ("latency", 1.5), ("straggler", 1.25), ("flap", 2.0),
+                         ("bw_drop", 1.1)]
+            rng.shuffle(pairs)
+            per_run = 6
+            for r0 in range(0, len(pairs), per_run):
+                chunk = pairs[r0:r0 + per_run]
+                events, meta = [], []
+                t = WARM_S
+                for kind, target in chunk:
+                    at = round(t + float(rng.uniform(0.0, 1.0)), 3)
+                    nodes = None
+                    rank = None
+                    if kind == "straggler":
+                        rank = int(rng.integers(0, nr))
+                    elif nn > 2 or rng.random() < 0.5:
+                        nodes = [int(rng.integers(0, nn))]
+                    param = cal.solve(kind, target, nodes, rank)
+                    if param is None:
+                        log.info("%s: %s %.2fx is out of the model's range; skipped", w, kind, target)
+                        t += GAP_S
+                        continue
+                    ev: dict = {"at_s": at, "kind": kind, "magnitude": round(param, 6)}
+                    if kind == "straggler":
+                        ev["ranks"] = [rank]
+                    elif nodes is not None:
+                        ev["nodes"] = nodes
+                    if kind in BURSTY:
+                        ev.update(period_s=float(rng.choice([6.0, 8.0])) if kind == "flap" else 2.0, duty=0.5,
+                                  duration_s=30.0)
+                    elif kind == "degrading_nic":
+                        ev.update(ramp_s=4.0, duration_s=25.0)
+                    else:
+                        ev["duration_s"] = 25.0
+                    events.append(ev)
+                    meta.append({"kind": kind, "target": target, "rank": rank, "nodes": nodes})
+                    # a benign change in the gap
+                    bt = at + 35.0 + float(rng.uniform(0, 10))
+                    if rng.random() < 0.5:
+                        events.append({"at_s": round(bt, 3), "kind": "pause", "duration_s": float(rng.uniform(3, 10))})
+                    else:
+                        g = wl.groups[int(rng.integers(0, len(wl.groups)))].name
+                        events.append({"at_s": round(bt, 3), "kind": "mix", "groups": [g],
+                                       "magnitude": float(rng.choice([0.7, 1.3, 2.0])), "duration_s": 12.0})
+                    t += GAP_S
+                if not meta:
+                    continue
+                for m in meta:
+                    m["selected"] = (not kinds or m["kind"] in kinds) and (not magnitudes or m["target"] in magnitudes)
+                if not any(m["selected"] for m in meta):
+                    continue
+                runs.append(RunSpec(f"{w}-s{seed}-r{r0 // per_run}", w, seed, t + 10.0, events, meta))
+    # stationary training (plus one bad-input run)
+    hours = stationary_hours or ({"llama70b-fsdp": 0.15} if quick else
+                                 {"llama70b-fsdp": 24.0, "llama7b-tp8-dp2": 2.0, "eval-mixed": 2.0})
+    if stationary_hours is not None and sum(stationary_hours.values()) <= 0:
+        return runs                                           # event runs only (no bad-input run)
+    for w, h in hours.items():
+        if h <= 0 or (workloads and w not in workloads):
+            continue
+        dur = h * 3600.0
+        chunk = min(dur, 6 * 3600.0)
+        n = max(1, int(math.ceil(dur / chunk)))
+        for i in range(n):
+            rng = np.random.default_rng([i, 99, len(w)])
+            wl = load_workload(w)
+            events, t = [], 300.0
+            while t < chunk - 60:
+                if rng.random() < 0.5:
+                    events.append({"at_s": round(t, 3), "kind": "pause", "duration_s": float(rng.uniform(3, 30))})
+                else:
+                    g = wl.groups[int(rng.integers(0, len(wl.groups)))].name
+                    events.append({"at_s": round(t, 3), "kind": "mix", "groups": [g],
+                                   "magnitude": float(rng.choice([0.5, 0.8, 1.25, 2.0])),
+                                   "duration_s": float(rng.uniform(60, 1800))})
+                t += float(rng.uniform(600, 3600))
+            runs.append(RunSpec(f"stationary-{w}-{i}", w, 1000 + i, chunk, events, [], stationary=True))
+    bad = RunSpec("stationary-bad-input", "llama7b-tp8-dp2", 7, 200.0 if quick else 900.0,
+                  [{"at_s": 150.0, "kind": "pause", "duration_s": 5.0}], [], stationary=True,
+                  realism={"clock_jump_at_s": 100.0, "clock_jump_s": 30.0, "clock_jump_node": 1,
+                           "vanish_at_s": 170.0, "vanish_rank": 3, "garbage_prob": 0.001})
+    runs.append(bad)
+    return runs
+
+
+# ------------------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------------------
+def run_one(spec: RunSpec, config=None) -> dict:
+    from dynamiccl.harness.simulator import scenario as S
+
+    from .config import DetectorConfig
+    from .service import Detector
+    from .simfeed import SimFeed
+
+    cfg = config or DetectorConfig()
+    wl = load_workload(spec.workload)
+    sc = S.from_dict({"name": spec.name, "noise_sigma": 0.05, "duration_s": spec.duration_s,
+                      "events": spec.events})
+    feed = SimFeed(wl, sc, seed=spec.seed, duration_s=spec.duration_s, realism=realism(**spec.realism),
+                   job_id=spec.name)
+    det = Detector(cfg)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    det_cpu = 0.0
+    changes = []
+    n_windows = 0
+    for wf in feed.windows():
+        c0 = time.process_time()
+        changes.extend(det.process(wf))
+        det_cpu += time.process_time() - c0
+        n_windows += 1
+    epoch = feed.epoch_s
+    truth = sc.truth(duration_s=spec.duration_s)
+    comms = {c.comm_hash: list(c.ranks) for c in wl.comms}
+    return {
+        "spec": asdict(spec), "epoch": epoch, "truth": truth,
+        "changes": [json.loads(c.to_json()) for c in changes],
+        "windows": n_windows, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
+        "detector_cpu_s": det_cpu, "comm_ranks": {f"0x{h:x}": r for h, r in comms.items()},
+        "counters": dict(det.fusion.counters), "streams": det.table.n_active,
+        "dropped": {r: det.metrics.value("dynamiccl_detector_windows_dropped_total", reason=r)
+                    for r in ("malformed", "out_of_order", "error")},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# scoring
+# ------------------------------------------------------------------------------------------------
+def score(results: list[dict], config=None) -> dict:
+    from .arl import cusum_delay_bound
+    from .config import DetectorConfig
+
+    cfg = config or DetectorConfig()
+    events = []          # per true (non-benign) event
+    tp = fp = 0
+    fp_changes = []
+    rec_total = rec_hit = 0
+    stationary_hours = 0.0
+    stationary_fa = 0
+    stationary_changes = 0
+    for res in results:
+        spec, epoch = res["spec"], res["epoch"]
+        changes = sorted(res["changes"], key=lambda c: c["detected_s"])
+        for c in changes:
+            c["t_start"] = c["start_s"] - epoch
+            c["t_det"] = c["detected_s"] - epoch
+        if spec["stationary"]:
+            stationary_hours += spec["duration_s"] / 3600.0
+            # a false alarm is a false regime change; its recovery is counted in precision only
+            stationary_fa += sum(c["kind"] != "recovery" for c in changes)
+            stationary_changes += len(changes)
+            fp += len(changes)
+            fp_changes += [{**c, "run": spec["name"]} for c in changes]
+            continue
+        truth = [e for e in res["truth"] if not e["benign"] and e["kind"] != "recovery"]
+        meta = spec["meta"]
+        used: dict[int, set] = {}
+        matched_ids = {}
+        for j, (e, m) in enumerate(zip(truth, meta)):
+            first = next((c for c in changes if c["kind"] != "recovery"
+                          and -1.0 <= c["t_det"] - e["t_start"] <= DETECT_WITHIN_S), None)
+            ev = {"run": spec["name"], "workload": spec["workload"], "kind": e["kind"], "target": m["target"],
+                  "t_start": e["t_start"], "t_end": e["t_end"], "detected": first is not None,
+                  "delay_s": (first["t_det"] - e["t_start"]) if first else None,
+                  "change_kind": first["kind"] if first else None, "rank": m.get("rank")}
+            if first is not None:
+                z = [s.get("z") for s in first["evidence"].get("streams", []) if s.get("z") is not None]
+                delta = max(abs(v) for v in z) if z else float("nan")
+                ev["delta_sigma"] = delta
+                align = math.ceil(e["t_start"]) - e["t_start"]
+                arl0 = float(first["evidence"].get("arl0", cfg.arl0))
+                dstar = cusum_delay_bound(2 * arl0, delta) if delta == delta and delta > 0 else float("nan")
+                opt = align + max(1.0, dstar if dstar == dstar else 1.0)
+                ev["optimum_s"] = opt
+                ev["delay_ratio"] = ev["delay_s"] / opt
+                if e["kind"] == "straggler":
+                    ranks = res["comm_ranks"].get(first["comms"][0]) if first["comms"] else None
+                    ev["top1"] = bool(first["ranks"] and ranks and first["ranks"][0] < len(ranks)
+                                      and ranks[first["ranks"][0]] == m["rank"])
+            elif e["kind"] == "straggler":
+                ev["top1"] = False
+            # any change of the kinds this event should produce, during it
+            kinds_seen = {c["kind"] for c in changes if c["kind"] != "recovery"
+                          and e["t_start"] - 1 <= c["t_det"] <= e["t_end"] + DETECT_WITHIN_S}
+            ev["kind_ok"] = bool(kinds_seen & EXPECTED_KIND[e["kind"]])
+            if m.get("selected", True):     # a subset run (--kinds/--magnitudes) scores only its selection
+                events.append(ev)
+            # recovery recall: a recovery within 5 s of the end
+            late = cfg.flap_window_s if e["kind"] in BURSTY else DETECT_WITHIN_S
+            ev["recovered_within_5s"] = any(c["kind"] == "recovery" and -1.0 <= c["t_det"] - e["t_end"] <= DETECT_WITHIN_S
+                                            for c in changes)
+            if m.get("selected", True):
+                rec_total += 1
+                rec_hit += ev["recovered_within_5s"]
+            used[j] = set()
+            for c in changes:
+                if c["kind"] == "recovery":
+                    ok = (-1.0 <= c["t_det"] - e["t_end"] <= late) or (
+                        e["kind"] in BURSTY and e["t_start"] <= c["t_det"] <= e["t_end"])
+                else:
+                    ok = e["t_start"] - 1.0 <= c["t_det"] <= e["t_end"] + DETECT_WITHIN_S
+                slot = "recovery" if c["kind"] == "recovery" else ("flapping" if c["kind"] == "flapping" else "main")
+                if ok and c["id"] not in matched_ids and (slot == "recovery" or slot not in used[j]):
+                    if slot != "recovery":
+                        used[j].add(slot)
+                    matched_ids[c["id"]] = j
+        for c in changes:
+            if c["id"] in matched_ids and not meta[matched_ids[c["id"]]].get("selected", True):
+                continue                # matches an event outside the selected subset
+            if c["id"] in matched_ids:
+                tp += 1
+            else:
+                fp += 1
+                fp_changes.append({**c, "run": spec["name"]})
+    n_changes = tp + fp
+    out = {"events": events, "false_positive_changes": fp_changes[:50]}
+    out["precision"] = tp / n_changes if n_changes else 1.0
+    out["recall"] = sum(e["detected"] for e in events) / len(events) if events else float("nan")
+    ratios = [e["delay_ratio"] for e in events if e.get("delay_ratio") is not None]
+    out["delay_ratio_median"] = statistics.median(ratios) if ratios else float("nan")
+    out["false_alarms_per_day"] = stationary_fa / stationary_hours * 24.0 if stationary_hours else float("nan")
+    out["stationary_hours"] = stationary_hours
+    out["stationary_false_alarms"] = stationary_fa
+    out["stationary_changes"] = stationary_changes
+    strag = [e for e in events if e["kind"] == "straggler"]
+    out["straggler_top1"] = sum(e.get("top1", False) for e in strag) / len(strag) if strag else float("nan")
+    out["recovery_recall"] = rec_hit / rec_total if rec_total else float("nan")
+    out["kind_accuracy"] = sum(e["kind_ok"] for e in events if e["detected"]) / max(1, sum(e["detected"] for e in events))
+    # per magnitude / per kind tables
+    per_mag = {}
+    for m in sorted({e["target"] for e in events}):
+        sel = [e for e in events if e["target"] == m]
+        rr = [e["delay_ratio"] for e in sel if e.get("delay_ratio") is not None]
+        dd = [e["delay_s"] for e in sel if e["detected"]]
+        per_mag[m] = {"events": len(sel), "recall": sum(e["detected"] for e in sel) / len(sel),
+                      "delay_s_median": statistics.median(dd) if dd else None,
+                      "delay_ratio_median": statistics.median(rr) if rr else None,
+                      "delta_sigma_median": statistics.median([e["delta_sigma"] for e in sel if "delta_sigma" in e])
+                      if any("delta_sigma" in e for e in sel) else None,
+                      "kind_ok": sum(e["kind_ok"] for e in sel if e["detected"]) / max(1, sum(e["detected"] for e in sel))}
+    out["per_magnitude"] = per_mag
+    per_kind = {}
+    for k in EVENT_KINDS:
+        sel = [e for e in events if e["kind"] == k]
+        if sel:
+            per_kind[k] = {"events": len(sel), "recall": sum(e["detected"] for e in sel) / len(sel),
+                           "kind_ok": sum(e["kind_ok"] for e in sel if e["detected"]) / max(1, sum(e["detected"] for e in sel)),
+                           "recovered_within_5s": sum(e["recovered_within_5s"] for e in sel) / len(sel)}
+    out["per_kind"] = per_kind
+    per_wl = {}
+    for w in sorted({e["workload"] for e in events}):
+        sel = [e for e in events if e["workload"] == w]
+        per_wl[w] = {"events": len(sel), "recall": sum(e["detected"] for e in sel) / len(sel)}
+    out["per_workload"] = per_wl
+    out["windows_dropped_error"] = sum(r.get("dropped", {}).get("error", 0) for r in results)
+    return out
+
+
+def cusum_updates_per_s(n_streams: int = 10_000, seconds: float = 0.5, seed: int = 0) -> float:
+    from .cusum_bank import CUSUMBank
+    rng = np.random.default_rng(seed)
+    bank = CUSUMBank(n_streams=n_streams, warmup=60)
+    x = rng.standard_normal((64, n_streams))
+    for i in range(61):
+        bank.update_many(x[i % 64])
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        bank.update_many(x[n % 64])
+        n += 1
+    return n * n_streams / (time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from dynamiccl.progress import add_progress_flag
+    add_progress_flag(p)
+    p.add_argument("--quick", action="store_true", help="a small suite for tests (< 60 s)")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per workload (default 2)")
+    p.add_argument("--jobs", type=int, default=1, help="parallel worker processes (default 1)")
+    p.add_argument("--stationary-hours", type=float, default=None,
+                   help="simulated hours of stationary llama70b-fsdp training, plus 1/12 of it for each "
+                        "2-node workload (default 24; quick 0.15; 0: event runs only)")
+    p.add_argument("--workloads", default=None, metavar="W[,W...]",
+                   help=f"subset for iteration: only these workloads ({', '.join(WORKLOADS)})")
+    p.add_argument("--kinds", default=None, metavar="K[,K...]",
+                   help=f"subset: only event runs holding these kinds, scored on them ({', '.join(EVENT_KINDS)})")
+    p.add_argument("--magnitudes", default=None, metavar="M[,M...]",
+                   help="subset: only event runs holding these magnitudes (e.g. 1.05,1.1), scored on them")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a DetectorConfig field for this evaluation (repeatable), e.g. persist_ratio=1.5")
+    p.add_argument("--out", default=None, help="write the full report (JSON) here, and every run's changes "
+                                                  "next to it (NAME.runs.json)")
+
+
+def _fmt(v, nd=3):
+    return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config import DetectorConfig
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    cfg = DetectorConfig()
+    overrides = {}
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not hasattr(cfg, key):
+            raise ValueError(f"--set: expected KEY=VALUE with KEY a DetectorConfig field, got {item!r}")
+        current = getattr(cfg, key)
+        overrides[key] = type(current)(float(value)) if isinstance(current, (int, float)) and not isinstance(
+            current, bool) else (value.lower() in ("1", "true", "yes") if isinstance(current, bool) else value)
+    if overrides:
+        cfg = cfg.replace(**overrides)
+        print(f"config overrides: {overrides}", flush=True)
+    hours = None
+    if args.stationary_hours is not None:
+        h = args.stationary_hours
+        hours = {"llama70b-fsdp": h} if args.quick else {"llama70b-fsdp": h, "llama7b-tp8-dp2": h / 12,
+                                                          "eval-mixed": h / 12}
+    t0 = time.perf_counter()
+    def _list(v, conv=str):
+        return tuple(conv(x) for x in v.split(",") if x.strip()) if v else None
+    subset = {"workloads": _list(getattr(args, "workloads", None)), "kinds": _list(getattr(args, "kinds", None)),
+              "magnitudes": _list(getattr(args, "magnitudes", None), float)}
+    if any(subset.values()):
+        print(f"subset: { {k: v for k, v in subset.items() if v} } (not the full suite)", flush=True)
+    suite = build_suite(1 if args.quick else args.seeds, quick=args.quick, stationary_hours=hours, **subset)
+    print(f"suite: {sum(not r.stationary for r in suite)} event runs "
+          f"({sum(len(r.meta) for r in suite)} events), {sum(r.stationary for r in suite)} stationary runs "
+          f"({sum(r.duration_s for r in suite if r.stationary) / 3600:.1f} simulated hours)", flush=True)
+    from dynamiccl.progress import enabled_for, progress
+    results = []
+    with progress(len(suite), "detector evaluate", enabled=enabled_for(args)) as step:
+        if args.jobs > 1:
+            from concurrent.futures import ProcessPoolExecutor
+            import functools
+            with ProcessPoolExecutor(args.jobs) as ex:
+                for res in ex.map(functools.partial(run_one, config=cfg), suite):
+                    results.append(res)
+                    _progress(res)
+                    step()
+        else:
+            for spec in suite:
+                res = run_one(spec, cfg)
+                results.append(res)
+                _progress(res)
+                step()
+    rep = score(results, cfg)
+    ups = cusum_updates_per_s()
+    rep["updates_per_s"] = ups
+    windows = sum(r["windows"] for r in results)
+    det_cpu = sum(r["detector_cpu_s"] for r in results)
+    rep["detector_cpu_per_window_ms"] = det_cpu / max(windows, 1) * 1e3
+    rep["wall_s"] = time.perf_counter() - t0
+    _print_report(rep)
+    if args.out:
+        path = Path(args.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(rep, indent=1, default=str))
+        os.replace(tmp, path)
+        raw = path.with_name(path.stem + ".runs.json")     # every run's changes, for re-scoring
+        tmp = raw.with_name(raw.name + f".tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(results, default=str))
+        os.replace(tmp, raw)
+    print(f"precision={rep['precision']:.3f} recall={rep['recall']:.3f} "
+          f"delay_ratio_median={_fmt(rep['delay_ratio_median'], 2)} "
+          f"false_alarms_per_day={_fmt(rep['false_alarms_per_day'], 2)} "
+          f"straggler_top1={_fmt(rep['straggler_top1'])} updates_per_s={ups:.0f}", flush=True)
+    return 0
+
+
+def _progress(res: dict) -> None:
+    s = res["spec"]
+    print(f"  {s['name']}: {res['windows']} windows, {len(res['changes'])} changes, "
+          f"{res['wall_s']:.1f} s", file=sys.stderr, flush=True)
+
+
+def _print_report(rep: dict) -> None:
+    print("\nper magnitude (target slowdown of the dominant affected collective):")
+    print(f"  {'magnitude':>9} {'events':>6} {'recall':>7} {'delay_s':>8} {'ratio':>6} {'shift_sigma':>11} {'kind_ok':>7}")
+    for m, r in rep["per_magnitude"].items():
+        print(f"  {m:>8.2f}x {r['events']:>6} {r['recall']:>7.3f} {_fmt(r['delay_s_median'], 2):>8} "
+              f"{_fmt(r['delay_ratio_median'], 2):>6} {_fmt(r['delta_sigma_median'], 1):>11} {r['kind_ok']:>7.3f}")
+    print("per kind:")
+    for k, r in rep["per_kind"].items():
+        print(f"  {k:>13} events={r['events']:<4} recall={r['recall']:.3f} kind_ok={r['kind_ok']:.3f} "
+              f"recovery_within_5s={r['recovered_within_5s']:.3f}")
+    print("per workload:", ", ".join(f"{w}: recall {r['recall']:.3f} ({r['events']})" for w, r in rep["per_workload"].items()))
+    print(f"recovery recall (within 5 s of the end): {rep['recovery_recall']:.3f}; "
+          f"kind accuracy of detected events: {rep['kind_accuracy']:.3f}")
+    if rep.get("windows_dropped_error"):
+        print(f"WARNING: {rep['windows_dropped_error']:.0f} windows dropped by internal errors (a bug)")
+    print(f"stationary: {rep['stationary_false_alarms']} false regime changes ({rep['stationary_changes']} changes "
+          f"with their recoveries) in {rep['stationary_hours']:.2f} simulated hours; "
+          f"detector CPU {rep['detector_cpu_per_window_ms']:.2f} ms/window; wall {rep['wall_s']:.0f} s")
+    for c in rep["false_positive_changes"][:10]:
+        print(f"  unmatched: {c['run']} {c['kind']} at {c['t_det']:.1f} s mag={c['magnitude']} comms={c['comm_names'][:3]}")

@@ -1,0 +1,290 @@
+"""The detector as a service: collector feature stream in; regime changes out to the NDJSON
+stream, Prometheus, the log (one JSON line per change on stdout) and Grafana annotations.
+
+`DetectorService` owns a `detector.service.Detector` and runs:
+
+* a reader thread: connects to the collector's feature stream and processes each window;
+  when the collector goes away (restart, crash) it reconnects with capped exponential backoff;
+  a malformed line is counted (``windows_dropped_total{reason="malformed"}``) and skipped;
+* a `ChangeServer` (bounded per-client queues, drops counted);
+* ``/metrics`` (prometheus_client) on the detector's own registry;
+* when a Grafana URL is configured, an annotation thread with a bounded queue: an unreachable
+  Grafana gives one clear log line and ``grafana_annotations_total{result="error"}``, and the
+  service carries on.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, TextIO
+
+from dynamiccl.collector.features import WindowFeatures
+
+from .config import DEFAULT_FEATURES, DEFAULT_METRICS, DEFAULT_SERVE, DetectorConfig
+from .events import RegimeChange
+from .feature_decode import decode
+from .server import ChangeServer
+from .service import Detector
+
+__all__ = ["ServiceConfig", "DetectorService"]
+
+log = logging.getLogger("detector")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Where the service reads and writes (docs/architecture.md "Ports")."""
+    features: str | None = DEFAULT_FEATURES   # None: no reader; feed windows with process_window()
+    metrics: str | None = DEFAULT_METRICS
+    serve: str | None = DEFAULT_SERVE
+    grafana_url: str | None = None
+    grafana_token: str | None = None
+    reconnect_min_s: float = 0.2
+    reconnect_max_s: float = 5.0
+    client_queue: int = 1024
+    grafana_queue: int = 256
+    max_line_bytes: int = 256 << 20
+
+    def validate(self) -> "ServiceConfig":
+        from dynamiccl.collector.config import parse_address, parse_host_port
+        if self.features is not None:
+            parse_address(self.features, key="--features")
+        if self.serve is not None:
+            parse_address(self.serve, key="--serve")
+        if self.metrics is not None:
+            parse_host_port(self.metrics, key="--metrics")
+        if self.grafana_url is not None and "://" not in self.grafana_url:
+            raise ValueError(f"--grafana-url: expected http(s)://HOST:PORT, got {self.grafana_url!r}")
+        if (self.grafana_token is not None) and self.grafana_url is None:
+            raise ValueError("--grafana-token needs --grafana-url")
+        if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
+            raise ValueError("reconnect_min_s must be > 0 and <= reconnect_max_s")
+        return self
+
+
+class DetectorService:
+    def __init__(self, config: ServiceConfig | None = None, detector_config: DetectorConfig | None = None, *,
+                 registry=None, out: TextIO | None = None, sleep: Callable[[float], None] | None = None):
+        self.config = (config or ServiceConfig()).validate()
+        self.detector = Detector(detector_config, registry=registry)
+        self.metrics = self.detector.metrics
+        self._out = out if out is not None else sys.stdout
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait
+        self._reader: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._httpd = None
+        self.server: ChangeServer | None = None
+        self.addresses: dict[str, str | None] = {}
+        self._gq: deque[RegimeChange] = deque()
+        self._gcv = threading.Condition()
+        self._gthread: threading.Thread | None = None
+        self._annotator = None
+        self._lock = threading.Lock()   # one window at a time (reader vs process_window callers)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "DetectorService":
+        cfg = self.config
+        if cfg.metrics is not None:
+            from prometheus_client import start_http_server
+
+            from dynamiccl.collector.config import parse_host_port
+            from .metrics import export_process_metrics
+            host, port = parse_host_port(cfg.metrics, key="--metrics")
+            export_process_metrics(self.metrics.registry)
+            try:
+                self._httpd, _ = start_http_server(port, addr=host, registry=self.metrics.registry)
+            except OSError as exc:
+                raise OSError(exc.errno, f"--metrics {cfg.metrics}: cannot listen: {exc.strerror or exc}") from exc
+            self.addresses["metrics"] = f"{host}:{self._httpd.server_address[1]}"
+        if cfg.serve is not None:
+            self.server = ChangeServer(cfg.serve, max_queue=cfg.client_queue, active=lambda: self.detector.active,
+                                       on_drop=lambda: self.metrics.changes_dropped.labels(reason="queue_full").inc(),
+                                       on_clients=self.metrics.subscribers.set).start()
+            self.addresses["serve"] = self.server.address
+        if cfg.grafana_url:
+            self._start_grafana()
+        if cfg.features is not None:
+            self._reader = threading.Thread(target=self._read_loop, name="detector-reader", daemon=True)
+            self._reader.start()
+        self.addresses["features"] = cfg.features
+        return self
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        s = self._sock
+        if s is not None:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        with self._gcv:
+            self._gcv.notify_all()
+        if self._gthread is not None:
+            self._gthread.join(timeout=10)
+        if self.server is not None:
+            self.server.shutdown()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    # ------------------------------------------------------------------ processing
+    def process_window(self, wf: WindowFeatures) -> list[RegimeChange]:
+        """Process one window and send its changes to every output (used by the reader)."""
+        with self._lock:
+            changes = self.detector.process(wf)
+        for c in changes:
+            self._emit(c)
+        return changes
+
+    def _emit(self, c: RegimeChange) -> None:
+        try:
+            self._out.write(c.to_json() + "\n")
+            self._out.flush()
+        except (OSError, ValueError):
+            pass
+        log.info("regime change %s: %s in job %s, x%.2f on %s", c.id, c.kind, c.job_id, c.magnitude,
+                 ",".join(c.comm_names[:4]) or "-")
+        self.metrics.changes_emitted.inc()
+        if self.server is not None:
+            self.server.publish(c)
+        if self._gthread is not None:
+            with self._gcv:
+                if len(self._gq) >= self.config.grafana_queue:
+                    self._gq.popleft()
+                    self.metrics.changes_dropped.labels(reason="grafana_queue_full").inc()
+                self._gq.append(c)
+                self._gcv.notify()
+
+    # ------------------------------------------------------------------ feature stream
+    def _read_loop(self) -> None:
+        from dynamiccl.collector.features import connect
+        delay = self.config.reconnect_min_s
+        first = True
+        while not self._stop.is_set():
+            try:
+                sock = connect(self.config.features, timeout=5.0)
+            except OSError as exc:
+                self.metrics.feature_up.set(0)
+                if first:
+                    log.warning("feature stream %s unavailable (%s); retrying", self.config.features, exc)
+                    first = False
+                self._sleep(delay)
+                delay = min(delay * 2, self.config.reconnect_max_s)
+                continue
+            if self._connected_once:
+                self.metrics.reconnects.inc()
+            self._connected_once = True
+            log.info("connected to the feature stream %s", self.config.features)
+            first = True
+            delay = self.config.reconnect_min_s
+            self.metrics.feature_up.set(1)
+            self._sock = sock
+            try:
+                self._consume(sock)
+            except OSError as exc:
+                if not self._stop.is_set():
+                    log.warning("feature stream %s lost: %s; reconnecting", self.config.features, exc)
+            finally:
+                self._sock = None
+                self.metrics.feature_up.set(0)
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+            if not self._stop.is_set():
+                self._sleep(delay)
+
+    _connected_once = False
+
+    def _consume(self, sock: socket.socket) -> None:
+        sock.settimeout(0.5)
+        buf = bytearray()
+        limit = self.config.max_line_bytes
+        while not self._stop.is_set():
+            try:
+                chunk = sock.recv(1 << 20)
+            except (TimeoutError, socket.timeout):
+                continue
+            if not chunk:
+                if not self._stop.is_set():
+                    log.warning("feature stream %s closed by the collector; reconnecting", self.config.features)
+                return
+            buf += chunk
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    break
+                line = bytes(buf[:nl])
+                del buf[:nl + 1]
+                if line.strip():
+                    self._handle_line(line)
+            if len(buf) > limit:
+                self.metrics.windows_received.inc()
+                self.metrics.windows_dropped.labels(reason="malformed").inc()
+                log.warning("feature stream: a line longer than %d bytes; reconnecting", limit)
+                return
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            wf = decode(line)
+        except (ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+            self.metrics.windows_received.inc()
+            self.metrics.windows_dropped.labels(reason="malformed").inc()
+            log.debug("feature stream: malformed line skipped: %s", exc)
+            return
+        except Exception as exc:  # polars schema errors and the like
+            self.metrics.windows_received.inc()
+            self.metrics.windows_dropped.labels(reason="malformed").inc()
+            log.debug("feature stream: undecodable line skipped: %s", exc)
+            return
+        self.process_window(wf)
+
+    # ------------------------------------------------------------------ Grafana
+    def _start_grafana(self) -> None:
+        try:
+            from dynamiccl.dashboards.grafana_push import GrafanaError, add_annotation, connect
+        except ImportError as exc:
+            log.warning("Grafana annotations disabled: %s", exc)
+            return
+        try:
+            g = connect(self.config.grafana_url, self.config.grafana_token)
+        except GrafanaError as exc:
+            log.warning("Grafana annotations disabled: %s", exc)
+            return
+        self._annotator = (g, add_annotation, GrafanaError)
+        self._grafana_down = False
+        self._gthread = threading.Thread(target=self._grafana_loop, name="detector-grafana", daemon=True)
+        self._gthread.start()
+
+    def _grafana_loop(self) -> None:
+        while True:
+            with self._gcv:
+                self._gcv.wait_for(lambda: self._gq or self._stop.is_set())
+                if self._stop.is_set() and not self._gq:
+                    return
+                c = self._gq.popleft()
+            g, add, error = self._annotator
+            try:
+                add(g, c)
+            except error as exc:
+                self.metrics.grafana.labels(result="error").inc()
+                if not self._grafana_down:   # one line per outage, not per change
+                    log.warning("Grafana annotation failed: %s; the detector carries on (counted in "
+                                "dynamiccl_detector_grafana_annotations_total{result=\"error\"})", exc)
+                self._grafana_down = True
+                continue
+            except Exception as exc:  # noqa: BLE001 - never let Grafana stop the service
+                self.metrics.grafana.labels(result="error").inc()
+                log.debug("Grafana annotation failed: %s", exc)
+                continue
+            if self._grafana_down:
+                log.info("Grafana annotations work again")
+            self._grafana_down = False
+            self.metrics.grafana.labels(result="ok").inc()

@@ -1,9 +1,0 @@
-"""DynamICCL simulator: NCCL's cost model, a "reality" performance model, calibration and an oracle.
-
-Modules: :mod:`simulator.topology` (job hardware + presets), :mod:`simulator.cost_model` (NCCL v2.30.7's
-built-in model: the tuner cost table and default choice), :mod:`simulator.perf_model` (collective durations
-on a :class:`~simulator.perf_model.NetworkState`), :mod:`simulator.calibration` (published busbw points) and
-:mod:`simulator.oracle` (best config per size under the performance model). Pure numpy, deterministic.
-"""
-
-__all__ = ["topology", "cost_model", "perf_model", "calibration", "oracle"]

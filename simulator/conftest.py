@@ -1,4 +1,0 @@
-# simulator/cost_model.py and simulator/topology.py are aliases of dynamiccl.nccl_model's modules (they replace
-# themselves in sys.modules); their doctests run from dynamiccl/nccl_model/, and collecting the aliases by path
-# would be a second, mismatching import of the same module.
-collect_ignore = ["cost_model.py", "topology.py"]
