@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"# tuner plugin: not built ({e})")
         return 0
-    print(f"# tuner plugin: {tuner} (retuning; add nccl_tuner_plugin.sync.agree() at a step boundary)")
+    print(f"# tuner plugin: {tuner} (retuning; add dynamiccl.nccl_tuner_plugin.sync.agree() at a step boundary)")
     print(f"export NCCL_TUNER_PLUGIN={tuner}")
     print(f"export DYNAMICCL_TUNER_CONFIG={nccl_tuner_plugin.DEFAULT_CONFIG_PATH}   # what the retuner writes")
     return 0

@@ -84,7 +84,7 @@ class WindowResult:
     ``last_event``: job_id, host, rank, last_event_s
     ``skew``: job_id, comm, rank, skew_s (mean arrival − instance median arrival)
     """
-    features: Any  # collector.features.WindowFeatures (kept Any to avoid an import cycle)
+    features: Any  # dynamiccl.collector.features.WindowFeatures (kept Any to avoid an import cycle)
     histograms: Any
     last_event: Any
     skew: Any

@@ -136,7 +136,7 @@ def push_dashboards(g: Grafana, dashboards: Mapping[str, dict], *, folder_uid: s
 
 
 def regime_annotation(rc: Any) -> dict:
-    """Annotation fields for a ``detector.events.RegimeChange`` (or its dict): a region from the estimated
+    """Annotation fields for a ``dynamiccl.detector.events.RegimeChange`` (or its dict): a region from the estimated
     onset to the detection, tagged ``regime-change``, the kind, the job and the communicators.
 
     >>> a = regime_annotation({"id": "rc-j-1", "kind": "bandwidth", "job_id": "j", "start_s": 10.0,

@@ -1,7 +1,7 @@
 """`dynamiccl demo`: a simulated training job through the real plugins and the whole pipeline, live.
 
 It starts the collector in process (plugin socket, ``/metrics``, parquet history), the detector
-(`detector.service.Detector`) on the collector's feature stream, and the retuner
+(`dynamiccl.detector.service.Detector`) on the collector's feature stream, and the retuner
 (`retuner.Retuner`), which writes the tuner config file that the REAL tuner plugin reads. The
 simulated job (``simulator``) asks that plugin for every collective's algorithm/protocol/channels
 through its ABI, and its node processes report every collective through the REAL profiler plugin.

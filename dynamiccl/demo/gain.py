@@ -2,7 +2,7 @@
 default exists, what the job measured with NCCL's default and with the config the retuner kept, how much of the
 oracle's gain that captured over the whole regime, and when it reverted after the regime ended.
 
-The oracle is the one ``dynamiccl retuner evaluate`` scores against (:class:`retuner.evaluation.truth.Truth`:
+The oracle is the one ``dynamiccl retuner evaluate`` scores against (:class:`dynamiccl.retuner.evaluation.truth.Truth`:
 every enabled cell × a channel grid, noise-free expected times on the communicator's nodes and ranks). The
 measurements are the collector's windows (:class:`~dynamiccl.demo.history.History`): per config, the summed
 latency × instances of the stream's communicators in the windows wholly inside the regime.

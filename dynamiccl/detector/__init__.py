@@ -14,8 +14,8 @@ Two contracts, both river's:
 `dynamiccl.detector.arl` holds the ARL / threshold / delay-bound formulas; `dynamiccl.detector.checks` the
 conformance suite every detector in ``__all__`` must pass.
 
-The service built on them: `detector.service.Detector` (in process: ``process(window) ->
-list[RegimeChange]``), `detector.runner.DetectorService` and ``dynamiccl detector run|evaluate``
+The service built on them: `dynamiccl.detector.service.Detector` (in process: ``process(window) ->
+list[RegimeChange]``), `dynamiccl.detector.runner.DetectorService` and ``dynamiccl detector run|evaluate``
 (see the package README).
 
 """

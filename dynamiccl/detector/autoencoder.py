@@ -91,7 +91,7 @@ class Autoencoder(base.AnomalyDetector):
     with a congested tail (p99 four times p50) at a normal median:
 
     >>> import numpy as np
-    >>> from detector import Autoencoder
+    >>> from dynamiccl.detector import Autoencoder
     >>> rng = np.random.default_rng(0)
     >>> def window(tail=1.5):
     ...     load = rng.uniform(0.5, 2.0)

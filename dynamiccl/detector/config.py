@@ -1,4 +1,4 @@
-"""Typed, validated configuration of the detector service (`detector.service.Detector`).
+"""Typed, validated configuration of the detector service (`dynamiccl.detector.service.Detector`).
 
 ``DetectorConfig()`` holds the defaults; ``validate()`` raises ``ValueError`` naming the field.
 Runtime objects (clock, registry) are keyword arguments of the classes, never config fields.

@@ -100,7 +100,7 @@ class CUSUM(base.DriftDetector):
     A stream of collective latencies around 2 ms that steps up by 0.2 ms (2 sigma) at index 1000:
 
     >>> import random
-    >>> from detector import CUSUM
+    >>> from dynamiccl.detector import CUSUM
     >>> rng = random.Random(6)
     >>> stream = [rng.gauss(2e-3, 1e-4) for _ in range(1000)]
     >>> stream += [rng.gauss(2.2e-3, 1e-4) for _ in range(1000)]

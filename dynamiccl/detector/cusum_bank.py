@@ -49,7 +49,7 @@ class CUSUMBank(base.Base):
     Three latency streams on very different scales; only stream 1 changes, at step 600:
 
     >>> import numpy as np
-    >>> from detector import CUSUMBank
+    >>> from dynamiccl.detector import CUSUMBank
     >>> rng = np.random.default_rng(4)
     >>> scales = np.array([1e-6, 1e-3, 1.0])
     >>> bank = CUSUMBank(n_streams=3)

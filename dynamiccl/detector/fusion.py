@@ -1,6 +1,6 @@
 """Fusion: per-stream CUSUM alarms (+ autoencoder and rank evidence) → one `RegimeChange` per event.
 
-Per window, after `detector.streams.StreamTable.update`:
+Per window, after `dynamiccl.detector.streams.StreamTable.update`:
 
 1. **Alarms are grouped** by (job, direction). Streams already in an active incident are
    absorbed into it (a ramp or a lagging stream never makes a second change); alarms within

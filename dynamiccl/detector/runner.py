@@ -1,7 +1,7 @@
 """The detector as a service: collector feature stream in; regime changes out to the NDJSON
 stream, Prometheus, the log (one JSON line per change on stdout) and Grafana annotations.
 
-`DetectorService` owns a `detector.service.Detector` and runs:
+`DetectorService` owns a `dynamiccl.detector.service.Detector` and runs:
 
 * a reader thread: connects to the collector's feature stream and processes each window;
   when the collector goes away (restart, crash) it reconnects with capped exponential backoff;

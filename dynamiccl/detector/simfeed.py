@@ -1,11 +1,11 @@
 """Simulator → collector features, in process (for the evaluation and tests).
 
-The simulator's :class:`~simulator.engine.Engine` produces, per step, one emulator record
+The simulator's :class:`~dynamiccl.harness.simulator.engine.Engine` produces, per step, one emulator record
 (``emu_coll_t``) per rank per collective. The real path replays them through the C profiler
 plugin and a socket into the collector; this module builds the same ``EVENT_DTYPE`` records the
 plugin would emit (KERNEL_GPU timing, communicator rank, bytes = count × type size, one batch per
 node process with host ``sim-node-NN``) and hands them to the collector's own
-:class:`~collector.processors.window_agg.WindowAggregator`, so the detector sees the collector's
+:class:`~dynamiccl.collector.processors.window_agg.WindowAggregator`, so the detector sees the collector's
 real features without the plugin's cost.
 
 Optional *realism* (``Realism``) perturbs records before aggregation, to model what the idealised

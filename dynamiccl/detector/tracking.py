@@ -1,4 +1,4 @@
-"""Tracking of open incidents (a part of `detector.fusion.Fusion`).
+"""Tracking of open incidents (a part of `dynamiccl.detector.fusion.Fusion`).
 
 Each window an incident's streams are placed between their old baseline (0) and their degraded
 level (1): ``recovery_windows`` windows in a row at ≤ ``recovery_fraction`` emit a ``recovery``

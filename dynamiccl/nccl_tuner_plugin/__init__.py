@@ -1,9 +1,9 @@
 """DynamICCL's NCCL tuner plugin (C) and its plumbing.
 
 * :mod:`dynamiccl.nccl_tuner_plugin.config` — the config file the retuner writes and the plugin reloads;
-  :func:`~nccl_tuner_plugin.config.apply_rule` is the reference semantics of the plugin.
+  :func:`~dynamiccl.nccl_tuner_plugin.config.apply_rule` is the reference semantics of the plugin.
 * :mod:`dynamiccl.nccl_tuner_plugin.sync` — the one-line agreement hook for training scripts
-  (``nccl_tuner_plugin.sync.agree()`` at a step boundary).
+  (``dynamiccl.nccl_tuner_plugin.sync.agree()`` at a step boundary).
 * :func:`library_path` — the built ``libnccl-tuner-dynamiccl.so``; point NCCL at it with
   ``export NCCL_TUNER_PLUGIN=$(dynamiccl plugins --tuner)``.
 """

@@ -17,12 +17,12 @@ the world, which covers every communicator the plugin tunes)::
 
     import dynamiccl.nccl_tuner_plugin.sync
     for batch in loader:
-        nccl_tuner_plugin.sync.agree()          # returns the applied version
+        dynamiccl.nccl_tuner_plugin.sync.agree()          # returns the applied version
         loss = model(batch); loss.backward(); opt.step()
 
 Other frameworks call :func:`agree_with` with their own MIN all-reduce of a list of ints.
 
->>> class FakePlugin:                      # what a rank's plugin answers (see simulator.tuner_abi)
+>>> class FakePlugin:                      # what a rank's plugin answers (see dynamiccl.harness.simulator.tuner_abi)
 ...     def __init__(self, staged): self.staged_version, self.applied_version = staged, 0
 ...     def prepare_version(self, v): return v <= self.staged_version
 ...     def apply_version(self, v): self.applied_version = v
@@ -214,7 +214,7 @@ def agree(group=None, *, plugin: _Control | None = None) -> int:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise AgreementError("nccl_tuner_plugin.sync.agree() needs torch.distributed.init_process_group() first")
+        raise AgreementError("dynamiccl.nccl_tuner_plugin.sync.agree() needs torch.distributed.init_process_group() first")
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
     else:

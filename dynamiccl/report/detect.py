@@ -1,6 +1,6 @@
-"""The detector replay runs: ``detector.service.Detector`` when it exists, else a small interim one.
+"""The detector replay runs: ``dynamiccl.detector.service.Detector`` when it exists, else a small interim one.
 
-Both take a ``detector.config.DetectorConfig`` and expose ``process(wf) -> list[RegimeChange]``
+Both take a ``dynamiccl.detector.config.DetectorConfig`` and expose ``process(wf) -> list[RegimeChange]``
 (the contract in ``dynamiccl/detector/events.py``), so ``dynamiccl replay`` has one set of settings.
 
 The interim detector (:class:`InterimDetector`) is what the demo watched with, on the real
@@ -52,7 +52,7 @@ class _Active:
 class InterimDetector:
     """See the module docstring. ``capacity`` streams at most (more are counted in ``dropped_streams``)."""
 
-    name = "interim (report.detect.InterimDetector: per-stream CUSUMBank)"
+    name = "interim (dynamiccl.report.detect.InterimDetector: per-stream CUSUMBank)"
 
     def __init__(self, config: DetectorConfig | None = None, *, capacity: int = 8192):
         self.config = (config or DetectorConfig()).validate()
@@ -164,7 +164,7 @@ class InterimDetector:
 
 
 def make_detector(config: DetectorConfig, which: str = "auto"):
-    """``which="auto"``: ``detector.service.Detector(config)`` if that module exists, else
+    """``which="auto"``: ``dynamiccl.detector.service.Detector(config)`` if that module exists, else
     :class:`InterimDetector`; ``"service"`` or ``"interim"`` force one (ValueError if the
     service is missing)."""
     if which not in ("auto", "service", "interim"):
@@ -172,17 +172,17 @@ def make_detector(config: DetectorConfig, which: str = "auto"):
     if which == "interim":
         return InterimDetector(config)
     try:
-        mod = importlib.import_module("detector.service")
+        mod = importlib.import_module("dynamiccl.detector.service")
     except ModuleNotFoundError as exc:
-        if exc.name != "detector.service":
+        if exc.name != "dynamiccl.detector.service":
             raise
         if which == "service":
-            raise ValueError("detector.service is not available in this installation") from None
+            raise ValueError("dynamiccl.detector.service is not available in this installation") from None
         return InterimDetector(config)
     det = mod.Detector(config)
     if not hasattr(det, "name"):
         try:
-            det.name = "detector.service.Detector"
+            det.name = "dynamiccl.detector.service.Detector"
         except AttributeError:
             pass
     return det

@@ -75,7 +75,7 @@ class Inventory:
 
 
 _NUMERIC = (pa.types.is_integer, pa.types.is_floating)
-_EXPECTED = {  # the exporter's types (collector.wire_format.EVENT_DTYPE)
+_EXPECTED = {  # the exporter's types (dynamiccl.collector.wire_format.EVENT_DTYPE)
     "func": pa.uint8(), "rank": pa.int32(), "nranks": pa.int32(), "bytes": pa.uint64(),
     "timing_source": pa.uint8(), "gpu_start_ns": pa.uint64(), "gpu_end_ns": pa.uint64(),
     "enqueue_ns": pa.uint64(), "comm_hash": pa.uint64(), "seq_number": pa.uint64(), "kind": pa.uint8(),

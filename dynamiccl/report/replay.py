@@ -193,7 +193,7 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
     metrics = SelfMetrics()
     rt = make_retuner(audit_path) if retuner else None
     if rt is not None:
-        res.retuner = "retuner.agent.Retuner (dry run)"
+        res.retuner = "dynamiccl.retuner.agent.Retuner (dry run)"
 
     def on_window(result) -> None:
         res.windows += 1
@@ -241,9 +241,9 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lateness", type=float, default=30.0, metavar="S",
                    help="allowed lateness, s (default 30: part files interleave hosts in large batches and "
                         "offline waiting costs nothing; the live collector's default is 2)")
-    d = p.add_argument_group("detector (detector.config.DetectorConfig; defaults are the service's)")
+    d = p.add_argument_group("detector (dynamiccl.detector.config.DetectorConfig; defaults are the service's)")
     d.add_argument("--detector", choices=("auto", "service", "interim"), default="auto",
-                   help="detector.service.Detector (auto: if installed) or the interim per-stream CUSUM")
+                   help="dynamiccl.detector.service.Detector (auto: if installed) or the interim per-stream CUSUM")
     d.add_argument("--arl0", type=float, default=None, help="windows between false alarms per stream")
     d.add_argument("--warmup", type=int, default=None, help="windows of baseline before monitoring")
     d.add_argument("--deltas", default=None, metavar="D[,D…]", help="CUSUM shift sizes in sigma, e.g. 2,6")

@@ -5,8 +5,8 @@ A *run directory* is the parent of the parquet directory (``dynamiccl demo --out
 the parquet directory, then the run directory, then ``RUN/sim``:
 
 ============================  =========================================================
-``changes.jsonl``             regime changes, one ``detector.events.RegimeChange`` JSON per line
-``retuner-audit.jsonl``       the retuner's audit log (``retuner.audit.AuditLog``), one decision per line
+``changes.jsonl``             regime changes, one ``dynamiccl.detector.events.RegimeChange`` JSON per line
+``retuner-audit.jsonl``       the retuner's audit log (``dynamiccl.retuner.audit.AuditLog``), one decision per line
 ``truth.jsonl``               the simulator's ground truth (``dynamiccl.harness.simulator.scenario.write_truth``)
 ============================  =========================================================
 
@@ -138,7 +138,7 @@ def _fmt(v: Any) -> str:
 
 
 def decision_rows(decisions: list[dict]) -> list[dict]:
-    """Normalise retuner audit records (``retuner.audit.AuditLog``: ``{"ts", "t", "action",
+    """Normalise retuner audit records (``dynamiccl.retuner.audit.AuditLog``: ``{"ts", "t", "action",
     "dry_run", …}``) for the table: event time (wall time ``ts`` if ``t`` is missing), action,
     target, config, measured gain (``gain``; else ``expected_gain``, flagged), rollback, details."""
     rows = []

@@ -147,7 +147,7 @@ def _derived(bin_ns: int, lat_per_decade: int) -> list[pl.Expr]:
 
 
 def _valid() -> pl.Expr:
-    """collector.records.valid_mask, as a polars expression."""
+    """dynamiccl.collector.records.valid_mask, as a polars expression."""
     a, p = pl.col("algo"), pl.col("proto")
     return (pl.col("kind").is_in([1, 2]) & (pl.col("func") >= 0) & (pl.col("func") < len(FUNCS))
             & ((a < len(ALGOS)) | (a == 255)) & ((p < len(PROTOS)) | (p == 255))

@@ -126,7 +126,7 @@ def write_run(directory: str | os.PathLike, *, records: int, seed: int = 0, rate
               chunk_records: int = 1_000_000, start_ns: int = START_NS, compression: str = "zstd",
               flush_rows: int = 1_000_000, batch_records: int = 8192, truth: bool = True, progress=None) -> dict:
     """Write about ``records`` records (exactly, after trimming) of the synthetic job into
-    ``directory`` with :class:`collector.exporters.parquet.ParquetExporter`. Event time spans
+    ``directory`` with :class:`dynamiccl.collector.exporters.parquet.ParquetExporter`. Event time spans
     ``records / rate_per_s`` seconds. Returns a summary dict."""
     from dynamiccl.collector.component import RecordBatch
     from dynamiccl.collector.config import ParquetConfig

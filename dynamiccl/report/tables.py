@@ -1,4 +1,4 @@
-"""The numbers the report shows, derived from a :class:`report.summary.RunSummary` (plain polars).
+"""The numbers the report shows, derived from a :class:`dynamiccl.report.summary.RunSummary` (plain polars).
 
 Every figure and table is built from these functions, and the tests check them (and the HTML
 tables) against values recomputed directly from the parquet files.

@@ -3,9 +3,9 @@
 In-process API (what ``dynamiccl demo`` and ``dynamiccl retuner run`` use)::
 
     rt = Retuner(RetunerConfig(dry_run=False, topology="h100-2x8", tuner_config_path=path))
-    rt.on_change(rc)          # detector.events.RegimeChange (or its JSON line)
-    rt.on_window(wf)          # collector.features.WindowFeatures: measured durations per (comm, func, size)
-    rt.observe([obs, ...])    # or retuner.types.Observation directly (evaluation, tests)
+    rt.on_change(rc)          # dynamiccl.detector.events.RegimeChange (or its JSON line)
+    rt.on_window(wf)          # dynamiccl.collector.features.WindowFeatures: measured durations per (comm, func, size)
+    rt.observe([obs, ...])    # or dynamiccl.retuner.types.Observation directly (evaluation, tests)
     rt.status()               # per-target state, for views and tests
 
 Every call returns the tuner-config version it wrote, or None. Nothing here raises on bad input after
@@ -184,7 +184,7 @@ class Retuner:
 
     # ================================================================ inputs
     def on_change(self, rc) -> int | None:
-        """A :class:`detector.events.RegimeChange` (or its JSON line). Returns the version written, if any."""
+        """A :class:`dynamiccl.detector.events.RegimeChange` (or its JSON line). Returns the version written, if any."""
         from dynamiccl.detector.events import RegimeChange
         with self._lock:
             self.metrics.inc("changes")
@@ -204,7 +204,7 @@ class Retuner:
             return self._safe_sync()
 
     def on_window(self, wf) -> int | None:
-        """A :class:`collector.features.WindowFeatures`; its ``keys`` rows become observations."""
+        """A :class:`dynamiccl.collector.features.WindowFeatures`; its ``keys`` rows become observations."""
         with self._lock:
             self.metrics.inc("windows")
             try:

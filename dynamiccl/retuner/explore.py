@@ -8,12 +8,12 @@ its rivals, so a slow phase of the network does not favour one candidate). With 
 candidates run one after the other.
 
 Phases: ``incumbent`` (measure what runs now under the new regime) → ``probe`` (rounds of candidates from
-the :class:`~retuner.planner.Planner`; a candidate stops as soon as it is significantly worse than the
+the :class:`~dynamiccl.retuner.planner.Planner`; a candidate stops as soon as it is significantly worse than the
 best so far, or once its mean is known to ±``min_gain``/2) → ``verify`` (the committed config alone, against
 the incumbent measured in the same regime: significantly slower → roll back) → ``done``. ``reuse`` skips to
 ``verify`` with a remembered config, checked against what it measured last time.
 
-This class is pure logic: the :class:`~retuner.agent.Retuner` feeds it attributed samples and pushes its
+This class is pure logic: the :class:`~dynamiccl.retuner.agent.Retuner` feeds it attributed samples and pushes its
 assignments.
 """
 from __future__ import annotations

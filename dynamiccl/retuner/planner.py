@@ -5,7 +5,7 @@ Round 1 (cells): the incumbent plus the ``max_cells`` (algo, proto) cells the re
 its measured/modelled bias when this target has measured it before, so a cell NCCL's model misjudges on
 this fabric moves to where the measurements put it. Cells predicted slower than ``max_pred_ratio`` x the
 incumbent are not tried, nor cells whose in-flight-window lower bound under the fitted latency
-(:meth:`~retuner.model.CommModel.window_floor_us`, which NCCL's model lacks) is already that much slower than the
+(:meth:`~dynamiccl.retuner.model.CommModel.window_floor_us`, which NCCL's model lacks) is already that much slower than the
 incumbent's measured time; neither are cells the allow/deny lists forbid or the plugin could not apply.
 Later rounds (channels): the winner at half and twice its channel count, then one more step in the
 direction that helped (coordinate descent, as AutoCCL does for its resource parameters).

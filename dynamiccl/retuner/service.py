@@ -1,13 +1,13 @@
 """``dynamiccl retuner run``: the retuner as a service.
 
 Two reader threads subscribe to the detector's regime-change stream (NDJSON, one
-:class:`detector.events.RegimeChange` per line) and the collector's feature stream (NDJSON windows); each
+:class:`dynamiccl.detector.events.RegimeChange` per line) and the collector's feature stream (NDJSON windows); each
 reconnects with exponential backoff (0.5 s → 30 s) when its peer is down. They put what they read on one
 bounded queue (``queue_max`` items: a full queue drops the oldest *window* — never a regime change — and
-counts it, ``reason="queue_full"``); one worker thread hands items to the :class:`~retuner.agent.Retuner`.
+counts it, ``reason="queue_full"``); one worker thread hands items to the :class:`~dynamiccl.retuner.agent.Retuner`.
 ``/metrics`` is served on ``RetunerConfig.metrics``. Nothing after start-up is fatal: bad lines are counted
 and skipped, a dead peer is retried, a failed write leaves the plugin on its last good config.
-Inputs pass :class:`~retuner.inputs.InputGate` first: applying acts only on allow-listed jobs
+Inputs pass :class:`~dynamiccl.retuner.inputs.InputGate` first: applying acts only on allow-listed jobs
 (``jobs``, required) and communicators, and only on windows whose every network peer authenticated
 (unless ``allow_unauthenticated``). A dry run recommends for everything.
 """
@@ -29,7 +29,7 @@ from dynamiccl.retuner.inputs import InputGate
 
 __all__ = ["RetunerService"]
 
-log = logging.getLogger("retuner.service")
+log = logging.getLogger("dynamiccl.retuner.service")
 _BACKOFF = (0.5, 30.0)
 MAX_LINE_BYTES = 64 << 20      # one feature window of a very large job; a longer line is skipped and counted
 

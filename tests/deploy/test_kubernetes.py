@@ -109,7 +109,7 @@ def test_collector_daemonset_shares_the_socket_directory_with_the_training_job(r
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] == SOCKET_DIR)
     assert vols[mount["name"]]["hostPath"]["path"] == SOCKET_DIR
     assert f"--listen unix:{SOCKET_DIR}/collector.sock" in " ".join(c["args"])
-    # the collector sets its socket's mode (0660, collector.receivers.stream): the image's entrypoint runs
+    # the collector sets its socket's mode (0660, dynamiccl.collector.receivers.stream): the image's entrypoint runs
     # directly, no shell wrapper with a umask
     assert "command" not in c and c["args"][0] == "collector"
     (job,) = _by_kind(rendered["examples/training-job"], "Job")

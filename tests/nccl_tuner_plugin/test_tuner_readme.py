@@ -36,6 +36,6 @@ def test_limits_and_slots():
 
 
 def test_readme_names_the_hook_and_the_exports():
-    for s in ("nccl_tuner_plugin.sync.agree()", "ncclTunerPlugin_v6", "`_v5`", "`_v4`", "dynamiccl plugins --tuner",
+    for s in ("dynamiccl.nccl_tuner_plugin.sync.agree()", "ncclTunerPlugin_v6", "`_v5`", "`_v4`", "dynamiccl plugins --tuner",
               "version 42 at T"):
         assert s in README, s

@@ -1,5 +1,5 @@
 """Shared helpers of the report tests: a small synthetic run, the HTML tables read back, and the
-raw records read independently of the report's polars path (pyarrow → numpy → collector.records)."""
+raw records read independently of the report's polars path (pyarrow → numpy → dynamiccl.collector.records)."""
 from __future__ import annotations
 
 import glob
@@ -14,7 +14,7 @@ from dynamiccl.collector.wire_format import EVENT_DTYPE
 
 def make_run(root, *, records: int = 60_000, seed: int = 3, rate_per_s: float = 500.0,
              chunk_records: int = 20_000, flush_rows: int = 20_000) -> str:
-    """A synthetic run (report.synthetic) under ``root``/parquet; returns the parquet directory."""
+    """A synthetic run (dynamiccl.report.synthetic) under ``root``/parquet; returns the parquet directory."""
     from dynamiccl.report.synthetic import write_run
     d = os.path.join(str(root), "parquet")
     write_run(d, records=records, seed=seed, rate_per_s=rate_per_s, chunk_records=chunk_records,

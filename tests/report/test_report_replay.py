@@ -141,13 +141,13 @@ def test_replay_cli_detects_and_feeds_the_report(run, tmp_path, capsys):
     assert len(tables["decisions"]) == len(audit)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("detector.service") is None, reason="detector.service not installed")
+@pytest.mark.skipif(importlib.util.find_spec("dynamiccl.detector.service") is None, reason="dynamiccl.detector.service not installed")
 def test_replay_with_the_detector_service(run, tmp_path, capsys):
     out = tmp_path / "changes.jsonl"
     rc = main(["replay", run[1], "--detector", "service", "--warmup", "20", "--set", "autoencoder=false",
                "--no-retuner", "--out", str(out)])
     text = capsys.readouterr().out
-    assert rc == 0 and "detector: detector.service" in text
+    assert rc == 0 and "detector: dynamiccl.detector.service" in text
     last = dict(kv.split("=", 1) for kv in text.strip().splitlines()[-1].split())
     assert last["records"] == "240000" and last["windows"] == "120" and "decisions" not in last
     assert len(out.read_text().splitlines()) == int(last["changes"])

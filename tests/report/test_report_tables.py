@@ -14,7 +14,7 @@ from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
 from report_helpers import make_run, num, part_files, raw_events, read_tables
 
-START = 1_767_225_600.0  # report.synthetic.START_NS in seconds
+START = 1_767_225_600.0  # dynamiccl.report.synthetic.START_NS in seconds
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ def small_workload(step_gap_us: int = 20_000):
 
 
 def stop_job(job) -> None:
-    """Stop a :class:`simulator.driver.SimulatedJob` (or None) and wait for it, never raising."""
+    """Stop a :class:`dynamiccl.harness.simulator.driver.SimulatedJob` (or None) and wait for it, never raising."""
     if job is None:
         return
     job.stop()

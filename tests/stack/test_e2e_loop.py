@@ -41,9 +41,9 @@ def _need(*names: str) -> None:
 def loop(tmp_path_factory, built_profiler):
     _need("prometheus", "prometheus-alertmanager")
     try:
-        import detector.service  # noqa: F401
+        import dynamiccl.detector.service  # noqa: F401
     except ImportError as exc:
-        pytest.skip(f"the detector service is not importable ({exc}); the loop needs detector.service.Detector")
+        pytest.skip(f"the detector service is not importable ({exc}); the loop needs dynamiccl.detector.service.Detector")
     lp = Loop(tmp_path_factory.mktemp("loop"))
     try:
         lp.start()

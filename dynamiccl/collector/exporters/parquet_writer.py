@@ -3,7 +3,7 @@
 It runs in a child process (``python -m dynamiccl.collector.exporters.parquet_writer``, the default: the
 encoding and compression then use the second core without the collector's GIL) or in a thread of
 the collector (``ParquetConfig.writer = "thread"``, and the fallback after repeated child deaths).
-:class:`collector.exporters.parquet.ParquetExporter` is the only client; it owns the policy
+:class:`dynamiccl.collector.exporters.parquet.ParquetExporter` is the only client; it owns the policy
 (partitions, file names, when a file is closed), this module only executes.
 
 Records travel in shared memory: ``SlabMemory`` is a ``memfd`` holding ``n_slabs`` slabs of

@@ -3,7 +3,7 @@
 State (dynamiccl/collector/exporters/prom_state.py) is cumulative per label set (histograms, counters,
 under one series budget) or "last window" (bandwidth, spread, skew gauges, expiring when windows
 stop), updated once per window from the aggregator's WindowResult — never per record.
-Every name comes from ``collector.metrics.METRICS``.
+Every name comes from ``dynamiccl.collector.metrics.METRICS``.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ class MetricsCollector:
 
 def _ready_for_serving(registry: CollectorRegistry) -> None:
     """``process_*`` metrics on the served registry and no ``_created`` series, as the detector and
-    retuner do (detector.metrics.export_process_metrics). The collector's own families never carry
+    retuner do (dynamiccl.detector.metrics.export_process_metrics). The collector's own families never carry
     ``_created``; the switch is process-wide and covers any client-library metric registered here."""
     disable_created_metrics()
     try:

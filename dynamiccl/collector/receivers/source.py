@@ -34,7 +34,7 @@ class Source:
     def push(self, records: np.ndarray, *, host: str, job_id: str,
              comm_names: Mapping[int, str] | None = None, block: bool = False) -> int:
         if not isinstance(records, np.ndarray) or records.dtype != EVENT_DTYPE:
-            raise TypeError("records must be a numpy array of collector.wire_format.EVENT_DTYPE")
+            raise TypeError("records must be a numpy array of dynamiccl.collector.wire_format.EVENT_DTYPE")
         if len(records) == 0:
             return 0
         batch = RecordBatch(np.ascontiguousarray(records), str(host), str(job_id), dict(comm_names or {}))

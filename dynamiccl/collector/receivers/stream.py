@@ -1,6 +1,6 @@
 """Plugin stream receiver: Unix-socket and TCP listeners, many connections, one selector thread.
 
-Per connection: a :class:`~collector.decode.StreamDecoder` and, only while a frame is incomplete,
+Per connection: a :class:`~dynamiccl.collector.decode.StreamDecoder` and, only while a frame is incomplete,
 its bytes (reads go through one shared buffer, so an idle connection holds none; all partial frames
 together are bounded by ``max_pending_bytes``). Connections are capped (``max_connections``, of
 which ``reserved_local_connections`` only Unix-socket peers may use); a peer that sends no PROCESS

@@ -49,7 +49,7 @@ func) ``seq_number`` (the same instance has the same number on every rank), and 
 
 The application thread does a few attribute reads, two ``time.time_ns()`` and one ``deque``
 append per call (async: one dict insert, and the append at wait) (``python benchmarks/torch_source_overhead.py``); the record encoding, the
-socket and the reconnects are the :class:`~collector.sources.wire_sender.WireSender` thread's.
+socket and the reconnects are the :class:`~dynamiccl.collector.sources.wire_sender.WireSender` thread's.
 A full queue drops and counts (STATS ``records_dropped_ring_full``), a collector that is down
 costs nothing but ``records_undelivered``; a call this module cannot describe is passed through
 unrecorded (``stats()["unrecorded"]``). Settings: the plugin's ``DYNAMICCL_COLLECTOR``,

@@ -7,7 +7,7 @@ its vertices ``(bytes, nRanks)`` and is log2-interpolated between them, as the t
 communicator size only where both of its edges are defined there; sizes that fall in no band (gaps between the
 polygons, where the tuner leaves NCCL's choice standing) are not scored.
 
-The 16-rank AllReduce bands are the ones :data:`simulator.calibration.FLIP_TARGETS` holds; the 32- and 64-rank
+The 16-rank AllReduce bands are the ones :data:`dynamiccl.harness.simulator.calibration.FLIP_TARGETS` holds; the 32- and 64-rank
 bands and every AllGather/ReduceScatter band are *held out* from the per-platform fit in
 :mod:`dynamiccl.harness.simulator.topology` (``InterNet.ll_crossing_us`` etc.) and serve to check it.
 
@@ -139,7 +139,7 @@ HELD_OUT = tuple((p, f, n) for p, funcs in (("p5en", ("AllReduce", "AllGather", 
                                             ("p5", ("AllReduce",)))
                  for f in funcs for n in (2, 4, 8) if not (f == "AllReduce" and n == 2))
 
-#: The per-platform fitted fields of :class:`simulator.topology.InterNet`, their neutral values and the grid
+#: The per-platform fitted fields of :class:`dynamiccl.harness.simulator.topology.InterNet`, their neutral values and the grid
 #: :func:`search` fits them on.
 FITTED = {"ll_crossing_us": 0.0, "tree_ll128_eff": 1.0, "nvls_tree_extra_us": 0.0}
 GRID = {"ll_crossing_us": (0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0),

@@ -2,12 +2,12 @@
 
 Each worker sets ``DYNAMICCL_HOST=sim-node-NN`` (plus ``DYNAMICCL_COLLECTOR``/``DYNAMICCL_JOB_ID``), loads
 the plugin through the NCCL call-sequence emulator (``libdccl-nccl-emu.so``, ctypes binding
-:class:`nccl_profiler_plugin.emulator.Emulator`), calls ``emu_comm_init`` once per (communicator, local rank)
+:class:`dynamiccl.nccl_profiler_plugin.emulator.Emulator`), calls ``emu_comm_init`` once per (communicator, local rank)
 of its node and replays the numpy record buffers it receives over a pipe with ``emu_run_colls`` — no Python
 work per operation. So every simulated node is one PROCESS (own pid, own plugin sender, own host name), as
 on a real cluster.
 
-With a :class:`simulator.tuner_abi.PluginTuner` as ``tuner``, each worker also loads the real tuner plugin
+With a :class:`dynamiccl.harness.simulator.tuner_abi.PluginTuner` as ``tuner``, each worker also loads the real tuner plugin
 (``NCCL_TUNER_PLUGIN``, before the profiler) reading the same config file, and applies the version the engine's
 decisions used for each step, so the profiler stamps ``tuner_config_version`` in the records as in a real job.
 
@@ -16,7 +16,7 @@ Two modes:
 * ``realtime=True`` (demo): the GPU clock epoch is the wall clock at start and each worker replays a record
   once the wall clock passes its ``gpu_end_ns`` (in batches of ``pace_s``), so the collector sees a live job.
 * ``realtime=False`` (evaluation): as fast as possible; simulated time runs ahead of the wall clock from a
-  fixed epoch (:data:`~simulator.engine.DEFAULT_EPOCH_NS`).
+  fixed epoch (:data:`~dynamiccl.harness.simulator.engine.DEFAULT_EPOCH_NS`).
 
 >>> job = SimulatedJob("small", "stationary", collector="unix:/tmp/x.sock", duration_s=0.01)  # doctest: +SKIP
 >>> result = job.start().wait(); result.records                                              # doctest: +SKIP
@@ -222,7 +222,7 @@ def _worker(node: int, conn: Any, plugin: str, emu_lib: str, abi: int, inits: li
 
 
 def _tuner_plugin(tuner: Any) -> Any:
-    """The DynamICCL plugin instance behind an engine tuner (:class:`simulator.tuner_abi.PluginTuner`), or None."""
+    """The DynamICCL plugin instance behind an engine tuner (:class:`dynamiccl.harness.simulator.tuner_abi.PluginTuner`), or None."""
     p = getattr(tuner, "plugin", None)
     return p if getattr(p, "has_control", False) else None
 

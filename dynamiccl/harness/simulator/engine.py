@@ -1,18 +1,18 @@
-"""The job engine: runs a :class:`~simulator.workload.Workload` in simulated time under a
-:class:`~simulator.scenario.Scenario` and emits, per step, one emulator record (``emu_coll_t``) per rank per
+"""The job engine: runs a :class:`~dynamiccl.harness.simulator.workload.Workload` in simulated time under a
+:class:`~dynamiccl.harness.simulator.scenario.Scenario` and emits, per step, one emulator record (``emu_coll_t``) per rank per
 collective, ready for :mod:`dynamiccl.harness.simulator.driver` to replay through the real profiler plugin.
 
 Per collective instance (one comm, one schedule slot):
 
-1. NCCL's cost table for the comm's shape (:class:`~simulator.cost_model.NcclModel`, cached per
+1. NCCL's cost table for the comm's shape (:class:`~dynamiccl.harness.simulator.cost_model.NcclModel`, cached per
    (comm shape, func, size)), then the :class:`Tuner` hook (default: none, NCCL's choice stands), argmin →
    (algo, proto), channels (the tuner's, else NCCL's ``topoGetAlgoInfo``), chunk (``calcCollChunking``).
-2. Its duration ``T`` from :func:`~simulator.perf_model.expected_time` under the scenario's
-   :class:`~simulator.perf_model.NetworkState` restricted to the comm's nodes and ranks (cached per state).
+2. Its duration ``T`` from :func:`~dynamiccl.harness.simulator.perf_model.expected_time` under the scenario's
+   :class:`~dynamiccl.harness.simulator.perf_model.NetworkState` restricted to the comm's nodes and ranks (cached per state).
 3. Arrival of each member rank = its previous end + the op's ``compute_us`` + straggler delay + arrival
    jitter (exponential, mean ``arrival_jitter_us``); the common finish = last arrival + ``T`` × shared noise;
    each rank's GPU interval runs from its own arrival to the finish (× its own small noise), so a
-   straggler's own duration is the shortest (the semantics of :func:`~simulator.perf_model.sample_durations`).
+   straggler's own duration is the shortest (the semantics of :func:`~dynamiccl.harness.simulator.perf_model.sample_durations`).
 4. ``gpu_start_ns``/``gpu_end_ns`` = ``epoch_ns`` + simulated offset; ``seq_number`` counts per (comm, func),
    identical on every rank of an instance.
 

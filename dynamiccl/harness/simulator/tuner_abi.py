@@ -7,7 +7,7 @@ with a name and the functions that ABI requires, and calls ``init`` / ``getCollI
 functions (``dynamiccl_tuner_*``) they are available as methods (reload, staged/applied versions,
 apply, stats).
 
-:class:`PluginTuner` implements the engine's :class:`~simulator.engine.Tuner` protocol with one plugin
+:class:`PluginTuner` implements the engine's :class:`~dynamiccl.harness.simulator.engine.Tuner` protocol with one plugin
 context per communicator, so ``SimulatedJob(..., tuner=PluginTuner())`` and
 ``Engine(..., tuner=...)`` take their decisions from the real plugin.
 
@@ -385,10 +385,10 @@ def _argmin(table: np.ndarray) -> tuple[int, int] | None:
 
 
 class PluginTuner:
-    """The engine's :class:`~simulator.engine.Tuner` backed by one plugin instance (one process, as when
+    """The engine's :class:`~dynamiccl.harness.simulator.engine.Tuner` backed by one plugin instance (one process, as when
     every rank's decision is the same): a plugin context per communicator, created on first use with the
     communicator's hash, rank and node counts, like NCCL's per-communicator ``init``. In a
-    :class:`~simulator.driver.SimulatedJob` the node workers load the same plugin, so the profiler records
+    :class:`~dynamiccl.harness.simulator.driver.SimulatedJob` the node workers load the same plugin, so the profiler records
     carry :attr:`TunerPlugin.applied_version` as ``tuner_config_version``."""
 
     def __init__(self, plugin: TunerPlugin | str | os.PathLike | None = None, abi: int = 6, *,
@@ -399,7 +399,7 @@ class PluginTuner:
 
     def on_step(self, step: int) -> None:
         """Called by the engine at every step boundary: runs ``step_hook(self, step)`` (e.g. a reload, or the
-        single-process agreement ``nccl_tuner_plugin.sync.run_ranks([self.plugin])``)."""
+        single-process agreement ``dynamiccl.nccl_tuner_plugin.sync.run_ranks([self.plugin])``)."""
         if self.step_hook is not None:
             self.step_hook(self, step)
 
@@ -427,7 +427,7 @@ class RankTuners:
     (``config_dir/rank-NNNN.conf``) with no reload thread, so the caller decides when each rank sees a
     delivery (:meth:`deliver`) and reloads (:meth:`reload`).
 
-    As an engine :class:`~simulator.engine.Tuner`, every member rank of the communicator answers each
+    As an engine :class:`~dynamiccl.harness.simulator.engine.Tuner`, every member rank of the communicator answers each
     ``getCollInfo``; the decision (argmin cell, channels, v6 chunk) of the communicator's first rank is
     returned and any disagreement between ranks is counted in :attr:`mismatches` (with the first few
     recorded in :attr:`mismatch_examples`). ``on_step`` (called by the engine at every step boundary)

@@ -15,7 +15,7 @@ it reached the detector, ``received_wall_s``) and ``records/`` (every raw record
       → the detector fired (on the window ending at ``detected_s``, confirmation windows)
       → emitted (``wall_s``; a run's ``detections.ndjson``)
 
-:func:`replay` feeds the saved windows to a fresh :class:`~detector.service.Detector` with other
+:func:`replay` feeds the saved windows to a fresh :class:`~dynamiccl.detector.service.Detector` with other
 settings and scores it as if live (a detection's wall time = when its window had reached the
 live detector) — for choosing the test bed's detector settings without a new run; the result
 depends on the detector code at replay time.
@@ -192,7 +192,7 @@ def _detect_span(run_dir: Path) -> tuple[float, float]:
 
 def replay(run_dir: Path, **overrides):
     """Score the run's saved windows through a fresh detector with ``overrides`` on top of the
-    test bed's settings; returns the :class:`~testbed.score.Score`."""
+    test bed's settings; returns the :class:`~dynamiccl.harness.testbed.score.Score`."""
     from dynamiccl.harness.testbed.detect import LiveDetector
     from dynamiccl.harness.testbed.score import score
     windows = load_windows(Path(run_dir))

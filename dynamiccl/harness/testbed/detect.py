@@ -1,4 +1,4 @@
-"""The detector the test bed runs live: ``detector.service.Detector`` (CUSUM banks + fusion).
+"""The detector the test bed runs live: ``dynamiccl.detector.service.Detector`` (CUSUM banks + fusion).
 
 Six settings differ from ``DetectorConfig()`` (chosen on the test bed's windows, replayed
 offline with ``python -m dynamiccl.harness.testbed.analyse RUN_DIR --set name=value``):

@@ -6,7 +6,7 @@
     ┌ dtbXXXX-r0 … -r{n-1}: dynamiccl.harness.testbed.worker ──unix socket──▶ collector Pipeline (0.5 s windows)
     │                       dynamiccl.harness.testbed.traffic sink                 │ subscribe()
     └ dtbXXXX-r{n}: dynamiccl.harness.testbed.traffic serve (batches) + bulk      ▼
-                                                          detector.service.Detector ─▶ score
+                                                          dynamiccl.detector.service.Detector ─▶ score
     Controller thread: tc tbf changes / bulk flows at the scenario's times → truth.json
 
 Whatever ends the run — normal end, an exception, SIGINT / SIGTERM / SIGHUP, interpreter exit —

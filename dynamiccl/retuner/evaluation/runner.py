@@ -6,9 +6,9 @@ to find its config), ``oracle`` (the best static configuration of each regime, s
 boundary of every regime with perfect knowledge), ``reactive`` (the oracle's configuration of each regime from
 the moment a detector with the evaluation's detection delay reports it: the bound for any retuner that only
 reacts to detections -- a reference, not part of the scoring; ours can beat it where it recognises a known regime or
-the baseline from its own measurements before the report) and ``ours`` (the :class:`~retuner.agent.Retuner`, fed the
+the baseline from its own measurements before the report) and ``ours`` (the :class:`~dynamiccl.retuner.agent.Retuner`, fed the
 measured per-step durations and the regime changes from :meth:`Truth.changes`, writing the tuner config file that
-a :func:`~retuner.evaluation.sim_tuner.make_file_tuner` tuner reloads at every step boundary).
+a :func:`~dynamiccl.retuner.evaluation.sim_tuner.make_file_tuner` tuner reloads at every step boundary).
 
 Every run executes the same number of training steps (the number NCCL's default needs to cover the scenario)
 with the same seed, so noise and arrival jitter are common random numbers. Per regime segment and op the run

@@ -1,4 +1,4 @@
-"""Tuners for the simulator's :class:`~simulator.engine.Engine` (its ``Tuner`` protocol).
+"""Tuners for the simulator's :class:`~dynamiccl.harness.simulator.engine.Engine` (its ``Tuner`` protocol).
 
 :class:`FileTuner` is the Python reference of what the C plugin does with the retuner's file: at every
 step boundary (:meth:`FileTuner.refresh`, the agreement point) it re-reads the file if it changed, keeps its
@@ -83,7 +83,7 @@ class FileTuner(RuleTuner):
 
 
 class LossyDelivery:
-    """Step hook for :class:`simulator.tuner_abi.RankTuners`: the retuner's file reaches each rank through a
+    """Step hook for :class:`dynamiccl.harness.simulator.tuner_abi.RankTuners`: the retuner's file reaches each rank through a
     lossy distributor, then every rank reloads and the agreement hook (:func:`dynamiccl.nccl_tuner_plugin.sync.run_ranks`,
     the hook's real code with an in-memory MIN all-reduce) picks the version all ranks apply.
 
@@ -171,7 +171,7 @@ def make_rank_tuners(n_ranks: int, src: str | os.PathLike, workdir: str | os.Pat
 
 
 def make_file_tuner(path: str | os.PathLike, *, prefer_plugin: bool = True):
-    """One instance of the real plugin (``simulator.tuner_abi.PluginTuner``, immediate mode, reloading ``path``
+    """One instance of the real plugin (``dynamiccl.harness.simulator.tuner_abi.PluginTuner``, immediate mode, reloading ``path``
     at every step boundary) if available, else the Python reference :class:`FileTuner`; ``.kind`` says which."""
     if prefer_plugin:
         try:

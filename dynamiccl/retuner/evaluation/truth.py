@@ -2,7 +2,7 @@
 regime changes a detector would report.
 
 Times come from the simulator's performance model (:func:`dynamiccl.harness.simulator.perf_model.expected_time`, noise-free) with
-exactly the decision the :class:`~simulator.engine.Engine` derives from a tuner's answer (channels from the
+exactly the decision the :class:`~dynamiccl.harness.simulator.engine.Engine` derives from a tuner's answer (channels from the
 tuner or ``topoGetAlgoInfo``, chunk from ``calcCollChunking``), on the communicator's nodes and ranks.
 The retuner never sees any of this: it only gets measured durations and regime changes.
 
