@@ -109,8 +109,8 @@ def test_ports_are_loopback_by_default_and_configurable():
 def test_current_prometheus_and_alertmanager_lines():
     """Prometheus on the 3.x LTS line, Alertmanager at 0.34 or later (the issue: not the 2.x line)."""
     images = {name: svc.get("image", "") for name, svc in yaml.safe_load(COMPOSE.read_text())["services"].items()}
-    prom = re.fullmatch(r"prom/prometheus:v(\d+)\.(\d+)\.(\d+)", images["prometheus"])
-    am = re.fullmatch(r"prom/alertmanager:v(\d+)\.(\d+)\.(\d+)", images["alertmanager"])
+    prom = re.fullmatch(r"prom/prometheus:v(\d+)\.(\d+)\.(\d+)@sha256:[0-9a-f]{64}", images["prometheus"])
+    am = re.fullmatch(r"prom/alertmanager:v(\d+)\.(\d+)\.(\d+)@sha256:[0-9a-f]{64}", images["alertmanager"])
     assert prom and (int(prom[1]), int(prom[2])) >= (3, 13), images["prometheus"]
     assert am and (int(am[1]), int(am[2])) >= (0, 34), images["alertmanager"]
 
@@ -123,7 +123,8 @@ def test_healthchecks_non_root_and_pinned_images():
         if "build" in svc:
             assert svc["user"] == "10001:10001", name
         else:
-            assert re.search(r":v?\d+\.\d+\.\d+$", svc["image"]), f"{name}: pin the image version"
+            # version and digest: a re-pushed tag cannot change what runs
+            assert re.search(r":v?\d+\.\d+\.\d+@sha256:[0-9a-f]{64}$", svc["image"]), f"{name}: pin version and digest"
     for name in OUR_SERVICES:
         test = " ".join(cfg["services"][name]["healthcheck"]["test"])
         assert "urllib.request" in test            # python:slim has neither curl nor wget
