@@ -63,14 +63,13 @@ COLLECTIVES: tuple[Collective, ...] = (
 assert all(c.code == i for i, c in enumerate(COLLECTIVES))
 
 FUNCS: tuple[str, ...] = tuple(c.name for c in COLLECTIVES)
-TUNER_FUNCS: tuple[str, ...] = tuple(c.tuner_token for c in sorted(
-    (c for c in COLLECTIVES if c.tuner_index is not None), key=lambda c: c.tuner_index))
+_TUNABLE = sorted((c for c in COLLECTIVES if c.tuner_index is not None), key=lambda c: c.tuner_index or 0)
+TUNER_FUNCS: tuple[str, ...] = tuple(str(c.tuner_token) for c in _TUNABLE)
 COST_FUNCS: tuple[str, ...] = tuple(c.name for c in sorted(
-    (c for c in COLLECTIVES if c.cost_index is not None), key=lambda c: c.cost_index))
+    (c for c in COLLECTIVES if c.cost_index is not None), key=lambda c: c.cost_index or 0))
 P2P_FUNCS: tuple[str, ...] = tuple(c.name for c in COLLECTIVES if c.p2p)
 FULL_BUFFER_FUNCS: tuple[str, ...] = tuple(c.name for c in COLLECTIVES if c.full_buffer)
-assert [c.tuner_index for c in sorted((c for c in COLLECTIVES if c.tuner_index is not None),
-                                      key=lambda c: c.tuner_index)] == list(range(len(TUNER_FUNCS)))
+assert [c.tuner_index for c in _TUNABLE] == list(range(len(TUNER_FUNCS)))
 
 # NCCL_ALGO_* / NCCL_PROTO_* order: the same index on the wire, in the tuner file and in the cost table.
 ALGOS: tuple[str, ...] = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")

@@ -49,8 +49,11 @@ class AgreementError(RuntimeError):
 
 
 class _Control(Protocol):
-    staged_version: int
-    applied_version: int
+    @property
+    def staged_version(self) -> int: ...
+
+    @property
+    def applied_version(self) -> int: ...
 
     def prepare_version(self, version: int) -> bool: ...
 

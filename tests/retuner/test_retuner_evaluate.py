@@ -78,6 +78,8 @@ def test_cli_evaluate_quick_last_line():
                      r"beats_tune_once=(\d+)/(\d+) mismatches=(\d+) collectives_to_5pct_median=(\d+)", last)
     assert m, last
     assert int(m.group(5)) == 0 and int(m.group(3)) == int(m.group(4)) == 3
+    # floors on the quick subset (0.824 of the oracle's gain, worst stationary slowdown 0.2 % at the defaults)
+    assert float(m.group(1)) >= 0.75 and float(m.group(2)) <= 0.01, last
 
 
 def test_cli_evaluate_policy_override_is_validated_before_running():
