@@ -20,7 +20,7 @@ def test_fast_demo_shows_the_whole_loop(tmp_path, built_plugins):
     _check(run_demo(tmp_path / "run", 0, torch=False), torch=False)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("torch", [True, False], ids=["torch", "no-torch"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fast_demo_shows_the_whole_loop_for_every_seed(tmp_path, built_plugins, seed, torch):

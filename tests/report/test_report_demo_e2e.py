@@ -12,7 +12,7 @@ import pytest
 from report_browser import Browser, chromium_path
 from report_helpers import read_tables
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def _cli(*args, timeout=600) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from promql_names import dashboard_queries  # noqa: E402
 
 from loop_helpers import ROOT, Loop, query, substitute  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 #: measured onset → webhook on a shared 2-core VM: 6.6-7.9 s (1 s scrape/evaluation, group_wait 2 s); the bound
 #: leaves room for a loaded machine. With the shipped 5 s intervals add ~8 s (see docs/monitoring.md).

@@ -26,7 +26,7 @@ from promql_names import dashboard_queries  # noqa: E402
 
 from loop_helpers import DEPLOY, ROOT, free_port, query, stop_job, substitute, wait_http  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 COMMIT_TIMEOUT_S = 90.0
 

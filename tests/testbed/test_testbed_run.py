@@ -25,7 +25,7 @@ QUIET_STALLS = 0.02   # measured: 0-0.9 % on a quiet machine (load < 1), 3-7 % a
 LINE = re.compile(r"^changes=(\d+) detected=(\d+) false_alarms=(\d+) max_delay_s=(\S+) localised=(\d+)/(\d+)$")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_ci_scenario_end_to_end(tmp_path):
     require_testbed()
     t0 = time.monotonic()
