@@ -58,7 +58,8 @@ def write(out_dir: Path = GENERATED_DIR) -> list[Path]:
     return paths
 
 
-def stale(out_dir: Path = GENERATED_DIR) -> list[str]:
-    """Names whose committed text differs from what would be generated."""
-    return [n for n, text in generated().items()
+def stale(repo: Path = _REPO) -> list[str]:
+    """Names whose committed text (in the checkout ``repo``) differs from what would be generated."""
+    out_dir = repo / GENERATED_DIR.relative_to(_REPO)
+    return [n for n, text in generated(repo).items()
             if not (out_dir / n).is_file() or (out_dir / n).read_text() != text]

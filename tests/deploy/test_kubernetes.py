@@ -147,7 +147,7 @@ def test_services_are_the_rule_job_names_and_the_servicemonitor_selects_them(ren
 
 def test_generated_files_are_current_and_the_rules_pass_promtool(rendered, tmp_path):
     from dynamiccl import kube
-    assert kube.stale() == [], "run `dynamiccl stack kube` and commit deploy/kubernetes/base/generated/"
+    assert kube.stale(ROOT) == [], "run `dynamiccl stack kube` and commit deploy/kubernetes/base/generated/"
     (rule,) = _by_kind(rendered["base"], "PrometheusRule")
     groups = {g["name"] for g in rule["spec"]["groups"]}
     assert groups == {"dynamiccl-alerts", "dynamiccl-recording"}
