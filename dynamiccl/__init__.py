@@ -1,4 +1,6 @@
 """DynamICCL: observability and anomaly-triggered retuning for NCCL collectives."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from dynamiccl.contracts.version import __version__
+
+__all__ = ["__version__"]

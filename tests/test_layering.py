@@ -49,7 +49,7 @@ ALLOWED = {
     "contracts": {"contracts"},
     "plugins": {"contracts", "plugins"},
     "nccl_model": {"contracts", "nccl_model"},
-    "meta": {"meta"},
+    "meta": {"meta", "contracts"},
     "collector": {"contracts", "plugins", "collector"},
     "detector": {"contracts", "plugins", "collector", "detector"},
     "retuner": {"contracts", "plugins", "nccl_model", "collector", "detector", "retuner"},
@@ -63,9 +63,6 @@ ALLOWED = {
 KNOWN = {
     # detector: the service's Grafana annotations come from the views layer (dynamiccl.dashboards.grafana_push)
     ("dynamiccl.detector.runner", "dynamiccl.dashboards.grafana_push"),
-    # collector: the pipeline stamps its version from the top-level package (a package cycle: dynamiccl's
-    # CLI imports the collector); the version belongs in the contracts or importlib.metadata
-    ("dynamiccl.collector.pipeline", "dynamiccl"),
     # the stack builds each service's command line with the CLI's own parser
     ("dynamiccl.stack", "dynamiccl.cli"),
 }

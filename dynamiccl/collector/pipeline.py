@@ -30,6 +30,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
+from dynamiccl.contracts.version import __version__
 from dynamiccl.collector.component import Fanout, QueuedConsumer, RecordBatch
 from dynamiccl.collector.config import CollectorConfig, default_config
 from dynamiccl.collector.exporters.feature_stream import FeatureStream, Subscription
@@ -48,11 +49,7 @@ log = logging.getLogger(__name__)
 
 
 def _version() -> str:
-    try:
-        from dynamiccl import __version__
-        return __version__
-    except Exception:  # pragma: no cover
-        return "0"
+    return __version__
 
 
 class Pipeline:
