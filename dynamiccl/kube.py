@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.rules import dump, prometheus_rule
 
 __all__ = ["GENERATED_DIR", "SIDECAR_LABEL", "FOLDER_ANNOTATION", "generated", "write", "stale"]
@@ -51,9 +52,7 @@ def write(out_dir: Path = GENERATED_DIR) -> list[Path]:
     paths = []
     for name, text in generated().items():
         p = out_dir / name
-        tmp = p.with_name(f".{name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(p)
+        atomic_write(p, text)
         paths.append(p)
     return paths
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from dynamiccl.contracts.atomic import atomic_write
+
 __all__ = ["RUNBOOK_PREFIX", "GRAFANA_PREFIX", "rebase", "render_rule_files", "prometheus_rule",
            "PROMETHEUSRULE_HEADER", "dump"]
 
@@ -84,10 +86,7 @@ def render_rule_files(rules_dir: Path, out_dir: Path, **urls: str | None) -> lis
     for src in _sources(rules_dir):
         doc = rebase(yaml.safe_load(src.read_text()), **urls)
         dst = out_dir / src.name
-        tmp = dst.with_name(f".{dst.name}.tmp")
-        tmp.write_text(f"# rendered from {src.name}; edit the source, not this copy\n"
-                       + dump(doc))
-        tmp.replace(dst)
+        atomic_write(dst, f"# rendered from {src.name}; edit the source, not this copy\n" + dump(doc))
         written.append(dst)
     return written
 

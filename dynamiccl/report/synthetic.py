@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dynamiccl.contracts.atomic import atomic_write
+
 __all__ = ["write_run", "COMMS", "START_NS"]
 
 START_NS = 1_767_225_600 * 10**9  # 2026-01-01 00:00:00 UTC
@@ -163,10 +165,6 @@ def write_run(directory: str | os.PathLike, *, records: int, seed: int = 0, rate
     exp.shutdown()
     if truth:
         path = directory.parent / "truth.jsonl"
-        tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for row in truth_rows(duration_s, start_ns):
-                fh.write(json.dumps(row) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, "".join(json.dumps(row) + "\n" for row in truth_rows(duration_s, start_ns)))
     return {"records": written, "duration_s": duration_s, "start_ns": start_ns, "job_id": JOB_ID,
             "files": exp.metrics.parquet_files}

@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from dynamiccl.contracts.atomic import atomic_write
+
 from .launch import KitError, Launch, build_plugins, plan_ranks, probe_gpu, run_launch
 
 __all__ = ["main", "build_parser", "make_spec", "register"]
@@ -99,9 +101,7 @@ def _launch_all(args, plan, spec, paths) -> list[Launch]:
     saved["launches"] = [{"name": la.name, "phases": la.phases, "plugins": la.plugins, "ok": la.ok,
                           "timed_out": la.timed_out, "returncodes": la.returncodes, "wall_s": la.wall_s,
                           "results": la.results, "stderr_tail": la.stderr_tail} for la in launches]
-    with open(os.path.join(paths["out"], "run.json.tmp"), "w") as f:
-        json.dump(saved, f)
-    os.replace(os.path.join(paths["out"], "run.json.tmp"), os.path.join(paths["out"], "run.json"))
+    atomic_write(os.path.join(paths["out"], "run.json"), json.dumps(saved))
     return launches
 
 

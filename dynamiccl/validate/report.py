@@ -4,18 +4,14 @@ from __future__ import annotations
 import json
 import os
 
+from dynamiccl.contracts.atomic import atomic_write
+
 from .checks import Check
 
 __all__ = ["write_reports", "render_md"]
 
 
-def _atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+_atomic = atomic_write
 
 
 def render_md(env: dict, checks: list[Check]) -> str:

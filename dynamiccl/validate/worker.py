@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from dynamiccl.contracts.atomic import atomic_write
+
 # torch functions by the name the profiler records them under
 # AlltoAll has its own phase, last: NCCL 2.28's kernels count a send/recv-to-self work item in the
 # per-channel profiler counter while the host does not, so every later KernelCh event on those
@@ -241,10 +243,7 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     marker = os.path.join(spec["out"], f"rank{rank}.{spec['launch']}.json")
     result = Rank(spec).run()
-    tmp = marker + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp, marker)
+    atomic_write(marker, json.dumps(result))
     return 0
 
 
