@@ -6,6 +6,8 @@ Layers, in data-flow order (a module may import its own layer and the ones liste
 * the plugins' Python side (``dynamiccl.nccl_profiler_plugin``, ``dynamiccl.nccl_tuner_plugin``: library paths, the tuner file
   format, the agreement hook) and ``dynamiccl.nccl_model`` (NCCL's topology and cost model) — libraries every
   stage may use; they import only the contracts.
+* ``dynamiccl.loop`` (window → detector → retuner in one order; duck-typed) — used by the retuner service, the
+  views, the harness and the CLI; it imports only the contracts.
 * the stages: ``dynamiccl.collector`` → ``.detector`` → ``.retuner`` → the views (``.report``, ``.dashboards``); a stage imports
   the ones before it, never one after it.
 * the harness (``dynamiccl.harness``: the simulator, the test bed; and the evaluation / simulated-feed / test-helper modules inside the
@@ -33,6 +35,7 @@ LAYER_OF = {
     "dynamiccl.collector": "collector", "dynamiccl.detector": "detector", "dynamiccl.retuner": "retuner",
     "dynamiccl.report": "views", "dynamiccl.dashboards": "views",
     "dynamiccl.harness": "harness",
+    "dynamiccl.loop": "loop",               # window -> detector -> retuner; duck-typed, imports no stage
     "dynamiccl.retuner.evaluation": "harness", "dynamiccl.detector.evaluate": "harness",
     "dynamiccl.detector.simfeed": "harness", "dynamiccl.detector.testing": "harness",
     "dynamiccl.collector.testing": "harness", "dynamiccl.report.synthetic": "harness",
@@ -44,16 +47,17 @@ LAYER_OF = {
                                              "nccl_profiler_plugin", "nccl_tuner_plugin", "harness.testbed",
                                              "harness.simulator")},
 }
-PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "collector", "detector", "retuner", "views")
+PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "loop", "collector", "detector", "retuner", "views")
 ALLOWED = {
     "contracts": {"contracts"},
     "plugins": {"contracts", "plugins"},
     "nccl_model": {"contracts", "nccl_model"},
     "meta": {"meta", "contracts"},
+    "loop": {"contracts", "loop"},
     "collector": {"contracts", "plugins", "collector"},
     "detector": {"contracts", "plugins", "collector", "detector"},
-    "retuner": {"contracts", "plugins", "nccl_model", "collector", "detector", "retuner"},
-    "views": {"contracts", "plugins", "nccl_model", "collector", "detector", "retuner", "views"},
+    "retuner": {"contracts", "plugins", "nccl_model", "loop", "collector", "detector", "retuner"},
+    "views": {"contracts", "plugins", "nccl_model", "loop", "collector", "detector", "retuner", "views"},
     "harness": set(PRODUCT) | {"harness"},
     "cli": set(PRODUCT) | {"harness", "cli"},
 }

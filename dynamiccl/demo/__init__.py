@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dynamiccl.loop import Loop
+
 log = logging.getLogger("dynamiccl.demo")
 
 DEFAULT_METRICS = "127.0.0.1:9464"
@@ -74,16 +76,16 @@ def _plugin_tuner(conf: Path):
 def run(args: argparse.Namespace) -> int:
     from dynamiccl.collector.config import default_config
     from dynamiccl.collector.pipeline import Pipeline
-    from dynamiccl.detector.config import DetectorConfig
-    from dynamiccl.detector.service import Detector
     from dynamiccl.demo.history import History
     from dynamiccl.demo.pacing import WindowPacer, pacing_lag_s
     from dynamiccl.demo.summary import analyse, print_summary
     from dynamiccl.demo.view import LiveView
-    from dynamiccl.retuner.agent import Retuner
-    from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.service import Detector
     from dynamiccl.harness.simulator.driver import SimulatedJob
     from dynamiccl.harness.simulator.workload import load as load_workload
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 
     out = _prepare_out(Path(args.out))
     sock_dir = tempfile.mkdtemp(prefix="dynamiccl-demo-")
@@ -126,22 +128,21 @@ def run(args: argparse.Namespace) -> int:
     changes_fh = open(out / "changes.jsonl", "w")
     history = None
 
+    def record(c) -> None:
+        state.changes.append(c)
+        history.mark_change(c)
+        changes_fh.write(c.to_json() + "\n")
+        changes_fh.flush()
+        log.info("regime change: %s at t=%.0f s (onset %.0f s) magnitude %.2f where %s",
+                 c.kind, c.detected_s - state.epoch_s, c.start_s - state.epoch_s, c.magnitude,
+                 ",".join(c.comm_names or c.comms)[:60] + (f" ranks {c.ranks[:3]}" if c.ranks else ""))
+
+    loop = Loop(detector, retuner, sinks=[record])
+
     def handle(wf) -> None:
         state.windows += 1
         history.add(wf)
-        for c in detector.process(wf):
-            state.changes.append(c)
-            history.mark_change(c)
-            changes_fh.write(c.to_json() + "\n")
-            changes_fh.flush()
-            log.info("regime change: %s at t=%.0f s (onset %.0f s) magnitude %.2f where %s",
-                     c.kind, c.detected_s - state.epoch_s, c.start_s - state.epoch_s, c.magnitude,
-                     ",".join(c.comm_names or c.comms)[:60] + (f" ranks {c.ranks[:3]}" if c.ranks else ""))
-            v = retuner.on_change(c)
-            if v is not None:
-                state.versions.append((wf.window_start - state.epoch_s, v))
-        v = retuner.on_window(wf)
-        if v is not None:
+        for v in loop.step(wf).versions:
             state.versions.append((wf.window_start - state.epoch_s, v))
         pacer.handled(wf.window_start - state.epoch_s + wf.window_s)
 

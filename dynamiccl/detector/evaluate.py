@@ -51,6 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dynamiccl.loop import Loop
+
 log = logging.getLogger("dynamiccl.detector.evaluate")
 
 MAGNITUDES = (1.05, 1.1, 1.25, 1.5, 2.0, 4.0)
@@ -311,6 +313,7 @@ def run_one(spec: RunSpec, config=None) -> dict:
     feed = SimFeed(wl, sc, seed=spec.seed, duration_s=spec.duration_s, realism=realism(**spec.realism),
                    job_id=spec.name)
     det = Detector(cfg)
+    loop = Loop(det)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     det_cpu = 0.0
@@ -318,7 +321,7 @@ def run_one(spec: RunSpec, config=None) -> dict:
     n_windows = 0
     for wf in feed.windows():
         c0 = time.process_time()
-        changes.extend(det.process(wf))
+        changes.extend(loop.step(wf).changes)
         det_cpu += time.process_time() - c0
         n_windows += 1
     epoch = feed.epoch_s
@@ -547,8 +550,8 @@ def run(args: argparse.Namespace) -> int:
     results = []
     with progress(len(suite), "detector evaluate", enabled=enabled_for(args)) as step:
         if args.jobs > 1:
-            from concurrent.futures import ProcessPoolExecutor
             import functools
+            from concurrent.futures import ProcessPoolExecutor
             with ProcessPoolExecutor(args.jobs) as ex:
                 for res in ex.map(functools.partial(run_one, config=cfg), suite):
                     results.append(res)

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import heapq
 import json
 import logging
 import os
 import sys
-import heapq
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.events import RegimeChange
-from dynamiccl.contracts.atomic import atomic_write
+from dynamiccl.loop import Loop
 
 __all__ = ["ReplayResult", "EventTimeMerge", "replay", "replay_main", "add_detector_args", "detector_config_from_args"]
 
@@ -195,18 +196,11 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
     if rt is not None:
         res.retuner = "dynamiccl.retuner.agent.Retuner (dry run)"
 
+    loop = Loop(det, rt, sinks=[res.changes.append] + ([on_change] if on_change is not None else []))
+
     def on_window(result) -> None:
         res.windows += 1
-        wf = result.features
-        changes = det.process(wf)
-        if rt is not None:
-            rt.on_window(wf)
-        for ch in changes:
-            res.changes.append(ch)
-            if rt is not None:
-                rt.on_change(ch)
-            if on_change is not None:
-                on_change(ch)
+        loop.step(result.features)
 
     wcfg = WindowConfig(window_s=window_s, allowed_lateness_s=lateness_s)
     agg = WindowAggregator(wcfg, next_consumer=FuncConsumer(on_window), metrics=metrics)

@@ -4,7 +4,9 @@ Two reader threads subscribe to the detector's regime-change stream (NDJSON, one
 :class:`dynamiccl.detector.events.RegimeChange` per line) and the collector's feature stream (NDJSON windows); each
 reconnects with exponential backoff (0.5 s → 30 s) when its peer is down. They put what they read on one
 bounded queue (``queue_max`` items: a full queue drops the oldest *window* — never a regime change — and
-counts it, ``reason="queue_full"``); one worker thread hands items to the :class:`~dynamiccl.retuner.agent.Retuner`.
+counts it, ``reason="queue_full"``); one worker thread hands items to the :class:`~dynamiccl.retuner.agent.Retuner`
+in the loop's order (:class:`dynamiccl.loop.ChangeOrder`: a change after the window it was detected in, as an
+in-process run or a replay hands them over), so the service decides as a replay of the same records does.
 ``/metrics`` is served on ``RetunerConfig.metrics``. Nothing after start-up is fatal: bad lines are counted
 and skipped, a dead peer is retried, a failed write leaves the plugin on its last good config.
 Inputs pass :class:`~dynamiccl.retuner.inputs.InputGate` first: applying acts only on allow-listed jobs
@@ -23,6 +25,8 @@ from typing import Callable
 from prometheus_client import CollectorRegistry
 
 from dynamiccl.contracts.lines import socket_lines
+from dynamiccl.detector.events import RegimeChange
+from dynamiccl.loop import ChangeOrder
 from dynamiccl.retuner.agent import Retuner
 from dynamiccl.retuner.config import RetunerConfig
 from dynamiccl.retuner.inputs import InputGate
@@ -45,6 +49,8 @@ class RetunerService:
                               allow_unauthenticated=cfg.allow_unauthenticated or cfg.dry_run,
                               metrics=self.retuner.metrics)
         self.queue_max = queue_max
+        # without a feature stream there is no window to wait for: changes pass at once
+        self.order = ChangeOrder(clock=time.monotonic) if cfg.features else None
         self._q: deque = deque()
         self._cv = threading.Condition()
         self._stop = threading.Event()
@@ -56,8 +62,9 @@ class RetunerService:
     # ---- lifecycle ----
     def start(self) -> "RetunerService":
         if self.cfg.metrics:
-            from dynamiccl.collector.config import parse_host_port
             from prometheus_client import start_http_server
+
+            from dynamiccl.collector.config import parse_host_port
             from dynamiccl.detector.metrics import export_process_metrics
             host, port = parse_host_port(self.cfg.metrics, key="metrics")
             export_process_metrics(self.registry)
@@ -110,16 +117,35 @@ class RetunerService:
         while not self._stop.is_set():
             with self._cv:
                 self._cv.wait_for(lambda: self._q or self._stop.is_set(), timeout=1.0)
-                if not self._q:
-                    continue
-                kind, item = self._q.popleft()
-            try:
-                if kind == "change":
-                    self.retuner.on_change(item)
-                else:
-                    self.retuner.on_window(item)
-            except Exception:           # the Retuner already never raises; belt and braces for the service
-                log.exception("retuner worker: %s dropped", kind)
+                item = self._q.popleft() if self._q else None
+            ready = self._ordered(*item) if item is not None else []
+            if self.order is not None:
+                ready += self.order.due()
+            for kind, x in ready:
+                self._hand(kind, x)
+        if self.order is not None:
+            for kind, x in self.order.flush():
+                self._hand(kind, x)
+
+    def _ordered(self, kind: str, item) -> list[tuple[str, object]]:
+        if self.order is None:
+            return [(kind, item)]
+        if kind == "window":
+            return self.order.window(item)
+        try:
+            rc = item if isinstance(item, RegimeChange) else RegimeChange.from_json(item)
+        except (ValueError, TypeError, KeyError):
+            return [(kind, item)]       # Retuner.on_change counts it as malformed
+        return self.order.change(rc)
+
+    def _hand(self, kind: str, item) -> None:
+        try:
+            if kind == "change":
+                self.retuner.on_change(item)
+            else:
+                self.retuner.on_window(item)
+        except Exception:           # the Retuner already never raises; belt and braces for the service
+            log.exception("retuner worker: %s dropped", kind)
 
     # ---- readers ----
     def _reader(self, name: str, addr: str, fn) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dynamiccl.loop import Loop
+
 from .checks import Check
 
 __all__ = ["check_detection", "WINDOW_S", "WARMUP_WINDOWS"]
@@ -26,8 +28,9 @@ def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]
 
     det = make_detector(DetectorConfig(warmup=WARMUP_WINDOWS))
     changes: list = []
+    loop = Loop(det, sinks=[changes.append])
     agg = WindowAggregator(WindowConfig(window_s=WINDOW_S, allowed_lateness_s=30.0),
-                           next_consumer=FuncConsumer(lambda r: changes.extend(det.process(r.features))))
+                           next_consumer=FuncConsumer(lambda r: loop.step(r.features)))
     ev = events[valid_mask(events)]
     ev = ev[np.argsort(event_time_ns(ev), kind="stable")]
     for lo in range(0, len(ev), 4096):          # time-ordered slices, one batch per process each

@@ -175,20 +175,16 @@ class Loop:
         return self
 
     def _detect(self) -> None:
+        from dynamiccl.loop import Loop
+        loop = Loop(self.detector, self.retuner, sinks=[lambda c: self.changes.append((time.time(), c))])
         while not self.stop.is_set():
             wf = self.sub.get(timeout=0.5)
             if wf is None:
                 continue
-            changes = self.detector.process(wf)
-            for c in changes:
-                self.changes.append((time.time(), c))
-            if self.retuner is not None:
-                try:
-                    for c in changes:
-                        self.retuner.on_change(c)
-                    self.retuner.on_window(wf)
-                except Exception as exc:   # the retuner is not under test here; keep the loop going
-                    self.retuner_error = exc
+            try:
+                loop.step(wf)
+            except Exception as exc:   # the retuner is not under test here; keep the loop going
+                self.retuner_error = exc
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         logf = open(self.tmp / f"{name}.log", "wb")

@@ -30,6 +30,8 @@ import math
 import sys
 from pathlib import Path
 
+from dynamiccl.loop import Loop
+
 __all__ = ["load_windows", "decompose", "replay", "machine_noise", "main"]
 
 
@@ -201,10 +203,10 @@ def replay(run_dir: Path, **overrides):
                if wf.window_start >= detect_from and wf.window_start + wf.window_s <= detect_until]
     clock = {"now": 0.0}
     det = LiveDetector(windows[0][0].window_s if windows else 0.5, clock=lambda: clock["now"], **overrides)
-    detections = []
+    detections, loop = [], Loop(det)
     for wf, received in windows:
         clock["now"] = received
-        detections += det.process(wf)
+        detections += loop.step(wf).changes
     return score(_truth(Path(run_dir)), detections)
 
 

@@ -34,6 +34,7 @@ from dynamiccl.harness.testbed.controller import BulkClient, Controller, TruthEv
 from dynamiccl.harness.testbed.netns import Topology, check_available
 from dynamiccl.harness.testbed.scenario import Scenario
 from dynamiccl.harness.testbed.score import Detection, Score, score
+from dynamiccl.loop import Loop
 
 __all__ = ["Run", "RunResult", "Interrupted", "run_scenario"]
 
@@ -80,6 +81,7 @@ class Run:
         self.pipeline = None
         self.sub = None
         self.detector = None
+        self.loop: Loop | None = None
         self.controller: Controller | None = None
         self.bulk: BulkClient | None = None
         self.detections: list[Detection] = []
@@ -98,7 +100,6 @@ class Run:
     def start(self) -> "Run":
         from dynamiccl.collector.config import default_config
         from dynamiccl.collector.pipeline import Pipeline
-
         from dynamiccl.harness.testbed.detect import LiveDetector
 
         s, topo = self.scenario, self.topology
@@ -116,6 +117,7 @@ class Run:
         self.pipeline = Pipeline(cfg).start()
         self.sub = self.pipeline.subscribe(max_queue=256)
         self.detector = LiveDetector(s.window_s, **self.detector_overrides)
+        self.loop = Loop(self.detector)
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         py = sys.executable
@@ -194,7 +196,7 @@ class Run:
             self._saved.append((wf, time.time()))
         if wf.window_start < self.detect_from or wf.window_start + wf.window_s > self.detect_until:
             return
-        for d in self.detector.process(wf):
+        for d in self.loop.step(wf).changes:
             self.detections.append(d)
             if self._t0 is not None:
                 where = f" ranks={d.ranks}" if d.ranks else ""
