@@ -167,3 +167,69 @@ def test_replay_empty_directory(tmp_path, capsys):
     assert main(["replay", str(tmp_path)]) == 2
     assert "no readable parquet part files" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "nope")]) == 2
+
+
+def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
+    """The same records give the same regime changes and the same retuner decisions (dry run) in a replay,
+    in a live in-process loop fed as the collector feeds it, and in the split services' arrangement (the
+    retuner receives windows and changes on two streams, the changes out of step; the service's
+    ChangeOrder puts them back in the loop's order)."""
+    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.config import WindowConfig
+    from dynamiccl.collector.processors.window_agg import WindowAggregator
+    from dynamiccl.collector.wire_format import TimingSource
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.loop import ChangeOrder, Loop
+    from dynamiccl.report.synthetic import COMMS, JOB_ID, RANKS_PER_HOST
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import RetunerConfig
+    from report_helpers import part_files, raw_events
+
+    d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
+    cfg = DetectorConfig(warmup=20, autoencoder=False)
+    rep = replay(d, cfg, retuner=True, detector="service")
+
+    # live: the collector's aggregation fed per host every 100 ms of event time, through the one loop
+    live_rt, windows, live = Retuner(RetunerConfig(dry_run=True)), [], []
+    loop = Loop(Detector(cfg), live_rt, sinks=[live.append])
+
+    def on_window(r):
+        windows.append(r.features)
+        loop.step(r.features)
+
+    agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0), next_consumer=FuncConsumer(on_window))
+    ev = raw_events(part_files(d))
+    t = np.where(ev["timing_source"] == TimingSource.KERNEL_GPU, ev["gpu_start_ns"], ev["enqueue_ns"])
+    ev, t = ev[np.argsort(t, kind="stable")], np.sort(t)
+    names = {c.comm_hash: c.name for c in COMMS}
+    host = (ev["pid"] - 1000 >= RANKS_PER_HOST).astype(int)
+    sec = (t // 10**8).astype(np.int64)
+    for s in np.unique(sec):
+        for h in (0, 1):
+            m = (sec == s) & (host == h)
+            if m.any():
+                agg.consume(RecordBatch(ev[m], f"node{h}", JOB_ID, names))
+    agg.shutdown()
+
+    # split: the detector's changes reach the retuner up to two windows early (a detector ahead of the
+    # retuner's feature reader), the windows in order; ChangeOrder restores the loop's order
+    split_rt, order = Retuner(RetunerConfig(dry_run=True)), ChangeOrder()
+    pending = list(live)
+    for i, wf in enumerate(windows):
+        ahead = wf.window_start + wf.window_s + 2.0
+        while pending and pending[0].detected_s <= ahead:
+            for kind, x in order.change(pending.pop(0)):
+                split_rt.on_change(x)
+        for kind, x in order.window(wf):
+            (split_rt.on_window if kind == "window" else split_rt.on_change)(x)
+
+    key = lambda c: (c.kind, c.start_s, c.detected_s, c.comm_names, c.ranks)  # noqa: E731
+    def decision(a: dict) -> dict:   # ts is the wall clock; floats to 9 digits (sums in another order)
+        r = lambda v: float(f"{v:.9g}") if isinstance(v, float) else v  # noqa: E731
+        return {k: ({kk: r(vv) for kk, vv in v.items()} if isinstance(v, dict) else r(v))
+                for k, v in a.items() if k != "ts"}
+
+    assert live and [key(c) for c in rep.changes] == [key(c) for c in live]
+    assert rep.decisions, "the retuner decided nothing: the comparison would be empty"
+    assert [decision(a) for a in rep.decisions] == [decision(a) for a in live_rt.audit.recent]
+    assert [decision(a) for a in split_rt.audit.recent] == [decision(a) for a in live_rt.audit.recent]
