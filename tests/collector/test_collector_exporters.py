@@ -177,11 +177,12 @@ def test_feature_stream_refuses_beyond_max_subscribers_and_evicts_a_stalled_clie
     try:
         a, b, c = (socket.create_connection((host, int(port))) for _ in range(3))
         assert wait_until(lambda: m.refusals["subscriber_limit"] == 1)
-        with fs._lock:  # the first client has left a window unread for a while
-            first = next(iter(fs._clients.values()))
+        server = fs._server
+        with server._lock:  # the first client has left a window unread for a while
+            first = next(iter(server._clients.values()))
             first.backlog_since = 0.0
         d = socket.create_connection((host, int(port)))
-        assert wait_until(lambda: m.refusals["subscriber_stalled"] == 1 and len(fs._clients) == 2)
+        assert wait_until(lambda: m.refusals["subscriber_stalled"] == 1 and server.n_clients == 2)
         for s in (a, b, c, d):
             s.close()
     finally:
