@@ -18,7 +18,7 @@ from dynamiccl.collector.wire_format import (
     RECORD_SIZE, STATS_DTYPE, VERSION, Kind,
 )
 
-__all__ = ["StreamDecoder", "ProtocolError", "DecodeResult", "GapTracker", "decode_str"]
+__all__ = ["StreamDecoder", "split_frames", "ProtocolError", "DecodeResult", "GapTracker", "decode_str"]
 
 _HEADER = struct.Struct("<IHHII")
 HEADER_SIZE = HEADER_DTYPE.itemsize
@@ -82,6 +82,39 @@ class GapTracker:
         return lost, int(pos.sum())
 
 
+def split_frames(buf: memoryview | bytes, max_records: int = MAX_RECORDS_PER_FRAME) -> tuple[np.ndarray | None, int]:
+    """The records of every complete frame at the start of ``buf`` (one array, EVENT_DTYPE-shaped
+    128-byte records of any kind, a copy) and the bytes those frames use; (None, used) when they hold no
+    record. A partial frame stays unconsumed. The one frame parser: the collector's decoder and the
+    simulator's sink both call it.
+
+    Raises ProtocolError for a bad header (magic, version, record size, count)."""
+    pos, end = 0, len(buf)
+    spans: list[tuple[int, int]] = []
+    while end - pos >= HEADER_SIZE:
+        magic, version, rsize, count, _flags = _HEADER.unpack_from(buf, pos)
+        if magic != MAGIC:
+            raise ProtocolError("bad_magic", f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
+        if version != VERSION:
+            raise ProtocolError("bad_version", f"unsupported wire version {version} (expected {VERSION})")
+        if rsize != RECORD_SIZE:
+            raise ProtocolError("bad_record_size", f"record size {rsize} (expected {RECORD_SIZE})")
+        if count > max_records:
+            raise ProtocolError("too_many_records", f"frame of {count} records (max {max_records})")
+        size = HEADER_SIZE + count * RECORD_SIZE
+        if end - pos < size:
+            break
+        if count:
+            spans.append((pos + HEADER_SIZE, count))
+        pos += size
+    if not spans:
+        return None, pos
+    if len(spans) == 1:
+        off, cnt = spans[0]
+        return np.frombuffer(buf, EVENT_DTYPE, cnt, off).copy(), pos
+    return np.concatenate([np.frombuffer(buf, EVENT_DTYPE, cnt, off) for off, cnt in spans]), pos
+
+
 class StreamDecoder:
     """Per-connection decoder. Raises :class:`ProtocolError` on bad input."""
 
@@ -101,32 +134,9 @@ class StreamDecoder:
         """Decode every complete frame at the start of ``buf``; a partial frame stays unconsumed.
 
         Raises ProtocolError for a bad header (magic, version, record size, count)."""
-        pos, end = 0, len(buf)
-        spans: list[tuple[int, int]] = []
-        while end - pos >= HEADER_SIZE:
-            magic, version, rsize, count, _flags = _HEADER.unpack_from(buf, pos)
-            if magic != MAGIC:
-                raise ProtocolError("bad_magic", f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})")
-            if version != VERSION:
-                raise ProtocolError("bad_version", f"unsupported wire version {version} (expected {VERSION})")
-            if rsize != RECORD_SIZE:
-                raise ProtocolError("bad_record_size", f"record size {rsize} (expected {RECORD_SIZE})")
-            if count > self.max_records:
-                raise ProtocolError("too_many_records",
-                                    f"frame of {count} records (max {self.max_records})")
-            size = HEADER_SIZE + count * RECORD_SIZE
-            if end - pos < size:
-                break
-            if count:
-                spans.append((pos + HEADER_SIZE, count))
-            pos += size
-        if not spans:
+        rec, pos = split_frames(buf, self.max_records)
+        if rec is None:
             return DecodeResult(None, pos, 0)
-        if len(spans) == 1:
-            off, cnt = spans[0]
-            rec = np.frombuffer(buf, EVENT_DTYPE, cnt, off).copy()
-        else:
-            rec = np.concatenate([np.frombuffer(buf, EVENT_DTYPE, cnt, off) for off, cnt in spans])
         return self._records(rec, pos)
 
     def _records(self, rec: np.ndarray, consumed: int) -> DecodeResult:

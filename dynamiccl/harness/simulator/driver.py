@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -477,7 +476,7 @@ class WireSink:
         self._raw: list[np.ndarray] = []
         self._hosts: dict[int, str] = {}
         self.count = 0
-        self.frames = 0
+        self.reads = 0          # reads that completed at least one frame with records
         self.bad_frames = 0
         self._lock = threading.Lock()
         if addr.startswith("unix:"):
@@ -513,6 +512,7 @@ class WireSink:
             self._threads.append(t)
 
     def _read(self, conn: Any) -> None:
+        from dynamiccl.collector.decode import ProtocolError, split_frames
         wf = self._wf
         buf = bytearray()
         while True:
@@ -523,26 +523,22 @@ class WireSink:
             if not chunk:
                 return
             buf += chunk
-            pos = 0
-            while len(buf) - pos >= 16:
-                magic, _version, rsize, n, _flags = struct.unpack_from("<IHHII", buf, pos)
-                if magic != wf.MAGIC or rsize != wf.RECORD_SIZE or n > wf.MAX_RECORDS_PER_FRAME:
-                    with self._lock:
-                        self.bad_frames += 1
-                    return
-                need = 16 + n * wf.RECORD_SIZE
-                if len(buf) - pos < need:
-                    break
-                raw = np.frombuffer(bytes(buf[pos + 16:pos + need]), dtype=np.uint8).reshape(n, wf.RECORD_SIZE)
+            try:
+                rec, used = split_frames(buf)
+            except ProtocolError:
+                with self._lock:
+                    self.bad_frames += 1
+                return
+            if rec is not None:
+                raw = rec.view(np.uint8).reshape(len(rec), wf.RECORD_SIZE)
                 kinds = raw[:, 0]
                 n_ev = int(np.count_nonzero((kinds == wf.Kind.COLL) | (kinds == wf.Kind.P2P)))
                 with self._lock:
-                    self.frames += 1
+                    self.reads += 1
                     self.count += n_ev
-                    if self.keep or n_ev < n:
+                    if self.keep or n_ev < len(rec):
                         self._raw.append(raw if self.keep else raw[(kinds != wf.Kind.COLL) & (kinds != wf.Kind.P2P)])
-                pos += need
-            del buf[:pos]
+            del buf[:used]
 
     def _all(self) -> np.ndarray:
         with self._lock:
