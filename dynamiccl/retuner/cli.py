@@ -23,8 +23,8 @@ log = logging.getLogger("retuner")
 
 
 def register(subparsers) -> None:
-    from dynamiccl.retuner.config import DEFAULT_AUDIT, DEFAULT_CHANGES, DEFAULT_FEATURES, DEFAULT_METRICS
     from dynamiccl.nccl_tuner_plugin.config import DEFAULT_PATH
+    from dynamiccl.retuner.config import DEFAULT_AUDIT, DEFAULT_CHANGES, DEFAULT_FEATURES, DEFAULT_METRICS
     p = subparsers.add_parser("retuner", help="retune NCCL from regime changes (service) or evaluate it (simulator)",
                               description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="retuner_command", metavar="ACTION")
@@ -139,6 +139,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     rcfg = None
     if args.policy:
         import yaml
+
         from dynamiccl.retuner.config import RetunerConfig
         over = {}
         for kv in args.policy:
@@ -148,6 +149,7 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
                 return 2
             over[k.strip()] = yaml.safe_load(v)
         import dataclasses
+
         from dynamiccl.retuner.config import PolicyConfig
         bad = sorted(set(over) - {f.name for f in dataclasses.fields(PolicyConfig)})
         if bad:

@@ -29,13 +29,13 @@ import numpy as np
 from dynamiccl.collector.wire_format import ALGOS as WIRE_ALGOS
 from dynamiccl.collector.wire_format import FUNCS as WIRE_FUNCS
 from dynamiccl.collector.wire_format import PROTOS as WIRE_PROTOS
+from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
+from dynamiccl.harness.simulator.engine import Engine
 from dynamiccl.retuner.agent import Retuner
 from dynamiccl.retuner.config import RetunerConfig
 from dynamiccl.retuner.evaluation.sim_tuner import RuleTuner, make_file_tuner, make_rank_tuners
 from dynamiccl.retuner.evaluation.truth import Truth
 from dynamiccl.retuner.types import Observation, Target
-from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
-from dynamiccl.harness.simulator.engine import Engine
 
 __all__ = ["RunResult", "run", "POLICIES"]
 

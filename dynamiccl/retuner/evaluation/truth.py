@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from dynamiccl.detector.events import RegimeChange
-from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig
-from dynamiccl.retuner.model import sub_topology
 from dynamiccl.harness.simulator.cost_model import ALGOS, NVLS, NVLS_TREE, PROTOS, NcclModel
 from dynamiccl.harness.simulator.perf_model import NetworkState, expected_time
 from dynamiccl.harness.simulator.scenario import Scenario
 from dynamiccl.harness.simulator.workload import Comm, Workload
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig
+from dynamiccl.retuner.model import sub_topology
 
 __all__ = ["Op", "Truth", "CHANNEL_GRID", "KIND_OF"]
 
