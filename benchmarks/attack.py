@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events  # noqa: E402
+from dynamiccl.harness.collector_testing import encode_frame, encode_frames, process_record, synthetic_events  # noqa: E402
 from dynamiccl.collector.wire_format import EVENT_DTYPE  # noqa: E402
 
 LEGIT_JOB, LEGIT_COMM = "legit-job", 0x1E61_0000_0000_0001

@@ -32,7 +32,7 @@ RATE_FLOOR = 0.95  # achieved / target rate below this fails the run
 
 def sender(path: str, rate: float, duration: float, ranks: int, frame: int, seed: int, q,
            paced: bool = True) -> None:
-    from dynamiccl.collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
+    from dynamiccl.harness.collector_testing import advance, encode_frame, encode_frames, process_record, synthetic_events
     tick = 0.01
     per_tick = int(rate * tick)
     inst_per_tick = max(1, per_tick // ranks)

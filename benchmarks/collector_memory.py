@@ -39,7 +39,7 @@ def main() -> int:
     from dynamiccl.collector.config import default_config
     from dynamiccl.collector.decode import StreamDecoder
     from dynamiccl.collector.pipeline import Pipeline
-    from dynamiccl.collector.testing import advance, encode_frame, encode_frames, process_record, synthetic_events
+    from dynamiccl.harness.collector_testing import advance, encode_frame, encode_frames, process_record, synthetic_events
 
     rss_import = rss_mb()
     inst = args.rate // args.ranks

@@ -84,7 +84,7 @@ class LegacyExporter:
 
 def make_batches(records: int, ranks: int, frame: int, seed: int):
     from dynamiccl.collector.component import RecordBatch
-    from dynamiccl.collector.testing import advance, synthetic_events
+    from dynamiccl.harness.collector_testing import advance, synthetic_events
     tick = 0.01
     per_tick = 5000  # 500,000 records/s in 10 ms ticks, as collector_e2e.py sends them
     inst = per_tick // ranks

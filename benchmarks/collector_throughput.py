@@ -29,7 +29,7 @@ from dynamiccl.collector.config import WindowConfig  # noqa: E402
 from dynamiccl.collector.decode import StreamDecoder  # noqa: E402
 from dynamiccl.collector.metrics import SelfMetrics  # noqa: E402
 from dynamiccl.collector.processors.window_agg import WindowAggregator  # noqa: E402
-from dynamiccl.collector.testing import (NopConsumer, encode_frame, encode_frames, process_record,  # noqa: E402
+from dynamiccl.harness.collector_testing import (NopConsumer, encode_frame, encode_frames, process_record,  # noqa: E402
                                synthetic_events)
 from dynamiccl.collector.wire_format import EVENT_DTYPE  # noqa: E402
 

@@ -1,7 +1,7 @@
 """`dynamiccl report` at scale: time and peak memory to reduce a generated recorded run and write
 the HTML report, against a plain polars scan of the same columns in the same process.
 
-The run is generated (seeded) by ``dynamiccl.report.synthetic.write_run`` through the collector's own
+The run is generated (seeded) by ``dynamiccl.harness.synthetic_run.write_run`` through the collector's own
 parquet exporter: 16 ranks on 2 hosts, 11 communicators, zstd part files of 1 M rows, at
 10,000 records/s of event time (100 M records ≈ 2.8 hours). Generation is not timed; pass
 ``--data DIR`` to keep and reuse it (a manifest records the parameters).
@@ -61,10 +61,10 @@ class Sampler:
 
 
 def generate(directory: str, records: int, seed: int) -> dict:
-    from dynamiccl.report.synthetic import write_run
+    from dynamiccl.harness.synthetic_run import write_run
 
     manifest = os.path.join(directory, "manifest.json")
-    want = {"records": records, "seed": seed, "generator": "dynamiccl.report.synthetic.write_run v3"}
+    want = {"records": records, "seed": seed, "generator": "dynamiccl.harness.synthetic_run.write_run v3"}
     if os.path.exists(manifest):
         with open(manifest) as f:
             have = json.load(f)

@@ -10,8 +10,7 @@ Layers, in data-flow order (a module may import its own layer and the ones liste
   views, the harness and the CLI; it imports only the contracts.
 * the stages: ``dynamiccl.collector`` → ``.detector`` → ``.retuner`` → the views (``.report``, ``.dashboards``); a stage imports
   the ones before it, never one after it.
-* the harness (``dynamiccl.harness``: the simulator, the test bed; and the evaluation / simulated-feed / test-helper modules inside the
-  stages) may import every product layer; no product module imports it.
+* the harness (``dynamiccl.harness``: the simulator, the test bed, the evaluations, simulated feeds and test helpers) may import every product layer; no product module imports it.
 * the CLI (``dynamiccl.cli`` and the role modules it registers) may import everything; nothing imports
   ``dynamiccl.cli`` (``python -m dynamiccl`` excepted) and no product or harness module imports a CLI module.
 
@@ -36,9 +35,6 @@ LAYER_OF = {
     "dynamiccl.report": "views", "dynamiccl.dashboards": "views",
     "dynamiccl.harness": "harness",
     "dynamiccl.loop": "loop",               # window -> detector -> retuner; duck-typed, imports no stage
-    "dynamiccl.retuner.evaluation": "harness", "dynamiccl.detector.evaluate": "harness",
-    "dynamiccl.detector.simfeed": "harness", "dynamiccl.detector.testing": "harness",
-    "dynamiccl.collector.testing": "harness", "dynamiccl.report.synthetic": "harness",
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
     "dynamiccl.plugins": "cli", "dynamiccl.stack_cli": "cli", "dynamiccl.settings": "cli",
@@ -136,7 +132,7 @@ def test_the_walker_sees_imports_lazy_and_relative():
     assert "dynamiccl.detector.events" in deps            # a lazy import inside a method
     state = imports("dynamiccl.retuner.state", known["dynamiccl.retuner.state"], known)
     assert "dynamiccl.contracts.collectives" in state and "dynamiccl.nccl_tuner_plugin.config" in state
-    assert layer("dynamiccl.retuner.evaluation.runner") == "harness" and layer("dynamiccl.retuner.agent") == "retuner"
+    assert layer("dynamiccl.harness.retuner_eval.runner") == "harness" and layer("dynamiccl.retuner.agent") == "retuner"
     assert layer("dynamiccl.collector.cli") == "cli" and layer("dynamiccl.contracts.lines") == "contracts"
 
 

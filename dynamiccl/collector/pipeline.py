@@ -10,7 +10,7 @@ Components are created exporters first and started in that order; ``shutdown()``
 receivers, drains the queues, closes every open window, flushes parquet and stops the servers.
 
 >>> from dynamiccl.collector.config import default_config
->>> from dynamiccl.collector.testing import synthetic_events
+>>> from dynamiccl.harness.collector_testing import synthetic_events
 >>> cfg = default_config().replace(receiver={"listen": ()}, parquet={"directory": None},
 ...                                prometheus={"address": None}, features={"address": None})
 >>> p = Pipeline(cfg).start()

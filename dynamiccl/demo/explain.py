@@ -6,7 +6,7 @@ detector's recovery puts its reference back to the baseline it learned under NCC
 own cost at the baseline (e.g. Ring/LL128 with 2 channels, 1.09x Ring/Simple's time on the idle network) shows as a
 change until the revert lands. A change that matches no true network change is *explained by our config* when, at
 its onset, the records show a config other than NCCL's default running on its streams and the simulator's model
-(the oracle's expected times, :class:`dynamiccl.retuner.evaluation.truth.Truth`) gives that config's time against NCCL's
+(the oracle's expected times, :class:`dynamiccl.harness.retuner_eval.truth.Truth`) gives that config's time against NCCL's
 default, under the true network state at the onset, within ``TOLERANCE`` of the detected magnitude; a recovery of
 an explained change is explained too. A *straggler* change is explained by our config when, at its onset, a
 communicator holding one of its ranks ran a config other than NCCL's default that the model makes at least
@@ -73,7 +73,7 @@ def _configs_at(parquet_dir: Path, names: set[str], t0_ns: int, t1_ns: int,
 def explain_by_config(changes: list, parquet_dir: Path, workload: str, scenario: str, duration_s: float,
                       epoch_s: float) -> dict[str, dict]:
     """``{change id: {"config", "model_ratio", "magnitude"}}`` for the changes our configs explain (see module)."""
-    from dynamiccl.retuner.evaluation.truth import Truth
+    from dynamiccl.harness.retuner_eval.truth import Truth
     from dynamiccl.harness.simulator.scenario import load as load_scenario
     from dynamiccl.harness.simulator.workload import load as load_workload
 

@@ -2,7 +2,7 @@
 default exists, what the job measured with NCCL's default and with the config the retuner kept, how much of the
 oracle's gain that captured over the whole regime, and when it reverted after the regime ended.
 
-The oracle is the one ``dynamiccl retuner evaluate`` scores against (:class:`dynamiccl.retuner.evaluation.truth.Truth`:
+The oracle is the one ``dynamiccl retuner evaluate`` scores against (:class:`dynamiccl.harness.retuner_eval.truth.Truth`:
 every enabled cell × a channel grid, noise-free expected times on the communicator's nodes and ranks). The
 measurements are the collector's windows (:class:`~dynamiccl.demo.history.History`): per config, the summed
 latency × instances of the stream's communicators in the windows wholly inside the regime.
@@ -16,7 +16,7 @@ from dynamiccl.demo.history import History, family
 __all__ = ["oracle_regimes", "measure", "GAIN_FLOOR"]
 
 #: an oracle gain below this (over the stream's own gain at the baseline) is "nothing to gain" (as in
-#: dynamiccl.retuner.evaluation.suite: 1 %)
+#: dynamiccl.harness.retuner_eval.suite: 1 %)
 GAIN_FLOOR = 0.01
 _NETWORK = ("bw_drop", "latency", "incast", "flap", "degrading_nic")
 
@@ -35,7 +35,7 @@ def oracle_regimes(workload: str, scenario: str, duration_s: float, truth: list[
     """Per network regime of the ground truth and per stream: NCCL's default and the oracle's best config and
     expected times. ``better`` marks the streams where the regime itself opens a gain (≥ GAIN_FLOOR over the
     stream's oracle gain at the baseline, which a regime-driven retuner does not chase)."""
-    from dynamiccl.retuner.evaluation.truth import Truth
+    from dynamiccl.harness.retuner_eval.truth import Truth
     from dynamiccl.harness.simulator.scenario import load as load_scenario
     from dynamiccl.harness.simulator.workload import load as load_workload
 

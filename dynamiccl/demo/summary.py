@@ -78,7 +78,7 @@ def _late_alarms(changes: list, truth: list[dict], epoch_s: float) -> dict[str, 
     """Changes that are a later alarm on a true change already matched or not: the kind the ground truth's event
     implies, with an onset inside that event (e.g. an 8-byte all-reduce's stream alarming 7 s into a latency
     regime, after the DP all-reduces' streams), and their recoveries. Not false alarms; reported as late."""
-    from dynamiccl.retuner.evaluation.truth import KIND_OF
+    from dynamiccl.harness.retuner_eval.truth import KIND_OF
 
     out: dict[str, str] = {}
     for c in changes:

@@ -7,7 +7,7 @@ same in about half of that. Any line polars cannot read the fast way (odd types,
 falls back to ``decode_line``, so the result is always the collector's `WindowFeatures`.
 
 >>> from dynamiccl.collector.features import WindowFeatures, empty_ranks, encode_line
->>> from dynamiccl.detector.testing import SyntheticJob
+>>> from dynamiccl.harness.detector_testing import SyntheticJob
 >>> wf = SyntheticJob(seed=0).window(3)
 >>> line = encode_line(wf)
 >>> fast, ref = _fast(line), decode(line)

@@ -9,7 +9,7 @@ One small module per role:
 - :mod:`dynamiccl.report.tables` — the numbers shown; :mod:`dynamiccl.report.figures` — plotly figures;
   :mod:`report.html` — the page;
 - :mod:`dynamiccl.report.replay`, :mod:`dynamiccl.report.detect` — the what-if replay and its detector;
-- :mod:`dynamiccl.report.synthetic` — a seeded synthetic run written through the collector's exporter;
+- :mod:`dynamiccl.harness.synthetic_run` — a seeded synthetic run written through the collector's exporter;
 - :mod:`dynamiccl.report.cli` — the two subcommands.
 
 See dynamiccl/report/README.md.

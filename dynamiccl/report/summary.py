@@ -22,7 +22,7 @@ bus bandwidth of a set of records = Σ(traffic × busbw factor) / Σ duration ov
 (the nccl-tests definition applied to the mean duration).
 
 >>> import tempfile
->>> from dynamiccl.report.synthetic import write_run
+>>> from dynamiccl.harness.synthetic_run import write_run
 >>> with tempfile.TemporaryDirectory() as d:
 ...     _ = write_run(d + "/parquet", records=40_000, seed=2)
 ...     s = summarise(d + "/parquet")

@@ -10,7 +10,7 @@ or ``observe([Observation])``; each returns the tuner-config version it wrote (o
 * :mod:`dynamiccl.retuner.memory` — what worked per regime fingerprint; :mod:`dynamiccl.retuner.stats` — merged batches, Welch tests;
 * :mod:`dynamiccl.retuner.push` — atomic, versioned tuner config file; :mod:`dynamiccl.retuner.audit` — JSON-lines audit log;
 * :mod:`dynamiccl.retuner.metrics` — Prometheus metrics; :mod:`dynamiccl.retuner.service` / :mod:`dynamiccl.retuner.cli` — ``dynamiccl retuner``;
-* :mod:`dynamiccl.retuner.evaluation` — ``dynamiccl retuner evaluate`` in the simulator.
+* :mod:`dynamiccl.harness.retuner_eval` — ``dynamiccl retuner evaluate`` in the simulator.
 """
 from __future__ import annotations
 

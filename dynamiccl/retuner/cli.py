@@ -133,7 +133,7 @@ def _fmt(x, nd=3) -> str:
 
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
-    from dynamiccl.retuner.evaluation.suite import QUICK, SCENARIOS, WORKLOADS, evaluate_one, summarize, summary_line
+    from dynamiccl.harness.retuner_eval.suite import QUICK, SCENARIOS, WORKLOADS, evaluate_one, summarize, summary_line
     wls = args.workload or list(WORKLOADS)
     scs = args.scenario or list(QUICK if args.quick else SCENARIOS)
     rcfg = None

@@ -12,7 +12,7 @@ from dynamiccl.collector.config import WindowConfig
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.processors.window_agg import WindowAggregator
-from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
 from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
 
 NRANKS = 8

@@ -14,7 +14,7 @@ from dynamiccl.collector.component import RecordBatch
 from dynamiccl.collector.config import WindowConfig
 from dynamiccl.collector.metrics import DURATION_BUCKETS_S, SelfMetrics
 from dynamiccl.collector.processors.window_agg import WindowAggregator
-from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
 from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
 
 WINDOW_NS = 50_000_000

@@ -14,7 +14,7 @@ from dynamiccl.collector.config import WindowConfig
 from dynamiccl.collector.metrics import DROP_REASONS, SelfMetrics
 from dynamiccl.collector.pipeline import Pipeline
 from dynamiccl.collector.processors.window_agg import COLUMNS, WindowAggregator
-from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config, wait_until  # noqa: F401 (fixture)
 from test_collector_aggregate import assert_row_matches, reference  # plain-Python reference of one window

@@ -15,7 +15,7 @@ import pytest
 
 from dynamiccl.collector.config import CollectorConfig, ReceiverConfig, WindowConfig, default_config, flatten
 from dynamiccl.collector.metrics import METRICS
-from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.harness.collector_testing import encode_frame, encode_frames, process_record, synthetic_events
 
 from collector_helpers import quiet_config  # noqa: F401,E402 (fixture)
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamiccl.collector.pipeline import Pipeline
-from dynamiccl.collector.testing import encode_frame, process_record
+from dynamiccl.harness.collector_testing import encode_frame, process_record
 from dynamiccl.collector.wire_format import EVENT_DTYPE
 
 from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)

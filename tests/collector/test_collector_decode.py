@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
-from dynamiccl.collector.testing import (comm_record, encode_frame, header, process_record, stats_record,
+from dynamiccl.harness.collector_testing import (comm_record, encode_frame, header, process_record, stats_record,
                                synthetic_events)
 from dynamiccl.collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
 

@@ -19,7 +19,7 @@ from dynamiccl.collector.features import subscribe
 from dynamiccl.collector.metrics import BY_NAME, METRICS, SelfMetrics
 from dynamiccl.collector.pipeline import Pipeline
 from dynamiccl.collector.receivers.replay import read_batches
-from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)
 

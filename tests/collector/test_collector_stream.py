@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dynamiccl.collector.pipeline import Pipeline
-from dynamiccl.collector.testing import (comm_record, encode_frame, encode_frames, header, process_record,
+from dynamiccl.harness.collector_testing import (comm_record, encode_frame, encode_frames, header, process_record,
                                stats_record, synthetic_events)
 from dynamiccl.collector.wire_format import EVENT_DTYPE, MAX_RECORDS_PER_FRAME
 

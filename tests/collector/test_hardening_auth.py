@@ -8,7 +8,7 @@ import pytest
 
 from dynamiccl.collector.auth import TokenTable, encode_preamble, sender_token
 from dynamiccl.collector.pipeline import Pipeline
-from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.harness.collector_testing import encode_frame, encode_frames, process_record, synthetic_events
 from dynamiccl.collector.wire_format import EVENT_DTYPE
 
 from collector_helpers import connect, quiet_config, sock_path, wait_until  # noqa: F401 (fixtures)

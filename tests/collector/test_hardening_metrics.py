@@ -9,7 +9,7 @@ from dynamiccl.collector.config import PrometheusConfig, WindowConfig
 from dynamiccl.collector.exporters.prometheus import PrometheusExporter
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
 from dynamiccl.collector.processors.window_agg import WindowAggregator
-from dynamiccl.collector.testing import synthetic_events
+from dynamiccl.harness.collector_testing import synthetic_events
 
 
 class Clock:

@@ -13,7 +13,7 @@ from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.pipeline import Pipeline
 from dynamiccl.collector.processors.time_gate import EventTimeGate
 from dynamiccl.collector.processors.window_agg import WindowAggregator
-from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
 
 from collector_helpers import quiet_config  # noqa: F401 (fixture)
 

@@ -16,7 +16,7 @@ from dynamiccl.collector.exporters.parquet_writer import SCHEMA
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.pipeline import Pipeline
 from dynamiccl.collector.records import event_time_ns
-from dynamiccl.collector.testing import synthetic_events
+from dynamiccl.harness.collector_testing import synthetic_events
 
 from collector_helpers import quiet_config, wait_until  # noqa: F401 (fixture)
 

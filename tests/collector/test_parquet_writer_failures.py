@@ -20,7 +20,7 @@ from dynamiccl.collector.config import ParquetConfig
 from dynamiccl.collector.exporters import parquet as parquet_mod
 from dynamiccl.collector.exporters.parquet import ParquetExporter
 from dynamiccl.collector.metrics import SelfMetrics
-from dynamiccl.collector.testing import encode_frame, encode_frames, process_record, synthetic_events
+from dynamiccl.harness.collector_testing import encode_frame, encode_frames, process_record, synthetic_events
 
 from collector_helpers import wait_until
 
@@ -149,7 +149,7 @@ _CRASHING_COLLECTOR = textwrap.dedent("""
     from dynamiccl.collector.component import RecordBatch
     from dynamiccl.collector.config import ParquetConfig
     from dynamiccl.collector.exporters.parquet import ParquetExporter
-    from dynamiccl.collector.testing import synthetic_events
+    from dynamiccl.harness.collector_testing import synthetic_events
     exp = ParquetExporter(ParquetConfig(directory=sys.argv[1], row_group_rows=1000, max_buffered_rows=2000))
     exp.start()
     for i in range(5):  # 1000 rows: one full slab, handed to the writer
@@ -226,7 +226,7 @@ def test_part_files_are_fsynced_before_rename(tmp_path, monkeypatch):
 
     import dynamiccl.collector.exporters.parquet_writer as pw
     from dynamiccl.collector.exporters.parquet_writer import SlabMemory, WriterCore
-    from dynamiccl.collector.testing import synthetic_events
+    from dynamiccl.harness.collector_testing import synthetic_events
 
     order = []
     monkeypatch.setattr(pw, "_fsync", lambda p: order.append(("fsync", p)))
@@ -269,7 +269,7 @@ def test_disk_full_keeps_the_row_groups_written_before_it(tmp_path, monkeypatch)
     import pyarrow.parquet as pq_mod
 
     from dynamiccl.collector.exporters.parquet_writer import SlabMemory, WriterCore
-    from dynamiccl.collector.testing import synthetic_events
+    from dynamiccl.harness.collector_testing import synthetic_events
 
     calls = {"n": 0}
     real = pq_mod.ParquetWriter.write_table

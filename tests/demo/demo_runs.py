@@ -29,7 +29,7 @@ from dynamiccl.cli import main
 sys.exit(main())
 """
 MIN_GAIN = 1.2          # the oracle's gain on the regime's stream is 1.41x
-#: the change kind the detector should report for each true event (dynamiccl.retuner.evaluation.truth.KIND_OF)
+#: the change kind the detector should report for each true event (dynamiccl.harness.retuner_eval.truth.KIND_OF)
 WANT_KIND = {"bw_drop": "bandwidth", "latency": "latency", "straggler": "straggler"}
 
 

@@ -50,7 +50,7 @@ def _last_line(out: str) -> str:
 
 
 def test_report_last_line_is_the_same_with_the_bar(tmp_path, monkeypatch, capsys):
-    from dynamiccl.report.synthetic import write_run
+    from dynamiccl.harness.synthetic_run import write_run
     d = str(tmp_path / "parquet")
     write_run(d, records=20_000, seed=3, rate_per_s=500.0, chunk_records=10_000, flush_rows=10_000)
     assert main(["report", d, "-o", str(tmp_path / "a.html"), "--no-progress"]) == 0

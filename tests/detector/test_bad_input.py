@@ -9,7 +9,7 @@ import polars as pl
 from dynamiccl.collector.features import WindowFeatures
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.detector.testing import Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import Regime, SyntheticJob
 
 WARM = 70
 

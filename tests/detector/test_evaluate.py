@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dynamiccl.detector.evaluate import score
+from dynamiccl.harness.detector_eval import score
 
 EPOCH = 1000.0
 
@@ -71,7 +71,7 @@ def test_quick_evaluate_cli_last_line():
 
 
 def test_subset_keeps_the_full_suites_runs_and_scores_only_the_selection():
-    from dynamiccl.detector.evaluate import build_suite
+    from dynamiccl.harness.detector_eval import build_suite
     full = {r.name: r for r in build_suite(2, workloads=("llama70b-fsdp",), stationary_hours={"llama70b-fsdp": 0})}
     sub = build_suite(2, workloads=("llama70b-fsdp",), magnitudes=(1.05,), stationary_hours={"llama70b-fsdp": 0})
     assert sub and all(not r.stationary and r.workload == "llama70b-fsdp" for r in sub)

@@ -7,7 +7,7 @@ import pytest
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.events import KINDS
 from dynamiccl.detector.service import Detector
-from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob, bandwidth_regime, latency_regime
+from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob, bandwidth_regime, latency_regime
 
 WARM = 70  # windows before any event (warm-up is 60)
 

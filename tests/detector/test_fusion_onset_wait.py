@@ -9,7 +9,7 @@ import pytest
 
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.detector.simfeed import SimFeed
+from dynamiccl.harness.simfeed import SimFeed
 from dynamiccl.harness.simulator import scenario, workload
 
 
@@ -52,7 +52,7 @@ def test_a_window_wholly_in_the_new_regime_is_judged_at_once(boundary):
 
 def test_windows_without_p90_are_processed_and_never_seen_as_mixed():
     """``lat_p90_s`` is optional in a keys frame: without it no window is judged mixed."""
-    from dynamiccl.detector.testing import SyntheticJob
+    from dynamiccl.harness.detector_testing import SyntheticJob
     job = SyntheticJob(seed=1)
     det = Detector(DetectorConfig(autoencoder=False))
     for t in range(70):

@@ -8,7 +8,7 @@ import pytest
 
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 
 WARM = 70  # windows before any event (warm-up is 60)
 

@@ -15,7 +15,7 @@ from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.detector.runner import DetectorService, ServiceConfig
 from dynamiccl.detector.server import ChangeServer, subscribe_changes
-from dynamiccl.detector.testing import SyntheticJob, bandwidth_regime
+from dynamiccl.harness.detector_testing import SyntheticJob, bandwidth_regime
 
 
 class FakeCollector:

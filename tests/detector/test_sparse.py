@@ -6,7 +6,7 @@ from __future__ import annotations
 from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 
 STEP = 5          # windows per training step
 

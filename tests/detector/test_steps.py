@@ -6,7 +6,7 @@ import pytest
 
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.detector.testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 
 
 SHORT = DetectorConfig(autoencoder=False, self_start=True, warmup=5)

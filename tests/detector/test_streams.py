@@ -7,7 +7,7 @@ import pytest
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.cusum_bank import CUSUMBank
 from dynamiccl.detector.streams import StreamTable
-from dynamiccl.detector.testing import Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import Regime, SyntheticJob
 
 
 def test_grow_keeps_old_streams_and_new_ones_warm_up():

@@ -14,8 +14,8 @@ from dynamiccl.collector.wire_format import EVENT_DTYPE
 
 def make_run(root, *, records: int = 60_000, seed: int = 3, rate_per_s: float = 500.0,
              chunk_records: int = 20_000, flush_rows: int = 20_000) -> str:
-    """A synthetic run (dynamiccl.report.synthetic) under ``root``/parquet; returns the parquet directory."""
-    from dynamiccl.report.synthetic import write_run
+    """A synthetic run (dynamiccl.harness.synthetic_run) under ``root``/parquet; returns the parquet directory."""
+    from dynamiccl.harness.synthetic_run import write_run
     d = os.path.join(str(root), "parquet")
     write_run(d, records=records, seed=seed, rate_per_s=rate_per_s, chunk_records=chunk_records,
               flush_rows=flush_rows)

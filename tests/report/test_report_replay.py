@@ -86,7 +86,7 @@ def test_replay_gives_the_live_changes(tmp_path):
     from dynamiccl.collector.wire_format import TimingSource
     from dynamiccl.detector.service import Detector
     from report_helpers import part_files, raw_events
-    from dynamiccl.report.synthetic import COMMS, JOB_ID, RANKS_PER_HOST
+    from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
     cfg = DetectorConfig(warmup=20, autoencoder=False)
@@ -180,7 +180,7 @@ def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
     from dynamiccl.collector.wire_format import TimingSource
     from dynamiccl.detector.service import Detector
     from dynamiccl.loop import ChangeOrder, Loop
-    from dynamiccl.report.synthetic import COMMS, JOB_ID, RANKS_PER_HOST
+    from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
     from dynamiccl.retuner.agent import Retuner
     from dynamiccl.retuner.config import RetunerConfig
     from report_helpers import part_files, raw_events

@@ -14,7 +14,7 @@ from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
 from report_helpers import make_run, num, part_files, raw_events, read_tables
 
-START = 1_767_225_600.0  # dynamiccl.report.synthetic.START_NS in seconds
+START = 1_767_225_600.0  # dynamiccl.harness.synthetic_run.START_NS in seconds
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_config_versions_match_parquet(run):
     versions = {int(num(r["tuner config version"])): num(r["records"]) for r in run["tables"]["versions"]}
     vals, counts = np.unique(ev["tuner_config_version"], return_counts=True)
     assert versions == dict(zip(vals.tolist(), counts.astype(float).tolist()))
-    assert set(versions) == {0, 1}  # dynamiccl.report.synthetic switches config at 55 % of the run
+    assert set(versions) == {0, 1}  # dynamiccl.harness.synthetic_run switches config at 55 % of the run
     # the switch of tp AllReduce 1-4 MiB to LL128 is listed, at the bin of the config change
     sw = [r for r in run["tables"]["switches"] if r["collective"][0] == "AllReduce" and r["to"][0] == "RING/LL128"]
     assert sw and all(abs(num(r["time"]) - (START + 0.55 * 120)) <= 4.0 for r in sw)
@@ -96,7 +96,7 @@ def test_changes_table_against_changes_file(run):
         assert num(r["detected"]) == c.detected_s
         assert num(r["detection delay"]) == pytest.approx(c.detected_s - c.start_s)
         assert num(r["magnitude"]) == c.magnitude
-    # ground truth (dynamiccl.report.synthetic: bandwidth drop 36-54 s, straggler 84-96 s of 120 s)
+    # ground truth (dynamiccl.harness.synthetic_run: bandwidth drop 36-54 s, straggler 84-96 s of 120 s)
     assert by_id["rc-a"]["ground truth"][0].startswith("bw_drop")
     assert num(by_id["rc-a"]["delay from true onset"]) == pytest.approx(2.5)
     assert by_id["rc-b"]["ground truth"][0].startswith("recovery")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dynamiccl.nccl_tuner_plugin.config import ALGOS, PROTOS
-from dynamiccl.retuner.evaluation.sim_tuner import FileTuner
+from dynamiccl.harness.retuner_eval.sim_tuner import FileTuner
 from dynamiccl.retuner.types import Observation, Target
 
 DEFAULT_CELL = ("RING", "SIMPLE")

@@ -12,7 +12,7 @@ import dynamiccl.nccl_tuner_plugin.config as tc
 from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, read_configs, write_configs
 from dynamiccl.retuner.agent import Retuner
 from dynamiccl.retuner.config import PolicyConfig, RetunerConfig, from_dict
-from dynamiccl.retuner.evaluation.sim_tuner import FileTuner
+from dynamiccl.harness.retuner_eval.sim_tuner import FileTuner
 from dynamiccl.retuner.types import Observation
 
 from retuner_fakejob import FakeJob, rc, simple_cost, target

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dynamiccl.retuner.evaluation.suite import QUICK, WORKLOADS, evaluate_one, summarize, summary_line
-from dynamiccl.retuner.evaluation.truth import Truth
+from dynamiccl.harness.retuner_eval.suite import QUICK, WORKLOADS, evaluate_one, summarize, summary_line
+from dynamiccl.harness.retuner_eval.truth import Truth
 from dynamiccl.harness.simulator.scenario import load_yaml
 from dynamiccl.harness.simulator.workload import load
 

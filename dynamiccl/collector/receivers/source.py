@@ -1,7 +1,7 @@
 """In-process source: other components (a simulator, a torch.distributed source) push records
 straight into the pipeline instead of going through a socket.
 
->>> from dynamiccl.collector.testing import SinkConsumer, synthetic_events
+>>> from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
 >>> sink = SinkConsumer()
 >>> src = Source(lambda batch, block: sink.consume(batch) or len(batch))
 >>> src.push(synthetic_events(3, nranks=2), host="h0", job_id="j1", comm_names={})

@@ -8,7 +8,7 @@ the moment a detector with the evaluation's detection delay reports it: the boun
 reacts to detections -- a reference, not part of the scoring; ours can beat it where it recognises a known regime or
 the baseline from its own measurements before the report) and ``ours`` (the :class:`~dynamiccl.retuner.agent.Retuner`, fed the
 measured per-step durations and the regime changes from :meth:`Truth.changes`, writing the tuner config file that
-a :func:`~dynamiccl.retuner.evaluation.sim_tuner.make_file_tuner` tuner reloads at every step boundary).
+a :func:`~dynamiccl.harness.retuner_eval.sim_tuner.make_file_tuner` tuner reloads at every step boundary).
 
 Every run executes the same number of training steps (the number NCCL's default needs to cover the scenario)
 with the same seed, so noise and arrival jitter are common random numbers. Per regime segment and op the run
@@ -33,8 +33,8 @@ from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS
 from dynamiccl.harness.simulator.engine import Engine
 from dynamiccl.retuner.agent import Retuner
 from dynamiccl.retuner.config import RetunerConfig
-from dynamiccl.retuner.evaluation.sim_tuner import RuleTuner, make_file_tuner, make_rank_tuners
-from dynamiccl.retuner.evaluation.truth import Truth
+from dynamiccl.harness.retuner_eval.sim_tuner import RuleTuner, make_file_tuner, make_rank_tuners
+from dynamiccl.harness.retuner_eval.truth import Truth
 from dynamiccl.retuner.types import Observation, Target
 
 __all__ = ["RunResult", "run", "POLICIES"]

@@ -1,6 +1,6 @@
 """The evaluation suite: workloads x scenarios x policies, the per-scenario table and the summary line.
 
-Detections come from the scenario's ground truth (:meth:`~dynamiccl.retuner.evaluation.truth.Truth.changes`): the onset
+Detections come from the scenario's ground truth (:meth:`~dynamiccl.harness.retuner_eval.truth.Truth.changes`): the onset
 rounded down to the 1 s window, detected ``delay_s`` (default 1 s, what the demo's CUSUM watch measures) after
 the onset, rounded up to the end of a window. Convergence ("collectives to within 5 % of the oracle") is
 counted per detection and per heavy affected op (≥ 1 % of the collective time) on one of its communicators:
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from dynamiccl.retuner.config import RetunerConfig
-from dynamiccl.retuner.evaluation.runner import RunResult, run
-from dynamiccl.retuner.evaluation.truth import Op, Truth
+from dynamiccl.harness.retuner_eval.runner import RunResult, run
+from dynamiccl.harness.retuner_eval.truth import Op, Truth
 
 __all__ = ["WORKLOADS", "SCENARIOS", "QUICK", "ScenarioResult", "evaluate_one", "summarize", "summary_line"]
 

@@ -75,7 +75,7 @@ def _chunk(rng_seed: int, t0_ns: int, span_s: float, n_records: int, run: tuple[
            seq_base: dict[int, int]) -> np.ndarray:
     """About ``n_records`` records with instances spread over [t0, t0 + span); regimes are applied
     per instance from its time as a fraction of the run (``run`` = (start_ns, duration_s))."""
-    from dynamiccl.collector.testing import synthetic_events
+    from dynamiccl.harness.collector_testing import synthetic_events
 
     parts = []
     run_start, run_s = run
