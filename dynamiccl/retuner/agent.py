@@ -75,6 +75,9 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
         self.regimes: OrderedDict[str, object] = OrderedDict()
         self.versions: OrderedDict[int, dict[Key, Candidate | None]] = OrderedDict()
         self.now = -math.inf
+        # the collector's window length (from the features; observe()'s callers use 1 s windows): how far back
+        # from a detection the window that held it starts
+        self.window_s = 1.0
         self.tokens = self.policy.budget_initial_s
         self.total_s = 0.0
         self._pushed_rules: tuple[Rule, ...] | None = None
@@ -116,6 +119,8 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
             self.metrics.inc("windows")
             try:
                 obs = list(observations_from_window(wf))
+                if math.isfinite(float(wf.window_s)) and float(wf.window_s) > 0:
+                    self.window_s = float(wf.window_s)
             except Exception as e:
                 self.metrics.drop("malformed")
                 log.warning("window dropped: %s", e)

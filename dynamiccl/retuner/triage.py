@@ -97,7 +97,7 @@ class TriageMixin:
         """The incumbent already ran between the onset and the detection: those samples (from intervals that
         started after the onset, at most the last second before the detection, so a late onset estimate does not
         mix in the old regime) measure it in the new regime, so the exploration need not wait for fresh ones."""
-        t_min = max(rc.start_s, rc.detected_s - 1.0)
+        t_min = max(rc.start_s, rc.detected_s - self.window_s)
         mag = rc.magnitude
         if not (math.isfinite(mag) and mag > 0) or not math.isfinite(t_min):
             return 0
@@ -169,7 +169,7 @@ class TriageMixin:
             self._abort(x, reason=f"recovery {rc.id}", cutoff=rc.start_s)
         old = ts.active
         ts.active = ts.baseline
-        self._sig_move(ts, ts.regime_key or _BASE, _BASE, rc.start_s, max(rc.start_s, rc.detected_s - 1.0))
+        self._sig_move(ts, ts.regime_key or _BASE, _BASE, rc.start_s, max(rc.start_s, rc.detected_s - self.window_s))
         ts.regime = ts.regime_kind = ts.regime_key = None
         self.metrics.set_gain(_labels(ts.target), None)
         if old != ts.active:
@@ -293,7 +293,7 @@ def enter_regime(rt, c: Triage) -> bool:
     rc = c.rc
     comms = [ts.target.comm_hex for ts in c.all_tss]
     key = _RKey(rt.memory.key_for(rc.kind, comms, rc.magnitude))
-    t_keep = max(rc.start_s, rc.detected_s - 1.0)
+    t_keep = max(rc.start_s, rc.detected_s - rt.window_s)
     for ts in c.tss:
         x = rt.explorations.get(ts.exploration) if ts.exploration else None
         if x is not None:

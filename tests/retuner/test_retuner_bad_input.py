@@ -145,3 +145,18 @@ def test_unknown_targets_are_bounded(tmp_path, monkeypatch):
     rt = make(tmp_path)
     rt.observe([Observation(target(h), 0.0, 1.0, 10, 1e-3) for h in range(1, 10)])
     assert len(rt.targets) == 4 and rt.metrics.dropped["unknown_target"] == 5
+
+
+def test_the_window_length_comes_from_the_features():
+    """A detection's window starts one *collector* window before it: 0.5 s windows give 0.5 s, and a
+    window with an unusable length keeps the last good one."""
+    from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import RetunerConfig
+
+    rt = Retuner(RetunerConfig(dry_run=True))
+    assert rt.window_s == 1.0
+    rt.on_window(WindowFeatures(100.0, 0.5, empty_keys(), empty_ranks()))
+    assert rt.window_s == 0.5
+    rt.on_window(WindowFeatures(100.5, float("nan"), empty_keys(), empty_ranks()))
+    assert rt.window_s == 0.5
