@@ -39,31 +39,87 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
+import polars as pl
 
+from .classify import classify_size_response
 from .config import DetectorConfig
 from .events import RegimeChange
+from .straggler import STRAGGLER_REL_Z, RankHistory, comm_hosts, find_stragglers, has_rank_evidence
 from .steps import StepRule
-from .straggler import RankHistory
-from .streams import StreamTable, WindowStreams
 from .tracking import Tracking
+from .streams import StreamTable, WindowStreams
 
 __all__ = ["Fusion", "Incident"]
 
-from .evidence import Evidence
-from .incident import (
-    MAX_EVIDENCE_STREAMS,
-    MAX_INCIDENTS_PER_JOB,
-    MAX_PENDING,
-    MAX_SILENT,
-    RECHECK_LATENCY_SHARE,
-    Incident,
-    _Pending,
-)
+MAX_INCIDENTS_PER_JOB = 64
+MAX_PENDING = 4096
+MAX_EVIDENCE_STREAMS = 12
+MAX_SILENT = 64            # windows a pending group may wait for its streams' next value
 
 
-class Fusion(Evidence, Tracking):
+@dataclass
+class Incident:
+    id: str
+    job: str
+    kind: str
+    direction: int
+    streams: np.ndarray
+    base_med: np.ndarray
+    base_scale: np.ndarray
+    level: np.ndarray
+    onset_step: int
+    detected_step: int
+    change: RegimeChange
+    off_count: int = 0
+    on: bool = True
+    onsets: list[int] = field(default_factory=list)
+    flapping_id: str | None = None
+    closed_step: int | None = None
+    rank_of: tuple[int, int] | None = None     # (comm_hash, rank): opened by rank evidence alone
+    step_ids: list[str] = field(default_factory=list)   # deeper / softer steps (`dynamiccl.detector.steps`)
+
+    @property
+    def ids(self) -> list[str]:
+        return [self.id] + ([self.flapping_id] if self.flapping_id else []) + self.step_ids
+
+    def add(self, idx, med, scale, level) -> None:
+        new = ~np.isin(idx, self.streams)
+        if new.any():
+            self.streams = np.concatenate([self.streams, idx[new]])
+            self.base_med = np.concatenate([self.base_med, med[new]])
+            self.base_scale = np.concatenate([self.base_scale, scale[new]])
+            self.level = np.concatenate([self.level, level[new]])
+
+    def drop(self, idx) -> None:
+        keep = ~np.isin(self.streams, idx)
+        self.streams, self.base_med = self.streams[keep], self.base_med[keep]
+        self.base_scale, self.level = self.base_scale[keep], self.level[keep]
+
+
+# collectives whose baseline latency is at least this share of a window are long against it
+# (the test bed's: 2-60 % of 0.5 s; the simulated jobs': <= 0.5 % of 1 s): many of the onset
+# window's instances were in flight when the change began (`straggler_recheck`)
+RECHECK_LATENCY_SHARE = 0.02
+
+
+@dataclass
+class _Pending:
+    job: str
+    direction: int
+    idx: np.ndarray
+    med: np.ndarray
+    scale: np.ndarray
+    start: np.ndarray
+    step: int
+    tries: int = 0
+    silent: int = 0        # windows without a value of its streams (not tries)
+    peak: bool = False     # judged on its alarm window once confirmed (deferred for rank evidence)
+
+
+class Fusion(Tracking):
     """Turns one window's stream alarms into regime changes; keeps incidents per job."""
 
     def __init__(self, config: DetectorConfig, table: StreamTable, ranks: RankHistory):
@@ -354,6 +410,170 @@ class Fusion(Evidence, Tracking):
         return self._create(ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr,
                             stragglers)
 
+    def _rank_trigger(self, ws: WindowStreams, ae) -> list:
+        """A straggler without a latency alarm yet: in a communicator one rank was the strict
+        shortest (its peers wait for it) in most instances of the last two windows, far beyond
+        chance (binomial z ≥ ``straggler_trigger_z``), and not before; the communicator's
+        latency rose (≥ ``min_ratio``, median z ≥ 1). Rank shares are overwhelming long before
+        a small slowdown (5 % on a 64-rank job) is significant in the latency streams."""
+        cfg, tab = self.config, self.table
+        if cfg.straggler_trigger_z <= 0 or not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
+            return []
+        f = self.ranks.frames[-1][1]
+        if "shortest_count" not in f.columns or f.height == 0:
+            return []
+        agg = f.group_by("job_id", "comm_hash").agg(pl.col("shortest_count").sum().alias("total"),
+                                                      pl.col("shortest_count").max().alias("top"),
+                                                      pl.len().alias("n"))
+        agg = agg.filter((pl.col("n") >= 2) & (pl.col("total") >= cfg.straggler_min_instances)
+                         & (pl.col("top") >= cfg.straggler_share * pl.col("total")))
+        if agg.height == 0:
+            return []
+        out = []
+        for job, comm, total, top, n in agg.iter_rows():
+            p0 = 1.0 / n
+            if (top - total * p0) / math.sqrt(total * p0 * (1.0 - p0)) < 0.5 * cfg.straggler_trigger_z:
+                continue
+            if any(inc.direction > 0 and int(comm) in set(tab.comm_hash[inc.streams].tolist())
+                   for inc in self.active.get(job, [])):
+                continue
+            code = tab.jobs.get(job, -2)
+            n_s = tab.n
+            idx = np.flatnonzero(tab.active[:n_s] & (tab.job_code[:n_s] == code) & (tab.comm_hash[:n_s] == comm))
+            idx = idx[~np.isin(idx, np.fromiter(self.stream_incident, np.int64, len(self.stream_incident)))]
+            if idx.size == 0:
+                continue
+            med, scale = tab.baseline(idx)
+            level = tab.current(idx)
+            level = np.where(np.isfinite(level), level, tab.recent(idx, ws.t - 1))
+            ok = np.isfinite(med) & np.isfinite(level) & (scale > 0)
+            if not ok.any():
+                continue
+            idx, med, scale, level = idx[ok], med[ok], scale[ok], level[ok]
+            lr = level - med
+            if not (np.max(lr) >= math.log(cfg.min_ratio) and np.median(lr / scale) >= 1.0):
+                continue
+            cands = find_stragglers(self.ranks, job, {int(comm)}, onset_step=ws.t - 1,
+                                    share=cfg.straggler_share, min_instances=2 * cfg.straggler_min_instances,
+                                    later_alone=False)
+            best = None
+            for c in cands:
+                if not (c.share_before == c.share_before and c.share_before < 0.5 * cfg.straggler_share):
+                    continue                      # dominant before, or nothing known before
+                p0 = 1.0 / n
+                z = (c.share - p0) * c.instances / math.sqrt(c.instances * p0 * (1.0 - p0))
+                if z >= cfg.straggler_trigger_z:
+                    best = c
+                    break
+            if best is None:
+                continue
+            # the same straggler seen in another of its communicators, or just after another
+            # change of this job: part of that change
+            same = [inc for inc in self.active.get(job, []) if inc.direction > 0 and (
+                (ws.t - inc.detected_step) * self._window_s <= cfg.merge_s
+                or (inc.kind == "straggler" and best.host in inc.change.hosts))]
+            if same:
+                same[0].add(idx, med, scale, level)
+                for i in idx.tolist():
+                    self.stream_incident[i] = same[0]
+                self.counters["alarms_merged"] += len(idx)
+                continue
+            onset = self._refine_onset(idx, med, level, ws.t - 2, ws.t)
+            ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
+            self.counters["rank_triggers"] += 1
+            inc, change = self._create(ws, job, 1, idx, med, scale, level, onset, ae_score, ae_thr,
+                                       [best] + [c for c in cands if c is not best])
+            change.evidence["trigger"] = "ranks"
+            inc.rank_of = (best.comm_hash, best.rank)
+            out.append((inc, change))
+        return out
+
+    def _peak(self, idx, med, direction, since_step: int) -> np.ndarray:
+        """Per stream, its value farthest from ``med`` in ``direction`` from ``since_step`` to
+        now (NaN without values)."""
+        tab = self.table
+        H = self.config.history
+        steps = np.arange(max(since_step, tab.t - H + 1), tab.t + 1) % H
+        vals = tab.hist[steps][:, idx]
+        dev = np.where(np.isfinite(vals), (vals - med) * direction, -np.inf)
+        j = np.argmax(dev, axis=0)
+        out = vals[j, np.arange(idx.size)]
+        return np.where(np.isfinite(dev.max(axis=0, initial=-np.inf)), out, np.nan)
+
+    def _time_share(self, job, idx) -> float:
+        """Share of the job's collective time this window (instances x latency) spent in
+        streams ``idx``."""
+        tab = self.table
+        code = tab.jobs.get(job, -2)
+        n = tab.n
+        allj = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code))
+        with np.errstate(invalid="ignore", over="ignore"):
+            w_all = tab.instances[allj] * np.exp(tab.current(allj))
+            mine = idx[tab.job_code[idx] == code]
+            w_mine = tab.instances[mine] * np.exp(tab.current(mine))
+        tot = float(np.nansum(w_all))
+        return float(np.nansum(w_mine)) / tot if tot > 0 else 1.0
+
+    def _network_only(self, job, idx, direction) -> bool:
+        """All of ``idx`` are multi-node streams and the job's monitored intra-node streams
+        (≥ ``corroborate`` of them, with a value this window) sit within ``quiet_z`` of their
+        baseline (median, in the alarm's direction)."""
+        tab, cfg = self.table, self.config
+        if cfg.quiet_z <= 0 or idx.size == 0 or not (tab.nnodes[idx] > 1).all():
+            return False
+        code = tab.jobs.get(job, -2)
+        n = tab.n
+        ref = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code) & (tab.nnodes[:n] == 1))
+        if ref.size < cfg.corroborate:
+            return False
+        med, scale = tab.baseline(ref)
+        cur = tab.current(ref)
+        ok = np.isfinite(cur) & np.isfinite(med) & (scale > 0)
+        if ok.sum() < cfg.corroborate:
+            return False
+        z = (cur[ok] - med[ok]) / scale[ok] * direction
+        return float(np.median(z)) < cfg.quiet_z
+
+    def _refine_onset(self, idx, med, level, cusum_step: int, t: int) -> int:
+        """The CUSUM's last reset point, moved forward to the first window of the excursion
+        already half-way to the new level (noise can start an excursion early)."""
+        tab = self.table
+        H = self.config.history
+        lo = max(cusum_step, t - H + 1)
+        if lo >= t:
+            return max(cusum_step, lo)
+        j = int(np.nanargmax(np.abs(np.nan_to_num(level - med)))) if np.isfinite(level - med).any() else 0
+        half = med[j] + 0.5 * (level[j] - med[j])
+        sign = 1.0 if level[j] >= med[j] else -1.0
+        for step in range(lo, t + 1):
+            v = tab.hist[step % H, idx[j]]
+            if np.isfinite(v) and (v - half) * sign >= 0:
+                return step
+        return lo
+
+    def _stragglers(self, job, idx, onset_step, *, rel: bool = False):
+        """``rel``: also per-rank duration ratios (`dynamiccl.detector.straggler`), for classifying a change
+        the latency streams already justify (one rank stalling for one window is no event)."""
+        comms = {int(c) for c in self.table.comm_hash[idx].tolist()}
+        return find_stragglers(self.ranks, job, comms, onset_step=onset_step,
+                               share=self.config.straggler_share,
+                               min_instances=self.config.straggler_min_instances,
+                               rel_z=STRAGGLER_REL_Z if rel else None)
+
+    def _mixed(self, idx, med, level) -> bool:
+        """This window mixes two regimes: over the streams, the p90/p50 spread widened by more
+        than the p50 moved (the p90 at least twice as far from the old level as the p50)."""
+        tab = self.table
+        with np.errstate(invalid="ignore"):
+            widened = tab.spread[idx] - tab.spread_prev[idx]
+            moved = level - med
+        ok = np.isfinite(widened) & np.isfinite(moved) & np.isfinite(tab.current(idx))
+        return bool(ok.any()) and float(np.median(widened[ok])) > max(float(np.median(moved[ok])), 0.0)
+
+    def _forming(self, job, idx, onset_step) -> bool:
+        comms = {int(c) for c in self.table.comm_hash[idx].tolist()}
+        return has_rank_evidence(self.ranks, job, comms, onset_step)
+
     def _create(self, ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr, stragglers):
         cfg, tab = self.config, self.table
         lr = level - med
@@ -444,6 +664,44 @@ class Fusion(Evidence, Tracking):
         for i in inc.streams.tolist():
             if self.stream_incident.get(i) is inc:
                 del self.stream_incident[i]
+
+    def _size_response(self, job, idx, med, scale, onset_step):
+        """Classify bandwidth vs latency over the fired streams plus the job's other monitored
+        multi-node streams (an unchanged small-message stream is evidence too)."""
+        tab = self.table
+        ids, meds, scales = [idx], [med], [scale]
+        if (tab.nnodes[idx] > 1).any():
+            # a network event: compare sizes on multi-node streams only (intra-node streams
+            # only move through arrival coupling)
+            multi = tab.nnodes[idx] > 1
+            ids, meds, scales = [idx[multi]], [med[multi]], [scale[multi]]
+            others = np.flatnonzero(tab.active & (tab.job_code == tab.jobs.get(job, -2)) & (tab.nnodes > 1))
+            others = others[~np.isin(others, idx)]
+            if others.size:
+                om, osc = tab.baseline(others)
+                ok = np.isfinite(osc)
+                ids.append(others[ok])
+                meds.append(om[ok])
+                scales.append(osc[ok])
+        all_idx = np.concatenate(ids)
+        all_med = np.concatenate(meds)
+        all_scale = np.concatenate(scales)
+        lvl = tab.recent(all_idx, onset_step)
+        n_post = max(1, min(self.table.t - onset_step + 1, self.config.history))
+        sigma = all_scale * math.sqrt(1.0 / n_post + 1.0 / self.config.warmup)
+        # sizes are compared within one collective of one communicator (same ranks, links and
+        # algorithm family); across collectives only when no communicator has two sizes
+        group = [f"{c:x}:{f}" for c, f in zip(tab.comm_hash[all_idx].tolist(), tab.func[all_idx].tolist())]
+        return classify_size_response(tab.bytes_per_record[all_idx], lvl - all_med, sigma, group=group)
+
+    def _hosts(self, job, comms_h) -> list[str]:
+        per = comm_hosts(self.ranks, job, comms_h)
+        sets = [per[c] for c in comms_h if c in per]
+        if not sets:
+            return []
+        common = set.intersection(*sets)
+        return sorted(common) if common else sorted(set.union(*sets))
+
 
 def _new_group() -> dict:
     return {"idx": [], "med": [], "scale": [], "start": [], "confirmed": False}
