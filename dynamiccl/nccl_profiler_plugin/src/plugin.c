@@ -430,7 +430,7 @@ static inline __attribute__((always_inline)) void start_kch(void** eHandle, void
    profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
    kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
    its KernelPhaseStop state finds the channel entry. */
-static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
+static inline __attribute__((always_inline)) void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (phaseId != 0 || p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return;
   dccl_slot_t* s = handle_slot(p);
@@ -443,9 +443,9 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
-/* KernelCh, the most frequent start (nChannels per operation), is taken before the out-of-line
-   switch, so it runs without the others' register saves. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_CASE)                     \
+/* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
+   KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_FAST)                     \
   static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -453,6 +453,7 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
+    PHASE_FAST                                                                                               \
     else                                                                                                     \
       fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
     return ncclSuccess;                                                                                      \
@@ -469,7 +470,6 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
-      PHASE_CASE                                                                                             \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
       case ncclProfileCollApi:                                                                               \
@@ -491,16 +491,16 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
              d->ceColl.root, (TAG));                                                                       \
     break;
 
-#define DCCL_PHASE_CASE                                                                                    \
-  case ncclProfileKernelPhase:                                                                             \
-    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);                     \
-    break;
+/* v7 KernelPhase: three per KernelCh, so like KernelCh it is taken before the out-of-line switch. */
+#define DCCL_PHASE_FAST                                                                                    \
+  else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
+    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
 
 DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, , )
 DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, , )
 DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0), )
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
-                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_CASE)
+                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
 
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
    KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
