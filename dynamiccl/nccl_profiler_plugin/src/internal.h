@@ -174,7 +174,7 @@ typedef struct dccl_ctx {
   _Atomic uint64_t last_stop[DCCL_MAX_CHANNELS] __attribute__((aligned(64)));
 } dccl_ctx_t;
 
-/* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer) ---- */
+/* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer; ring.c) ---- */
 typedef struct dccl_ring {
   uint64_t mask;
   _Atomic uint64_t* seq;         /* per-cell sequence */

@@ -22,6 +22,30 @@ static uint32_t g_ctx_next; /* round-robin index hint (lifecycle lock) */
 static uint32_t g_ctx_serial;
 
 /* ------------------------------------------------------------------------------------------ */
+/* Stale-slot reaper (sender thread and finalize): emits operations whose children never came.  */
+
+void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) {
+  for (uint32_t i = 0; i < ctx->pool_size; i++) {
+    dccl_slot_t* s = &ctx->slots[i];
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    if (c & 1) continue;
+    uint64_t armed = atomic_load_explicit(&s->armed_ns, memory_order_acquire);
+    if (armed == 0) continue;
+    if (stale_ns != 0 && (mono_now_ns < armed || mono_now_ns - armed < stale_ns)) continue;
+    /* Fails if the slot finished or was reused since `c` was read (generation in ctl). */
+    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed)) {
+      atomic_fetch_add_explicit(&dccl_g.events_stale, 1, memory_order_relaxed);
+      dccl_slot_finish(s, 1);
+    }
+  }
+}
+
+void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns) {
+  (void)now_ns;
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), stale_ns);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Tuner link (never on the hot path: init and the sender thread)                              */
 
 static pthread_mutex_t g_tuner_link_lock = PTHREAD_MUTEX_INITIALIZER;

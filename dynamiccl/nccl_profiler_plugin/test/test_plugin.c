@@ -9,6 +9,7 @@
 #define DCCL_TESTING_NO_SENDER 1
 #include "../src/config.c"
 #include "../src/plugin.c"
+#include "../src/ring.c"
 #include "../src/lifecycle.c"
 #include "../src/sender.c"
 
