@@ -280,6 +280,7 @@ ncclResult_t dccl_finalize(void* context) {
   if (ctx->dead_ms == 0) ctx->dead_ms = 1;
   atomic_fetch_add(&dccl_g.events_dropped_pool_full, atomic_load(&ctx->dropped_pool_full));
   atomic_fetch_add(&dccl_g.sampled_out, atomic_load(&ctx->sampled_out));
+  atomic_fetch_add(&dccl_g.colls_without_event, dccl_ctx_uncovered(ctx));
   int last = (--dccl_g.refcount == 0);
   pthread_mutex_unlock(&dccl_g.registry);
   if (last) {
@@ -301,11 +302,13 @@ void dccl_stats_snapshot(dccl_stats_record_t* out) {
   out->pid = (uint32_t)getpid();
   out->time_ns = dccl_now_ns();
   uint64_t pool = atomic_load(&dccl_g.events_dropped_pool_full), sampled = atomic_load(&dccl_g.sampled_out);
+  uint64_t uncovered = atomic_load(&dccl_g.colls_without_event);
   pthread_mutex_lock(&dccl_g.registry);
   for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) {
     if (c->dead_ms) continue; /* retired: folded into the globals at finalize */
     pool += atomic_load_explicit(&c->dropped_pool_full, memory_order_relaxed);
     sampled += atomic_load_explicit(&c->sampled_out, memory_order_relaxed);
+    uncovered += dccl_ctx_uncovered(c);
   }
   uint64_t emitted = g_emitted_prev + (dccl_g.ring.seq ? atomic_load(&dccl_g.ring.enqueue_pos) : 0);
   pthread_mutex_unlock(&dccl_g.registry);
@@ -319,6 +322,7 @@ void dccl_stats_snapshot(dccl_stats_record_t* out) {
   out->sampled_out = sampled;
   out->kernel_ch_rejected = atomic_load(&dccl_g.kch_dropped);
   out->kernel_ch_timing_suspect = atomic_load(&dccl_g.timing_suspect);
+  out->colls_without_event = uncovered;
 }
 
 /* Debug/test hook: a snapshot of the plugin's counters (same content as the STATS record). Not part of NCCL's ABI. */

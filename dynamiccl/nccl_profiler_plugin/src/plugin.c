@@ -266,6 +266,7 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
 static inline void start_coll(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                               size_t count, int root, uint8_t nCh, uint8_t nWarps, const char* algo,
                               const char* proto, uint64_t user_tag, int sym) {
+  dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh, user_tag,
            sym ? DCCL_FLAG_SYMMETRIC : 0);
@@ -293,6 +294,7 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
    the host-side launch and runs no kernel, so the record is counted and enqueue-timed only. */
 static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                             size_t count, int root, uint64_t user_tag) {
+  dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileCeColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
            DCCL_FLAG_COPY_ENGINE);
@@ -382,9 +384,12 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
+      case ncclProfileCollApi:                                                                               \
+        dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */                  \
+        *eHandle = DUMMY_HANDLE;                                                                             \
+        break;                                                                                               \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
-      case ncclProfileCollApi:                                                                               \
       case ncclProfileP2pApi:                                                                                \
       case ncclProfileKernelLaunch:                                                                          \
         /* Parents we do not track: a non-NULL dummy so NCCL keeps starting the children. */               \
