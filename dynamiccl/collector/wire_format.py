@@ -112,7 +112,8 @@ STATS_DTYPE = np.dtype([
     ("reconnects", "<u8"), ("sampled_out", "<u8"),
     ("kernel_ch_rejected", "<u8"),       # KernelCh starts refused (bad or duplicate channel id)
     ("kernel_ch_timing_suspect", "<u8"), # records flagged TIMING_SUSPECT (KernelCh pTimers out of order)
-    ("reserved", "<u8", (3,)),
+    ("colls_without_event", "<u8"),      # collective calls (CollApi, NCCL 2.28+) with no Coll/CeColl event
+    ("reserved", "<u8", (2,)),
 ])
 
 for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE):

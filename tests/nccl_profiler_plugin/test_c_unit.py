@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 28)
+    run_unit_binary(built["test_plugin"], 29)
 
 
 def test_c_unit_asan(built):
@@ -42,11 +42,11 @@ def test_emulator_under_valgrind(built, sock_addr, collector_factory):
 
 
 def test_plugin_builds_without_warnings(built, tmp_path):
-    assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "lifecycle.c", "config.c", "sender.c"], tmp_path / "p.so")
+    assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "ring.c", "lifecycle.c", "config.c", "sender.c"], tmp_path / "p.so")
 
 
 def test_c_unit_tsan(built):
-    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 28)
+    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 29)
 
 
 def test_emulator_under_tsan(built):

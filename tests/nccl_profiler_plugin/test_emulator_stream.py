@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from dynamiccl.collector import wire_format as wf
+from dynamiccl.nccl_profiler_plugin.emulator import FLAGS
 
 F = {n: i for i, n in enumerate(wf.FUNCS)}
 DT = {n: i for i, n in enumerate(wf.DATATYPES)}
 ALGO = {n: i for i, n in enumerate(wf.ALGOS)}
 PROTO = {n: i for i, n in enumerate(wf.PROTOS)}
-FLAG = {"NULL_PARENT": 0x1, "NULL_KCH_PARENT": 0x2, "NO_KERNEL": 0x4, "CROSS_NODE": 0x8, "PXN": 0x10,
-        "NO_GPU_TIMER": 0x20, "COLLNET": 0x40, "TAGGED": 0x80, "SYMMETRIC": 0x100, "CE": 0x200, "PHASES": 0x400,
-        "STALE_PTIMER": 0x800}
+FLAG = FLAGS  # emu_coll_t.flags (emulator/nccl_emu.h EMU_F_*)
 T0 = 1_700_000_000_000_000_000
 
 

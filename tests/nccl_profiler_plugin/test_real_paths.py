@@ -186,3 +186,24 @@ def test_stale_kernelch_ptimers_after_self_send_are_not_gpu_timed(run_scenario, 
     assert np.all(late["flags"] == wf.EventFlags.TIMING_SUSPECT)
     assert np.all(late["cpu_end_ns"] >= late["enqueue_ns"]) and np.all(late["channels_seen"] == 8)
     assert res["stats"]["kernel_ch_timing_suspect"] == len(after)
+
+
+@pytest.mark.parametrize("abi", [6, 7])
+def test_collectives_without_coll_event_counted(abi, run_scenario, collector_factory, sock_addr):
+    """Coverage: NCCL 2.28+ starts a CollApi event for every collective call, but runs some without a
+    Coll event (several broadcast roots in one group, symmetric kernels before 2.31). Those calls are
+    counted in STATS colls_without_event; copy-engine collectives (CeColl) and ordinary ones are not."""
+    col = collector_factory(sock_addr)
+    hidden = make_ops(7, func=F["Broadcast"], flags=FLAG["NO_COLL_EVENT"])
+    ce = make_ops(5, func=F["AllGather"], flags=FLAG["CE"], seq0=100)
+    normal = make_ops(20, seq0=200)
+    res = run_scenario([
+        {"op": "init", "hash": 0xC0, "threads": 2}, {"op": "run", "ops": hidden + ce + normal}, {"op": "sync"},
+        {"op": "finalize"},
+    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 4096)})
+    assert res["ok"], res
+    st = res["stats"]
+    assert st["colls_without_event"] == 7, st
+    assert st["records_emitted"] == 25 == st["records_sent"], st
+    check_events(col.events()[col.events()["seq_number"] >= 200], normal, comm_hash=0xC0, rank=0, nranks=2,
+                 nnodes=1)

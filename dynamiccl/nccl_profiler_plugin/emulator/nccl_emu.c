@@ -346,7 +346,9 @@ static void* replay_app(emu_comm_t* c, const emu_coll_t* op) {
   }
   void* parent = (op->flags & EMU_F_NULL_PARENT) ? NULL : (e->version >= 5 ? api : group);
   int ce = (op->flags & EMU_F_CE) && e->version >= 6;
-  if (ce) { /* ncclLaunchCeColl: CeColl around the host-side launch, no Coll, no kernel */
+  if (!p2p && (op->flags & EMU_F_NO_COLL_EVENT)) {
+    coll = NULL; /* the CollApi above was its only event */
+  } else if (ce) { /* ncclLaunchCeColl: CeColl around the host-side launch, no Coll, no kernel */
     if (mask & (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)) {
       EMU_START56(c, &coll, ncclProfileCeColl, parent, {
         if (e->version >= 6) EMU_CE_FILL(d, op);

@@ -42,6 +42,8 @@ extern "C" {
                                    host's): KernelCh start pTimers are those of the kernel EMU_STALE_START_LAG
                                    operations back on this communicator, stop pTimers EMU_STALE_STOP_LAG back
                                    (as on an H100: start ~1.4 s, stop ~0.5 s before the enqueue) */
+#define EMU_F_NO_COLL_EVENT 0x1000 /* a collective NCCL runs without a Coll event (several broadcast roots in
+                                     one group, symmetric kernels before 2.31): CollApi only, no kernel */
 #define EMU_STALE_START_LAG 6
 #define EMU_STALE_STOP_LAG 2
 #define EMU_SYNC_NS(ch) (100u + (ch)) /* initial_sync length of channel ch with EMU_F_PHASES */

@@ -160,7 +160,8 @@ typedef struct dccl_stats_record_t {
   uint64_t sampled_out;
   uint64_t kernel_ch_rejected;
   uint64_t kernel_ch_timing_suspect;
-  uint64_t reserved[3];
+  uint64_t colls_without_event;
+  uint64_t reserved[2];
 } dccl_stats_record_t;
 _Static_assert(sizeof(dccl_stats_record_t) == 128, "dccl_stats_record_t size");
 

@@ -170,11 +170,16 @@ typedef struct dccl_ctx {
   _Atomic uint64_t cursor __attribute__((aligned(64)));
   _Atomic uint64_t dropped_pool_full;
   _Atomic uint64_t sampled_out;
+  /* Coverage (NCCL 2.28+: every collective call starts a CollApi event when Coll is in the mask):
+     calls, and Coll/CeColl events started. Calls minus events are collectives NCCL ran without a
+     Coll event. Relaxed load + store, no RMW: one application thread drives a communicator. */
+  _Atomic uint64_t api_colls;
+  _Atomic uint64_t coll_events;
   /* KernelCh timing guard: the latest collective KernelCh stop pTimer per channel (proxy thread) */
   _Atomic uint64_t last_stop[DCCL_MAX_CHANNELS] __attribute__((aligned(64)));
 } dccl_ctx_t;
 
-/* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer) ---- */
+/* ---- the process-wide record ring (Vyukov bounded MPMC, one consumer; ring.c) ---- */
 typedef struct dccl_ring {
   uint64_t mask;
   _Atomic uint64_t* seq;         /* per-cell sequence */
@@ -217,6 +222,7 @@ typedef struct dccl_global {
   _Atomic uint64_t sampled_out;
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
   _Atomic uint64_t timing_suspect; /* records whose KernelCh pTimers failed the order guard */
+  _Atomic uint64_t colls_without_event; /* finalized communicators' CollApi calls without a Coll/CeColl */
   /* link to the DynamICCL tuner plugin (applied config version in every record) */
   _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
   void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */
@@ -249,6 +255,19 @@ typedef uint32_t (*dccl_tuner_version_fn_t)(uint64_t comm_hash);
 static inline uint32_t dccl_tuner_version(uint64_t comm_hash) {
   uintptr_t f = atomic_load_explicit(&dccl_g.tuner_version_fn, memory_order_acquire);
   return f ? ((dccl_tuner_version_fn_t)f)(comm_hash) : 0;
+}
+
+/* A hot-path counter owned by one thread: a relaxed load and store, no locked RMW. */
+static inline void dccl_bump(_Atomic uint64_t* c) {
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+/* Collectives a communicator ran without a Coll/CeColl event (calls still before their launch
+   count until it). */
+static inline uint64_t dccl_ctx_uncovered(dccl_ctx_t* c) {
+  uint64_t api = atomic_load_explicit(&c->api_colls, memory_order_relaxed);
+  uint64_t ev = atomic_load_explicit(&c->coll_events, memory_order_relaxed);
+  return api > ev ? api - ev : 0;
 }
 
 /* lifecycle.c: init (every ABI version) and finalize */

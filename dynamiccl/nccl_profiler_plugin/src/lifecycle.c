@@ -22,6 +22,30 @@ static uint32_t g_ctx_next; /* round-robin index hint (lifecycle lock) */
 static uint32_t g_ctx_serial;
 
 /* ------------------------------------------------------------------------------------------ */
+/* Stale-slot reaper (sender thread and finalize): emits operations whose children never came.  */
+
+void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) {
+  for (uint32_t i = 0; i < ctx->pool_size; i++) {
+    dccl_slot_t* s = &ctx->slots[i];
+    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+    if (c & 1) continue;
+    uint64_t armed = atomic_load_explicit(&s->armed_ns, memory_order_acquire);
+    if (armed == 0) continue;
+    if (stale_ns != 0 && (mono_now_ns < armed || mono_now_ns - armed < stale_ns)) continue;
+    /* Fails if the slot finished or was reused since `c` was read (generation in ctl). */
+    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed)) {
+      atomic_fetch_add_explicit(&dccl_g.events_stale, 1, memory_order_relaxed);
+      dccl_slot_finish(s, 1);
+    }
+  }
+}
+
+void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns) {
+  (void)now_ns;
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), stale_ns);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Tuner link (never on the hot path: init and the sender thread)                              */
 
 static pthread_mutex_t g_tuner_link_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -256,6 +280,7 @@ ncclResult_t dccl_finalize(void* context) {
   if (ctx->dead_ms == 0) ctx->dead_ms = 1;
   atomic_fetch_add(&dccl_g.events_dropped_pool_full, atomic_load(&ctx->dropped_pool_full));
   atomic_fetch_add(&dccl_g.sampled_out, atomic_load(&ctx->sampled_out));
+  atomic_fetch_add(&dccl_g.colls_without_event, dccl_ctx_uncovered(ctx));
   int last = (--dccl_g.refcount == 0);
   pthread_mutex_unlock(&dccl_g.registry);
   if (last) {
@@ -277,11 +302,13 @@ void dccl_stats_snapshot(dccl_stats_record_t* out) {
   out->pid = (uint32_t)getpid();
   out->time_ns = dccl_now_ns();
   uint64_t pool = atomic_load(&dccl_g.events_dropped_pool_full), sampled = atomic_load(&dccl_g.sampled_out);
+  uint64_t uncovered = atomic_load(&dccl_g.colls_without_event);
   pthread_mutex_lock(&dccl_g.registry);
   for (dccl_ctx_t* c = dccl_g.ctxs; c; c = c->next) {
     if (c->dead_ms) continue; /* retired: folded into the globals at finalize */
     pool += atomic_load_explicit(&c->dropped_pool_full, memory_order_relaxed);
     sampled += atomic_load_explicit(&c->sampled_out, memory_order_relaxed);
+    uncovered += dccl_ctx_uncovered(c);
   }
   uint64_t emitted = g_emitted_prev + (dccl_g.ring.seq ? atomic_load(&dccl_g.ring.enqueue_pos) : 0);
   pthread_mutex_unlock(&dccl_g.registry);
@@ -295,6 +322,7 @@ void dccl_stats_snapshot(dccl_stats_record_t* out) {
   out->sampled_out = sampled;
   out->kernel_ch_rejected = atomic_load(&dccl_g.kch_dropped);
   out->kernel_ch_timing_suspect = atomic_load(&dccl_g.timing_suspect);
+  out->colls_without_event = uncovered;
 }
 
 /* Debug/test hook: a snapshot of the plugin's counters (same content as the STATS record). Not part of NCCL's ABI. */

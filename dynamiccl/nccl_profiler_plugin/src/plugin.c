@@ -3,13 +3,13 @@
  * Hot path (startEvent/stopEvent/recordEventState): no malloc, no locks, no syscalls except
  * clock_gettime(CLOCK_REALTIME) through the vDSO. Fixed slot pools per communicator; a full
  * pool gives a NULL handle and a counted drop. Finished records go to one process-wide
- * bounded MPMC ring that the sender thread (sender.c) drains.
+ * bounded MPMC ring (ring.c) that the sender thread (sender.c) drains.
  *
  * Handles are encoded values (internal.h, DCCL_H_*), never pointers: Coll/P2p (slot), KernelCh
  * (slot + channel) and a dummy for the parents we do not track (GroupApi/CollApi/P2pApi/
  * KernelLaunch/Group). Every stop or child is checked against the slot's current generation.
  *
- * Lifecycle (init/finalize, communicator table, tuner link, counters): lifecycle.c.
+ * Lifecycle (init/finalize, communicator table, tuner link, counters, the stale-slot reaper): lifecycle.c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -34,8 +34,6 @@ dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
 #define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
 
-/* record_seq base: ring pushes of earlier plugin lifetimes (all comms finalized, then a new init). */
-uint64_t dccl_seq_base;
 
 uint64_t dccl_now_ns(void) {
   struct timespec ts;
@@ -55,71 +53,6 @@ uint64_t dccl_monotonic_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Ring: Vyukov bounded MPMC queue; the sender thread is the only consumer.                    */
-
-int dccl_ring_init(dccl_ring_t* r, uint32_t size) {
-  memset(r, 0, sizeof *r);
-  r->seq = aligned_alloc(64, ((size_t)size * sizeof(uint64_t) + 63) & ~(size_t)63);
-  r->recs = aligned_alloc(64, (size_t)size * sizeof(dccl_event_record_t));
-  if (r->seq == NULL || r->recs == NULL) {
-    free(r->seq);
-    free(r->recs);
-    r->seq = NULL;
-    r->recs = NULL;
-    return -1;
-  }
-  for (uint64_t i = 0; i < size; i++) atomic_init(&r->seq[i], i);
-  memset(r->recs, 0, (size_t)size * sizeof(dccl_event_record_t)); /* touch every page now, not on the hot path */
-  r->mask = size - 1;
-  atomic_init(&r->enqueue_pos, 0);
-  r->dequeue_pos = 0;
-  return 0;
-}
-
-void dccl_ring_free(dccl_ring_t* r) {
-  free(r->seq);
-  free(r->recs);
-  r->seq = NULL;
-  r->recs = NULL;
-}
-
-int dccl_ring_push(dccl_ring_t* r, const dccl_event_record_t* rec) {
-  uint64_t pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
-  for (;;) {
-    uint64_t s = atomic_load_explicit(&r->seq[pos & r->mask], memory_order_acquire);
-    int64_t diff = (int64_t)(s - pos);
-    if (diff == 0) {
-      if (atomic_compare_exchange_weak_explicit(&r->enqueue_pos, &pos, pos + 1, memory_order_relaxed,
-                                                memory_order_relaxed))
-        break;
-    } else if (diff < 0) {
-      return -1; /* full */
-    } else {
-      pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
-    }
-  }
-  dccl_event_record_t* dst = &r->recs[pos & r->mask];
-  memcpy(dst, rec, sizeof *dst);
-  dst->record_seq = dccl_seq_base + pos + 1;
-  atomic_store_explicit(&r->seq[pos & r->mask], pos + 1, memory_order_release);
-  return 0;
-}
-
-uint32_t dccl_ring_pop(dccl_ring_t* r, dccl_event_record_t* out, uint32_t max) {
-  uint32_t n = 0;
-  uint64_t pos = r->dequeue_pos;
-  while (n < max) {
-    uint64_t s = atomic_load_explicit(&r->seq[pos & r->mask], memory_order_acquire);
-    if (s != pos + 1) break; /* empty, or the producer has not finished writing this cell */
-    memcpy(&out[n++], &r->recs[pos & r->mask], sizeof *out);
-    atomic_store_explicit(&r->seq[pos & r->mask], pos + r->mask + 1, memory_order_release);
-    pos++;
-  }
-  r->dequeue_pos = pos;
-  return n;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -267,27 +200,6 @@ static inline void slot_try_finish(dccl_slot_t* s, uint64_t h) {
     dccl_slot_finish(s, 0);
 }
 
-void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) {
-  for (uint32_t i = 0; i < ctx->pool_size; i++) {
-    dccl_slot_t* s = &ctx->slots[i];
-    uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-    if (c & 1) continue;
-    uint64_t armed = atomic_load_explicit(&s->armed_ns, memory_order_acquire);
-    if (armed == 0) continue;
-    if (stale_ns != 0 && (mono_now_ns < armed || mono_now_ns - armed < stale_ns)) continue;
-    /* Fails if the slot finished or was reused since `c` was read (generation in ctl). */
-    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed)) {
-      atomic_fetch_add_explicit(&dccl_g.events_stale, 1, memory_order_relaxed);
-      dccl_slot_finish(s, 1);
-    }
-  }
-}
-
-void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns) {
-  (void)now_ns;
-  dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), stale_ns);
-}
-
 static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_dropped, 1, memory_order_relaxed); }
 
 /* Start a Coll (kind COLL) or P2p (kind P2P). `root` is the peer for P2P. `children`: KernelCh
@@ -354,6 +266,7 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
 static inline void start_coll(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                               size_t count, int root, uint8_t nCh, uint8_t nWarps, const char* algo,
                               const char* proto, uint64_t user_tag, int sym) {
+  dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh, user_tag,
            sym ? DCCL_FLAG_SYMMETRIC : 0);
@@ -381,6 +294,7 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
    the host-side launch and runs no kernel, so the record is counted and enqueue-timed only. */
 static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                             size_t count, int root, uint64_t user_tag) {
+  dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileCeColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
            DCCL_FLAG_COPY_ENGINE);
@@ -430,7 +344,7 @@ static inline __attribute__((always_inline)) void start_kch(void** eHandle, void
    profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
    kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
    its KernelPhaseStop state finds the channel entry. */
-static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
+static inline __attribute__((always_inline)) void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (phaseId != 0 || p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return;
   dccl_slot_t* s = handle_slot(p);
@@ -443,9 +357,9 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
-/* KernelCh, the most frequent start (nChannels per operation), is taken before the out-of-line
-   switch, so it runs without the others' register saves. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_CASE)                     \
+/* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
+   KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_FAST)                     \
   static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -453,6 +367,7 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
+    PHASE_FAST                                                                                               \
     else                                                                                                     \
       fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
     return ncclSuccess;                                                                                      \
@@ -469,10 +384,12 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
-      PHASE_CASE                                                                                             \
+      case ncclProfileCollApi:                                                                               \
+        dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */                  \
+        *eHandle = DUMMY_HANDLE;                                                                             \
+        break;                                                                                               \
       case ncclProfileGroup:                                                                                 \
       case ncclProfileGroupApi:                                                                              \
-      case ncclProfileCollApi:                                                                               \
       case ncclProfileP2pApi:                                                                                \
       case ncclProfileKernelLaunch:                                                                          \
         /* Parents we do not track: a non-NULL dummy so NCCL keeps starting the children. */               \
@@ -491,16 +408,16 @@ static inline void start_phase(void** eHandle, void* parentObj, uint8_t phaseId,
              d->ceColl.root, (TAG));                                                                       \
     break;
 
-#define DCCL_PHASE_CASE                                                                                    \
-  case ncclProfileKernelPhase:                                                                             \
-    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);                     \
-    break;
+/* v7 KernelPhase: three per KernelCh, so like KernelCh it is taken before the out-of-line switch. */
+#define DCCL_PHASE_FAST                                                                                    \
+  else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
+    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
 
 DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, , )
 DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, , )
 DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0), )
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
-                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_CASE)
+                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
 
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
    KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),

@@ -9,6 +9,7 @@
 #define DCCL_TESTING_NO_SENDER 1
 #include "../src/config.c"
 #include "../src/plugin.c"
+#include "../src/ring.c"
 #include "../src/lifecycle.c"
 #include "../src/sender.c"
 
@@ -910,6 +911,43 @@ static int test_ce_collective_counted(void) {
   return 0;
 }
 
+/* Coverage: CollApi calls without a Coll/CeColl event are counted in STATS, for a live
+   communicator and after its finalize (folded into the process counter). */
+static int test_coverage_counted(void) {
+  clear_env();
+  setenv("DYNAMICCL_EVENT_MASK", "4166", 1); /* Coll|P2p|KernelCh|CeColl */
+  dccl_stats_record_t st;
+  dynamicclProfilerStats(&st);
+  uint64_t before = st.colls_without_event;
+  void* ctx = init6(23, 0, 8);
+  ncclProfilerEventDescr_v6_t api;
+  memset(&api, 0, sizeof api);
+  api.type = ncclProfileCollApi;
+  for (int i = 0; i < 3; i++) {
+    void* h = NULL;
+    ncclProfiler_v6.startEvent(ctx, &h, &api);
+    TEST_ASSERT(h != NULL, "CollApi gets a dummy handle");
+    ncclProfiler_v6.stopEvent(h);
+  }
+  run_coll(ctx, 1, 2, 0, 100, 200); /* call 1: a Coll event */
+  ncclProfilerEventDescr_v6_t ce;
+  memset(&ce, 0, sizeof ce);
+  ce.type = ncclProfileCeColl;
+  ce.ceColl.func = "AllGather";
+  ce.ceColl.datatype = "ncclFloat32";
+  ce.ceColl.count = 10;
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &ce); /* call 2: a CeColl event */
+  ncclProfiler_v6.stopEvent(h);
+  dynamicclProfilerStats(&st);
+  TEST_ASSERT(st.colls_without_event == before + 1, "live: 3 calls, 2 events");
+  ncclProfiler_v6.finalize(ctx);
+  dynamicclProfilerStats(&st);
+  TEST_ASSERT(st.colls_without_event == before + 1, "kept after finalize");
+  clear_env();
+  return 0;
+}
+
 /* NCCL 2.28 after a send/recv to self: KernelCh pTimers of older kernels. A start before the
    channel's last collective stop, or a stop before its start, gives NONE + TIMING_SUSPECT;
    in-order records, other communicators and overlapping sends/receives are left alone. */
@@ -1000,6 +1038,7 @@ static const test_case_t k_tests[] = {
     {"retired_comm_late_stop_and_announce", test_retired_comm_late_stop_and_announce},
     {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
     {"ce_collective_counted", test_ce_collective_counted},
+    {"coverage_counted", test_coverage_counted},
     {"init_never_fails_after_success", test_init_never_fails_after_success},
     {"kch_order_guard", test_kch_order_guard},
     {"span_check_guard", test_span_check_guard},
