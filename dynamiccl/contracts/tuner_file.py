@@ -2,11 +2,13 @@
 (``dynamiccl/nccl_tuner_plugin/config.py`` and the C plugin's ``src/rules.c`` / ``src/internal.h``)."""
 from __future__ import annotations
 
+from dynamiccl.contracts.runtime_paths import default_tuner_config
+
 __all__ = ["ENV_VAR", "DEFAULT_PATH", "MAX_RULES", "MAX_VERSIONS", "MAX_FILE_BYTES", "MAX_LINE_CHARS",
            "MAX_CHANNELS", "U64_MAX", "HEADER"]
 
 ENV_VAR = "DYNAMICCL_TUNER_CONFIG"        # where the plugin reads and the retuner writes
-DEFAULT_PATH = "/tmp/dynamiccl-tuner.conf"
+DEFAULT_PATH = default_tuner_config()     # per user and job, from this process's environment (runtime_paths)
 MAX_RULES = 256                           # per version: the C plugin's fixed table size
 MAX_VERSIONS = 8                          # versions kept in one file
 MAX_FILE_BYTES = 1 << 20

@@ -121,3 +121,25 @@ def test_a_socket_of_another_user_is_not_taken_over(tmp_path):
     with pytest.raises(OSError, match="belongs to uid 12345"):   # before: probed, unlinked or EADDRINUSE
         listen(f"unix:{path}", key="listen")
     squatter.close()
+
+
+def test_the_default_socket_directory_is_created_private_and_a_squatted_one_refused(tmp_path, monkeypatch):
+    """Issue 18 #8: the default socket lives in a per-user 0700 directory; a group/other-writable one
+    (another user could plant a socket there) is refused with a message naming it."""
+    import os
+    import stat
+
+    from dynamiccl.collector.net import listen
+    from dynamiccl.contracts import runtime_paths
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("DYNAMICCL_JOB_ID", "j1")
+    path = runtime_paths.default_socket()
+    assert path == f"{tmp_path}/dynamiccl/collector-j1.sock"
+    sock, kind, bound = listen(f"unix:{path}", key="listen")
+    sock.close()
+    assert stat.S_IMODE(os.stat(tmp_path / "dynamiccl").st_mode) == 0o700 and bound == f"unix:{path}"
+    os.unlink(path)
+    os.chmod(tmp_path / "dynamiccl", 0o777)
+    with pytest.raises(OSError, match="writable by group or others"):
+        listen(f"unix:{path}", key="listen")

