@@ -373,7 +373,10 @@ static void announce_comms(sender_t* s) {
   pthread_mutex_unlock(&dccl_g.registry);
 }
 
-/* PROCESS then one COMM per live communicator: the first frame of every connection. */
+static void add_stats(sender_t* s, int timeout_ms);
+
+/* PROCESS, one COMM per live communicator, then STATS (connection ordinal, sent so far): the first
+   frame of every connection. */
 static void send_hello(sender_t* s) {
   dccl_process_record_t* p = frame_slot(s, DCCL_SEND_TIMEOUT_MS);
   p->kind = DCCL_KIND_PROCESS;
@@ -387,6 +390,7 @@ static void send_hello(sender_t* s) {
   copy_str(p->host, sizeof p->host, host);
   copy_str(p->job_id, sizeof p->job_id, job_id());
   announce_comms(s);
+  add_stats(s, DCCL_SEND_TIMEOUT_MS);
   frame_flush(s, DCCL_SEND_TIMEOUT_MS);
 }
 
@@ -427,9 +431,12 @@ static void check_peer(sender_t* s) {
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) sender_close(s);
 }
 
+/* reserved[0] = this connection's ordinal (1, 2, ...): with records_sent in the STATS that opens every
+   connection, a collector that restarted counts what was sent to its predecessor (receivers/continuity.py). */
 static void add_stats(sender_t* s, int timeout_ms) {
   dccl_stats_record_t st;
   dccl_stats_snapshot(&st);
+  st.reserved[0] = s->conn_id;
   memcpy(frame_slot(s, timeout_ms), &st, sizeof st);
 }
 
