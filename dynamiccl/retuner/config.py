@@ -4,8 +4,9 @@ Defaults follow docs/architecture.md (ports, tuner config path). ``dry_run`` is 
 retuner then only recommends (audit log + metrics) and never writes the tuner config file.
 
 >>> cfg = RetunerConfig()
->>> cfg.dry_run, cfg.tuner_config_path, cfg.policy.exploration_budget
-(True, '/tmp/dynamiccl-tuner.conf', 0.05)
+>>> from dynamiccl.contracts.runtime_paths import default_tuner_config
+>>> cfg.dry_run, cfg.tuner_config_path == default_tuner_config(), cfg.policy.exploration_budget
+(True, True, 0.05)
 >>> RetunerConfig(policy=PolicyConfig(exploration_budget=1.5)).validate()
 Traceback (most recent call last):
 ...
