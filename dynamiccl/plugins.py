@@ -5,7 +5,7 @@ import argparse
 
 from dynamiccl import nccl_profiler_plugin
 from dynamiccl import nccl_tuner_plugin
-from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
+from dynamiccl.contracts.runtime_paths import default_socket, default_tuner_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"# profiler plugin: {path}")
     print(f"export NCCL_PROFILER_PLUGIN={path}")
-    print(f"export DYNAMICCL_COLLECTOR={COLLECTOR_LISTEN}   # where `dynamiccl collector` listens")
+    print(f"export DYNAMICCL_COLLECTOR=unix:{default_socket()}   # where `dynamiccl collector` listens")
     try:
         tuner = nccl_tuner_plugin.library_path()
     except FileNotFoundError as e:
@@ -33,5 +33,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"# tuner plugin: {tuner} (retuning; add dynamiccl.nccl_tuner_plugin.sync.agree() at a step boundary)")
     print(f"export NCCL_TUNER_PLUGIN={tuner}")
-    print(f"export DYNAMICCL_TUNER_CONFIG={nccl_tuner_plugin.DEFAULT_CONFIG_PATH}   # what the retuner writes")
+    print(f"export DYNAMICCL_TUNER_CONFIG={default_tuner_config()}   # what the retuner writes")
     return 0

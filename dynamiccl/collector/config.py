@@ -11,12 +11,14 @@ import numbers
 import re
 from dataclasses import dataclass, field
 
+from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
+
 __all__ = [
     "ReceiverConfig", "WindowConfig", "ParquetConfig", "PrometheusConfig", "FeaturesConfig",
     "TelemetryConfig", "CollectorConfig", "default_config", "parse_address", "parse_host_port", "flatten",
 ]
 
-DEFAULT_LISTEN = "unix:/tmp/dynamiccl.sock"
+DEFAULT_LISTEN = COLLECTOR_LISTEN   # per-user, per-job socket (dynamiccl/contracts/runtime_paths.py)
 DEFAULT_METRICS = "127.0.0.1:9464"
 DEFAULT_FEATURES = "tcp:127.0.0.1:9465"
 DEFAULT_PARQUET_DIR = "./runs/parquet"

@@ -70,6 +70,8 @@ METRICS: tuple[MetricSpec, ...] = (
                ("job_id", "host")),
     MetricSpec("dynamiccl_collector_delivery_gaps_total", "counter",
                "Number of record_seq jumps seen.", ("job_id", "host")),
+    MetricSpec("dynamiccl_collector_records_unconfirmed_total", "counter",
+               "Records plugins sent on earlier connections to another collector (a restart): stored or lost there."),
     MetricSpec("dynamiccl_collector_connections_open", "gauge",
                "Plugin connections currently open."),
     MetricSpec("dynamiccl_plugin_connections_open", "gauge",
@@ -182,6 +184,7 @@ class SelfMetrics:
         self.parquet_writer_deaths = 0
         self.feature_subscribers = 0
         self.feature_windows_dropped = 0
+        self.records_unconfirmed = 0
         self.series_dropped = 0
         self.last_window_end_s = 0.0
         self.inputs_authenticated = 0  # 1: every network peer had to present a token
@@ -237,6 +240,7 @@ class SelfMetrics:
                 "delivery_gap_records_total": sum(self.gap_records.values()),
                 "connections_open": self.connections_open,
                 "feature_windows_dropped_total": self.feature_windows_dropped,
+                "records_unconfirmed_total": self.records_unconfirmed,
                 "inputs_authenticated": self.inputs_authenticated,
             }
 

@@ -7,6 +7,7 @@ import socket
 import stat
 
 from dynamiccl.collector.config import parse_address
+from dynamiccl.contracts.runtime_paths import UnsafeDirectory, ensure_private_dir, runtime_dir
 
 __all__ = ["listen", "display"]
 
@@ -42,6 +43,16 @@ def _remove_stale_unix(path: str) -> None:
     raise OSError(errno.EADDRINUSE, f"{path}: another process is listening on this socket")
 
 
+def _private_parent(path: str) -> None:
+    """The per-user default directory is created 0700 and refused if another user could write it."""
+    if os.path.dirname(os.path.abspath(path)) != runtime_dir():
+        return
+    try:
+        ensure_private_dir(runtime_dir())
+    except UnsafeDirectory as exc:
+        raise OSError(errno.EPERM, str(exc)) from None
+
+
 def listen(address: str, *, key: str, backlog: int = 128) -> tuple[socket.socket, str, str]:
     """Bind and listen (non-blocking). Returns (socket, transport, bound address for display).
 
@@ -50,6 +61,7 @@ def listen(address: str, *, key: str, backlog: int = 128) -> tuple[socket.socket
     kind, target = parse_address(address, key=key)
     try:
         if kind == "unix":
+            _private_parent(target)
             _remove_stale_unix(target)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:

@@ -4,10 +4,12 @@
 """
 from __future__ import annotations
 
+from dynamiccl.contracts.runtime_paths import default_socket
+
 __all__ = ["COLLECTOR_LISTEN", "COLLECTOR_METRICS", "COLLECTOR_FEATURES", "DETECTOR_METRICS",
            "DETECTOR_EVENTS", "RETUNER_METRICS", "ALERT_LOG", "PORTS"]
 
-COLLECTOR_LISTEN = "unix:/tmp/dynamiccl.sock"      # where the plugins and the torch source send records
+COLLECTOR_LISTEN = f"unix:{default_socket()}"     # where the plugins send records: per user and job (runtime_paths)
 COLLECTOR_METRICS = "127.0.0.1:9464"               # collector /metrics
 COLLECTOR_FEATURES = "tcp:127.0.0.1:9465"          # collector window-features stream (NDJSON)
 DETECTOR_METRICS = "127.0.0.1:9466"                # detector /metrics

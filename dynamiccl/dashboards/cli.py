@@ -2,11 +2,13 @@
 
     dynamiccl dashboards build                 write dynamiccl/dashboards/json/*.json from dynamiccl/dashboards/build.py
     dynamiccl dashboards check                 exit 1 if the committed JSON is not what build.py generates
-    dynamiccl dashboards push --url URL --token TOKEN        upload folder + dashboards to an existing Grafana
-    dynamiccl dashboards annotate --url URL --token TOKEN [--events tcp:127.0.0.1:9467 | --file F.jsonl]
+    dynamiccl dashboards push --url URL --token-file F        upload folder + dashboards to an existing Grafana
+    dynamiccl dashboards annotate --url URL --token-file F [--events tcp:127.0.0.1:9467 | --file F.jsonl]
                                                regime changes (detector stream or NDJSON file) → annotations
 
-``--url``/``--token`` default to ``$GRAFANA_URL``/``$GRAFANA_TOKEN``. Each command's last line is
+``--url`` defaults to ``$GRAFANA_URL``; the token comes from ``--token-file``/``$GRAFANA_TOKEN_FILE`` or
+``$GRAFANA_TOKEN`` (``--token`` still works, with a warning: argv is visible to every user). Printed URLs
+never show a password. Each command's last line is
 ``key=value`` pairs.
 """
 from __future__ import annotations
@@ -42,8 +44,11 @@ def register(sub) -> None:
                            ("annotate", "post regime changes as Grafana annotations")):
         q = s.add_parser(name, help=helptext)
         q.add_argument("--url", default=os.environ.get("GRAFANA_URL"), help="Grafana URL (default $GRAFANA_URL)")
-        q.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
-                       help="service-account token (default $GRAFANA_TOKEN)")
+        q.add_argument("--token", default=None,
+                       help="service-account token; discouraged: argv is visible to every user on the host "
+                            "(a warning is printed); use --token-file or $GRAFANA_TOKEN")
+        q.add_argument("--token-file", default=os.environ.get("GRAFANA_TOKEN_FILE"),
+                       help="file holding the token, mode 600 (default $GRAFANA_TOKEN_FILE)")
         q.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
         if name == "push":
             q.add_argument("--dir", default=str(JSON_DIR), help="dashboard JSON directory")
@@ -106,10 +111,29 @@ def _check_cmd(args) -> int:
 def _need_url(args) -> None:
     if not args.url:
         raise ValueError("--url (or $GRAFANA_URL) is required")
+    args.token = _token(args)
+
+
+def _token(args) -> str | None:
+    """--token (warned: visible in argv), else --token-file / $GRAFANA_TOKEN_FILE, else $GRAFANA_TOKEN."""
+    from dynamiccl.dashboards.grafana_push import GrafanaError, read_token_file, redact
+    if args.token is not None:
+        print("dynamiccl dashboards: warning: --token is visible to every user on this host (ps); "
+              "use --token-file or $GRAFANA_TOKEN", file=sys.stderr)
+        return args.token
+    if args.url and redact(args.url) != args.url and args.url != os.environ.get("GRAFANA_URL"):
+        print("dynamiccl dashboards: warning: a password in --url is visible to every user on this host (ps); "
+              "use $GRAFANA_URL or a token file", file=sys.stderr)
+    if args.token_file:
+        try:
+            return read_token_file(args.token_file)
+        except GrafanaError as exc:
+            raise ValueError(str(exc)) from None
+    return os.environ.get("GRAFANA_TOKEN")
 
 
 def _push_cmd(args) -> int:
-    from dynamiccl.dashboards.grafana_push import GrafanaError, connect, push_dashboards
+    from dynamiccl.dashboards.grafana_push import GrafanaError, connect, push_dashboards, redact
     _need_url(args)
     d = Path(args.dir)
     files = sorted(d.glob("*.json"))
@@ -126,11 +150,11 @@ def _push_cmd(args) -> int:
         res = push_dashboards(g, dashboards)
     except GrafanaError as exc:
         print(f"dynamiccl dashboards push: error: {exc}", file=sys.stderr)
-        print(f"pushed=0 url={args.url}")
+        print(f"pushed=0 url={redact(args.url)}")
         return 1
     for name, r in zip(dashboards, res):
         print(f"pushed {name}: {r.get('url', '') if isinstance(r, dict) else r}")
-    print(f"pushed={len(res)} folder=dynamiccl url={args.url}")
+    print(f"pushed={len(res)} folder=dynamiccl url={redact(args.url)}")
     return 0
 
 

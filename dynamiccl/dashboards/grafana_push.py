@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import logging
 import socket
 import threading
@@ -94,15 +95,47 @@ class Grafana:
             raise GrafanaError(f"{what}: Grafana at {self.url} answered something that is not JSON") from None
 
 
+def redact(url: str | None) -> str | None:
+    """``url`` with any password replaced by ``***``: what may be printed or logged."""
+    if not url or "@" not in url:
+        return url
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urllib.parse.urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def read_token_file(path: str) -> str:
+    """A token from a file that is this user's and not readable by group or others (like an ssh key)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise GrafanaError(f"token file {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise GrafanaError(f"token file {path} must belong to this user and not be readable by group or "
+                               f"others (chmod 600); mode {st.st_mode & 0o777:o}, uid {st.st_uid}")
+        token = f.read(4096).strip()
+    if not token:
+        raise GrafanaError(f"token file {path} is empty")
+    return token
+
+
 def connect(url: str, token: str | None, *, timeout: float = 10.0) -> Grafana:
     """A client for ``url`` (``http(s)://host:port[/prefix]``) with a bearer token (or user:pass in the URL)."""
     if not url or "://" not in url:
-        raise GrafanaError(f"--url: expected http(s)://HOST:PORT, got {url!r}")
+        raise GrafanaError(f"--url: expected http(s)://HOST:PORT, got {redact(url)!r}")
     if token is not None and not token.strip():
         raise GrafanaError("--token is empty")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise GrafanaError(f"--url: expected http(s)://HOST:PORT, got {url!r}")
+        raise GrafanaError(f"--url: expected http(s)://HOST:PORT, got {redact(url)!r}")
     auth = None
     if token is not None:
         auth = f"Bearer {token}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dynamiccl.contracts.runtime_paths import default_tuner_config
 from dynamiccl.contracts.tuner_file import DEFAULT_PATH as DEFAULT_CONFIG_PATH
 from dynamiccl.contracts.tuner_file import ENV_VAR as CONFIG_ENV
 
@@ -36,5 +37,5 @@ def library_path() -> Path:
 
 
 def config_path() -> Path:
-    """The config file the plugin reads: ``$DYNAMICCL_TUNER_CONFIG`` or ``/tmp/dynamiccl-tuner.conf``."""
-    return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH)
+    """The config file the plugin reads: ``$DYNAMICCL_TUNER_CONFIG`` or the per-user default (:mod:`dynamiccl.contracts.runtime_paths`)."""
+    return Path(os.environ.get(CONFIG_ENV) or default_tuner_config())

@@ -1,17 +1,22 @@
 """The tuner config file: what the retuner writes and the tuner plugin (C) reads while the job runs.
 
-One text file (``DYNAMICCL_TUNER_CONFIG``, default ``/tmp/dynamiccl-tuner.conf``), replaced atomically
+One text file (``DYNAMICCL_TUNER_CONFIG``, default per user and job: :mod:`dynamiccl.contracts.runtime_paths`), replaced atomically
 (write a temporary file in the same directory, fsync, rename). It holds the **last few versions**,
 newest last, so that a rank asked to apply version *v* (the MIN over ranks of what each has staged)
 still has *v*'s rules even if it has already seen *v+1*::
 
-    # dynamiccl tuner config
+    # dynamiccl tuner config format=2
     version 41
     AllReduce  0        65535  RING  LL      8  0  *
     version 42
     # func     min_bytes max_bytes algo proto channels chunk_bytes comm
     AllReduce  0        65535  RING  LL128   8  0  *
     AllGather  1048576  max    *     SIMPLE  0  0  0x1f2e3d4c5b6a7988
+    # end lines=7 crc32=<zlib CRC-32 of the 7 lines above>
+
+Format 2 (``format=2`` in the first line; :func:`format_configs` always writes it) must end with that
+marker, so a file cut short is refused (the reader keeps what it has); format 1 (no ``format=2``
+header, hand-written) needs none.
 
 A version line may announce an epoch for jobs without the agreement hook (``version N at T``, T =
 unix time in ns; the plugin's ``DYNAMICCL_TUNER_APPLY=epoch`` mode switches at T; see the README).
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +62,7 @@ from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.contracts.collectives import ALGOS, PROTOS
 from dynamiccl.contracts.collectives import TUNER_FUNCS as FUNCS
 from dynamiccl.contracts.tuner_file import (DEFAULT_PATH, ENV_VAR, HEADER, MAX_CHANNELS, MAX_FILE_BYTES,
+                                            TRAILER_FORMAT,
                                             MAX_LINE_CHARS, MAX_RULES, MAX_VERSIONS, U64_MAX)
 
 __all__ = ["ALGOS", "PROTOS", "FUNCS", "MAX_RULES", "MAX_VERSIONS", "MAX_FILE_BYTES", "MAX_LINE_CHARS",
@@ -132,7 +139,27 @@ def format_configs(configs: list[TunerConfig]) -> str:
     for c in configs:
         out.append(f"version {c.version}" + (f" at {c.apply_at_ns}" if c.apply_at_ns else ""))
         out.extend(r.format() for r in c.rules)
-    return "\n".join(out) + "\n"
+    body = "\n".join(out) + "\n"
+    return body + TRAILER_FORMAT.format(lines=len(out), crc=zlib.crc32(body.encode())) + "\n"
+
+
+_TRAILER = re.compile(r"# end lines=([0-9]{1,9}) crc32=([0-9a-f]{8})\n", re.ASCII)
+
+
+def _strip_trailer(text: str, source: str) -> str:
+    """Format 2 (the header line says so): the body before a valid end marker, else a ValueError."""
+    if text and len(text) <= len(HEADER) and HEADER.startswith(text):
+        raise ValueError(f"{source}: torn file: cut inside the format-2 header")
+    if not (text.startswith(HEADER) and text[len(HEADER):len(HEADER) + 1] in ("\n", "\r")):
+        return text                                   # format 1: no trailer required
+    cut = text.rfind("\n", 0, len(text) - 1) + 1
+    m = _TRAILER.fullmatch(text, cut) if text.endswith("\n") else None
+    body = text[:cut]
+    if m is None:
+        raise ValueError(f"{source}: torn file: no valid '# end lines=K crc32=X' line at the end (format 2)")
+    if int(m.group(1)) != body.count("\n") or int(m.group(2), 16) != zlib.crc32(body.encode()):
+        raise ValueError(f"{source}: torn file: the end marker does not match the content (format 2)")
+    return body
 
 
 _DEC = re.compile(r"[0-9]+", re.ASCII)
@@ -167,6 +194,7 @@ def parse_configs(text: str, source: str = "<config>") -> list[TunerConfig]:
     """Parse a whole file; a bad line is an error naming the line (the plugin then keeps its last good config)."""
     if len(text.encode()) > MAX_FILE_BYTES:
         raise ValueError(f"{source}: file larger than {MAX_FILE_BYTES} bytes")
+    text = _strip_trailer(text, source)
     configs: list[TunerConfig] = []
     head: tuple[int, int] | None = None       # (version, apply_at_ns) of the version being read
     rules: list[Rule] = []

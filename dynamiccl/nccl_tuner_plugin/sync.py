@@ -9,6 +9,9 @@ staged versions into one *applied* version, identically on every rank:
 2. if ``v`` differs from the applied version (identical on every rank, by induction): each rank pins ``v``
    (``prepare``: still staged here, not dropped by a concurrent reload) and a second all-reduce MIN of
    the pin results decides: all ranks apply ``v``, or none does;
+   ``v`` below the applied version (a rank that has no file yet, or refused a torn or empty one) keeps the
+   applied version: versions only grow (a revert is a new version without rules), so going back, and
+   above all to 0 = NCCL's defaults on every rank, is never what the retuner asked for;
 3. ranks issue their next collectives after the hook returns, so every collective of the new step is
    tuned with ``v`` on every rank, and every collective before it with the previous version.
 
@@ -71,6 +74,10 @@ def agree_with(all_reduce_min: Callable[[Sequence[int]], Sequence[int]], plugin:
     applied = plugin.applied_version if plugin is not None else 0
     v = int(all_reduce_min([staged])[0])
     if v == applied:
+        return applied
+    if v < applied:   # a rank lacks the applied version (no file yet, torn or refused): keep it, never revert
+        log.warning("a rank has only tuner config version %d staged (this rank applies %d); keeping %d",
+                    v, applied, applied)
         return applied
     ok = plugin.prepare_version(v) if plugin is not None else v == 0
     if int(all_reduce_min([1 if ok else 0])[0]) == 1:

@@ -4,8 +4,9 @@ Defaults follow docs/architecture.md (ports, tuner config path). ``dry_run`` is 
 retuner then only recommends (audit log + metrics) and never writes the tuner config file.
 
 >>> cfg = RetunerConfig()
->>> cfg.dry_run, cfg.tuner_config_path, cfg.policy.exploration_budget
-(True, '/tmp/dynamiccl-tuner.conf', 0.05)
+>>> from dynamiccl.contracts.runtime_paths import default_tuner_config
+>>> cfg.dry_run, cfg.tuner_config_path == default_tuner_config(), cfg.policy.exploration_budget
+(True, True, 0.05)
 >>> RetunerConfig(policy=PolicyConfig(exploration_budget=1.5)).validate()
 Traceback (most recent call last):
 ...
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dynamiccl.contracts import addresses
+from dynamiccl.contracts.runtime_paths import runtime_dir
 from dynamiccl.nccl_tuner_plugin.config import ALGOS, DEFAULT_PATH, FUNCS, PROTOS
 
 __all__ = ["PolicyConfig", "Pin", "RetunerConfig", "DEFAULT_METRICS", "DEFAULT_CHANGES", "DEFAULT_FEATURES",
@@ -184,7 +186,7 @@ class RetunerConfig:
         if not isinstance(self.tuner_config_path, str) or not self.tuner_config_path:
             raise ValueError("tuner_config_path must be a non-empty path")
         parent = Path(self.tuner_config_path).parent
-        if not self.dry_run and not parent.is_dir():
+        if not self.dry_run and not parent.is_dir() and str(parent) != runtime_dir():  # that one is created
             raise ValueError(f"tuner_config_path: directory {str(parent)!r} does not exist")
         for name in ("allow", "deny"):
             for i, p in enumerate(getattr(self, name)):

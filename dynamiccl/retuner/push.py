@@ -26,6 +26,7 @@ import os
 import time
 from typing import Callable, Sequence
 
+from dynamiccl.contracts.runtime_paths import UnsafeDirectory, ensure_private_dir, runtime_dir
 from dynamiccl.nccl_tuner_plugin.config import MAX_RULES, MAX_VERSIONS, Rule, TunerConfig, read_configs, write_configs
 
 __all__ = ["ConfigPusher", "PushError"]
@@ -78,7 +79,12 @@ class ConfigPusher:
             raise PushError("invalid_config", str(e)) from None
         hist = (self.history + [cfg])[-self.keep:]
         try:
+            if os.path.dirname(os.path.abspath(self.path)) == runtime_dir():
+                ensure_private_dir(runtime_dir())  # the default: created 0700, refused if another user's
             write_configs(self.path, hist)
+        except UnsafeDirectory as e:
+            self.last_error = str(e)
+            raise PushError("write_failed", self.last_error) from None
         except OSError as e:
             self.last_error = f"{self.path}: {e.strerror or e}"
             raise PushError("write_failed", self.last_error) from None

@@ -121,3 +121,52 @@ def test_a_socket_of_another_user_is_not_taken_over(tmp_path):
     with pytest.raises(OSError, match="belongs to uid 12345"):   # before: probed, unlinked or EADDRINUSE
         listen(f"unix:{path}", key="listen")
     squatter.close()
+
+
+def test_the_default_socket_directory_is_created_private_and_a_squatted_one_refused(tmp_path, monkeypatch):
+    """Issue 18 #8: the default socket lives in a per-user 0700 directory; a group/other-writable one
+    (another user could plant a socket there) is refused with a message naming it."""
+    import os
+    import stat
+
+    from dynamiccl.collector.net import listen
+    from dynamiccl.contracts import runtime_paths
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("DYNAMICCL_JOB_ID", "j1")
+    path = runtime_paths.default_socket()
+    assert path == f"{tmp_path}/dynamiccl/collector-j1.sock"
+    sock, kind, bound = listen(f"unix:{path}", key="listen")
+    sock.close()
+    assert stat.S_IMODE(os.stat(tmp_path / "dynamiccl").st_mode) == 0o700 and bound == f"unix:{path}"
+    os.unlink(path)
+    os.chmod(tmp_path / "dynamiccl", 0o777)
+    with pytest.raises(OSError, match="writable by group or others"):
+        listen(f"unix:{path}", key="listen")
+
+
+def test_records_sent_to_a_previous_collector_are_counted_and_logged(quiet_config, sock_path, caplog):
+    """Issue 18 #6: after a collector restart the records a plugin had sent to the dead one were counted
+    nowhere. The STATS that opens each connection carries its ordinal (reserved[0]) and records_sent."""
+    import numpy as np
+
+    from dynamiccl.collector.testing import stats_record
+
+    def opening(pid, ordinal, sent):
+        st = stats_record(pid, records_sent=sent)
+        st["reserved"][0][0] = ordinal
+        return encode_frame(np.concatenate([process_record("nodeA", "job1", pid, start_ns=1).view(EVENT_DTYPE),
+                                            st.view(EVENT_DTYPE)]))
+
+    p = _pipe(quiet_config, sock_path)
+    try:
+        for pid, ordinal, sent in ((1000, 3, 500), (1000, 4, 900), (1001, 1, 0), (1002, 2, 0)):
+            s = _connect(p, 0)
+            s.sendall(opening(pid, ordinal, sent))
+            s.close()
+            assert wait_until(lambda: p.stream.connections == 0)
+        # pid 1000 first seen on its 3rd connection: 500 sent to the predecessor; its 4th is ours (no count)
+        assert wait_until(lambda: p.metrics.records_unconfirmed == 500), p.metrics.records_unconfirmed
+        assert "500 records were sent on 2 earlier connection(s) to another collector" in caplog.text
+    finally:
+        p.shutdown()

@@ -424,3 +424,25 @@ def test_bad_settings_are_named():
         SenderConfig.from_env({"DYNAMICCL_RING_SIZE": "lots"})
     with pytest.raises(ValueError, match="queue_size"):
         SenderConfig.from_env({"DYNAMICCL_RING_SIZE": "0"})
+
+
+def test_every_connection_opens_with_stats_naming_its_ordinal_and_what_was_sent_before():
+    """Issue 18 #6: a restarted collector could not know what the Python sender had sent to its predecessor."""
+    import socket as _socket
+
+    from dynamiccl.collector.sources.wire_sender import Comm, SenderConfig, WireSender
+    s = WireSender(SenderConfig(collector="unix:/nonexistent", host="h0", job_id="j"))
+    comm = Comm(comm_hash=0xABC, name="world", rank=0, nranks=2, nnodes=1)
+    s.register_comm(comm)
+    seen = []
+    for k in range(2):
+        a, b = _socket.socketpair()
+        s.attach(a)
+        s.queue.extend([(comm, 1, 1, 6, 0, 256, 1024, 0, 1_000, 51_000, 2)] * 5)
+        s.flush_once()
+        res = StreamDecoder().feed(b.recv(1 << 20))
+        st = res.stats[0]
+        seen.append((int(st["reserved"][0]), int(st["records_sent"])))
+        a.close()
+        b.close()
+    assert seen == [(1, 0), (2, 5)]

@@ -99,3 +99,34 @@ def test_annotator_with_grafana_down_counts_and_continues():
     ann = Annotator(connect(f"http://127.0.0.1:{port}", "t", timeout=1))
     ann.run([json.dumps(RC), json.dumps(RC)])
     assert (ann.posted, ann.failed) == (0, 2)
+
+
+def test_push_never_prints_a_password_from_the_url(grafana, capsys):
+    """Issue 18 #9: `pushed=... url=` and errors printed the password given inside the URL."""
+    from dynamiccl.dashboards.grafana_push import redact
+    assert redact("http://admin:s3cr%40t@h:3000/g") == "http://admin:***@h:3000/g"
+    assert redact("http://h:3000") == "http://h:3000" and redact("http://tok@h:1") == "http://tok@h:1"
+    url = grafana.url.replace("://", "://admin:hunter2@")
+    main(["dashboards", "push", "--url", url, "--token-file", "/nonexistent/t"])
+    main(["dashboards", "push", "--url", url.replace("127.0.0.1", "127.0.0.1:bad"), "--token", "t"])
+    main(["dashboards", "push", "--url", url])
+    out = capsys.readouterr()
+    assert "hunter2" not in out.out + out.err, out
+    assert "admin:***@" in out.out and "password in --url is visible" in out.err
+
+
+def test_token_from_a_private_file_and_argv_warned(grafana, tmp_path, capsys, monkeypatch):
+    import os
+    monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
+    f = tmp_path / "token"
+    f.write_text(grafana.token + "\n")
+    os.chmod(f, 0o644)
+    assert main(["dashboards", "push", "--url", grafana.url, "--token-file", str(f)]) == 2
+    assert "not be readable by group or others" in capsys.readouterr().err
+    os.chmod(f, 0o600)
+    assert main(["dashboards", "push", "--url", grafana.url, "--token-file", str(f)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.setenv("GRAFANA_TOKEN_FILE", str(f))
+    assert main(["dashboards", "push", "--url", grafana.url]) == 0
+    assert main(["dashboards", "push", "--url", grafana.url, "--token", grafana.token]) == 0
+    assert "--token is visible to every user" in capsys.readouterr().err

@@ -204,6 +204,13 @@ def test_collector_killed_mid_run_and_restarted(start_scenario, collector_factor
     st = res["stats"]
     assert st["records_undelivered"] == 100 and st["records_sent"] == 200 and st["reconnects"] == 1
     assert int(col2.events()["record_seq"].min()) == 201
+    # issue 18 #6: the STATS that opens each connection says which connection it is and what was sent
+    # before it, so the restarted collector counts the 100 records col1 took with it
+    for col, ordinal, sent_before in ((col1, 1, 0), (col2, 2, 100)):
+        recs = col.records(conn=0)
+        first_stats = np.array([recs[2]]).view(wf.STATS_DTYPE)[0]
+        assert [int(r["kind"]) for r in recs[:3]] == [wf.Kind.PROCESS, wf.Kind.COMM, wf.Kind.STATS]
+        assert (int(first_stats["reserved"][0]), int(first_stats["records_sent"])) == (ordinal, sent_before)
 
 
 def test_tcp_collector(run_scenario, collector_factory):

@@ -84,3 +84,25 @@ def test_token_opens_the_connection_and_the_collector_accepts_it(run_scenario, t
         assert p.metrics.decoded == 10 and p.metrics.refusals["auth"] >= 1
     finally:
         p.shutdown()
+
+
+def test_default_socket_is_per_user_and_job_and_a_squatted_directory_is_refused(run_scenario, collector_factory,
+                                                                                tmp_path):
+    """Issue 18 #8: without DYNAMICCL_COLLECTOR the plugin sends to the runtime_paths default
+    ($XDG_RUNTIME_DIR/dynamiccl/collector-<job>.sock); a group/other-writable directory is refused, logged once."""
+    from dynamiccl.contracts.runtime_paths import default_socket
+    env = {"DYNAMICCL_COLLECTOR": "", "XDG_RUNTIME_DIR": str(tmp_path), "DYNAMICCL_JOB_ID": "job-test",
+           "DYNAMICCL_FLUSH_MS": "20"}
+    path = default_socket(env)
+    assert path == f"{tmp_path}/dynamiccl/collector-job-test.sock"
+    os.mkdir(tmp_path / "dynamiccl", 0o700)
+    coll = collector_factory(f"unix:{path}")
+    steps = [{"op": "init", "hash": 5}, {"op": "run", "ops": make_ops(20)}, {"op": "sync"}, {"op": "finalize"}]
+    res = run_scenario(steps, "", env=env)
+    assert res["ok"] and res["stats"]["records_sent"] == 20, res   # before: sent to /tmp/dynamiccl.sock
+    assert coll is not None
+    os.chmod(tmp_path / "dynamiccl", 0o777)
+    res = run_scenario(steps, "", env=env)
+    err = res["stderr"]
+    assert res["stats"]["records_sent"] == 0 and res["stats"]["records_undelivered"] == 20, res
+    assert err.count("refusing the default collector socket") == 1 and "writable by group or others" in err, err

@@ -158,3 +158,27 @@ def test_without_the_hook_the_same_faults_cause_mismatches(tmp_path):
     assert res["mismatches"] > 0, res
     ex = res["examples"][0]
     assert len(set(ex["applied"].values())) > 1, ex     # the disagreeing ranks had different versions
+
+
+def test_agree_never_reverts_to_nccl_defaults_when_a_rank_lacks_the_file():
+    """Issue 18 #8: a rank whose file was empty or torn (staged 0, or older) took the MIN to 0 and agree()
+    then reverted every rank to NCCL's defaults; now every rank keeps the applied version."""
+    class Rank:
+        def __init__(self, staged: int) -> None:
+            self.staged_version, self.applied_version = staged, 0
+
+        def prepare_version(self, v: int) -> bool:
+            return v <= self.staged_version
+
+        def apply_version(self, v: int) -> None:
+            self.applied_version = v
+
+    ranks = [Rank(5), Rank(5), Rank(5)]
+    assert sync.run_ranks(ranks) == [5, 5, 5]
+    ranks[1].staged_version = 0          # its reload refused an empty/torn file: nothing staged
+    assert sync.run_ranks(ranks) == [5, 5, 5]
+    ranks[1].staged_version = 3          # an older version only
+    assert sync.run_ranks(ranks) == [5, 5, 5]
+    for r in ranks:
+        r.staged_version = 6
+    assert sync.run_ranks(ranks) == [6, 6, 6]   # forward still works

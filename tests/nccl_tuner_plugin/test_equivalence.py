@@ -3,6 +3,7 @@ and getCollInfo/getChunkSize give what ``config.apply_rule`` gives, on random ta
 from __future__ import annotations
 
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -86,6 +87,12 @@ def mutate(rng: random.Random, text: str) -> str:
     return "\n".join(lines)
 
 
+def seal(body: str) -> str:
+    """A format-2 file of ``body`` with a valid end marker."""
+    body = body if body.endswith("\n") else body + "\n"
+    return body + f"# end lines={body.count(chr(10))} crc32={zlib.crc32(body.encode('utf-8', 'surrogatepass')):08x}\n"
+
+
 def python_accepts(text: str) -> tuple[bool, list[TunerConfig]]:
     try:
         return True, C.parse_configs(text)
@@ -101,8 +108,13 @@ def test_parsers_agree_on_random_and_malformed_files(built, tmp_path):
     conf = tmp_path / "t.conf"
     for i in range(300):
         text = C.format_configs(random_configs(rng, first=1 + rng.randrange(1000)))
-        if i % 4:
-            text = mutate(rng, text)
+        body = text[:text.rfind("# end ")]
+        if i % 8 in (1, 2, 3, 5):      # a grammar edit, sealed again: the parsers must agree on the grammar
+            text = seal(mutate(rng, body))
+        elif i % 8 == 6:               # torn: cut anywhere (format 2 refuses every cut)
+            text = text[:rng.randrange(len(text))]
+        elif i % 8 == 7:               # format 1 (no format-2 header): no trailer needed
+            text = mutate(rng, body.replace(C.HEADER, "# dynamiccl tuner config", 1))
         ok, cfgs = python_accepts(text)
         conf.write_bytes(text.encode("utf-8", "surrogatepass"))
         with TunerPlugin.private_copy(built["plugin"], tmp_dir=tmp_path) as p:   # a fresh process state
@@ -116,6 +128,26 @@ def test_parsers_agree_on_random_and_malformed_files(built, tmp_path):
             else:
                 n_bad += 1
     assert n_ok > 80 and n_bad > 80, (n_ok, n_bad)
+
+
+def test_a_torn_format_2_file_is_refused_at_every_cut(built, tmp_path):
+    """Issue 18 #8: a write torn at a line boundary was accepted as a version (and the full one then
+    refused); with the end marker every strict prefix of a file is refused by both parsers."""
+    from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
+
+    text = C.format_configs(random_configs(random.Random(3), first=5))
+    conf = tmp_path / "t.conf"
+    cuts = sorted({i for i, ch in enumerate(text) if ch == "\n"} | {1, len(C.HEADER), len(text) - 1})
+    with TunerPlugin.private_copy(built["plugin"], tmp_dir=tmp_path) as p:
+        p.configure(conf, mode="agree", poll_ms=0)
+        conf.write_text(text)
+        assert p.reload() == 1
+        full = p.staged_version
+        for cut in cuts:
+            conf.write_text(text[:cut + 1] if cut + 1 < len(text) else text[:cut])
+            assert not python_accepts(conf.read_text())[0], cut
+            assert p.reload() == -1 and "torn file" in p.last_error(), (cut, p.last_error())
+            assert p.staged_version == full          # the previous version is kept
 
 
 @pytest.mark.parametrize("num_algo", [7, 6])
@@ -180,4 +212,4 @@ def test_limits_match_the_c_plugin(built):
     assert int(define("DCT_MAX_RULES")) == C.MAX_RULES
     assert int(define("DCT_MAX_VERSIONS")) == C.MAX_VERSIONS
     assert define("DCT_MAX_FILE_BYTES") == "(1 << 20)" and C.MAX_FILE_BYTES == 1 << 20
-    assert define("DCT_DEFAULT_PATH").strip('"') == C.DEFAULT_PATH
+    assert C.DEFAULT_PATH.endswith(".conf")  # per-user rule, C and Python compared in tests/contracts

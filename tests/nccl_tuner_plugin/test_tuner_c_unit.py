@@ -16,16 +16,16 @@ TUNER_DIR = REPO / "dynamiccl" / "nccl_tuner_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_tuner"], 22)
+    run_unit_binary(built["test_tuner"], 23)
 
 
 def test_c_unit_asan(built):
-    assert_all_passed(make(TUNER_DIR, "test-asan"), 22)
+    assert_all_passed(make(TUNER_DIR, "test-asan"), 23)
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind not installed")
 def test_c_unit_valgrind(built):
-    assert_all_passed(make(TUNER_DIR, "test-valgrind"), 22)
+    assert_all_passed(make(TUNER_DIR, "test-valgrind"), 23)
 
 
 def test_plugin_builds_without_warnings(built, tmp_path):

@@ -22,7 +22,8 @@ def _row(var: str) -> list[str]:
 
 
 def test_settings_table_matches_the_code():
-    assert _row("DYNAMICCL_TUNER_CONFIG")[1] == f"`{_define('DCT_DEFAULT_PATH').strip(chr(34))}`"
+    assert _row("DYNAMICCL_TUNER_CONFIG")[1] == "`$XDG_RUNTIME_DIR/dynamiccl/tuner[-JOB].conf`"
+    assert 'dynamiccl_default_path(dct_g.path, sizeof dct_g.path, "tuner", "conf")' in CONTROL
     assert _row("DYNAMICCL_TUNER_POLL_MS")[1] == f"`{_define('DCT_DEFAULT_POLL_MS')}`"
     assert _row("DYNAMICCL_TUNER_APPLY")[1] == "`agree`" and ".mode = DCT_MODE_AGREE" in CONTROL
     for mode in ("agree", "epoch", "immediate"):

@@ -160,3 +160,26 @@ def test_the_window_length_comes_from_the_features():
     assert rt.window_s == 0.5
     rt.on_window(WindowFeatures(100.5, float("nan"), empty_keys(), empty_ranks()))
     assert rt.window_s == 0.5
+
+
+def test_default_config_directory_is_created_private_and_a_squatted_one_refused(tmp_path, monkeypatch):
+    """Issue 18 #8: the default tuner config lives in a per-user 0700 directory the pusher creates; the file
+    is the job user's (0600 is readable by a job of the same uid); a group/other-writable directory is refused."""
+    import stat
+
+    from dynamiccl.contracts.runtime_paths import default_tuner_config
+    from dynamiccl.retuner.push import ConfigPusher, PushError
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.delenv("DYNAMICCL_JOB_ID", raising=False)
+    path = default_tuner_config()
+    assert path == f"{tmp_path}/dynamiccl/tuner-42.conf"
+    RetunerConfig(dry_run=False, tuner_config_path=path).validate()  # the directory need not exist yet
+    pu = ConfigPusher(path, dry_run=False)
+    assert pu.push([]) == 1
+    st = os.stat(path)
+    assert stat.S_IMODE(os.stat(tmp_path / "dynamiccl").st_mode) == 0o700
+    assert st.st_uid == os.getuid() and st.st_mode & stat.S_IRUSR
+    os.chmod(tmp_path / "dynamiccl", 0o775)
+    with pytest.raises(PushError, match="writable by group or others"):
+        pu.push([])

@@ -32,6 +32,7 @@ def _compose_bin() -> Path:
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
+    clean.setdefault("GRAFANA_ADMIN_PASSWORD", "test-only")
     return subprocess.run([str(_compose_bin()), "-f", str(COMPOSE), *args], capture_output=True, text=True,
                           env={**clean, **(env or {})}, cwd=ROOT, timeout=60)
 
@@ -151,3 +152,15 @@ def test_dockerignore_keeps_what_the_wheel_build_needs():
     pkgs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
     for needed in (*pkgs["packages"], "pyproject.toml", "hatch_build.py", "README.md"):
         assert needed not in ignored, needed
+
+
+def test_no_default_grafana_password_and_no_prometheus_lifecycle_api():
+    """Issue 18 #9: Grafana came up as admin/admin; Prometheus exposed /-/quit and /-/reload."""
+    clean = {k: v for k, v in os.environ.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    r = subprocess.run([str(_compose_bin()), "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True,
+                       env={k: v for k, v in clean.items() if not k.startswith(("COMPOSE_", "DOCKER_"))},
+                       cwd=ROOT, timeout=60)
+    assert r.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in r.stderr and "no default password" in r.stderr
+    cfg = _config(env={"GRAFANA_ADMIN_PASSWORD": "s3cret-from-env"})
+    assert cfg["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret-from-env"
+    assert not any("lifecycle" in a for a in cfg["services"]["prometheus"]["command"])

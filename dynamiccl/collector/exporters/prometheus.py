@@ -58,6 +58,7 @@ class MetricsCollector:
                 "dynamiccl_collector_parquet_writer_deaths_total": m.parquet_writer_deaths,
                 "dynamiccl_collector_feature_subscribers": m.feature_subscribers,
                 "dynamiccl_collector_feature_windows_dropped_total": m.feature_windows_dropped,
+                "dynamiccl_collector_records_unconfirmed_total": m.records_unconfirmed,
                 "dynamiccl_collector_last_window_end_timestamp_seconds": m.last_window_end_s,
             }
             dropped, malformed, refusals = dict(m.dropped), dict(m.malformed), dict(m.refusals)

@@ -31,6 +31,7 @@ from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
 from dynamiccl.collector.net import listen
 from dynamiccl.collector.ratelog import RateLimitedLog
+from dynamiccl.collector.receivers.continuity import RestartLedger
 from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME, RECORD_SIZE
 
 __all__ = ["StreamReceiver"]
@@ -79,6 +80,7 @@ class StreamReceiver:
         self.metrics = metrics
         self.plugin_stats = plugin_stats or PluginStats()
         self.gaps = GapTracker(config.gap_tracker_max_processes)
+        self.restarts = RestartLedger(config.gap_tracker_max_processes)
         self._clock = clock
         self._sel: selectors.BaseSelector | None = None
         self._listeners: list[tuple[socket.socket, str, str]] = []
@@ -355,8 +357,19 @@ class StreamReceiver:
         for st in res.stats:
             self.plugin_stats.update(dec.job_id, dec.host, dec.process_key + (int(st["pid"]),),
                                      {k: int(st[k]) for k in PluginStats.FIELDS})
+            self._unconfirmed(dec, st)
         if res.events is not None and len(res.events):
             self.next_consumer.consume(RecordBatch(res.events, dec.host, dec.job_id, dec.comm_names))
+
+    def _unconfirmed(self, dec, st) -> None:
+        n = self.restarts.observe(dec.process_key + (int(st["pid"]),), int(st["reserved"][0]),
+                                  int(st["records_sent"]))
+        if n:
+            m = self.metrics
+            m.add("records_unconfirmed", n)
+            self._refusal_log.warning("unconfirmed", "job %s host %s pid %d: %d records were sent on %d earlier "
+                                      "connection(s) to another collector (a restart?); counted as unconfirmed",
+                                      dec.job_id, dec.host, int(st["pid"]), n, int(st["reserved"][0]) - 1)
 
     @property
     def connections(self) -> int:

@@ -12,7 +12,8 @@ frames exactly as the C plugin does (``dynamiccl/collector/wire_format.py``):
   after every reconnect; a communicator registered later is announced before its first record);
 * COLL / P2P records, ``record_seq`` = position in the queue order (assigned when taken from the
   queue, so a record lost on the way to the collector shows as a delivery gap);
-* a STATS record about once a second with the same counters the plugin reports.
+* a STATS record right after the hello and about once a second, with the same counters the plugin reports
+  and the connection's ordinal in ``reserved[0]`` (a restarted collector counts what went before).
 
 The collector being down never hurts the job: the thread reconnects with backoff (0.1 s … 5 s),
 drains the queue meanwhile and counts what it could not deliver (``records_undelivered``).
@@ -158,6 +159,7 @@ class WireSender:
         self.pid = os.getpid()
         self._comms: list[Comm] = []
         self._announced: set[int] = set()   # id(comm) announced on the current connection
+        self.conn_ordinal = 0               # 1, 2, ... per connection: STATS reserved[0] (receivers/continuity.py)
         self._sock: socket.socket | None = None
         self._next_connect = 0.0
         self._backoff = config.reconnect_min_s
@@ -351,6 +353,7 @@ class WireSender:
     def _stats_record(self) -> np.ndarray:
         r = np.zeros(1, STATS_DTYPE)
         r["kind"], r["pid"], r["time_ns"] = Kind.STATS, self.pid, self._clock_ns()
+        r["reserved"][0][0] = self.conn_ordinal
         c = self.counters()
         for k in ("events_dropped_pool_full", "records_dropped_ring_full", "records_undelivered",
                   "records_sent", "records_emitted", "events_stale", "reconnects", "sampled_out",
@@ -391,8 +394,9 @@ class WireSender:
             except OSError:
                 self._disconnect()
                 return
+        self.conn_ordinal += 1
         chunks = [self._process_record().tobytes()] + [r.tobytes() for r in self._pending_comms()]
-        self._send(chunks, 0)
+        self._send(chunks + [self._stats_record().tobytes()], 0)   # ordinal + what earlier connections took
 
     def _connect(self) -> None:
         kind, target = parse_address(self.config.collector, key="DYNAMICCL_COLLECTOR")

@@ -1,6 +1,6 @@
 """``dynamiccl simulate``: run a simulated training job through the real profiler plugin, or benchmark it.
 
-    dynamiccl simulate run --workload llama7b-tp8-dp2 --scenario demo [--fast] --collector unix:/tmp/dynamiccl.sock
+    dynamiccl simulate run --workload llama7b-tp8-dp2 --scenario demo [--fast] [--collector unix:PATH]
     dynamiccl simulate bench [--duration 20]
 
 Both print a last line of ``key=value`` pairs.
@@ -28,7 +28,9 @@ def register(subparsers: Any) -> None:
     r.add_argument("--scenario", default="demo", help="scenario preset or YAML path (default: demo)")
     r.add_argument("--duration", type=float, default=None, help="simulated seconds (default: the scenario's)")
     r.add_argument("--fast", action="store_true", help="as fast as possible (default: paced to the wall clock)")
-    r.add_argument("--collector", default="unix:/tmp/dynamiccl.sock", help="unix:PATH or tcp:HOST:PORT")
+    from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
+    r.add_argument("--collector", default=COLLECTOR_LISTEN,
+                   help=f"unix:PATH or tcp:HOST:PORT (default {COLLECTOR_LISTEN}: the collector's per-user default)")
     r.add_argument("--out", default="runs/sim", help="directory for truth.jsonl and run.json (default: runs/sim)")
     r.set_defaults(func=run_cmd)
     b = sub.add_parser("bench", help="fast-mode throughput through the real plugin (per-rank collectives/s)")

@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
 from dynamiccl.harness.simulator import scenario as scenario_mod
 from dynamiccl.harness.simulator import workload as workload_mod
 from dynamiccl.harness.simulator.engine import DEFAULT_EPOCH_NS, EMU_OP_DTYPE, Engine, Tuner
@@ -258,7 +259,7 @@ class SimulatedJob:
     """
 
     def __init__(self, workload: Workload | str, scenario: Scenario | str | None = None, *,
-                 collector: str = "unix:/tmp/dynamiccl.sock", seed: int = 0, duration_s: float | None = None,
+                 collector: str = COLLECTOR_LISTEN, seed: int = 0, duration_s: float | None = None,
                  realtime: bool = False, out_dir: str | Path | None = None, plugin: str | Path | None = None,
                  emu_lib: str | Path | None = None, abi: int = 6, job_id: str | None = None,
                  epoch_ns: int | None = None, tuner: Tuner | None = None,

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../../contracts/dynamiccl_paths.h"
 
 typedef struct {
   int fd;
@@ -90,12 +91,41 @@ static void load_token(void) {
   dccl_preamble_len = 8 + len;
 }
 
+/* ---- where to send: DYNAMICCL_COLLECTOR, else the per-user, per-job default socket ----
+ * The default lives in a directory the collector creates 0700; a directory another user owns or can
+ * write is refused (a squatter would receive the job's records), logged once, records counted. */
+static char dccl_addr[DCCL_ADDR_MAX + 8];
+static int dccl_addr_unsafe; /* the default directory failed the ownership/mode check */
+
+static void resolve_address(void) {
+  const char* env = getenv("DYNAMICCL_COLLECTOR");
+  int use_default = !(env && *env) && strcmp(dccl_g.cfg.collector, DCCL_DEFAULT_COLLECTOR) == 0;
+  char path[sizeof(((struct sockaddr_un*)0)->sun_path)];
+  dccl_addr_unsafe = 0;
+  if (!use_default || dynamiccl_default_path(path, sizeof path, "collector", "sock") != 0) {
+    snprintf(dccl_addr, sizeof dccl_addr, "%s", dccl_g.cfg.collector);
+    return;
+  }
+  snprintf(dccl_addr, sizeof dccl_addr, "unix:%s", path);
+}
+
+/* 0 when the default socket's directory may be used now (checked before every connect). */
+static int address_dir_ok(char* err, size_t errlen) {
+  if (strcmp(dccl_addr, dccl_g.cfg.collector) == 0) return 0; /* explicitly configured: the user's choice */
+  char dir[sizeof dccl_addr];
+  snprintf(dir, sizeof dir, "%s", dccl_addr + 5);
+  char* slash = strrchr(dir, '/');
+  if (slash) *slash = '\0';
+  if (dynamiccl_check_private_dir(dir, err, errlen) == 0) return 0;
+  return strstr(err, "does not exist") ? 1 : -1; /* 1: no collector yet (not unsafe) */
+}
+
 /* Records that could not be delivered: logged once, then only counted (summary at finalize). */
 static void note_undelivered(sender_t* s, const char* why) {
   if (s->warned_undelivered) return;
   s->warned_undelivered = 1;
   DCCL_WARN("DynamICCL profiler: cannot deliver records to the collector at %s (%s); they are counted as "
-            "undelivered (logged once; totals at finalize)", dccl_g.cfg.collector, why);
+            "undelivered (logged once; totals at finalize)", dccl_addr, why);
 }
 
 static void sender_close(sender_t* s) {
@@ -343,7 +373,10 @@ static void announce_comms(sender_t* s) {
   pthread_mutex_unlock(&dccl_g.registry);
 }
 
-/* PROCESS then one COMM per live communicator: the first frame of every connection. */
+static void add_stats(sender_t* s, int timeout_ms);
+
+/* PROCESS, one COMM per live communicator, then STATS (connection ordinal, sent so far): the first
+   frame of every connection. */
 static void send_hello(sender_t* s) {
   dccl_process_record_t* p = frame_slot(s, DCCL_SEND_TIMEOUT_MS);
   p->kind = DCCL_KIND_PROCESS;
@@ -357,12 +390,20 @@ static void send_hello(sender_t* s) {
   copy_str(p->host, sizeof p->host, host);
   copy_str(p->job_id, sizeof p->job_id, job_id());
   announce_comms(s);
+  add_stats(s, DCCL_SEND_TIMEOUT_MS);
   frame_flush(s, DCCL_SEND_TIMEOUT_MS);
 }
 
 static void try_connect(sender_t* s) {
-  const char* a = dccl_g.cfg.collector;
-  int fd = strncmp(a, "unix:", 5) == 0 ? connect_unix(a + 5) : connect_tcp(a + 4);
+  const char* a = dccl_addr;
+  char why[512];
+  int dir = strncmp(a, "unix:", 5) == 0 ? address_dir_ok(why, sizeof why) : 0;
+  if (dir < 0 && !dccl_addr_unsafe) {
+    dccl_addr_unsafe = 1;
+    DCCL_WARN("DynamICCL profiler: refusing the default collector socket %s: %s (another user could read this "
+              "job's records); remove the directory or set DYNAMICCL_COLLECTOR", a, why);
+  }
+  int fd = dir != 0 ? -1 : strncmp(a, "unix:", 5) == 0 ? connect_unix(a + 5) : connect_tcp(a + 4);
   if (fd < 0) {
     s->next_connect_ms = dccl_monotonic_ms() + s->backoff_ms;
     s->backoff_ms = s->backoff_ms * 2 > DCCL_RECONNECT_MAX_MS ? DCCL_RECONNECT_MAX_MS : s->backoff_ms * 2;
@@ -390,9 +431,12 @@ static void check_peer(sender_t* s) {
   if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) sender_close(s);
 }
 
+/* reserved[0] = this connection's ordinal (1, 2, ...): with records_sent in the STATS that opens every
+   connection, a collector that restarted counts what was sent to its predecessor (receivers/continuity.py). */
 static void add_stats(sender_t* s, int timeout_ms) {
   dccl_stats_record_t st;
   dccl_stats_snapshot(&st);
+  st.reserved[0] = s->conn_id;
   memcpy(frame_slot(s, timeout_ms), &st, sizeof st);
 }
 
@@ -427,7 +471,7 @@ static void log_summary(void) {
   unsigned long long pool = atomic_load(&dccl_g.events_dropped_pool_full);
   DCCL_LOG(und || ring || pool ? NCCL_LOG_WARN : NCCL_LOG_INFO,
            "DynamICCL profiler: finalize: %llu records sent to %s, %llu undelivered, %llu dropped (ring full), "
-           "%llu events dropped (pool full)", sent, dccl_g.cfg.collector, und, ring, pool);
+           "%llu events dropped (pool full)", sent, dccl_addr, und, ring, pool);
 }
 
 static void* sender_main(void* arg) {
@@ -436,6 +480,7 @@ static void* sender_main(void* arg) {
   s.buf = malloc(sizeof(dccl_frame_header_t) + (size_t)DCCL_MAX_RECORDS_PER_FRAME * DCCL_RECORD_SIZE);
   if (s.buf == NULL) return NULL; /* records then pile up in the ring and are counted as ring-full drops */
   load_token();
+  resolve_address();
   int stop = 0;
   uint64_t wait_ms = 0;
   for (;;) {

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "../../contracts/dynamiccl_paths.h"
 
 dct_slot_t dct_slot_storage[DCT_NSLOTS];
 
@@ -27,7 +28,7 @@ dct_global_t dct_g = {
     .reload_lock = PTHREAD_MUTEX_INITIALIZER,
     .lifecycle = PTHREAD_MUTEX_INITIALIZER,
     .wake = PTHREAD_COND_INITIALIZER,
-    .path = DCT_DEFAULT_PATH,
+    .path = "", /* dct_env_load: DYNAMICCL_TUNER_CONFIG or the per-user default */
     .mode = DCT_MODE_AGREE,
     .poll_ms = DCT_DEFAULT_POLL_MS,
     .prepared = -1,
@@ -60,6 +61,9 @@ const char* dct_mode_name(int mode) {
 /* Environment (first init; an invalid value is a warning and the default, never a failure:     */
 /* a tuner init error would fail communicator creation).                                       */
 
+/* 1 while dct_g.path is the per-user default: its directory must then pass the private-dir rule. */
+static int g_default_path;
+
 void dct_env_load(void) {
   pthread_mutex_lock(&dct_g.ctl);
   if (dct_g.env_loaded) {
@@ -68,9 +72,15 @@ void dct_env_load(void) {
   }
   dct_g.env_loaded = 1;
   const char* p = getenv("DYNAMICCL_TUNER_CONFIG");
-  if (!(dct_g.overrides & 1) && p && *p) {
-    if (strlen(p) >= DCT_PATH_MAX) DCT_WARN("DynamICCL tuner: DYNAMICCL_TUNER_CONFIG is too long; using %s", dct_g.path);
-    else snprintf(dct_g.path, sizeof dct_g.path, "%s", p);
+  if (!(dct_g.overrides & 1)) {
+    g_default_path = 1;
+    dynamiccl_default_path(dct_g.path, sizeof dct_g.path, "tuner", "conf"); /* fits: at most ~4 KB + 80 */
+    if (p && *p && strlen(p) >= DCT_PATH_MAX)
+      DCT_WARN("DynamICCL tuner: DYNAMICCL_TUNER_CONFIG is too long; using %s", dct_g.path);
+    else if (p && *p) {
+      snprintf(dct_g.path, sizeof dct_g.path, "%s", p);
+      g_default_path = 0;
+    }
   }
   const char* m = getenv("DYNAMICCL_TUNER_APPLY");
   if (!(dct_g.overrides & 2) && m && *m) {
@@ -97,6 +107,7 @@ DCT_EXPORT int dynamiccl_tuner_configure(const char* path, int mode, int poll_ms
   if (mode > DCT_MODE_IMMEDIATE || poll_ms > DCT_MAX_POLL_MS) return -1;
   pthread_mutex_lock(&dct_g.ctl);
   if (path) {
+    g_default_path = 0;
     snprintf(dct_g.path, sizeof dct_g.path, "%s", path);
     dct_g.overrides |= 1;
   }
@@ -329,6 +340,27 @@ static int trusted_file(const struct stat* st, char* why, size_t cap) {
   return 1;
 }
 
+/* The default path's directory: another user's (or a group/other-writable) directory could hold a
+   planted config, so it is refused (counted once per streak, like a bad file). Missing: no config yet. */
+static int g_dir_refused;
+static int default_dir_ok(const char* path) {
+  char dir[DCT_PATH_MAX], why[DCT_ERR_MAX - 64];
+  snprintf(dir, sizeof dir, "%s", path);
+  char* slash = strrchr(dir, '/');
+  if (slash) *slash = '\0';
+  if (dynamiccl_check_private_dir(dir, why, sizeof why) == 0 || strstr(why, "does not exist")) {
+    g_dir_refused = 0;
+    return 1;
+  }
+  if (!g_dir_refused) {
+    char msg[DCT_ERR_MAX];
+    snprintf(msg, sizeof msg, "directory %.400s; refusing the default config (set DYNAMICCL_TUNER_CONFIG)", why);
+    reload_failed(path, msg);
+  }
+  g_dir_refused = 1;
+  return 0;
+}
+
 static int blank(const char* buf, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (buf[i] != ' ' && buf[i] != '\t' && buf[i] != '\n' && buf[i] != '\r') return 0;
@@ -340,7 +372,12 @@ DCT_EXPORT int dynamiccl_tuner_reload(void) {
   pthread_mutex_lock(&dct_g.reload_lock);
   pthread_mutex_lock(&dct_g.ctl);
   memcpy(path, dct_g.path, sizeof path);
+  int check_dir = g_default_path;
   pthread_mutex_unlock(&dct_g.ctl);
+  if (check_dir && !default_dir_ok(path)) {
+    pthread_mutex_unlock(&dct_g.reload_lock);
+    return -1;
+  }
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;

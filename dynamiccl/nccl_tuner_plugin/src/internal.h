@@ -19,6 +19,9 @@
 #define DCT_MAX_RULES 256         /* per version */
 #define DCT_MAX_VERSIONS 8        /* per file */
 #define DCT_MAX_FILE_BYTES (1 << 20)
+/* Format 2 (contracts/tuner_file.py): a file starting with this line must end with
+   "# end lines=K crc32=XXXXXXXX" (K lines before it, zlib CRC-32 of every byte before it). */
+#define DCT_HEADER_V2 "# dynamiccl tuner config format=2"
 #define DCT_MAX_CHANNELS 64       /* NCCL MAXCHANNELS */
 #define DCT_NFUNC 6               /* Broadcast Reduce AllGather ReduceScatter AllReduce AllToAll */
 /* Table slots: the staged versions, the next file's new versions, applied and pending. */
@@ -31,7 +34,7 @@
 #define DCT_RACY_NS 50000000ull
 
 /* ---- defaults (documented in README.md; a test compares) ---- */
-#define DCT_DEFAULT_PATH "/tmp/dynamiccl-tuner.conf"
+/* default config path: the per-user, per-job rule of dynamiccl/contracts/dynamiccl_paths.h ("tuner", "conf") */
 #define DCT_DEFAULT_POLL_MS 100
 #define DCT_MAX_POLL_MS 60000
 #define DCT_PATH_MAX 4096

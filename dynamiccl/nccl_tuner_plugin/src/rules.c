@@ -116,11 +116,67 @@ static void finish_version(dct_version_t* v, const dct_rule_t* in) {
   v->bnd_start[DCT_NFUNC] = (uint16_t)nb;
 }
 
+static uint32_t crc32_of(const char* p, size_t n) { /* zlib's CRC-32 (reflected 0xEDB88320) */
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; i++) {
+    c ^= (uint8_t)p[i];
+    for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+/* "# end lines=<1-9 digits> crc32=<8 lowercase hex>\n", exactly (the Python reader's regex). */
+static int parse_trailer(const char* p, size_t n, uint32_t* lines, uint32_t* crc) {
+  static const char pre[] = "# end lines=", mid[] = " crc32=";
+  size_t i = sizeof pre - 1, d = 0;
+  if (n < i || memcmp(p, pre, i) != 0) return 0;
+  for (*lines = 0; i < n && d < 10 && p[i] >= '0' && p[i] <= '9'; i++, d++) *lines = *lines * 10 + (uint32_t)(p[i] - '0');
+  if (d == 0 || d > 9 || n - i < sizeof mid - 1 + 9 || memcmp(p + i, mid, sizeof mid - 1) != 0) return 0;
+  i += sizeof mid - 1;
+  *crc = 0;
+  for (int k = 0; k < 8; k++, i++) {
+    char c = p[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return 0;
+    *crc = (*crc << 4) | (uint32_t)v;
+  }
+  return i == n - 1 && p[i] == '\n';
+}
+
+/* Format 2: the length of the body before a valid end marker; -1 (reason in err) for a torn file.
+   Format 1 (no format-2 header): the whole text. */
+static long body_length(const char* text, size_t len, char* err, size_t errlen) {
+  size_t hl = sizeof DCT_HEADER_V2 - 1;
+  if (len > 0 && len <= hl && memcmp(text, DCT_HEADER_V2, len) == 0) {
+    snprintf(err, errlen, "torn file: cut inside the format-2 header");
+    return -1;
+  }
+  int v2 = len > hl && memcmp(text, DCT_HEADER_V2, hl) == 0 && (text[hl] == '\n' || text[hl] == '\r');
+  if (!v2) return (long)len;
+  size_t cut = len >= 2 ? len - 2 : 0;
+  while (cut > 0 && text[cut - 1] != '\n') cut--;
+  uint32_t lines = 0, crc = 0;
+  if (!parse_trailer(text + cut, len - cut, &lines, &crc)) {
+    snprintf(err, errlen, "torn file: no valid '# end lines=K crc32=X' line at the end (format 2)");
+    return -1;
+  }
+  unsigned nl = 0;
+  for (size_t i = 0; i < cut; i++) nl += text[i] == '\n';
+  if (nl != lines || crc32_of(text, cut) != crc) {
+    snprintf(err, errlen, "torn file: the end marker does not match the content (format 2)");
+    return -1;
+  }
+  return (long)cut;
+}
+
 int dct_parse(const char* text, size_t len, dct_parsed_t* out, char* err, size_t errlen) {
   static __thread dct_rule_t pending[DCT_MAX_RULES]; /* rules of the current version, file order */
   char line[1024];
   memset(out, 0, sizeof *out);
   if (len > DCT_MAX_FILE_BYTES) FAIL("file is %zu bytes, at most %d", len, DCT_MAX_FILE_BYTES);
+  long body = body_length(text, len, err, errlen);
+  if (body < 0) return -1;
+  len = (size_t)body;
   dct_version_t* cur = NULL;
   size_t pos = 0;
   int lineno = 0;

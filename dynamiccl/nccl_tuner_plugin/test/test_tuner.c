@@ -554,10 +554,51 @@ static int test_env(void) {
   unsetenv("DYNAMICCL_TUNER_CONFIG");
   unsetenv("DYNAMICCL_TUNER_APPLY");
   unsetenv("DYNAMICCL_TUNER_POLL_MS");
-  TEST_ASSERT(strcmp(DCT_DEFAULT_PATH, "/tmp/dynamiccl-tuner.conf") == 0, "default path");
+  setenv("XDG_RUNTIME_DIR", "/run/user/4242/", 1);
+  setenv("SLURM_JOB_ID", "77", 1);
+  dct_g.env_loaded = 0;
+  dct_env_load();
+  TEST_ASSERT(strcmp(dct_g.path, "/run/user/4242/dynamiccl/tuner-77.conf") == 0, "per-user, per-job default: %s",
+              dct_g.path);
+  unsetenv("XDG_RUNTIME_DIR");
+  unsetenv("SLURM_JOB_ID");
   return 0;
 }
 
+
+/* The default path's directory must be this user's and not group/other-writable (issue 18 #8):
+   a config planted in a squatted directory is refused and counted; fixing the mode loads it. */
+static int test_default_dir_refused(void) {
+  reset(DCT_MODE_IMMEDIATE);
+  const char* tmp = getenv("TMPDIR");
+  char base[256], dir[400];
+  snprintf(base, sizeof base, "%s/dccl-xdg-%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+  snprintf(dir, sizeof dir, "%s/dynamiccl", base);
+  mkdir(base, 0700);
+  mkdir(dir, 0700);
+  chmod(dir, 0777);
+  setenv("XDG_RUNTIME_DIR", base, 1);
+  unsetenv("DYNAMICCL_TUNER_CONFIG");
+  unsetenv("SLURM_JOB_ID");
+  unsetenv("DYNAMICCL_JOB_ID");
+  dct_g.overrides = 0;
+  dct_g.env_loaded = 0;
+  dct_env_load();
+  snprintf(g_path, sizeof g_path, "%s/tuner.conf", dir);
+  TEST_ASSERT(strcmp(dct_g.path, g_path) == 0, "default path %s", dct_g.path);
+  write_file("version 1\nAllReduce 0 max RING SIMPLE 0 0 *\n");
+  TEST_ASSERT(dynamiccl_tuner_reload() == -1, "group/other-writable directory refused");
+  TEST_ASSERT(dynamiccl_tuner_reload() == -1 && atomic_load(&dct_g.reload_errors) == 1, "counted once per streak");
+  TEST_ASSERT(atomic_load(&dct_g.staged_version) == 0 && strstr(g_log, "writable by group or others"), "%s", g_log);
+  chmod(dir, 0700);
+  TEST_ASSERT(dynamiccl_tuner_reload() == 1 && atomic_load(&dct_g.staged_version) == 1, "private directory loaded");
+  unlink(g_path);
+  rmdir(dir);
+  rmdir(base);
+  unsetenv("XDG_RUNTIME_DIR");
+  reset(DCT_MODE_IMMEDIATE);
+  return 0;
+}
 
 /* ---- real NCCL paths (issue 23) ---- */
 
@@ -840,6 +881,7 @@ static const test_case_t k_tests[] = {
     {"stale_tag_rejected", test_stale_tag_rejected},
     {"reload_thread", test_reload_thread},
     {"env", test_env},
+    {"default_dir_refused", test_default_dir_refused},
     {"chunk_rounded_to_protocol_grain", test_chunk_rounded_to_protocol_grain},
     {"channels_only_where_nccl_clamps", test_channels_only_where_nccl_clamps},
     {"tuning_subsystem_flag", test_tuning_subsystem_flag},
