@@ -150,7 +150,7 @@ def test_records_sent_to_a_previous_collector_are_counted_and_logged(quiet_confi
     nowhere. The STATS that opens each connection carries its ordinal (reserved[0]) and records_sent."""
     import numpy as np
 
-    from dynamiccl.collector.testing import stats_record
+    from dynamiccl.harness.collector_testing import stats_record
 
     def opening(pid, ordinal, sent):
         st = stats_record(pid, records_sent=sent)

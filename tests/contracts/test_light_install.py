@@ -45,12 +45,8 @@ def test_dynamiccl_plugins_works_without_any_third_party_package(tmp_path):
 
 def test_the_training_node_imports_need_no_third_party_package(tmp_path):
     r = run_bare("import sys; sys.path.insert(0, '.')\n"
-<<<<<<< HEAD
-                 "import dynamiccl.contracts, dynamiccl.nccl_tuner_plugin.sync, dynamiccl.nccl_tuner_plugin.config, dynamiccl.nccl_profiler_plugin\n"
-=======
                  "import dynamiccl.contracts, dynamiccl.nccl_tuner_plugin.sync, dynamiccl.nccl_tuner_plugin.config, "
                  "dynamiccl.nccl_profiler_plugin\n"
->>>>>>> harden3
                  "from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, format_configs, parse_configs\n"
                  "c = [TunerConfig(1, (Rule('AllToAll', 0, 1 << 20, 'RING', 'LL'),))]\n"
                  "assert parse_configs(format_configs(c)) == c\n"
