@@ -1,6 +1,6 @@
 """The detector in process: `Detector.process(window) -> list[RegimeChange]`.
 
->>> from detector.service import Detector
+>>> from dynamiccl.detector.service import Detector
 >>> from dynamiccl.detector.config import DetectorConfig
 >>> det = Detector(DetectorConfig(autoencoder=False))
 >>> det.process("not a window")
