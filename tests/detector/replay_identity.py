@@ -3,7 +3,10 @@ detector on them, dump changes + counters as JSON; diff two dumps (before/after 
   python tests/detector/replay_identity.py cache /tmp/win.pkl
   python tests/detector/replay_identity.py replay /tmp/win.pkl /tmp/after.json   # run from each tree
 """
-import json, pickle, sys, os
+import json
+import pickle
+import sys
+import os
 sys.path.insert(0, os.getcwd())
 from dynamiccl.detector import evaluate as E
 from dynamiccl.detector.config import DetectorConfig
