@@ -18,20 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Pending
+from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Alarms, Pending
 
 __all__ = ["FusionGates", "AlarmGroup"]
 
 
 @dataclass
-class AlarmGroup:
+class AlarmGroup(Alarms):
     """One (job, direction) group of new alarms, assembled for the gates."""
-    job: str
-    direction: int
-    idx: np.ndarray
-    med: np.ndarray
-    scale: np.ndarray
-    start: np.ndarray
     level: np.ndarray
     onset_step: int
     confirmed: bool

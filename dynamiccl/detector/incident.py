@@ -8,7 +8,7 @@ import numpy as np
 
 from .events import RegimeChange
 
-__all__ = ["Incident", "Pending", "new_group", "extend_group", "MAX_INCIDENTS_PER_JOB", "MAX_PENDING",
+__all__ = ["Incident", "Alarms", "Pending", "new_group", "extend_group", "MAX_INCIDENTS_PER_JOB", "MAX_PENDING",
            "MAX_EVIDENCE_STREAMS", "MAX_SILENT", "RECHECK_LATENCY_SHARE"]
 
 MAX_INCIDENTS_PER_JOB = 64
@@ -63,13 +63,19 @@ RECHECK_LATENCY_SHARE = 0.02
 
 
 @dataclass
-class Pending:
+class Alarms:
+    """Alarmed streams of one job and direction: their pre-alarm baselines and CUSUM starts."""
     job: str
     direction: int
     idx: np.ndarray
     med: np.ndarray
     scale: np.ndarray
     start: np.ndarray
+
+
+@dataclass
+class Pending(Alarms):
+    """An alarm group waiting for confirmation (or for one more window)."""
     step: int
     tries: int = 0
     silent: int = 0        # windows without a value of its streams (not tries)

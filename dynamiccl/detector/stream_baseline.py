@@ -50,7 +50,6 @@ class StreamBaselines:
             return
         self.prev_bpr[idx] = self.old_bpr[idx]
         self.prev_cov[idx] = self.old_cov[idx]
-        self.prev_tcv[idx] = self.old_tcv[idx]
         self.prev_med[idx] = np.broadcast_to(np.asarray(median, np.float64), m.shape)[m]
         self.prev_scale[idx] = np.broadcast_to(np.asarray(scale, np.float64), m.shape)[m]
         self.prev_n[idx] = self.config.warmup

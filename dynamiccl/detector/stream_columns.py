@@ -64,11 +64,6 @@ COLUMNS: tuple[Column, ...] = (
     Column("carry_scale", np.float64, np.nan),
     Column("carry_n", np.int64, 0, True),
     Column("ap_ref", np.uint64, 0, True, "(algo, proto) bit set of the last window"),
-    # the tuner config version the records carry (a retuner switch is a known intervention: the
-    # stream is re-baselined, and a version seen before gets its baseline back); -1: none yet
-    Column("tcv_ref", np.int64, -1, True),
-    Column("prev_tcv", np.int64, -1, True),
-    Column("old_tcv", np.int64, -1),
     Column("last_seen", np.float64, -np.inf),
     Column("gap_step", np.int64, _FAR_PAST),
     Column("monitor_since", np.int64, _FAR_PAST, doc="step the current baseline was set"),

@@ -21,8 +21,6 @@ def group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
     the streams' 64-bit key hashes. The common case, one row per stream, needs no group_by."""
     if keys.height == 0:
         return pl.DataFrame(), np.zeros(0, np.uint64)
-    if "tuner_config_version" not in keys.columns:   # optional: records without a tuner
-        keys = keys.with_columns(pl.lit(0, dtype=pl.Int64).alias("tuner_config_version"))
     if "lat_p90_s" not in keys.columns:     # optional: without it no window is seen as mixed
         keys = keys.with_columns(pl.lit(None, dtype=pl.Float64).alias("lat_p90_s"))
     code = (keys.get_column("algo").replace_strict(_ALGO_CODE, default=-1, return_dtype=pl.Int64) * len(PROTOS)
@@ -36,8 +34,7 @@ def group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         agg = keys.select(*STREAM_KEY, "comm_name", "nnodes", "records", "instances", "bytes_total",
                           pl.col("lat_p50_s").fill_nan(None).alias("lat"),
                           pl.col("lat_p90_s").fill_nan(None).alias("lat90"),
-                          pl.Series("ap_bits", bit, dtype=pl.UInt64),
-                          pl.col("tuner_config_version").fill_null(0).cast(pl.Int64).alias("tcv"))
+                          pl.Series("ap_bits", bit, dtype=pl.UInt64))
         return agg, h
     k = keys.with_columns(pl.Series("ap_bit", bit, dtype=pl.UInt64),
                           pl.col("lat_p50_s").fill_nan(None), pl.col("lat_p90_s").fill_nan(None))
@@ -50,7 +47,6 @@ def group_streams(keys: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray]:
         pl.col("lat_p50_s").sort_by("records", descending=True).first().alias("lat"),
         pl.col("lat_p90_s").sort_by("records", descending=True).first().alias("lat90"),
         pl.col("ap_bit").unique().sum().alias("ap_bits"),
-        pl.col("tuner_config_version").fill_null(0).cast(pl.Int64).max().alias("tcv"),
     )
     return agg, agg.select(pl.struct(*STREAM_KEY).hash(seed=7)).to_series().to_numpy()
 

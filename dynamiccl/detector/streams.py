@@ -152,7 +152,6 @@ class StreamTable(StreamBaselines, StreamIndex):
         rec = agg.get_column("records").to_numpy() if n_rows else np.zeros(0, np.int64)
         byt = agg.get_column("bytes_total").to_numpy().astype(np.float64) if n_rows else np.zeros(0)
         bits = agg.get_column("ap_bits").to_numpy().astype(np.uint64) if n_rows else np.zeros(0, np.uint64)
-        tcv_all = agg.get_column("tcv").to_numpy().astype(np.int64) if n_rows else np.zeros(0, np.int64)
         with np.errstate(invalid="ignore", divide="ignore"):
             nan = ~np.isfinite(lat)
             nonpos = ~nan & (lat <= 0)
@@ -213,12 +212,6 @@ class StreamTable(StreamBaselines, StreamIndex):
         b_ok = bits[ok]
         b_ref = self.ap_ref[i_ok]
         cfg_changed = (b_ref != 0) & ((b_ok & b_ref) == 0)
-        # the retuner switched the stream's config (its records carry the applied version): a
-        # known intervention, re-baselined like a new configuration, never a regime change
-        tcv = tcv_all[ok]
-        t_ref = self.tcv_ref[i_ok]
-        cfg_changed |= (t_ref >= 0) & (tcv != t_ref)
-        self.tcv_ref[i_ok[first | (t_ref < 0)]] = tcv[first | (t_ref < 0)]
         rebase = moved | cfg_changed | lost
         self.bytes_ref[i_ok[first]] = bpr[first]
         self.coverage_ref[i_ok[first]] = cov[first]
@@ -226,7 +219,7 @@ class StreamTable(StreamBaselines, StreamIndex):
         rebased = i_ok[rebase]
         resized = i_ok[rebase & (moved | cfg_changed)]
         if rebased.size:
-            self._rebase_streams(rebased, bpr[rebase], cov[rebase], tcv[rebase])
+            self._rebase_streams(rebased, bpr[rebase], cov[rebase])
         # a stream re-learning after a workload change whose workload is back to the previous
         # one by now (the change's first window mixed both sizes, so it did not match then):
         # its previous baseline comes back (no 60-window blind spell after a short mix)
@@ -234,7 +227,7 @@ class StreamTable(StreamBaselines, StreamIndex):
         if back.any():
             j = i_ok[back]
             with np.errstate(invalid="ignore", divide="ignore"):
-                match = (np.isfinite(self.prev_scale[j]) & (self.prev_tcv[j] == tcv[back])
+                match = (np.isfinite(self.prev_scale[j])
                          & (np.abs(np.log(bpr[back] / self.prev_bpr[j])) <= 0.5 * cfg.workload_change)
                          & (np.abs(np.log(cov[back] / self.prev_cov[j])) <= 0.5 * cfg.coverage_change))
             j = j[match]
@@ -247,7 +240,6 @@ class StreamTable(StreamBaselines, StreamIndex):
                 self.monitor_since[j] = t
                 self.n_restored += int(j.size)
         self.ap_ref[i_ok] = b_ok
-        self.tcv_ref[i_ok] = tcv
         # typical instances per window (EWMA), to spot partial windows
         iref = self.instances_ref[i_ok]
         self.instances_ref[i_ok] = np.where(np.isnan(iref) | rebase, inst[ok], 0.9 * iref + 0.1 * inst[ok])
@@ -333,10 +325,9 @@ class StreamTable(StreamBaselines, StreamIndex):
     def rebase(self, idx) -> None:
         """Treat streams ``idx`` as changed workload: new size reference, new warm-up."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
-        self._rebase_streams(idx, self.bytes_per_record[idx], self.coverage[idx], self.tcv_ref[idx])
+        self._rebase_streams(idx, self.bytes_per_record[idx], self.coverage[idx])
 
-    def _rebase_streams(self, idx: np.ndarray, new_bpr: np.ndarray, new_cov: np.ndarray,
-                        new_tcv: np.ndarray) -> None:
+    def _rebase_streams(self, idx: np.ndarray, new_bpr: np.ndarray, new_cov: np.ndarray) -> None:
         """New workload on ``idx``: remember the current baseline with its workload (sizes,
         coverage), and either restore the baseline of the workload seen before it (a mix that
         ends, an A→B→A pattern: no blind warm-up) or start a new warm-up."""
@@ -344,18 +335,15 @@ class StreamTable(StreamBaselines, StreamIndex):
         med, scale = self.banks[0].baseline
         cur_med, cur_scale = med[idx].copy(), scale[idx].copy()
         cur_bpr, cur_cov = self.bytes_ref[idx].copy(), self.coverage_ref[idx].copy()
-        cur_tcv = self.tcv_ref[idx].copy()
         pb, pc = self.prev_bpr[idx], self.prev_cov[idx]
         with np.errstate(invalid="ignore", divide="ignore"):
-            match = (np.isfinite(pb) & np.isfinite(self.prev_scale[idx]) & (self.prev_tcv[idx] == new_tcv)
+            match = (np.isfinite(pb) & np.isfinite(self.prev_scale[idx])
                      & (np.abs(np.log(new_bpr / pb)) <= 0.5 * cfg.workload_change)
                      & (np.abs(np.log(new_cov / pc)) <= 0.5 * cfg.coverage_change))
         r_idx, r_med, r_scale = idx[match], self.prev_med[idx[match]], self.prev_scale[idx[match]]
         r_n = self.prev_n[idx[match]].copy()
         known = np.isfinite(cur_scale)
         self.old_bpr[idx], self.old_cov[idx], self.old_unknown[idx] = cur_bpr, cur_cov, ~known
-        self.old_tcv[idx] = cur_tcv
-        self.prev_tcv[idx[known]] = cur_tcv[known]
         self.prev_bpr[idx[known]] = cur_bpr[known]
         self.prev_cov[idx[known]] = cur_cov[known]
         self.prev_med[idx[known]] = cur_med[known]
