@@ -229,7 +229,9 @@ def _candidates(post: pl.DataFrame | None, before, sigma, *, share, min_instance
         if not (dominant or partial or short_rel):
             continue
         out.append(StragglerCandidate(int(c), int(r), str(h), float(sh), int(tot), float(b)))
-    out.sort(key=lambda c: (c.share * min(c.instances, 50), c.instances), reverse=True)
+    # best first; ties in (communicator, rank) order, not in polars' group_by order (which
+    # varies between runs on the same records)
+    out.sort(key=lambda c: (-(c.share * min(c.instances, 50)), -c.instances, c.comm_hash, c.rank))
     return out
 
 

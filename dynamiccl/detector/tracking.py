@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .events import RegimeChange
 
 if TYPE_CHECKING:
-    from .fusion import Incident
+    from .incident import Incident
     from .streams import WindowStreams
 
 __all__ = ["Tracking"]

@@ -45,6 +45,7 @@ class Regime:
     size_mult: dict[int, float] = field(default_factory=dict)  # stream index -> bytes multiplier
     missing_ranks: tuple[int, ...] = ()                     # global ranks not reporting
     instances_frac: float = 1.0                             # < 1: a partial window
+    version: dict[int, int] = field(default_factory=dict)   # stream index -> tuner config version
 
 
 class SyntheticJob:
@@ -115,7 +116,7 @@ class SyntheticJob:
             keys["busbw_Bps"].append(nb / lat)
             keys["spread_p50_s"].append(lat * 0.02)
             keys["spread_max_s"].append(lat * 0.1)
-            keys["tuner_config_version"].append(0)
+            keys["tuner_config_version"].append(reg.version.get(i, 0))
             short = per_comm_short.setdefault(s.comm_hash, {r: 0 for r, _ in members})
             per_comm_info[s.comm_hash] = (members, len(s.ranks))
             # who had the strictly shortest duration, per instance

@@ -1,0 +1,97 @@
+"""The rank trigger: a straggler seen in the per-rank shares before any latency alarm."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+
+from .straggler import find_stragglers
+
+if TYPE_CHECKING:
+    from .streams import WindowStreams
+
+__all__ = ["RankTrigger"]
+
+
+class RankTrigger:
+    """Mixin of `Fusion` (uses its incidents, ``_refine_onset`` and ``_create``)."""
+
+    def _rank_trigger(self, ws: WindowStreams, ae) -> list:
+        """A straggler without a latency alarm yet: in a communicator one rank was the strict
+        shortest (its peers wait for it) in most instances of the last two windows, far beyond
+        chance (binomial z ≥ ``straggler_trigger_z``), and not before; the communicator's
+        latency rose (≥ ``min_ratio``, median z ≥ 1). Rank shares are overwhelming long before
+        a small slowdown (5 % on a 64-rank job) is significant in the latency streams."""
+        cfg, tab = self.config, self.table
+        if cfg.straggler_trigger_z <= 0 or not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
+            return []
+        f = self.ranks.frames[-1][1]
+        if "shortest_count" not in f.columns or f.height == 0:
+            return []
+        agg = f.group_by("job_id", "comm_hash").agg(pl.col("shortest_count").sum().alias("total"),
+                                                      pl.col("shortest_count").max().alias("top"),
+                                                      pl.len().alias("n"))
+        agg = agg.filter((pl.col("n") >= 2) & (pl.col("total") >= cfg.straggler_min_instances)
+                         & (pl.col("top") >= cfg.straggler_share * pl.col("total")))
+        if agg.height == 0:
+            return []
+        out = []
+        for job, comm, total, top, n in agg.iter_rows():
+            p0 = 1.0 / n
+            if (top - total * p0) / math.sqrt(total * p0 * (1.0 - p0)) < 0.5 * cfg.straggler_trigger_z:
+                continue
+            if any(inc.direction > 0 and int(comm) in set(tab.comm_hash[inc.streams].tolist())
+                   for inc in self.active.get(job, [])):
+                continue
+            code = tab.jobs.get(job, -2)
+            n_s = tab.n
+            idx = np.flatnonzero(tab.active[:n_s] & (tab.job_code[:n_s] == code) & (tab.comm_hash[:n_s] == comm))
+            idx = idx[~np.isin(idx, np.fromiter(self.stream_incident, np.int64, len(self.stream_incident)))]
+            if idx.size == 0:
+                continue
+            med, scale = tab.baseline(idx)
+            level = tab.current(idx)
+            level = np.where(np.isfinite(level), level, tab.recent(idx, ws.t - 1))
+            ok = np.isfinite(med) & np.isfinite(level) & (scale > 0)
+            if not ok.any():
+                continue
+            idx, med, scale, level = idx[ok], med[ok], scale[ok], level[ok]
+            lr = level - med
+            if not (np.max(lr) >= math.log(cfg.min_ratio) and np.median(lr / scale) >= 1.0):
+                continue
+            cands = find_stragglers(self.ranks, job, {int(comm)}, onset_step=ws.t - 1,
+                                    share=cfg.straggler_share, min_instances=2 * cfg.straggler_min_instances,
+                                    later_alone=False)
+            best = None
+            for c in cands:
+                if not (c.share_before == c.share_before and c.share_before < 0.5 * cfg.straggler_share):
+                    continue                      # dominant before, or nothing known before
+                p0 = 1.0 / n
+                z = (c.share - p0) * c.instances / math.sqrt(c.instances * p0 * (1.0 - p0))
+                if z >= cfg.straggler_trigger_z:
+                    best = c
+                    break
+            if best is None:
+                continue
+            # the same straggler seen in another of its communicators, or just after another
+            # change of this job: part of that change
+            same = [inc for inc in self.active.get(job, []) if inc.direction > 0 and (
+                (ws.t - inc.detected_step) * self._window_s <= cfg.merge_s
+                or (inc.kind == "straggler" and best.host in inc.change.hosts))]
+            if same:
+                same[0].add(idx, med, scale, level)
+                for i in idx.tolist():
+                    self.stream_incident[i] = same[0]
+                self.counters["alarms_merged"] += len(idx)
+                continue
+            onset = self._refine_onset(idx, med, level, ws.t - 2, ws.t)
+            ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
+            self.counters["rank_triggers"] += 1
+            inc, change = self._create(ws, job, 1, idx, med, scale, level, onset, ae_score, ae_thr,
+                                       [best] + [c for c in cands if c is not best])
+            change.evidence["trigger"] = "ranks"
+            inc.rank_of = (best.comm_hash, best.rank)
+            out.append((inc, change))
+        return out

@@ -1,0 +1,118 @@
+"""The stream table's baselines and thresholds: the banks' statistic, restoring and adopting
+known baselines, the self-starting standardisation and learning, and the per-stream ARL0."""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["StreamBaselines", "KNOWN_BASELINE", "FIXED_BASELINE_MIN"]
+
+_GROW = 1024
+KNOWN_BASELINE = 10**9   # sample count standing for a known baseline in `dynamiccl.detector.arl`
+FIXED_BASELINE_MIN = 60  # a fixed baseline's threshold is calibrated for at least this many samples
+
+
+class StreamBaselines:
+    """Mixin of `StreamTable`: baseline state lives in its banks and `SelfStart`."""
+
+    def statistic(self) -> np.ndarray:
+        """max(S+, S-) / h over banks, per slot (NaN while warming up): ≥ 1 fires."""
+        out = None
+        for bank in self.banks:
+            s = np.maximum(bank.statistic_up, bank.statistic_down) / bank.threshold
+            out = s if out is None else np.maximum(out, s)
+        out = out.astype(np.float64)
+        out[self.banks[0].warming_up] = np.nan
+        return out
+
+    def baseline(self, idx) -> tuple[np.ndarray, np.ndarray]:
+        med, scale = self.banks[0].baseline
+        return med[idx], scale[idx]
+
+    def restore_baseline(self, idx, median, scale) -> None:
+        """Monitor ``idx`` against a known (e.g. pre-change) baseline at once; the baseline a
+        stream had when it alarmed comes back with its sample count."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        if idx.size:
+            same = self.saved_med[idx] == np.asarray(median, np.float64)
+            n = np.maximum(np.where(same, self.saved_n[idx], 0), self.config.warmup)
+            self._adopt(idx, median, scale, n)
+            self.monitor_since[idx] = self.t
+            self.rebase_warm[idx] = False
+
+    def adopt_previous(self, idx, median, scale) -> None:
+        """Streams ``idx`` were re-baselined for a workload change while re-learning (e.g.
+        during an incident): ``median``/``scale`` (the incident's pre-change baseline) become
+        the baseline of the workload they left, restored if that workload comes back."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        m = self.old_unknown[idx] & np.isfinite(self.old_bpr[idx])
+        idx = idx[m]
+        if idx.size == 0:
+            return
+        self.prev_bpr[idx] = self.old_bpr[idx]
+        self.prev_cov[idx] = self.old_cov[idx]
+        self.prev_med[idx] = np.broadcast_to(np.asarray(median, np.float64), m.shape)[m]
+        self.prev_scale[idx] = np.broadcast_to(np.asarray(scale, np.float64), m.shape)[m]
+        self.prev_n[idx] = self.config.warmup
+        self.old_unknown[idx] = False
+
+    def _adopt(self, idx, median, scale, n) -> None:
+        """Streams ``idx`` are monitored from now on against (median, scale) learned from ``n``
+        samples (statistics cleared; the scale floored at ``scale_floor``)."""
+        for bank in self.banks:
+            bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
+        self.ss.start(idx, median, scale, n)
+        self.carry_n[idx] = 0
+
+    # ------------------------------------------------------------------ self-starting baseline
+    def _standardise(self, i_ok: np.ndarray, x: np.ndarray, warming: np.ndarray):
+        """Replace the values of monitored streams by baseline + scale x u, u their self-starting
+        standardised value (`dynamiccl.detector.self_start`), so the banks' known-baseline thresholds hold
+        whatever the baseline's sample count. Returns u per ``i_ok`` (NaN: warming up)."""
+        if i_ok.size == 0 or not self.config.self_start:
+            return None
+        mon = ~warming[i_ok]
+        u = np.full(i_ok.size, np.nan)
+        if mon.any():
+            j = i_ok[mon]
+            med, scale = self.banks[0].baseline
+            z = (x[j] - med[j]) / scale[j]
+            u[mon] = self.ss.standardise(j, z)
+            x[j] = med[j] + scale[j] * u[mon]
+        return u
+
+    def _learn(self, i_ok: np.ndarray, x_valid: np.ndarray, u: np.ndarray, fired: np.ndarray) -> None:
+        """In-control windows (|u| < 3) of monitored streams that did not alarm join their
+        baselines. Windows are not held back while a chart is in an excursion: learning only the
+        values below it biases the baseline low and doubled the false-alarm rate (measured,
+        `tests/detector/test_streams.py`); a real shift is absorbed at 1/n per window only."""
+        quiet = np.isfinite(u) & self._learnable & ~fired[i_ok] & (self.monitor_since[i_ok] < self.t)
+        learned = self.ss.learn(i_ok, x_valid, np.where(np.isfinite(u), u, np.inf), quiet)
+        j = i_ok[learned]
+        if j.size:
+            scale = np.maximum(np.sqrt(self.ss.var[j]), self.config.scale_floor)
+            for bank in self.banks:
+                bank.move_baseline(j, self.ss.mean[j], scale)
+            self.n_refined += int(j.size)
+
+    def _retarget(self) -> None:
+        """Per-stream ARL0 so that all streams together false-alarm about
+        ``stream_false_alarms_per_day`` times a day (a union bound; the fusion stage filters
+        further). Changed only in factors of 2, so thresholds rarely move."""
+        cfg = self.config
+        per_day = 86400.0 / getattr(self, "_window_s", 1.0)
+        want = max(cfg.arl0, self.n_active * per_day / cfg.stream_false_alarms_per_day)
+        if want > 2.0 * self.arl0 or want < 0.5 * self.arl0:
+            self.arl0 = want
+            self._set_thresholds()
+
+    def _set_thresholds(self) -> None:
+        """h for the per-stream ARL0: with ``self_start``, the known-baseline one (the
+        standardisation accounts for the baseline's estimation error, `dynamiccl.detector.self_start`);
+        else the one for a fixed baseline from max(warmup, 60) samples (below ~60 the exact
+        correction explodes: h = 1,600 sigma at 20 samples)."""
+        from .arl import cusum_threshold_correlated
+        cfg = self.config
+        n = KNOWN_BASELINE if cfg.self_start else max(cfg.warmup, FIXED_BASELINE_MIN)
+        for bank in self.banks:
+            bank.set_threshold(cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, n,
+                                                          cfg.long_run_variance, True, cfg.baseline_estimator))
