@@ -41,7 +41,7 @@ def _instances_of(cls):
 
 def test_star_import_matches_all():
     namespace: dict = {}
-    exec("from detector import *", namespace)
+    exec("from dynamiccl.detector import *", namespace)
     assert set(detector.__all__) <= set(namespace)
 
 
