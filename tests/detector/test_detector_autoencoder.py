@@ -118,7 +118,7 @@ def test_importing_detector_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, detector; print('torch' in sys.modules)"
+    code = "import sys, dynamiccl.detector; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
