@@ -10,6 +10,14 @@ import numpy as np
 import pytest
 
 from dynamiccl.detector import CUSUM, CUSUMBank
+
+# The exact-index and bank-equivalence tests pin the pre-2026-11-26 defaults (what CUSUMBank still
+# implements); the current defaults are covered by tests/detector/test_cusum_robust.py.
+LEGACY = dict(delta=1.0, warmup=200, estimator="mad", serial=False)
+
+
+def LCUSUM(**kw):
+    return CUSUM(**{**LEGACY, **kw})
 from dynamiccl.detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_correlated,
                           cusum_threshold_estimated,
                           siegmund_arl)
@@ -37,7 +45,7 @@ def _alarms(det, stream):
     (13, [(1004, 1000, "up")]),
 ])
 def test_exact_detection_indices_up(seed, expected):
-    assert _alarms(CUSUM(), _step_stream(seed)) == expected
+    assert _alarms(LCUSUM(), _step_stream(seed)) == expected
 
 
 def test_exact_detection_indices_down_then_recovery():
@@ -46,7 +54,7 @@ def test_exact_detection_indices_down_then_recovery():
     stream = ([rng.gauss(2e-3, 1e-4) for _ in range(1000)]
               + [rng.gauss(1.8e-3, 1e-4) for _ in range(1000)]
               + [rng.gauss(2e-3, 1e-4) for _ in range(1000)])
-    alarms = _alarms(CUSUM(), stream)
+    alarms = _alarms(LCUSUM(), stream)
     assert [a[2] for a in alarms] == ["down", "up"]
     assert 1000 <= alarms[0][0] <= 1015 and 990 <= alarms[0][1] <= 1000
     # Page's start estimate can precede the change when the statistic was already positive
@@ -59,12 +67,12 @@ EXPECTED_DOWN_UP = [(1009, 1000, "down"), (2009, 1979, "up")]
 
 def test_mode_up_ignores_decreases():
     stream = _step_stream(6, shift=-3e-4)
-    assert _alarms(CUSUM(mode="up"), stream) == []
-    assert _alarms(CUSUM(mode="down"), stream)[0][2] == "down"
+    assert _alarms(LCUSUM(mode="up"), stream) == []
+    assert _alarms(LCUSUM(mode="down"), stream)[0][2] == "down"
 
 
 def test_alarm_resets_and_relearns_baseline():
-    det = CUSUM()
+    det = LCUSUM()
     stream = _step_stream(6)
     for x in stream[:1007]:
         det.update(x)
@@ -79,7 +87,7 @@ def test_alarm_resets_and_relearns_baseline():
 
 
 def test_magnitude_estimate():
-    det = CUSUM()
+    det = LCUSUM()
     alarms = _alarms(det, _step_stream(6, shift=3e-4))
     assert len(alarms) == 1
     assert 1.5 < det.magnitude < 6.0  # true shift: 3 sigma
@@ -89,9 +97,9 @@ def test_magnitude_estimate():
 def test_scale_invariance():
     """Same stream in seconds, nanoseconds and bytes/s-like magnitudes: same alarms."""
     base = _step_stream(7)
-    ref = _alarms(CUSUM(), base)
+    ref = _alarms(LCUSUM(), base)
     for factor in (1e-6, 1e9, 1e15):
-        assert _alarms(CUSUM(), [x * factor for x in base]) == ref
+        assert _alarms(LCUSUM(), [x * factor for x in base]) == ref
 
 
 # ----------------------------------------------------------------------------- threshold / ARL
@@ -106,9 +114,9 @@ def test_siegmund_matches_reference_table():
 
 
 def test_threshold_is_derived_from_arl0():
-    assert CUSUM().threshold == pytest.approx(cusum_threshold_estimated(1e4, 0.5, 200, True))
-    assert CUSUM(arl0=1e6).threshold > CUSUM().threshold
-    assert CUSUM(warmup=5000).threshold == pytest.approx(cusum_threshold(2e4, 0.5), abs=0.1)
+    assert LCUSUM().threshold == pytest.approx(cusum_threshold_estimated(1e4, 0.5, 200, True))
+    assert LCUSUM(arl0=1e6).threshold > LCUSUM().threshold
+    assert LCUSUM(warmup=5000).threshold == pytest.approx(cusum_threshold(2e4, 0.5), abs=0.1)
 
 
 @pytest.mark.parametrize("delta", [0.5, 1.0, 2.0])
@@ -213,7 +221,7 @@ def test_winsorized_baseline_is_robust_and_less_noisy():
 
 # ----------------------------------------------------------------------------- bad input
 def test_bad_inputs_counted_and_skipped():
-    det = CUSUM(warmup=50)
+    det = LCUSUM(warmup=50)
     rng = random.Random(1)
     for _ in range(50):
         det.update(rng.gauss(1.0, 0.1))
@@ -226,7 +234,7 @@ def test_bad_inputs_counted_and_skipped():
 
 
 def test_isolated_absurd_values_never_alarm_but_pairs_do():
-    det = CUSUM(warmup=100)
+    det = LCUSUM(warmup=100)
     rng = random.Random(2)
     for _ in range(100):
         det.update(rng.gauss(1.0, 0.1))
@@ -247,21 +255,21 @@ def test_isolated_absurd_values_never_alarm_but_pairs_do():
 
 
 def test_max_value_bound():
-    det = CUSUM(warmup=10, max_value=1.0)
+    det = LCUSUM(warmup=10, max_value=1.0)
     for x in [0.5] * 10 + [2.0]:
         det.update(x)
     assert det.n_invalid == 1
 
 
 def test_signed_series_with_min_value_none():
-    det = CUSUM(min_value=None, warmup=100)
+    det = LCUSUM(min_value=None, warmup=100)
     rng = random.Random(5)
     alarms = _alarms(det, [rng.gauss(0, 1) for _ in range(300)] + [rng.gauss(-3, 1) for _ in range(50)])
     assert alarms and alarms[0][2] == "down" and 300 <= alarms[0][0] < 310
 
 
 def test_constant_warmup_does_not_crash():
-    det = CUSUM(warmup=100)
+    det = LCUSUM(warmup=100)
     for _ in range(100):
         det.update(5.0)
     assert det.baseline == (5.0, 5.0 * 1e-6)
@@ -308,7 +316,7 @@ def test_bank_matches_scalar_exactly(estimator):
                         float(bank.magnitude[j])))
     want, counters = [], []
     for j in range(n):
-        det = CUSUM(estimator=estimator)
+        det = LCUSUM(estimator=estimator)
         for t in range(T):
             det.update(X[t, j])
             if det.drift_detected:

