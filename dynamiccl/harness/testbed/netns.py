@@ -47,6 +47,9 @@ class TestbedUnavailable(RuntimeError):
     __test__ = False  # not a pytest test class
 
 
+DIRECTIONS = ("both", "ingress", "egress")
+
+
 def check_available() -> None:
     """Raise :class:`TestbedUnavailable` naming what is missing."""
     if os.geteuid() != 0:
@@ -119,6 +122,7 @@ class Topology:
         octet = int(p[3:], 16)
         self.subnet = f"10.223.{octet % 256}"
         self.rates = [self.base_mbit] * nodes
+        self.dir_rates = [{"ingress": self.base_mbit, "egress": self.base_mbit} for _ in range(nodes)]
         self.created = False
 
     # -- naming -------------------------------------------------------------------------------
@@ -177,13 +181,21 @@ class Topology:
         self.created = True
         return self
 
-    def set_rate(self, nodes, mbit: float) -> None:
-        """Re-shape the links of ``nodes`` (iterable of indices) to ``mbit`` in both directions."""
+    def set_rate(self, nodes, mbit: float, direction: str = "both") -> None:
+        """Re-shape the links of ``nodes`` (iterable of indices) to ``mbit``: ``ingress`` shapes what
+        the node receives (the bridge side of its veth), ``egress`` what it sends (its eth0),
+        ``both`` both. ``rates`` keeps the lower of the two directions."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
         for i in nodes:
-            self._run(["tc", "qdisc", "change", "dev", self.host_links[i], "root", *self.tbf_args(mbit)])
-            self._run(["tc", "-n", self.namespaces[i], "qdisc", "change", "dev", "eth0", "root",
-                       *self.tbf_args(mbit)])
-            self.rates[i] = float(mbit)
+            if direction in ("both", "ingress"):
+                self._run(["tc", "qdisc", "change", "dev", self.host_links[i], "root", *self.tbf_args(mbit)])
+                self.dir_rates[i]["ingress"] = float(mbit)
+            if direction in ("both", "egress"):
+                self._run(["tc", "-n", self.namespaces[i], "qdisc", "change", "dev", "eth0", "root",
+                           *self.tbf_args(mbit)])
+                self.dir_rates[i]["egress"] = float(mbit)
+            self.rates[i] = min(self.dir_rates[i].values())
 
     def qdisc_drops(self) -> dict[str, int]:
         """Packets each node's shapers dropped so far (``tc -s``): ``r<i>.up`` (the namespace's
