@@ -172,9 +172,9 @@ def make_detector(config: DetectorConfig, which: str = "auto"):
     if which == "interim":
         return InterimDetector(config)
     try:
-        mod = importlib.import_module("detector.service")
+        mod = importlib.import_module("dynamiccl.detector.service")
     except ModuleNotFoundError as exc:
-        if exc.name != "detector.service":
+        if exc.name != "dynamiccl.detector.service":
             raise
         if which == "service":
             raise ValueError("detector.service is not available in this installation") from None

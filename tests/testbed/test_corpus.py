@@ -1,0 +1,59 @@
+"""The corpus loader and figures: halves by seed, archives, the key=value line."""
+import tarfile
+
+import pytest
+
+from dynamiccl.harness import corpus
+
+
+def _fake_run(root, seed):
+    d = root / f"seed-{seed:03d}"
+    (d / "records" / "x").mkdir(parents=True)
+    (d / "truth.json").write_text('{"events": []}')
+    (d / "records" / "x" / "part.parquet").write_bytes(b"")
+    return d
+
+
+def test_halves_are_by_seed_and_runs_without_records_are_skipped(tmp_path):
+    for s in range(4):
+        _fake_run(tmp_path, s)
+    (tmp_path / "seed-009").mkdir()  # a run that never recorded
+    assert [s for s, _ in corpus.load_runs(tmp_path, "eval")] == [1, 3]
+    assert [s for s, _ in corpus.load_runs(tmp_path, "dev")] == [0, 2]
+    assert len(corpus.load_runs(tmp_path, None)) == 4
+
+
+def test_an_archive_is_read_like_a_folder(tmp_path):
+    src = tmp_path / "c" / "corpus"
+    for s in range(2):
+        _fake_run(src, s)
+    archive = tmp_path / "c.tar.xz"
+    with tarfile.open(archive, "w:xz") as tf:
+        tf.add(src, arcname="corpus")
+    assert [s for s, _ in corpus.load_runs(archive, "eval")] == [1]
+
+
+def test_missing_corpus_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="test-bed corpus not found"):
+        corpus.load_runs(tmp_path / "nope")
+
+
+def test_figures_and_line():
+    a = corpus.RunScore(1, changes=10, reported=9, false_alarms=1, monitored_s=1800,
+                        delays_s=[1.0, 2.0, 3.0, 6.0], delays_instances=[10, 20, 30, 60], localisable=4, localised=3)
+    b = corpus.RunScore(3, changes=10, reported=10, false_alarms=0, monitored_s=1800, delays_s=[4.0],
+                        delays_instances=[40], localisable=0, localised=0)
+    s = corpus.summarise([a, b])
+    assert s["within_5s"] == 4 and s["within_5s_share"] == 0.2
+    assert s["false_alarms_per_h"] == 1.0 and s["median_delay_s"] == 3.0 and s["localise_top1"] == 0.75
+    assert corpus.line(s).startswith("testbed_runs=2 testbed_changes=20 testbed_within_5s=0.200 ")
+
+
+def test_replay_uses_the_detector_service():
+    """The corpus is scored by dynamiccl replay's code path, whose detector is the service's
+    (after the move to the dynamiccl namespace it looked for a top-level ``detector`` package)."""
+    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.report.detect import make_detector
+    assert isinstance(make_detector(DetectorConfig(), "auto"), Detector)
+    assert isinstance(make_detector(DetectorConfig(), "service"), Detector)
