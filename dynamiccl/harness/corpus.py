@@ -29,6 +29,7 @@ __all__ = ["RunScore", "load_runs", "score_run", "summarise", "DEFAULT_CORPUS", 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = ROOT / "corpus" / "testbed-corpus.tar.xz"
 MATCH_S = 5.0
+POST_S = 5.0  # localisation at the true onset looks at this much after it
 
 
 @dataclass
@@ -42,6 +43,7 @@ class RunScore:
     delays_instances: list[float] = field(default_factory=list)
     localisable: int = 0
     localised: int = 0
+    localised_at_truth: int = 0
     rows: list[dict] = field(default_factory=list)
 
 
@@ -106,6 +108,10 @@ def score_run(seed: int, run_dir: Path, config=None) -> RunScore:
         if not (e.degrades and e.single_rank is not None):
             continue
         out.localisable += 1
+        # localisation on its own: at the true onset, whether or not the change was reported
+        at_truth = localise(offsets, onset_s=e.onset_wall, detected_s=e.onset_wall + POST_S)
+        row["where_at_truth"] = at_truth.as_dict() if at_truth else None
+        out.localised_at_truth += at_truth is not None and at_truth.rank == e.single_rank
         rc = by_id.get(row.get("id"))
         if rc is None:
             row["localised"] = False
@@ -138,7 +144,8 @@ def summarise(scores: list[RunScore]) -> dict:
             "median_delay_s": _median([d for s in scores for d in s.delays_s]),
             "median_delay_instances": _median([d for s in scores for d in s.delays_instances]),
             "localisable": loc, "localised": sum(s.localised for s in scores),
-            "localise_top1": sum(s.localised for s in scores) / loc if loc else float("nan")}
+            "localise_top1": sum(s.localised for s in scores) / loc if loc else float("nan"),
+            "localise_top1_at_truth": sum(s.localised_at_truth for s in scores) / loc if loc else float("nan")}
 
 
 def line(summary: dict) -> str:
@@ -149,7 +156,8 @@ def line(summary: dict) -> str:
             f"testbed_false_alarms_per_h={f(summary['false_alarms_per_h'], 2)} "
             f"testbed_median_delay_s={f(summary['median_delay_s'], 2)} "
             f"testbed_median_delay_instances={f(summary['median_delay_instances'], 1)} "
-            f"testbed_localise_top1={f(summary['localise_top1'])}")
+            f"testbed_localise_top1={f(summary['localise_top1'])} "
+            f"testbed_localise_top1_at_truth={f(summary['localise_top1_at_truth'])}")
 
 
 def run_suite(path: Path | str = DEFAULT_CORPUS, half: str = "eval", config=None, print_fn=print) -> dict:

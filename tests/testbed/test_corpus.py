@@ -46,6 +46,7 @@ def test_figures_and_line():
     s = corpus.summarise([a, b])
     assert s["within_5s"] == 4 and s["within_5s_share"] == 0.2
     assert s["false_alarms_per_h"] == 1.0 and s["median_delay_s"] == 3.0 and s["localise_top1"] == 0.75
+    assert s["localise_top1_at_truth"] == 0.0
     assert corpus.line(s).startswith("testbed_runs=2 testbed_changes=20 testbed_within_5s=0.200 ")
 
 

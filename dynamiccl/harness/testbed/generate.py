@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 from pathlib import Path
 
 from dynamiccl.harness.testbed.scenario import MIN_CHANGE, Action, Scenario
@@ -136,6 +137,8 @@ def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
         d = out / f"seed-{seed:03d}"
         if (d / "summary.json").exists():
             continue
+        if d.exists():  # a run that did not finish: kept aside for its logs, never mixed into a new one
+            d.rename(out / f"failed-{seed:03d}-{int(time.time())}")
         sc = generate(seed)
         print(f"seed {seed} ({split(seed)}): {sc.nranks} ranks, {len(sc.actions)} changes, "
               f"{sc.duration_s:.0f} s", flush=True)

@@ -304,7 +304,12 @@ def cleanup(prefix: str | None = None, *, force: bool = False, state_dir: Path |
     if prefix is not None and not PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"prefix must look like dtb + 4 hex digits, got {prefix!r}")
     removed: list[str] = []
-    live_prefixes = set()
+    # runs owned by a live process under the host's state directory are never orphans, whatever
+    # ``state_dir`` this call looks at: a sweep with its own directory (a test's) must not take
+    # down the host's other runs
+    default = Path(STATE_DIR)
+    live_prefixes = {st.get("prefix", "") for st in list_runs(default) if st["alive"]} \
+        if Path(state_dir or default) != default else set()
     for st in list_runs(state_dir):
         p = st.get("prefix", "")
         if prefix is not None and p != prefix:
