@@ -174,3 +174,45 @@ def run_suite(path: Path | str = DEFAULT_CORPUS, half: str = "eval", config=None
     summary["half"] = half
     summary["per_run"] = [vars(s) for s in scores]
     return summary
+
+
+def pack(runs_dir: Path | str, archive: Path | str = DEFAULT_CORPUS) -> int:
+    """Write the finished runs of ``runs_dir`` (truth, summary, records; no logs, no windows) to
+    ``archive`` (tar.xz, atomically); returns the number of runs packed."""
+    import os
+    runs_dir, archive = Path(runs_dir), Path(archive)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(archive.name + f".tmp.{os.getpid()}")
+    n = 0
+    with tarfile.open(tmp, "w:xz", preset=9) as tf:
+        for d in sorted(runs_dir.glob("seed-*")):
+            summary = d / "summary.json"
+            if not summary.exists() or json.loads(summary.read_text()).get("interrupted"):
+                continue
+            for name in ("truth.json", "summary.json", "records"):
+                tf.add(d / name, arcname=f"corpus/{d.name}/{name}")
+            n += 1
+    os.replace(tmp, archive)
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m dynamiccl.harness.corpus")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="archive the finished runs of a recording")
+    p.add_argument("runs_dir")
+    p.add_argument("archive", nargs="?", default=str(DEFAULT_CORPUS))
+    s = sub.add_parser("score", help="score one half (the same as dynamiccl detector evaluate --suite testbed)")
+    s.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    s.add_argument("--half", choices=("dev", "eval"), default="eval")
+    args = ap.parse_args(argv)
+    if args.cmd == "pack":
+        print(f"packed {pack(args.runs_dir, args.archive)} runs into {args.archive}")
+        return 0
+    print(line(run_suite(args.corpus, args.half)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

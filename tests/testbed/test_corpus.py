@@ -58,3 +58,16 @@ def test_replay_uses_the_detector_service():
     from dynamiccl.report.detect import make_detector
     assert isinstance(make_detector(DetectorConfig(), "auto"), Detector)
     assert isinstance(make_detector(DetectorConfig(), "service"), Detector)
+
+
+def test_pack_keeps_finished_runs_only(tmp_path):
+    src = tmp_path / "runs"
+    for s in range(3):
+        d = _fake_run(src, s)
+        (d / "logs").mkdir()
+        if s != 2:  # seed 2 never finished
+            (d / "summary.json").write_text('{"interrupted": %s}' % ("true" if s == 1 else "false"))
+    n = corpus.pack(src, tmp_path / "c.tar.xz")
+    assert n == 1
+    runs = corpus.load_runs(tmp_path / "c.tar.xz", None)
+    assert [s for s, _ in runs] == [0] and not (runs[0][1] / "logs").exists()
