@@ -44,3 +44,10 @@ def test_directional_throttle_shapes_only_that_side():
     assert topo.rates == [50.0, 20.0, 10.0]
     topo.set_rate([1, 2], 50)
     assert topo.rates == [50.0] * 3 and len(topo.commands) == 6
+
+
+def test_corpus_runs_use_their_own_prefix_family():
+    from dynamiccl.harness.testbed.netns import PREFIX_RE, new_prefix
+    p = new_prefix("dtc")
+    assert p.startswith("dtc") and PREFIX_RE.fullmatch(p)
+    assert Topology(2, prefix=p, dry_run=True).bridge == f"{p}br"

@@ -131,6 +131,7 @@ def generate(seed: int, *, changes: int = 10, gap_s: tuple[float, float] = DEFAU
 
 def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
     """Record each seed's run into ``out/seed-NNN`` (skips seeds already recorded)."""
+    from dynamiccl.harness.testbed.netns import new_prefix
     from dynamiccl.harness.testbed.run import run_scenario
     failed = 0
     for seed in seeds:
@@ -143,7 +144,8 @@ def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
         print(f"seed {seed} ({split(seed)}): {sc.nranks} ranks, {len(sc.actions)} changes, "
               f"{sc.duration_s:.0f} s", flush=True)
         try:
-            res = run_scenario(sc, out_dir=d, live=False, nice=nice, print_fn=lambda *_: None)
+            res = run_scenario(sc, out_dir=d, live=False, nice=nice, print_fn=lambda *_: None,
+                               prefix=new_prefix("dtc"))
             print(f"seed {seed}: {res.score.line()}", flush=True)
         except Exception as exc:  # one failed run must not end the recording
             failed += 1

@@ -37,7 +37,9 @@ __all__ = ["Topology", "TestbedUnavailable", "check_available", "cleanup", "list
 
 log = logging.getLogger(__name__)
 
-PREFIX_RE = re.compile(r"dtb[0-9a-f]{4}")
+# dtb: runs and tests; dtc: corpus recordings, out of reach of older sweeps that took every dtb
+# name they did not own for an orphan
+PREFIX_RE = re.compile(r"dt[bc][0-9a-f]{4}")
 STATE_DIR = Path(os.environ.get("DYNAMICCL_TESTBED_STATE", "/run/dynamiccl-testbed"))
 
 
@@ -64,8 +66,10 @@ def check_available() -> None:
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
-def new_prefix() -> str:
-    return "dtb" + secrets.token_hex(2)
+def new_prefix(family: str = "dtb") -> str:
+    if family not in ("dtb", "dtc"):
+        raise ValueError(f"prefix family must be dtb or dtc, got {family!r}")
+    return family + secrets.token_hex(2)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -105,7 +109,7 @@ class Topology:
             raise ValueError("nodes must be >= 1")
         self.prefix = prefix or new_prefix()
         if not PREFIX_RE.fullmatch(self.prefix):
-            raise ValueError(f"prefix must look like dtb + 4 hex digits, got {self.prefix!r}")
+            raise ValueError(f"prefix must look like dtb (or dtc) + 4 hex digits, got {self.prefix!r}")
         self.nodes = nodes
         self.base_mbit = float(base_mbit)
         self.burst_bytes = int(burst_bytes)
@@ -302,7 +306,7 @@ def cleanup(prefix: str | None = None, *, force: bool = False, state_dir: Path |
     dead (all runs with ``force``), plus any ``dtbXXXX`` namespace or link that no live run owns.
     """
     if prefix is not None and not PREFIX_RE.fullmatch(prefix):
-        raise ValueError(f"prefix must look like dtb + 4 hex digits, got {prefix!r}")
+        raise ValueError(f"prefix must look like dtb (or dtc) + 4 hex digits, got {prefix!r}")
     removed: list[str] = []
     # runs owned by a live process under the host's state directory are never orphans, whatever
     # ``state_dir`` this call looks at: a sweep with its own directory (a test's) must not take
