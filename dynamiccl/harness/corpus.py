@@ -72,6 +72,17 @@ def load_runs(path: Path | str = DEFAULT_CORPUS, half: str | None = "eval") -> l
     return runs
 
 
+def names_it(where, event) -> bool:
+    """Whether ``where`` names the changed rank or link: the rank itself, or for an egress
+    throttle the link out of that rank (its sends are what is slow)."""
+    if where is None:
+        return False
+    r = event.single_rank
+    if where.rank == r:
+        return True
+    return event.direction in ("egress", "both") and where.link is not None and where.link[0] == r
+
+
 def _instance_rate(records, onset_s: float) -> float:
     """Instances per second of the run's most frequent communicator in the 20 s before ``onset_s``."""
     import polars as pl
@@ -111,14 +122,14 @@ def score_run(seed: int, run_dir: Path, config=None) -> RunScore:
         # localisation on its own: at the true onset, whether or not the change was reported
         at_truth = localise(offsets, onset_s=e.onset_wall, detected_s=e.onset_wall + POST_S)
         row["where_at_truth"] = at_truth.as_dict() if at_truth else None
-        out.localised_at_truth += at_truth is not None and at_truth.rank == e.single_rank
+        out.localised_at_truth += names_it(at_truth, e)
         rc = by_id.get(row.get("id"))
         if rc is None:
             row["localised"] = False
             continue
         where = localise(offsets, onset_s=rc.start_s, detected_s=rc.detected_s)
         row["where"] = where.as_dict() if where else None
-        ok = where is not None and where.rank == e.single_rank
+        ok = names_it(where, e)
         out.localised += ok
         row["localised"] = ok
     return out

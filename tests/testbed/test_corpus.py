@@ -71,3 +71,16 @@ def test_pack_keeps_finished_runs_only(tmp_path):
     assert n == 1
     runs = corpus.load_runs(tmp_path / "c.tar.xz", None)
     assert [s for s, _ in runs] == [0] and not (runs[0][1] / "logs").exists()
+
+
+def test_the_right_rank_or_link():
+    from types import SimpleNamespace as NS
+
+    from dynamiccl.detector.localise import Where
+    ingress = NS(single_rank=2, direction="ingress")
+    egress = NS(single_rank=2, direction="egress")
+    into_3 = Where("link", 3, (2, 3), 0.9, "late_finish")
+    assert corpus.names_it(Where("rank", 2, None, 1.0, "late_arrival"), ingress)
+    assert not corpus.names_it(into_3, ingress)      # the link out of 2 is not 2's ingress
+    assert corpus.names_it(into_3, egress)           # ... but is 2's egress
+    assert not corpus.names_it(None, egress)
