@@ -72,6 +72,14 @@ def load_runs(path: Path | str = DEFAULT_CORPUS, half: str | None = "eval") -> l
     return runs
 
 
+def _relabel(e: dict) -> dict:
+    """A softer step of a throttle (more capacity than before) is an improvement: runs recorded
+    before the controller labelled it so carry ``degrades: true`` for it."""
+    if e["do"] == "throttle" and e.get("mbit_from") is not None and e.get("mbit_to") is not None:
+        e = {**e, "degrades": e["mbit_to"] < e["mbit_from"]}
+    return e
+
+
 def names_it(where, event) -> bool:
     """Whether ``where`` names the changed rank or link: the rank itself, or for an egress
     throttle the link out of that rank (its sends are what is slow)."""
@@ -102,7 +110,7 @@ def score_run(seed: int, run_dir: Path, config=None) -> RunScore:
     from dynamiccl.report.replay import replay
 
     truth = json.loads((run_dir / "truth.json").read_text())
-    events = [TruthEvent(**e) for e in truth["events"]]
+    events = [TruthEvent(**_relabel(e)) for e in truth["events"]]
     res = replay(str(run_dir / "records"), config or DetectorConfig(), retuner=False)
     dets = [Detection.from_change(rc, rc.detected_s) for rc in res.changes]
     sc = score(events, dets, match_s=MATCH_S)

@@ -84,3 +84,9 @@ def test_the_right_rank_or_link():
     assert not corpus.names_it(into_3, ingress)      # the link out of 2 is not 2's ingress
     assert corpus.names_it(into_3, egress)           # ... but is 2's egress
     assert not corpus.names_it(None, egress)
+
+
+def test_a_softer_step_is_an_improvement():
+    softer = {"do": "throttle", "mbit_from": 9.5, "mbit_to": 19.0, "degrades": True}
+    deeper = {"do": "throttle", "mbit_from": 40.0, "mbit_to": 19.0, "degrades": True}
+    assert corpus._relabel(softer)["degrades"] is False and corpus._relabel(deeper)["degrades"] is True

@@ -51,3 +51,15 @@ def test_corpus_runs_use_their_own_prefix_family():
     p = new_prefix("dtc")
     assert p.startswith("dtc") and PREFIX_RE.fullmatch(p)
     assert Topology(2, prefix=p, dry_run=True).bridge == f"{p}br"
+
+
+def test_controller_labels_a_softer_step_as_an_improvement(tmp_path):
+    from dynamiccl.harness.testbed.controller import Controller
+    from dynamiccl.harness.testbed.scenario import Action, Scenario
+    sc = Scenario("s", nranks=2, base_mbit=40, actions=(Action(0, "throttle", (0,), 10.0, "egress"),
+                                                         Action(10, "throttle", (0,), 20.0, "egress"),
+                                                         Action(20, "release", (0,))))
+    c = Controller(sc, Topology(3, prefix="dtb0abd", base_mbit=40, dry_run=True), truth_path=tmp_path / "t.json")
+    evs = [c.apply(i, a) for i, a in enumerate(sc.actions)]
+    assert [e.degrades for e in evs] == [True, False, False]
+    assert [e.direction for e in evs] == ["egress", "egress", "both"]

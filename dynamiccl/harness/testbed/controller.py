@@ -143,7 +143,9 @@ class Controller:
                 applied = self.bulk.command(cmd)
             if a.do == "bulk_on":
                 onset = applied  # the flow exists once it is connected
-        return TruthEvent(index=i, do=a.do, ranks=ranks, all_ranks=a.ranks is None, degrades=a.degrades,
+        # a softer step of a throttle (more capacity than before) is an improvement, not a degradation
+        degrades = a.degrades if a.do != "throttle" or before is None else mbit_to < before
+        return TruthEvent(index=i, do=a.do, ranks=ranks, all_ranks=a.ranks is None, degrades=degrades,
                           at_s=a.at_s, onset_wall=onset, applied_wall=applied, mbit_from=before,
                           mbit_to=mbit_to, description=a.describe(s.base_mbit),
                           direction=a.direction if a.do == "throttle" else "both")
