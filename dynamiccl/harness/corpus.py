@@ -55,6 +55,13 @@ def _extract(archive: Path) -> Path:
     return subdirs[0] if len(subdirs) == 1 and not (subdirs[0] / "truth.json").exists() else out
 
 
+def _finished(d: Path) -> bool:
+    """A run that ended normally: truth and a summary that does not say interrupted."""
+    summary = d / "summary.json"
+    return ((d / "truth.json").exists() and summary.exists()
+            and not json.loads(summary.read_text()).get("interrupted"))
+
+
 def load_runs(path: Path | str = DEFAULT_CORPUS, half: str | None = "eval") -> list[tuple[int, Path]]:
     """``(seed, run_dir)`` of the corpus's runs with records, in seed order; ``half`` dev / eval / None."""
     from dynamiccl.harness.testbed.generate import split
@@ -64,7 +71,7 @@ def load_runs(path: Path | str = DEFAULT_CORPUS, half: str | None = "eval") -> l
     root = _extract(path) if path.is_file() else path
     runs = []
     for d in sorted(root.glob("seed-*")):
-        if not (d / "truth.json").exists() or not any((d / "records").rglob("*.parquet")):
+        if not _finished(d) or not any((d / "records").rglob("*.parquet")):
             continue
         seed = int(d.name.split("-", 1)[1])
         if half is None or split(seed) == half:
@@ -205,8 +212,7 @@ def pack(runs_dir: Path | str, archive: Path | str = DEFAULT_CORPUS) -> int:
     n = 0
     with tarfile.open(tmp, "w:xz", preset=9) as tf:
         for d in sorted(runs_dir.glob("seed-*")):
-            summary = d / "summary.json"
-            if not summary.exists() or json.loads(summary.read_text()).get("interrupted"):
+            if not _finished(d):
                 continue
             for name in ("truth.json", "summary.json", "records"):
                 tf.add(d / name, arcname=f"corpus/{d.name}/{name}")

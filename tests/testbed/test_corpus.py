@@ -10,6 +10,7 @@ def _fake_run(root, seed):
     d = root / f"seed-{seed:03d}"
     (d / "records" / "x").mkdir(parents=True)
     (d / "truth.json").write_text('{"events": []}')
+    (d / "summary.json").write_text('{"interrupted": false}')
     (d / "records" / "x" / "part.parquet").write_bytes(b"")
     return d
 
@@ -65,8 +66,10 @@ def test_pack_keeps_finished_runs_only(tmp_path):
     for s in range(3):
         d = _fake_run(src, s)
         (d / "logs").mkdir()
-        if s != 2:  # seed 2 never finished
-            (d / "summary.json").write_text('{"interrupted": %s}' % ("true" if s == 1 else "false"))
+        if s == 2:  # seed 2 never finished
+            (d / "summary.json").unlink()
+        if s == 1:
+            (d / "summary.json").write_text('{"interrupted": true}')
     n = corpus.pack(src, tmp_path / "c.tar.xz")
     assert n == 1
     runs = corpus.load_runs(tmp_path / "c.tar.xz", None)
