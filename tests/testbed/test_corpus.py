@@ -93,3 +93,15 @@ def test_a_softer_step_is_an_improvement():
     softer = {"do": "throttle", "mbit_from": 9.5, "mbit_to": 19.0, "degrades": True}
     deeper = {"do": "throttle", "mbit_from": 40.0, "mbit_to": 19.0, "degrades": True}
     assert corpus._relabel(softer)["degrades"] is False and corpus._relabel(deeper)["degrades"] is True
+
+
+def test_evaluate_suite_testbed_names_a_missing_corpus(tmp_path):
+    import argparse
+
+    from dynamiccl.detector import evaluate
+    p = argparse.ArgumentParser()
+    evaluate.add_arguments(p)
+    args = p.parse_args(["--suite", "testbed", "--corpus", str(tmp_path / "none.tar.xz")])
+    with pytest.raises(FileNotFoundError, match="none.tar.xz"):
+        evaluate.run(args)
+    assert p.parse_args([]).suite == "simulated"  # the default suite is unchanged
