@@ -5,14 +5,17 @@ No clock is compared across hosts in absolute terms: within each instance (one c
 relative to that instance's median rank, and only the *change* of a rank's median offset from
 before the onset to after it is used — a constant per-host clock offset cancels.
 
-Two signatures, each a named rule:
+The slowest rank is the one whose arrival and finish offsets grew most; two named rules say what
+it is (developed on the test-bed corpus's development half, docs/corpus.md):
 
-* ``late_arrival`` — a rank whose enqueue offset grew: it reaches the collective late (a compute
-  straggler, or a rank whose input arrives over a slow ingress link: in a DDP-like step the batch
-  is loaded before the buckets are launched). Its peers wait for it. Verdict: the rank.
-* ``late_finish`` — no rank arrives late, but one rank's finish offset grew: the data it receives
-  is slow (its ingress link, or its ring predecessor's egress). Verdict: the link into that rank,
-  named as the pair ``(predecessor, rank)`` in ring order, and the rank.
+* ``late_arrival`` — its arrival grew by at least ``ARRIVAL_SHARE`` of its finish: it reaches
+  the collective late (a compute straggler, or a rank whose input arrives over a slow ingress
+  link: in a DDP-like step the batch is loaded before the buckets are launched). Its peers wait
+  for it. Verdict: the rank.
+* ``late_finish`` — otherwise: what it receives is slow (its ingress, or its ring predecessor's
+  egress; a late finish also delays its next arrival when steps run back to back, hence the share
+  rather than "no late arrival"). Verdict: the link into that rank, named as the pair
+  ``(predecessor, rank)`` in gloo's ring order.
 
 The confidence is the winner's shift over the sum of all ranks' positive shifts (1.0 when one rank
 carries the whole shift), each shift in units of that rank's pre-onset spread (MAD), floored by
@@ -30,6 +33,7 @@ __all__ = ["Where", "read_instances", "instance_offsets", "rank_shifts", "locali
 PRE_S = 20.0      # baseline span before the onset
 POST_MIN_S = 3.0  # at least this much after the onset is looked at
 MIN_SHIFT_S = 2e-3
+ARRIVAL_SHARE = 0.8  # dev half: ingress/bulk 1.0-2.1x the finish shift, egress 0.08-0.67x
 
 
 @dataclass(frozen=True)
@@ -105,20 +109,29 @@ def _pick(ranks: list[int], scores: list[float]) -> tuple[int, float] | None:
     return ranks[best], scores[best] / total
 
 
-def late_arrival(s: pl.DataFrame, min_shift_s: float) -> Where | None:
-    """A rank that reaches the collective later than before: that rank."""
-    hit = _pick(s["rank"].to_list(), _score(s["d_arr"], s["arr_mad_pre"], min_shift_s))
-    return None if hit is None else Where("rank", hit[0], None, round(hit[1], 3), "late_arrival")
+def _slowest(s: pl.DataFrame, min_shift_s: float) -> tuple[int, float] | None:
+    """The rank whose arrival and finish offsets grew most (in units of its pre-onset spread)."""
+    arr = _score(s["d_arr"], s["arr_mad_pre"], min_shift_s)
+    fin = _score(s["d_fin"], s["fin_mad_pre"], min_shift_s)
+    return _pick(s["rank"].to_list(), [a + f for a, f in zip(arr, fin)])
 
 
-def late_finish(s: pl.DataFrame, min_shift_s: float) -> Where | None:
-    """A rank that finishes later than before without arriving late: the link into it."""
-    ranks = s["rank"].to_list()
-    hit = _pick(ranks, _score(s["d_fin"], s["fin_mad_pre"], min_shift_s))
-    if hit is None:
+def late_arrival(s: pl.DataFrame, k: int, confidence: float) -> Where | None:
+    """The slowest rank arrives late by at least ``ARRIVAL_SHARE`` of its finish shift: it reaches
+    the collective late (a compute straggler, or its input comes in over a slow ingress link: a
+    DDP-like step loads its batch before launching its buckets). Its peers wait for it."""
+    row = s.filter(pl.col("rank") == k).row(0, named=True)
+    if row["d_arr"] < ARRIVAL_SHARE * row["d_fin"]:
         return None
-    n = max(ranks) + 1
-    return Where("link", hit[0], ((hit[0] - 1) % n, hit[0]), round(hit[1], 3), "late_finish")
+    return Where("rank", k, None, round(confidence, 3), "late_arrival")
+
+
+def late_finish(s: pl.DataFrame, k: int, confidence: float) -> Where | None:
+    """The slowest rank finishes late more than it arrives late: what it receives is slow — the
+    link into it from its ring predecessor, ``k + 1`` (gloo's ring passes data to the next lower
+    rank: an egress throttle on rank r delays rank r - 1's finish, dev half)."""
+    n = int(s["rank"].max()) + 1
+    return Where("link", k, ((k + 1) % n, k), round(confidence, 3), "late_finish")
 
 
 RULES = (late_arrival, late_finish)
@@ -130,8 +143,11 @@ def localise(records: pl.DataFrame, *, onset_s: float, detected_s: float,
     s = rank_shifts(records, onset_s, detected_s)
     if s is None or s.height < 2:
         return None
+    hit = _slowest(s, min_shift_s)
+    if hit is None:
+        return None
     for rule in RULES:
-        where = rule(s, min_shift_s)
+        where = rule(s, *hit)
         if where is not None:
             return where
     return None
