@@ -266,6 +266,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from dynamiccl.progress import add_progress_flag
     add_progress_flag(p)
     p.add_argument("--quick", action="store_true", help="a small suite for tests (< 60 s)")
+    p.add_argument("--suite", choices=("simulated", "testbed"), default="simulated",
+                   help="simulated (default) or testbed: the recorded test-bed corpus (docs/corpus.md)")
+    p.add_argument("--corpus", default=None, help="testbed suite: corpus folder or .tar.xz (default the shipped one)")
+    p.add_argument("--half", choices=("eval", "dev"), default="eval", help="testbed suite: which half (default eval)")
     p.add_argument("--seeds", type=int, default=2, help="seeds per workload (default 2)")
     p.add_argument("--jobs", type=int, default=1, help="parallel worker processes (default 1)")
     p.add_argument("--stationary-hours", type=float, default=None,
@@ -291,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
     from dynamiccl.detector.config import DetectorConfig
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    if getattr(args, "suite", "simulated") == "testbed":
+        return _run_testbed(args)
     cfg = DetectorConfig()
     overrides = {}
     for item in getattr(args, "set", None) or []:
@@ -358,6 +364,16 @@ def run(args: argparse.Namespace) -> int:
           f"delay_ratio_median={_fmt(rep['delay_ratio_median'], 2)} "
           f"false_alarms_per_day={_fmt(rep['false_alarms_per_day'], 2)} "
           f"straggler_top1={_fmt(rep['straggler_top1'])} updates_per_s={ups:.0f}", flush=True)
+    return 0
+
+
+def _run_testbed(args: argparse.Namespace) -> int:
+    from dynamiccl.harness import corpus
+    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rep, indent=1, default=str))
+    print(corpus.line(rep), flush=True)
     return 0
 
 

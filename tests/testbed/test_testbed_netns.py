@@ -4,11 +4,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from testbed_helpers import leftovers, require_testbed
 
+from dynamiccl.harness.testbed import netns
 from dynamiccl.harness.testbed.netns import Topology, cleanup, list_runs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +60,7 @@ def test_topology_lifecycle(tmp_path):
 def test_cleanup_removes_runs_whose_owner_died(tmp_path):
     code = ("import sys, time; sys.path.insert(0, %r); from dynamiccl.harness.testbed.netns import Topology; "
             "t = Topology(2, state_dir=%r).create(); print(t.prefix, flush=True); time.sleep(60)"
-            % (str(__import__("testbed").__path__[0] + "/.."), str(tmp_path)))
+            % (str(ROOT), str(tmp_path)))
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     prefix = owner.stdout.readline().strip()
     assert leftovers(prefix)
@@ -67,6 +71,19 @@ def test_cleanup_removes_runs_whose_owner_died(tmp_path):
     removed = cleanup(state_dir=tmp_path)
     assert f"{prefix}-r0" in removed and f"{prefix}br" in removed
     assert leftovers(prefix) == [] and list_runs(tmp_path) == []
+
+
+def test_a_sweep_with_its_own_state_dir_spares_the_hosts_live_runs(tmp_path, monkeypatch):
+    """cleanup(state_dir=X) used to treat every dtb namespace not listed in X as an orphan and
+    removed the host's running test beds (a test's sweep killed a recording's ranks)."""
+    host_dir = tmp_path / "host"
+    monkeypatch.setattr(netns, "STATE_DIR", host_dir)
+    topo = Topology(2, base_mbit=40, state_dir=host_dir).create()  # owned by this (live) process
+    try:
+        cleanup(state_dir=tmp_path / "mine")
+        assert leftovers(topo.prefix)
+    finally:
+        topo.destroy()
 
 
 def test_cleanup_rejects_a_foreign_prefix():

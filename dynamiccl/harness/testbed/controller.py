@@ -42,6 +42,7 @@ class TruthEvent:
     mbit_from: float | None
     mbit_to: float | None
     description: str
+    direction: str = "both"   # throttle: which way the links were shaped (a release restores both)
 
     @property
     def single_rank(self) -> int | None:
@@ -131,7 +132,7 @@ class Controller:
         if a.do in ("throttle", "release"):
             before = topo.rates[ranks[0]]
             mbit_to = a.mbit if a.do == "throttle" else s.base_mbit
-            topo.set_rate(ranks, mbit_to)
+            topo.set_rate(ranks, mbit_to, a.direction if a.do == "throttle" else "both")
             applied = self._clock()
         else:
             if self.bulk is None or self.bulk_target is None:
@@ -142,9 +143,12 @@ class Controller:
                 applied = self.bulk.command(cmd)
             if a.do == "bulk_on":
                 onset = applied  # the flow exists once it is connected
-        return TruthEvent(index=i, do=a.do, ranks=ranks, all_ranks=a.ranks is None, degrades=a.degrades,
+        # a softer step of a throttle (more capacity than before) is an improvement, not a degradation
+        degrades = a.degrades if a.do != "throttle" or before is None else mbit_to < before
+        return TruthEvent(index=i, do=a.do, ranks=ranks, all_ranks=a.ranks is None, degrades=degrades,
                           at_s=a.at_s, onset_wall=onset, applied_wall=applied, mbit_from=before,
-                          mbit_to=mbit_to, description=a.describe(s.base_mbit))
+                          mbit_to=mbit_to, description=a.describe(s.base_mbit),
+                          direction=a.direction if a.do == "throttle" else "both")
 
     def truth(self) -> dict:
         return {"scenario": self.scenario.name, "base_mbit": self.scenario.base_mbit,

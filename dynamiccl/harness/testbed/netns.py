@@ -37,7 +37,9 @@ __all__ = ["Topology", "TestbedUnavailable", "check_available", "cleanup", "list
 
 log = logging.getLogger(__name__)
 
-PREFIX_RE = re.compile(r"dtb[0-9a-f]{4}")
+# dtb: runs and tests; dtc: corpus recordings, out of reach of older sweeps that took every dtb
+# name they did not own for an orphan
+PREFIX_RE = re.compile(r"dt[bc][0-9a-f]{4}")
 STATE_DIR = Path(os.environ.get("DYNAMICCL_TESTBED_STATE", "/run/dynamiccl-testbed"))
 
 
@@ -45,6 +47,9 @@ class TestbedUnavailable(RuntimeError):
     """The test bed cannot run here (not root, no iproute2, no namespace support)."""
 
     __test__ = False  # not a pytest test class
+
+
+DIRECTIONS = ("both", "ingress", "egress")
 
 
 def check_available() -> None:
@@ -61,8 +66,10 @@ def check_available() -> None:
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
-def new_prefix() -> str:
-    return "dtb" + secrets.token_hex(2)
+def new_prefix(family: str = "dtb") -> str:
+    if family not in ("dtb", "dtc"):
+        raise ValueError(f"prefix family must be dtb or dtc, got {family!r}")
+    return family + secrets.token_hex(2)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -102,7 +109,7 @@ class Topology:
             raise ValueError("nodes must be >= 1")
         self.prefix = prefix or new_prefix()
         if not PREFIX_RE.fullmatch(self.prefix):
-            raise ValueError(f"prefix must look like dtb + 4 hex digits, got {self.prefix!r}")
+            raise ValueError(f"prefix must look like dtb (or dtc) + 4 hex digits, got {self.prefix!r}")
         self.nodes = nodes
         self.base_mbit = float(base_mbit)
         self.burst_bytes = int(burst_bytes)
@@ -119,6 +126,7 @@ class Topology:
         octet = int(p[3:], 16)
         self.subnet = f"10.223.{octet % 256}"
         self.rates = [self.base_mbit] * nodes
+        self.dir_rates = [{"ingress": self.base_mbit, "egress": self.base_mbit} for _ in range(nodes)]
         self.created = False
 
     # -- naming -------------------------------------------------------------------------------
@@ -177,13 +185,21 @@ class Topology:
         self.created = True
         return self
 
-    def set_rate(self, nodes, mbit: float) -> None:
-        """Re-shape the links of ``nodes`` (iterable of indices) to ``mbit`` in both directions."""
+    def set_rate(self, nodes, mbit: float, direction: str = "both") -> None:
+        """Re-shape the links of ``nodes`` (iterable of indices) to ``mbit``: ``ingress`` shapes what
+        the node receives (the bridge side of its veth), ``egress`` what it sends (its eth0),
+        ``both`` both. ``rates`` keeps the lower of the two directions."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
         for i in nodes:
-            self._run(["tc", "qdisc", "change", "dev", self.host_links[i], "root", *self.tbf_args(mbit)])
-            self._run(["tc", "-n", self.namespaces[i], "qdisc", "change", "dev", "eth0", "root",
-                       *self.tbf_args(mbit)])
-            self.rates[i] = float(mbit)
+            if direction in ("both", "ingress"):
+                self._run(["tc", "qdisc", "change", "dev", self.host_links[i], "root", *self.tbf_args(mbit)])
+                self.dir_rates[i]["ingress"] = float(mbit)
+            if direction in ("both", "egress"):
+                self._run(["tc", "-n", self.namespaces[i], "qdisc", "change", "dev", "eth0", "root",
+                           *self.tbf_args(mbit)])
+                self.dir_rates[i]["egress"] = float(mbit)
+            self.rates[i] = min(self.dir_rates[i].values())
 
     def qdisc_drops(self) -> dict[str, int]:
         """Packets each node's shapers dropped so far (``tc -s``): ``r<i>.up`` (the namespace's
@@ -290,9 +306,14 @@ def cleanup(prefix: str | None = None, *, force: bool = False, state_dir: Path |
     dead (all runs with ``force``), plus any ``dtbXXXX`` namespace or link that no live run owns.
     """
     if prefix is not None and not PREFIX_RE.fullmatch(prefix):
-        raise ValueError(f"prefix must look like dtb + 4 hex digits, got {prefix!r}")
+        raise ValueError(f"prefix must look like dtb (or dtc) + 4 hex digits, got {prefix!r}")
     removed: list[str] = []
-    live_prefixes = set()
+    # runs owned by a live process under the host's state directory are never orphans, whatever
+    # ``state_dir`` this call looks at: a sweep with its own directory (a test's) must not take
+    # down the host's other runs
+    default = Path(STATE_DIR)
+    live_prefixes = {st.get("prefix", "") for st in list_runs(default) if st["alive"]} \
+        if Path(state_dir or default) != default else set()
     for st in list_runs(state_dir):
         p = st.get("prefix", "")
         if prefix is not None and p != prefix:

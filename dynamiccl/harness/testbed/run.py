@@ -64,14 +64,15 @@ class Run:
 
     def __init__(self, scenario: Scenario, *, out_dir: Path | None = None, live: bool = True,
                  print_fn: Callable[[str], None] = print, startup_timeout_s: float = 120.0,
-                 detector_overrides: dict | None = None, nice: int = -20):
+                 detector_overrides: dict | None = None, nice: int = -20, prefix: str | None = None):
         self.scenario = scenario.validate()
         self.live = live
         self.print = print_fn
         self.startup_timeout_s = startup_timeout_s
         self.detector_overrides = detector_overrides or {}
         self.nice = int(nice)  # priority of the test bed's processes (a dedicated node's, roughly)
-        self.topology = Topology(scenario.nranks + 1, base_mbit=scenario.base_mbit, latency_ms=scenario.queue_ms)
+        self.topology = Topology(scenario.nranks + 1, base_mbit=scenario.base_mbit, latency_ms=scenario.queue_ms,
+                                 prefix=prefix)
         self.prefix = self.topology.prefix
         self.out_dir = Path(out_dir or ROOT / "runs" / "testbed" / self.prefix)
         self.sock_dir = tempfile.mkdtemp(prefix=f"{self.prefix}-")

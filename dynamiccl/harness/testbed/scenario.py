@@ -49,6 +49,7 @@ class Action:
     do: str
     ranks: tuple[int, ...] | None = None  # None = all ranks
     mbit: float | None = None             # throttle only
+    direction: str = "both"               # throttle: both, ingress (what the ranks receive) or egress
 
     @property
     def degrades(self) -> bool:
@@ -57,7 +58,8 @@ class Action:
     def describe(self, base_mbit: float) -> str:
         who = "all ranks" if self.ranks is None else "rank " + ",".join(map(str, self.ranks))
         if self.do == "throttle":
-            return f"throttle {who} {base_mbit:g} -> {self.mbit:g} Mbit/s"
+            way = "" if self.direction == "both" else f" {self.direction}"
+            return f"throttle {who}{way} {base_mbit:g} -> {self.mbit:g} Mbit/s"
         if self.do == "release":
             return f"release {who} -> {base_mbit:g} Mbit/s"
         return f"bulk traffic into {who} {'on' if self.do == 'bulk_on' else 'off'}"
@@ -118,6 +120,8 @@ class Scenario:
             targets = everyone if a.ranks is None else set(a.ranks)
             if not targets <= everyone or not targets:
                 raise ValueError(f"{n}: action {i}: ranks {a.ranks} not in 0..{self.nranks - 1}")
+            if a.direction not in ("both", "ingress", "egress"):
+                raise ValueError(f"{n}: action {i}: direction must be both, ingress or egress, got {a.direction!r}")
             if a.do == "throttle":
                 if a.mbit is None or a.mbit <= 0:
                     raise ValueError(f"{n}: action {i}: throttle needs mbit > 0")
@@ -139,8 +143,9 @@ class Scenario:
         return self
 
 
-def _a(at, do, ranks=None, mbit=None) -> Action:
-    return Action(float(at), do, None if ranks is None else tuple(ranks), None if mbit is None else float(mbit))
+def _a(at, do, ranks=None, mbit=None, direction="both") -> Action:
+    return Action(float(at), do, None if ranks is None else tuple(ranks), None if mbit is None else float(mbit),
+                  direction)
 
 
 BUILTIN = {
@@ -194,6 +199,6 @@ def load(name_or_path: str) -> Scenario:
         ranks = a.get("ranks")
         if ranks == "all":
             ranks = None
-        actions.append(_a(a["at_s"], a["do"], ranks, a.get("mbit")))
+        actions.append(_a(a["at_s"], a["do"], ranks, a.get("mbit"), a.get("direction", "both")))
     raw.setdefault("name", path.stem)
     return Scenario(**raw, actions=tuple(actions)).validate()
