@@ -34,6 +34,7 @@ LAYER_OF = {
     "dynamiccl.collector": "collector", "dynamiccl.detector": "detector", "dynamiccl.retuner": "retuner",
     "dynamiccl.report": "views", "dynamiccl.dashboards": "views",
     "dynamiccl.harness": "harness",
+    "dynamiccl.scaleout": "scaleout",       # node partials, bus, central merger (between collector and detector)
     "dynamiccl.loop": "loop",               # window -> detector -> retuner; duck-typed, imports no stage
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
@@ -51,6 +52,7 @@ ALLOWED = {
     "meta": {"meta", "contracts"},
     "loop": {"contracts", "loop"},
     "collector": {"contracts", "plugins", "collector"},
+    "scaleout": {"contracts", "plugins", "collector", "scaleout"},
     "detector": {"contracts", "plugins", "collector", "detector"},
     "retuner": {"contracts", "plugins", "nccl_model", "loop", "collector", "detector", "retuner"},
     "views": {"contracts", "plugins", "nccl_model", "loop", "collector", "detector", "retuner", "views"},
