@@ -8,8 +8,8 @@ integer nanoseconds: their sums merge bit-exactly). Three frames:
   sum / max, tuner-config version, and the duration histogram on the collector's fixed log buckets
   (``hist`` frame, sparse: one row per non-empty bucket).
 * ``inst``  per collective instance (job, comm, func, seq) and node: its local ranks' count, timed
-  count, duration sum / min / max, how many ranks took the minimum and which rank (the straggler
-  arrives last, so its duration is the shortest), and the latest start and its rank.
+  count, duration min / max, how many ranks took the minimum and which rank (the straggler arrives
+  last, so its duration is the shortest: the central tier names it from these).
 * ``ranks`` per (job, comm, rank): records, timed records, duration sum, host.
 """
 from __future__ import annotations
@@ -66,12 +66,10 @@ def node_partial(ev: np.ndarray, *, node: str, job_id: str, window: int, window_
     inst = df.group_by(INST_COLS).agg(
         pl.col("algo").min(), pl.col("proto").min(), pl.col("size_bucket").min(), pl.col("nranks").max(),
         pl.len().alias("n"), pl.col("timed").sum().cast(pl.Int64).alias("n_t"),
-        pl.col("dur_ns").sum().alias("dsum_ns"), dmin.alias("dmin_ns"),
+        dmin.alias("dmin_ns"),
         pl.col("dur_or_null").max().alias("dmax_ns"),
         (pl.col("dur_or_null") == dmin).sum().cast(pl.Int64).alias("n_at_min"),
-        pl.col("rank").filter(pl.col("dur_or_null") == dmin).first().alias("min_rank"),
-        pl.col("start_ns").max().alias("last_start_ns"),
-        pl.col("rank").sort_by("start_ns", descending=True).first().alias("last_rank"))
+        pl.col("rank").filter(pl.col("dur_or_null") == dmin).first().alias("min_rank"))
     ranks = df.group_by(["job_id", "comm_hash", "rank"]).agg(
         pl.len().alias("records"), pl.col("timed").sum().cast(pl.Int64).alias("timed"),
         pl.col("dur_ns").sum().alias("dur_sum_ns"), pl.col("host").first())
@@ -83,18 +81,14 @@ def _merge_inst(inst: pl.DataFrame) -> pl.DataFrame:
     """Instances across nodes: sums add, extremes combine, the minimum's rank comes from the node
     holding the global minimum (its tie count adds over the nodes that share it)."""
     gmin = pl.col("dmin_ns").min().over(INST_COLS)
-    gmax_start = pl.col("last_start_ns").max().over(INST_COLS)
     at_min = pl.col("dmin_ns") == gmin
-    return (inst.with_columns(at_min.fill_null(False).alias("_at_min"),
-                              (pl.col("last_start_ns") == gmax_start).alias("_last"))
+    return (inst.with_columns(at_min.fill_null(False).alias("_at_min"))
             .group_by(INST_COLS).agg(
                 pl.col("algo").min(), pl.col("proto").min(), pl.col("size_bucket").min(),
-                pl.col("nranks").max(), pl.col("n").sum(), pl.col("n_t").sum(), pl.col("dsum_ns").sum(),
+                pl.col("nranks").max(), pl.col("n").sum(), pl.col("n_t").sum(),
                 pl.col("dmin_ns").min(), pl.col("dmax_ns").max(),
                 pl.col("n_at_min").filter(pl.col("_at_min")).sum(),
-                pl.col("min_rank").filter(pl.col("_at_min")).first(),
-                pl.col("last_start_ns").max(),
-                pl.col("last_rank").filter(pl.col("_last")).first()))
+                pl.col("min_rank").filter(pl.col("_at_min")).first()))
 
 
 def merge_partials(parts: list[NodePartial]) -> NodePartial:
