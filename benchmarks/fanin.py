@@ -62,8 +62,8 @@ def templates(windows: int, seed: int, straggler: int):
     """Per window: a normal node's partial and a straggling node's (same instances)."""
     kw = dict(nranks=RANKS, seed=seed, rate_per_s=RATE, log2_bytes=(16, 24))
     out = []
-    for ev in (synthetic_events(int(RATE * windows), **kw),
-               synthetic_events(int(RATE * windows), straggler_rank=straggler, **kw)):
+    n = int(RATE * (windows + 1))              # one more second: the last window kept is whole
+    for ev in (synthetic_events(n, **kw), synthetic_events(n, straggler_rank=straggler, **kw)):
         w = event_time_ns(ev) // 1_000_000_000
         wins = sorted(set(w.tolist()))[:windows]
         out.append({win: node_partial(ev[w == win], node="t", job_id="t", window=win, window_s=1.0) for win in wins})
@@ -115,12 +115,14 @@ async def shard_task(name, shard, js, alive, acks):
             if job not in consumers:
                 consumers[job] = await JobConsumer(js, job).bind()
             for m in await consumers[job].fetch(2000, 0.2):
-                ok = shard.handle(Message(m.subject, m.data, m.headers.get("Nats-Msg-Id", "")))
+                status = shard.handle(Message(m.subject, m.data, m.headers.get("Nats-Msg-Id", "")))
                 w = int(m.headers["Nats-Msg-Id"].rsplit("/", 1)[1])
-                if ok:
+                if status == "filed":
                     acks.setdefault((name, job), []).append((w, m))
+                elif status == "not_owned":
+                    await m.nak()                                # the job's owner takes it
                 else:
-                    await m.ack()                                # refused (duplicate, late): settled
+                    await m.ack()                                # refused (duplicate, late, malformed): settled
         steps = shard.poll()
         for job in {j for j, _ in steps}:
             done = shard.checkpoints.get(job, -1)
@@ -145,6 +147,8 @@ async def central(args, msgs_by_window, jobs, nodes_of, root):
         shards = {s: CentralShard(s, cfg, table, ckpt, lambda job: Recorder(log, job), time.monotonic)
                   for s in SHARDS}
         tasks = {s: asyncio.create_task(shard_task(s, shards[s], js, alive, acks)) for s in SHARDS}
+        while table.live() != sorted(SHARDS):                 # both shards up before the first partial
+            await asyncio.sleep(0.05)
         victim = owner(jobs[0], list(SHARDS))
         t_kill_shard = None
         sent = 0
@@ -195,7 +199,7 @@ def main() -> int:
     jobs = job_names()
     half = args.nodes // 2
     nodes_of = {jobs[0]: [f"n{i}" for i in range(half)], jobs[1]: [f"n{i}" for i in range(half, args.nodes)]}
-    strag_node, silent = 7, 1                    # in jobs[0]
+    strag_node, silent = min(7, half - 1), 1      # both in jobs[0]
     wins = sorted(normal)
     t0 = time.process_time()
     msgs = {}
@@ -213,6 +217,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         log, shards, sent, victim, t_kill = asyncio.run(central(args, msgs, jobs, nodes_of, Path(d)))
     runs = [(j, w) for j, w, *_ in log]
+    if os.environ.get("FANIN_DEBUG"):
+        print(sorted(log), wins, jobs, {s: (v.counters, v.merger.counters) for s, v in shards.items()})
     every_once = sorted(runs) == sorted((j, w) for j in jobs for w in wins)
     full = all(n == half - (j == jobs[0] and w == wins[-1]) for j, w, n, *_ in log)
     strag_rank = strag_node * RANKS + 3

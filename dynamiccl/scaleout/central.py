@@ -31,24 +31,28 @@ class CentralShard:
         self.counters = {"received": 0, "not_owned": 0, "malformed": 0, "windows_run": 0,
                          "windows_skipped": 0, "changes": 0}
 
-    def handle(self, msg: Message) -> bool:
-        """File one message; False when it is not this shard's, malformed or refused by the merger.
-        A message that is not ours is not acknowledged by the transport (its owner takes it)."""
+    def handle(self, msg: Message) -> str:
+        """File one message: "filed", or why not: "malformed", "not_owned" (the transport gives it back
+        for the job's owner), "refused" (duplicate, late or unexpected; counted by the merger)."""
         self.counters["received"] += 1
         try:
             job, p = decode_partial(msg.data)
         except ValueError as e:
             self.counters["malformed"] += 1
             log.warning("shard %s: %s: %s", self.name, msg.subject, e)
-            return False
+            return "malformed"
         if not self.table.owns(self.name, job):
             self.counters["not_owned"] += 1
-            return False
-        return self.merger.add(job, p)
+            return "not_owned"
+        return "filed" if self.merger.add(job, p) else "refused"
 
     def poll(self) -> list:
         """Run the windows now due; returns the loop steps."""
         self.table.beat(self.name)
+        for job in self.merger.jobs():
+            if not self.table.owns(self.name, job):
+                self.merger.forget(job)             # moved away: its unacknowledged partials go to the owner
+                self.loops.pop(job, None)
         steps = []
         for job, wf in self.merger.due():
             w = int(round(wf.window_start / wf.window_s))

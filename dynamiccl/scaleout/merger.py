@@ -74,6 +74,18 @@ class WindowMerger:
         c["partials"] += 1
         return True
 
+    def jobs(self) -> set[str]:
+        """Jobs with windows pending."""
+        return {job for job, _ in self._pending}
+
+    def forget(self, job: str) -> int:
+        """Drop a job's pending windows (the job moved to another shard); returns how many."""
+        gone = [k for k in self._pending if k[0] == job]
+        for k in gone:
+            del self._pending[k]
+        self._merged_upto.pop(job, None)
+        return len(gone)
+
     def due(self) -> list[tuple[str, WindowFeatures]]:
         """Merged windows now due, per job in window order."""
         now, out = self.clock(), []

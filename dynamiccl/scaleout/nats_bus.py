@@ -11,6 +11,7 @@ be redelivered, after ``ack_wait_s``, to the job's next owner.
 """
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nats
+import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from dynamiccl.scaleout.bus import SUBJECT_PREFIX, Message
@@ -91,13 +93,21 @@ async def ensure_stream(js, replicas: int = 3, duplicate_window_s: float = 120.0
         try:
             return await js.add_stream(cfg)
         except Exception:  # noqa: BLE001 - not ready yet (no meta leader): retry, bounded
-            import asyncio
             await asyncio.sleep(0.5)
     return await js.add_stream(cfg)
 
 
-async def publish(js, msg: Message, timeout_s: float = 5.0):
-    return await js.publish(msg.subject, msg.data, timeout=timeout_s, headers={"Nats-Msg-Id": msg.msg_id})
+async def publish(js, msg: Message, timeout_s: float = 5.0, attempts: int = 40, backoff_s: float = 0.25):
+    """Publish with the message id; retried while the stream elects a new leader (a server died):
+    a retry of a stored message is dropped by the stream's duplicate window, so retrying is safe."""
+    for i in range(attempts):
+        try:
+            return await js.publish(msg.subject, msg.data, timeout=timeout_s, headers={"Nats-Msg-Id": msg.msg_id})
+        except (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError, asyncio.TimeoutError,
+                nats.js.errors.ServiceUnavailableError):
+            if i == attempts - 1:
+                raise
+            await asyncio.sleep(backoff_s)
 
 
 class JobConsumer:
@@ -106,6 +116,7 @@ class JobConsumer:
     def __init__(self, js, job: str, ack_wait_s: float = 3.0):
         self.js, self.job, self.ack_wait_s = js, job, ack_wait_s
         self.sub = None
+        self.fetch_errors = 0
 
     async def bind(self):
         cfg = ConsumerConfig(durable_name=f"job-{self.job}", ack_policy=AckPolicy.EXPLICIT,
@@ -116,7 +127,12 @@ class JobConsumer:
         return self
 
     async def fetch(self, batch: int = 1000, timeout_s: float = 0.2) -> list:
+        """Up to ``batch`` messages; none when nothing came within ``timeout_s`` or the consumer is
+        briefly unavailable (its leader moving after a server died: counted, retried by the caller)."""
         try:
             return await self.sub.fetch(batch, timeout=timeout_s)
-        except nats.errors.TimeoutError:
+        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            return []
+        except (nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError, nats.errors.Error):
+            self.fetch_errors += 1
             return []

@@ -76,7 +76,7 @@ def test_failover_moves_job_and_runs_no_window_twice():
     other = shards[({"s0", "s1"} - {first.name}).pop()]
     w0, w1 = sorted(parts)[:2]
     for m in _msgs(parts, w0):
-        assert first.handle(m) and not other.handle(m)       # only the owner takes it
+        assert first.handle(m) == "filed" and other.handle(m) == "not_owned"   # only the owner takes it
     first.poll()
     assert runs == [float(w0)]
     clock.t = 1.0
