@@ -34,6 +34,9 @@ LAYER_OF = {
     "dynamiccl.collector": "collector", "dynamiccl.detector": "detector", "dynamiccl.retuner": "retuner",
     "dynamiccl.report": "views", "dynamiccl.dashboards": "views",
     "dynamiccl.harness": "harness",
+    # node partials and the bus sit between collector and detector; the central merger runs the detector
+    "dynamiccl.scaleout": "scaleout", "dynamiccl.scaleout.central": "scaleout_central",
+    "dynamiccl.scaleout.cli": "cli",
     "dynamiccl.loop": "loop",               # window -> detector -> retuner; duck-typed, imports no stage
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
@@ -43,7 +46,8 @@ LAYER_OF = {
                                              "nccl_profiler_plugin", "nccl_tuner_plugin", "harness.testbed",
                                              "harness.simulator")},
 }
-PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "loop", "collector", "detector", "retuner", "views")
+PRODUCT = ("contracts", "plugins", "nccl_model", "meta", "loop", "collector", "scaleout", "detector", "scaleout_central",
+           "retuner", "views")
 ALLOWED = {
     "contracts": {"contracts"},
     "plugins": {"contracts", "plugins"},
@@ -51,7 +55,9 @@ ALLOWED = {
     "meta": {"meta", "contracts"},
     "loop": {"contracts", "loop"},
     "collector": {"contracts", "plugins", "collector"},
+    "scaleout": {"contracts", "plugins", "collector", "scaleout"},
     "detector": {"contracts", "plugins", "collector", "detector"},
+    "scaleout_central": {"contracts", "plugins", "loop", "collector", "scaleout", "detector", "scaleout_central"},
     "retuner": {"contracts", "plugins", "nccl_model", "loop", "collector", "detector", "retuner"},
     "views": {"contracts", "plugins", "nccl_model", "loop", "collector", "detector", "retuner", "views"},
     "harness": set(PRODUCT) | {"harness"},

@@ -1,0 +1,248 @@
+"""Fan-in: node partials of N nodes × 8 ranks through a 3-server NATS JetStream cluster (loopback,
+stream replicated 3×) into 2 central shards; faults on the way. Seeded.
+
+Node side, measured on one real node collector (8 ranks, 550 records/s each = 4,400 records/s):
+its CPU share of one core (process time / data seconds) and its upstream bytes per second. The N
+nodes' partials are that node's, relabelled per node (ranks node*8..node*8+7; one node carries a
+straggler rank from window --straggler-from), as the issue allows (replaying pre-computed partials).
+
+Central side: two jobs of N/2 nodes (names chosen so rendezvous hashing gives each shard one job).
+Faults: one NATS server killed after window --kill-server-after, the shard of the straggler's job
+killed after window --kill-shard-after (its job moves to the other shard), node N/2+1 (in the other job) silent in
+the last window. Checks: every window of every job run exactly once, with every node except the silent one
+(nothing lost), the silent node counted missing, the straggler's global rank named in every window
+after its onset, upstream ≤ 20 KB/s per node, node CPU ≤ 5 % of a core. Last line key=value pass=0|1.
+NOT measured here: the detector's regime changes against the single-collector path (see docs/scale-out.md).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("POLARS_MAX_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import nats  # noqa: E402
+import polars as pl  # noqa: E402
+
+from dynamiccl.collector.records import event_time_ns  # noqa: E402
+from dynamiccl.harness.collector_testing import synthetic_events  # noqa: E402
+from dynamiccl.scaleout.bus import InProcessBus, Message, Outbox, msg_id, subject  # noqa: E402
+from dynamiccl.scaleout.central import CentralShard  # noqa: E402
+from dynamiccl.scaleout.merger import MergerConfig, ShardTable, owner  # noqa: E402
+from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, loopback_cluster, publish  # noqa: E402
+from dynamiccl.scaleout.node import NodeCollector, NodeConfig  # noqa: E402
+from dynamiccl.scaleout.partials import node_partial  # noqa: E402
+from dynamiccl.scaleout.wire import encode_partial  # noqa: E402
+
+RANKS, RATE = 8, 550.0
+SHARDS = ("s0", "s1")
+
+
+def node_side(windows: int, seed: int):
+    """One real node collector over `windows` s of 8 ranks × 550 records/s: (cpu %, bytes/s)."""
+    ev = synthetic_events(int(RATE * windows), nranks=RANKS, seed=seed, rate_per_s=RATE)
+    node = NodeCollector(NodeConfig("n0", "j"), Outbox(InProcessBus()))
+    t0 = time.process_time()
+    for i in range(0, len(ev), 440):            # 0.1 s of records per batch
+        node.consume(ev[i:i + 440])
+        node.tick()
+    node.tick(flush_all=True)
+    cpu = time.process_time() - t0
+    span = (int(event_time_ns(ev).max()) - int(event_time_ns(ev).min())) / 1e9
+    return 100 * cpu / span, node.outbox.counters["bytes_emitted"] / span, len(ev) / span
+
+
+def templates(windows: int, seed: int, straggler: int):
+    """Per window: a normal node's partial and a straggling node's (same instances)."""
+    kw = dict(nranks=RANKS, seed=seed, rate_per_s=RATE, log2_bytes=(16, 24))
+    out = []
+    n = int(RATE * (windows + 2))              # the first window is a sliver (CPU-timed enqueue < start)
+    for ev in (synthetic_events(n, **kw), synthetic_events(n, straggler_rank=straggler, **kw)):
+        w = event_time_ns(ev) // 1_000_000_000
+        wins = sorted(set(w.tolist()))[1:windows + 1]
+        out.append({win: node_partial(ev[w == win], node="t", job_id="t", window=win, window_s=1.0) for win in wins})
+    return out
+
+
+def relabel(p, node: int, nodes: int) -> dict:
+    off = node * RANKS
+    q = dict(p, node=f"n{node}")
+    q["keys"] = p["keys"].with_columns(pl.lit(nodes * RANKS, pl.Int32).alias("nranks"),
+                                       pl.lit(nodes, pl.Int32).alias("nnodes"))
+    q["inst"] = p["inst"].with_columns(pl.lit(nodes * RANKS, pl.Int32).alias("nranks"),
+                                       pl.col("min_rank") + off)
+    q["ranks"] = p["ranks"].with_columns(pl.col("rank") + off)
+    return q
+
+
+def job_names():
+    for i in range(1000):
+        a, b = f"a{i}", f"b{i}"
+        if owner(a, list(SHARDS)) != owner(b, list(SHARDS)):
+            return a, b
+    raise RuntimeError("no job pair split over the shards")
+
+
+class Recorder:
+    """The shard's loop stand-in: records each window it is given (the straggler's top rank)."""
+
+    def __init__(self, log, job):
+        self.log, self.job = log, job
+
+    def step(self, wf):
+        top = (wf.ranks.sort(["shortest_count", "rank"], descending=[True, False])["rank"][0]
+               if len(wf.ranks) else None)
+        self.log.append((self.job, round(wf.window_start), wf.counters["nodes_reported"], top, time.monotonic()))
+
+        class S:
+            changes: list = []
+        return S()
+
+
+async def shard_task(name, shard, js, alive, acks):
+    """A shard: fetch its jobs' partials, run due windows, ack a partial once its window ran; held
+    partials get their ack deadline extended (in_progress) while their window waits, so a short
+    ack_wait redelivers a dead shard's partials to the next owner before it starts merging."""
+    consumers, last_extend = {}, 0.0
+    while alive[name]:
+        if time.monotonic() - last_extend > 0.3:
+            last_extend = time.monotonic()
+            for (s, _), held in list(acks.items()):
+                if s == name:
+                    await asyncio.gather(*(m.in_progress() for _, m in held))
+        shard.poll()
+        for job in list(shard.merger.config.expected_nodes):
+            if not shard.table.owns(name, job):
+                continue
+            if job not in consumers:
+                consumers[job] = await JobConsumer(js, job, ack_wait_s=1.0).bind()
+            for m in await consumers[job].fetch(2000, 0.2):
+                status = shard.handle(Message(m.subject, m.data, m.headers.get("Nats-Msg-Id", "")))
+                w = int(m.headers["Nats-Msg-Id"].rsplit("/", 1)[1])
+                if status == "filed":
+                    acks.setdefault((name, job), []).append((w, m))
+                elif status == "not_owned":
+                    await m.nak()                                # the job's owner takes it
+                else:
+                    await m.ack()                                # refused (duplicate, late, malformed): settled
+        steps = shard.poll()
+        for job in {j for j, _ in steps}:
+            done = shard.checkpoints.get(job, -1)
+            keep = []
+            for w, m in acks.get((name, job), []):
+                if w <= done:
+                    await m.ack()
+                else:
+                    keep.append((w, m))
+            acks[(name, job)] = keep
+        await asyncio.sleep(0.05)
+
+
+async def central(args, msgs_by_window, jobs, nodes_of, root):
+    cluster = loopback_cluster(root, 3)
+    try:
+        nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        js = nc.jetstream()
+        await ensure_stream(js, replicas=3)
+        table, ckpt, log, alive, acks = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}, {}
+        cfg = MergerConfig({j: frozenset(nodes_of[j]) for j in jobs}, lateness_s=args.lateness)
+        shards = {s: CentralShard(s, cfg, table, ckpt, lambda job: Recorder(log, job), time.monotonic)
+                  for s in SHARDS}
+        tasks = {s: asyncio.create_task(shard_task(s, shards[s], js, alive, acks)) for s in SHARDS}
+        while table.live() != sorted(SHARDS):                 # both shards up before the first partial
+            await asyncio.sleep(0.05)
+        victim = owner(jobs[0], list(SHARDS))
+        t_kill_shard = None
+        sent = 0
+        for i, (w, msgs) in enumerate(sorted(msgs_by_window.items())):
+            t0 = time.monotonic()
+            for k in range(0, len(msgs), 250):
+                await asyncio.gather(*(publish(js, m, 10.0) for m in msgs[k:k + 250]))
+            sent += len(msgs)
+            if i == args.kill_server_after:
+                cluster.kill(1)
+            if i == args.kill_shard_after:
+                until = time.monotonic() + 15
+                while not any(j == jobs[0] and lw == w for j, lw, *_ in log) and time.monotonic() < until:
+                    await asyncio.sleep(0.05)
+                    for s, t in tasks.items():
+                        if t.done() and t.exception():
+                            raise RuntimeError(f"shard {s} failed") from t.exception()
+                alive[victim] = False
+                t_kill_shard = time.monotonic()
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))   # one window per second
+        deadline = time.monotonic() + 30
+        want = len(msgs_by_window) * len(jobs)
+        while len({(j, w) for j, w, *_ in log}) < want and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        for s in SHARDS:
+            alive[s] = False
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await nc.close()
+        return log, shards, sent, victim, t_kill_shard
+    finally:
+        cluster.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lateness", type=float, default=2.0)
+    ap.add_argument("--straggler-from", type=int, default=2)
+    ap.add_argument("--kill-server-after", type=int, default=3)
+    ap.add_argument("--kill-shard-after", type=int, default=4)
+    args = ap.parse_args()
+    cpu_pct, bps, rps = node_side(10, args.seed)
+    print(f"node collector: {rps:.0f} records/s, cpu {cpu_pct:.2f} % of a core, upstream {bps / 1e3:.1f} KB/s; "
+          f"load {os.getloadavg()}", flush=True)
+    normal, slow = templates(args.windows, args.seed, straggler=3)
+    jobs = job_names()
+    half = args.nodes // 2
+    nodes_of = {jobs[0]: [f"n{i}" for i in range(half)], jobs[1]: [f"n{i}" for i in range(half, args.nodes)]}
+    strag_node, silent = min(7, half - 1), half + 1  # straggler in jobs[0], silent node in jobs[1]
+    wins = sorted(normal)
+    t0 = time.process_time()
+    msgs = {}
+    for k, win in enumerate(wins):
+        msgs[win] = []
+        for n in range(args.nodes):
+            job = jobs[0] if n < half else jobs[1]
+            if n == silent and k == len(wins) - 1:
+                continue
+            tpl = slow if (n == strag_node and k >= args.straggler_from) else normal
+            p = relabel(tpl[win], n % half, half)
+            p["node"] = f"n{n}"
+            msgs[win].append(Message(subject(job, f"n{n}"), encode_partial(p, job), msg_id(job, f"n{n}", win)))
+    print(f"prepared {sum(map(len, msgs.values()))} partials in {time.process_time() - t0:.1f} cpu s", flush=True)
+    with tempfile.TemporaryDirectory() as d:
+        log, shards, sent, victim, t_kill = asyncio.run(central(args, msgs, jobs, nodes_of, Path(d)))
+    runs = [(j, w) for j, w, *_ in log]
+    if os.environ.get("FANIN_DEBUG"):
+        print(sorted(log), wins, jobs, {s: (v.counters, v.merger.counters) for s, v in shards.items()})
+    every_once = sorted(runs) == sorted((j, w) for j in jobs for w in wins)
+    full = all(n == half - (j == jobs[1] and w == wins[-1]) for j, w, n, *_ in log)
+    strag_rank = strag_node * RANKS + 3
+    named = all(top == strag_rank for j, w, n, top, _ in log if j == jobs[0] and w >= wins[args.straggler_from])
+    missing = sum(s.merger.counters["nodes_missing"] for s in shards.values())
+    after = [t for j, w, *_, t in log if j == jobs[0] and t_kill is not None and t > t_kill]
+    takeover = (min(after) - t_kill) if after else float("inf")
+    ok = every_once and full and named and missing == 1 and bps <= 20e3 and cpu_pct <= 5.0
+    print(f"windows run {len(runs)} of {len(jobs) * len(wins)} (each once: {every_once}); full windows: {full}; "
+          f"straggler rank {strag_rank} named: {named}; nodes missing {missing} (expected 1); "
+          f"shard {victim} killed, its job's next window run {takeover:.2f} s later; load {os.getloadavg()}")
+    print(f"nodes={args.nodes} windows={len(wins)} partials_sent={sent} runs={len(runs)} each_once={int(every_once)} "
+          f"nothing_lost={int(full)} straggler_named={int(named)} missing_nodes={missing} takeover_s={takeover:.2f} "
+          f"node_cpu_pct={cpu_pct:.2f} upstream_Bps={bps:.0f} pass={int(ok)}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The bus between node collectors and the central tier, and the node's bounded outbox.
+
+Subjects: ``dynamiccl.partials.<job>.<node>``; a message's id is ``<job>/<node>/<window>`` (JetStream
+drops a republished id inside its duplicate window; the central merger drops it too, so duplicate
+delivery after a failover changes nothing). :class:`InProcessBus` is the single-machine path: the same
+publish/drain interface, bounded, no network. :class:`Outbox` never blocks the node's ingest: a full
+outbox drops its oldest message and counts it; a failed send keeps the message for the next flush.
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+__all__ = ["subject", "msg_id", "Bus", "InProcessBus", "Outbox", "Message"]
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SUBJECT_PREFIX = "dynamiccl.partials"
+
+
+def _token(kind: str, value: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{kind} {value!r}: a subject token is 1-64 of [A-Za-z0-9_-]")
+    return value
+
+
+def subject(job: str, node: str) -> str:
+    """>>> subject("j1", "node-7")
+    'dynamiccl.partials.j1.node-7'"""
+    return f"{SUBJECT_PREFIX}.{_token('job', job)}.{_token('node', node)}"
+
+
+def msg_id(job: str, node: str, window: int) -> str:
+    return f"{job}/{node}/{window}"
+
+
+@dataclass(frozen=True)
+class Message:
+    subject: str
+    data: bytes
+    msg_id: str
+
+
+class Bus(Protocol):
+    def publish(self, msg: Message) -> None: ...
+
+
+class InProcessBus:
+    """Bounded in-process bus: ``publish`` raises ``BufferError`` when full (the outbox keeps the
+    message), ``drain`` hands the oldest messages to the central tier."""
+
+    def __init__(self, max_messages: int = 100_000):
+        if max_messages < 1:
+            raise ValueError("max_messages must be >= 1")
+        self.max_messages = max_messages
+        self._q: deque[Message] = deque()
+        self.published = 0
+
+    def publish(self, msg: Message) -> None:
+        if len(self._q) >= self.max_messages:
+            raise BufferError(f"in-process bus full ({self.max_messages} messages)")
+        self._q.append(msg)
+        self.published += 1
+
+    def drain(self, limit: int = 1 << 30) -> list[Message]:
+        out = []
+        while self._q and len(out) < limit:
+            out.append(self._q.popleft())
+        return out
+
+
+@dataclass
+class Outbox:
+    """The node's bounded buffer in front of the bus (counters: emitted, dropped, send_errors)."""
+    bus: Bus
+    max_messages: int = 64
+    max_bytes: int = 16 << 20
+    on_error: Callable[[Exception], None] = lambda e: None
+    _q: deque = field(default_factory=deque)
+    _bytes: int = 0
+    counters: dict = field(default_factory=lambda: {"offered": 0, "emitted": 0, "dropped": 0,
+                                                     "send_errors": 0, "bytes_emitted": 0})
+
+    def offer(self, msg: Message) -> None:
+        """Queue without blocking; the oldest message goes (counted) when a bound is hit."""
+        self.counters["offered"] += 1
+        self._q.append(msg)
+        self._bytes += len(msg.data)
+        while len(self._q) > self.max_messages or self._bytes > self.max_bytes:
+            self._bytes -= len(self._q.popleft().data)
+            self.counters["dropped"] += 1
+
+    def flush(self) -> int:
+        """Send what is queued, oldest first; stop at the first failure (kept for the next flush)."""
+        sent = 0
+        while self._q:
+            msg = self._q[0]
+            try:
+                self.bus.publish(msg)
+            except Exception as e:  # any transport failure: keep the message, count, retry later
+                self.counters["send_errors"] += 1
+                self.on_error(e)
+                break
+            self._q.popleft()
+            self._bytes -= len(msg.data)
+            self.counters["emitted"] += 1
+            self.counters["bytes_emitted"] += len(msg.data)
+            sent += 1
+        return sent
+
+    def __len__(self) -> int:
+        return len(self._q)

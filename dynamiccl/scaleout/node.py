@@ -1,0 +1,118 @@
+"""The node collector: its ranks' decoded records → one partial per event-time window → the outbox.
+
+``consume`` only files records under their window (bounded: past ``max_buffered_records`` the batch's
+excess is dropped and counted, never blocked). ``tick`` closes the windows whose end plus the allowed
+lateness lies behind the newest event time seen, builds their partials and flushes the outbox. The
+counters (received, aggregated, dropped by reason, windows, partials emitted/dropped, send errors,
+bytes sent) are the node's own ``/metrics`` (:func:`registry`).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynamiccl.collector.records import event_time_ns, valid_mask
+from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
+from dynamiccl.scaleout.partials import node_partial
+from dynamiccl.scaleout.wire import encode_partial
+
+__all__ = ["NodeConfig", "NodeCollector", "registry"]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node: str
+    job_id: str
+    window_s: float = 1.0
+    allowed_lateness_s: float = 2.0
+    max_buffered_records: int = 4_000_000   # all open windows together (~8 ranks × 550/s × 3 s ≈ 13 k)
+
+    def validate(self) -> None:
+        subject(self.job_id, self.node)        # both must be subject tokens
+        if not self.window_s > 0 or self.allowed_lateness_s < 0 or self.max_buffered_records < 1:
+            raise ValueError(f"node config: window_s > 0, allowed_lateness_s >= 0, max_buffered_records >= 1 "
+                             f"(got {self.window_s}, {self.allowed_lateness_s}, {self.max_buffered_records})")
+
+
+class NodeCollector:
+    def __init__(self, config: NodeConfig, outbox: Outbox):
+        config.validate()
+        self.config, self.outbox = config, outbox
+        self._win_ns = int(round(config.window_s * 1e9))
+        self._late_ns = int(round(config.allowed_lateness_s * 1e9))
+        self._open: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._buffered = 0
+        self._newest_ns = -1
+        self._closed_upto = -1 << 62
+        self.counters = {"received": 0, "aggregated": 0, "windows": 0, "dropped_invalid": 0,
+                         "dropped_late": 0, "dropped_buffer_full": 0}
+
+    def consume(self, ev: np.ndarray) -> None:
+        c = self.counters
+        c["received"] += len(ev)
+        ok = valid_mask(ev)
+        if not ok.all():
+            c["dropped_invalid"] += int((~ok).sum())
+            ev = ev[ok]
+        t = event_time_ns(ev)
+        w = t // self._win_ns
+        late = w < self._closed_upto
+        if late.any():
+            c["dropped_late"] += int(late.sum())
+            ev, t, w = ev[~late], t[~late], w[~late]
+        room = self.config.max_buffered_records - self._buffered
+        if len(ev) > room:
+            c["dropped_buffer_full"] += len(ev) - room
+            ev, t, w = ev[:room], t[:room], w[:room]
+        if not len(ev):
+            return
+        for win in np.unique(w).tolist():
+            self._open[win].append(ev[w == win])
+        self._buffered += len(ev)
+        self._newest_ns = max(self._newest_ns, int(t.max()))
+
+    def tick(self, *, flush_all: bool = False) -> int:
+        """Close the ready windows (all with ``flush_all``), queue their partials, flush the outbox."""
+        for win in sorted(self._open):
+            if not flush_all and (win + 1) * self._win_ns + self._late_ns > self._newest_ns:
+                break
+            self._close(win)
+        return self.outbox.flush()
+
+    def _close(self, win: int) -> None:
+        ev = np.concatenate(self._open.pop(win))
+        self._buffered -= len(ev)
+        self._closed_upto = max(self._closed_upto, win + 1)
+        cfg = self.config
+        p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
+        self.outbox.offer(Message(subject(cfg.job_id, cfg.node), encode_partial(p, cfg.job_id),
+                                  msg_id(cfg.job_id, cfg.node, win)))
+        self.counters["aggregated"] += len(ev)
+        self.counters["windows"] += 1
+
+
+def registry(node: NodeCollector):
+    """A prometheus-client registry exposing the node's counters (served by the CLI's /metrics)."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily
+
+    class _Node:
+        def collect(self):
+            c = dict(node.counters)
+            fam = CounterMetricFamily("dynamiccl_node_records", "records by outcome", labels=["outcome"])
+            for k in ("received", "aggregated", "dropped_invalid", "dropped_late", "dropped_buffer_full"):
+                fam.add_metric([k], c[k])
+            yield fam
+            yield CounterMetricFamily("dynamiccl_node_windows", "windows closed", value=c["windows"])
+            out = CounterMetricFamily("dynamiccl_node_partials", "partials by outcome", labels=["outcome"])
+            for k in ("emitted", "dropped", "send_errors"):
+                out.add_metric([k], node.outbox.counters[k])
+            yield out
+            yield CounterMetricFamily("dynamiccl_node_upstream_bytes", "bytes sent upstream",
+                                      value=node.outbox.counters["bytes_emitted"])
+
+    reg = CollectorRegistry()
+    reg.register(_Node())
+    return reg

@@ -1,0 +1,111 @@
+"""Mergeable node partials: what a node collector sends upstream for one event-time window.
+
+A partial holds only sums, counts, extremes and fixed-bucket histograms, so merging the partials of
+every node gives exactly what one collector computes over all records (durations are carried in
+integer nanoseconds: their sums merge bit-exactly). Three frames:
+
+* ``keys``  per (job, comm, func, algo, proto, size_bucket): records, bytes, timed records, duration
+  sum / max, tuner-config version, and the duration histogram on the collector's fixed log buckets
+  (``hist`` frame, sparse: one row per non-empty bucket).
+* ``inst``  per collective instance (job, comm, func, seq) and node: its local ranks' count, timed
+  count, duration min / max, how many ranks took the minimum and which rank (the straggler arrives
+  last, so its duration is the shortest: the central tier names it from these).
+* ``ranks`` per (job, comm, rank): records, timed records, duration sum, host.
+"""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from dynamiccl.collector.metrics import DURATION_BUCKETS_S
+from dynamiccl.collector.records import event_time_ns, size_bucket
+from dynamiccl.collector.wire_format import TimingSource
+
+__all__ = ["KEY_COLS", "INST_COLS", "node_partial", "merge_partials", "NodePartial"]
+
+KEY_COLS = ["job_id", "comm_hash", "func", "algo", "proto", "size_bucket"]
+INST_COLS = ["job_id", "comm_hash", "func", "seq"]
+_BOUNDS_NS = np.round(np.asarray(DURATION_BUCKETS_S) * 1e9)
+_M40 = (1 << 40) - 1
+NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"}; the frames are polars
+
+
+def _record_frame(ev: np.ndarray, job_id: str, host: str, window_start_ns: int) -> pl.DataFrame:
+    ts = ev["timing_source"]
+    gpu = ts == TimingSource.KERNEL_GPU
+    t = event_time_ns(ev)
+    end = np.where(gpu, ev["gpu_end_ns"], ev["cpu_end_ns"]).view(np.int64)
+    dns = end - t
+    timed = (gpu | (ts == TimingSource.KERNEL_CPU)) & (dns >= 0)
+    return pl.DataFrame({
+        "job_id": pl.Series([job_id] * len(ev), dtype=pl.String),
+        "comm_hash": ev["comm_hash"], "func": ev["func"].astype(np.int32),
+        "algo": ev["algo"].astype(np.int32), "proto": ev["proto"].astype(np.int32),
+        "size_bucket": size_bucket(ev["bytes"]), "seq": (ev["seq_number"] & _M40).astype(np.int64),
+        "rank": ev["rank"].astype(np.int32), "nranks": ev["nranks"].astype(np.int32),
+        "nnodes": ev["nnodes"].astype(np.int32), "bytes": ev["bytes"].astype(np.int64),
+        "tcv": ev["tuner_config_version"].astype(np.int64), "timed": timed,
+        "dur_ns": pl.Series(np.where(timed, dns, 0)).cast(pl.Int64),
+        "dur_or_null": pl.Series(np.where(timed, dns, -1)).cast(pl.Int64).replace(-1, None),
+        "bucket": np.searchsorted(_BOUNDS_NS, dns, side="left").astype(np.int32),
+        "start_ns": t - window_start_ns, "host": pl.Series([host] * len(ev), dtype=pl.String),
+    })
+
+
+def node_partial(ev: np.ndarray, *, node: str, job_id: str, window: int, window_s: float) -> NodePartial:
+    """The partial of one node's records (``wire_format.EVENT_DTYPE``) of window ``window``."""
+    window_start_ns = int(round(window * window_s * 1e9))
+    df = _record_frame(ev, job_id, node, window_start_ns)
+    keys = df.group_by(KEY_COLS).agg(
+        pl.len().alias("records"), pl.col("bytes").sum().alias("bytes_sum"),
+        pl.col("timed").sum().cast(pl.Int64).alias("timed"), pl.col("dur_ns").sum().alias("dur_sum_ns"),
+        pl.col("dur_or_null").max().alias("dur_max_ns"), pl.col("tcv").max().alias("tcv"),
+        pl.col("nranks").first(), pl.col("nnodes").first())
+    hist = (df.filter(pl.col("timed")).group_by(KEY_COLS + ["bucket"]).agg(pl.len().alias("count")))
+    dmin = pl.col("dur_or_null").min()
+    inst = df.group_by(INST_COLS).agg(
+        pl.col("algo").min(), pl.col("proto").min(), pl.col("size_bucket").min(), pl.col("nranks").max(),
+        pl.len().alias("n"), pl.col("timed").sum().cast(pl.Int64).alias("n_t"),
+        dmin.alias("dmin_ns"),
+        pl.col("dur_or_null").max().alias("dmax_ns"),
+        (pl.col("dur_or_null") == dmin).sum().cast(pl.Int64).alias("n_at_min"),
+        pl.col("rank").filter(pl.col("dur_or_null") == dmin).first().alias("min_rank"))
+    ranks = df.group_by(["job_id", "comm_hash", "rank"]).agg(
+        pl.len().alias("records"), pl.col("timed").sum().cast(pl.Int64).alias("timed"),
+        pl.col("dur_ns").sum().alias("dur_sum_ns"), pl.col("host").first())
+    return {"node": node, "window": int(window), "window_s": float(window_s),
+            "keys": keys, "hist": hist, "inst": inst, "ranks": ranks}
+
+
+def _merge_inst(inst: pl.DataFrame) -> pl.DataFrame:
+    """Instances across nodes: sums add, extremes combine, the minimum's rank comes from the node
+    holding the global minimum (its tie count adds over the nodes that share it)."""
+    gmin = pl.col("dmin_ns").min().over(INST_COLS)
+    at_min = pl.col("dmin_ns") == gmin
+    return (inst.with_columns(at_min.fill_null(False).alias("_at_min"))
+            .group_by(INST_COLS).agg(
+                pl.col("algo").min(), pl.col("proto").min(), pl.col("size_bucket").min(),
+                pl.col("nranks").max(), pl.col("n").sum(), pl.col("n_t").sum(),
+                pl.col("dmin_ns").min(), pl.col("dmax_ns").max(),
+                pl.col("n_at_min").filter(pl.col("_at_min")).sum(),
+                pl.col("min_rank").filter(pl.col("_at_min")).first()))
+
+
+def merge_partials(parts: list[NodePartial]) -> NodePartial:
+    """One partial from several nodes' partials of the same window (associative: a merged partial
+    merges again)."""
+    if not parts:
+        raise ValueError("merge_partials: no partials")
+    windows = {p["window"] for p in parts}
+    if len(windows) != 1:
+        raise ValueError(f"merge_partials: partials of different windows {sorted(windows)}")
+    keys = pl.concat([p["keys"] for p in parts]).group_by(KEY_COLS).agg(
+        pl.col("records").sum(), pl.col("bytes_sum").sum(), pl.col("timed").sum(),
+        pl.col("dur_sum_ns").sum(), pl.col("dur_max_ns").max(), pl.col("tcv").max(),
+        pl.col("nranks").max(), pl.col("nnodes").max())
+    hist = pl.concat([p["hist"] for p in parts]).group_by(KEY_COLS + ["bucket"]).agg(pl.col("count").sum())
+    ranks = pl.concat([p["ranks"] for p in parts]).group_by(["job_id", "comm_hash", "rank"]).agg(
+        pl.col("records").sum(), pl.col("timed").sum(), pl.col("dur_sum_ns").sum(), pl.col("host").first())
+    return {"node": "+".join(sorted(p["node"] for p in parts)), "window": parts[0]["window"],
+            "window_s": parts[0]["window_s"], "keys": keys, "hist": hist,
+            "inst": _merge_inst(pl.concat([p["inst"] for p in parts])), "ranks": ranks}

@@ -1,0 +1,109 @@
+"""A partial on the wire: ``[u32 header length][header JSON][zlib of the column buffers]``.
+
+The header names the node, job, window, window length and each frame's row count; the body holds every
+column of every frame, in the fixed order of ``FRAMES``, as little-endian arrays of the wire dtype
+(narrow where the values are small: a node has few ranks). Job and host are not repeated per row:
+they are the header's job and node. Decoding checks the sizes against the header, the values against
+the wire dtypes, and caps the inflated size (a clear ``ValueError`` naming what is wrong).
+"""
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import numpy as np
+import polars as pl
+
+from dynamiccl.scaleout.partials import NodePartial
+
+__all__ = ["encode_partial", "decode_partial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
+
+# frame -> (column, wire dtype, canonical polars dtype); job_id (and ranks.host) come from the header
+FRAMES: dict[str, list[tuple[str, str, pl.DataType]]] = {
+    "keys": [("comm_hash", "<u8", pl.UInt64), ("func", "u1", pl.Int32), ("algo", "u1", pl.Int32),
+             ("proto", "u1", pl.Int32), ("size_bucket", "i1", pl.Int32), ("records", "<i8", pl.UInt32),
+             ("bytes_sum", "<i8", pl.Int64), ("timed", "<i8", pl.Int64), ("dur_sum_ns", "<i8", pl.Int64),
+             ("dur_max_ns", "<i8", pl.Int64), ("tcv", "<i8", pl.Int64), ("nranks", "<i4", pl.Int32),
+             ("nnodes", "<i4", pl.Int32)],
+    "hist": [("comm_hash", "<u8", pl.UInt64), ("func", "u1", pl.Int32), ("algo", "u1", pl.Int32),
+             ("proto", "u1", pl.Int32), ("size_bucket", "i1", pl.Int32), ("bucket", "u1", pl.Int32),
+             ("count", "<u4", pl.UInt32)],
+    "inst": [("comm_hash", "<u8", pl.UInt64), ("func", "u1", pl.Int32), ("seq", "<i8", pl.Int64),
+             ("algo", "u1", pl.Int32), ("proto", "u1", pl.Int32), ("size_bucket", "i1", pl.Int32),
+             ("nranks", "<i4", pl.Int32), ("n", "<u4", pl.UInt32), ("n_t", "<i4", pl.Int64),
+             ("dmin_ns", "<i8", pl.Int64), ("dmax_ns", "<i8", pl.Int64), ("n_at_min", "<i4", pl.Int64),
+             ("min_rank", "<i4", pl.Int32)],
+    "ranks": [("comm_hash", "<u8", pl.UInt64), ("rank", "<i4", pl.Int32), ("records", "<u4", pl.UInt32),
+              ("timed", "<i4", pl.Int64), ("dur_sum_ns", "<i8", pl.Int64)],
+}
+_NULL = -1                      # dmin/dmax/dur_max of an untimed group (durations are >= 0)
+#: JetStream's default max_payload is 1 MiB
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_INFLATED_BYTES = 64 << 20
+_U32 = struct.Struct("<I")
+
+
+def _column(df: pl.DataFrame, name: str, dtype: str) -> bytes:
+    s = df[name]
+    a = (s.fill_null(_NULL) if s.null_count() else s).to_numpy()
+    w = a.astype(dtype)
+    if not np.array_equal(w, a):
+        raise ValueError(f"partial: column {name} does not fit the wire dtype {dtype}")
+    return w.tobytes()
+
+
+def encode_partial(p: NodePartial, job_id: str) -> bytes:
+    frames = {name: p[name].sort([c for c, _, _ in cols[:3]]) for name, cols in FRAMES.items()}
+    head = json.dumps({"v": 1, "node": p["node"], "job": job_id, "window": p["window"],
+                       "window_s": p["window_s"], "rows": {n: len(f) for n, f in frames.items()}}).encode()
+    body = b"".join(_column(frames[n], c, dt) for n, cols in FRAMES.items() for c, dt, _ in cols)
+    return _U32.pack(len(head)) + head + zlib.compress(body, 6)
+
+
+def _header(data: bytes) -> tuple[dict, int]:
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"partial: {len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    if len(data) < 4 or 4 + _U32.unpack_from(data)[0] > len(data):
+        raise ValueError("partial: truncated header (claims more bytes than the message has)")
+    n = _U32.unpack_from(data)[0]
+    try:
+        head = json.loads(data[4:4 + n])
+        rows = {k: int(head["rows"][k]) for k in FRAMES}
+        head = {"node": str(head["node"]), "job": str(head["job"]), "window": int(head["window"]),
+                "window_s": float(head["window_s"]), "v": head.get("v"), "rows": rows}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"partial: bad header ({type(e).__name__}: {e})") from None
+    if head["v"] != 1 or not head["window_s"] > 0 or min(rows.values()) < 0:
+        raise ValueError(f"partial: unsupported version {head['v']!r}, window_s or row count")
+    return head, 4 + n
+
+
+def decode_partial(data: bytes) -> tuple[str, NodePartial]:
+    """(job_id, partial) of one message; ValueError naming the defect otherwise."""
+    head, pos = _header(data)
+    rows = head["rows"]
+    need = sum(rows[n] * np.dtype(dt).itemsize for n, cols in FRAMES.items() for _, dt, _ in cols)
+    if need > MAX_INFLATED_BYTES:
+        raise ValueError(f"partial: {need} bytes of columns > {MAX_INFLATED_BYTES}")
+    try:
+        d = zlib.decompressobj()
+        body = d.decompress(data[pos:], need + 1)
+    except zlib.error as e:
+        raise ValueError(f"partial: body is not zlib ({e})") from None
+    if len(body) != need or not d.eof or d.unused_data:
+        raise ValueError(f"partial: body holds {len(body)}+ bytes, the header's row counts need {need}")
+    p: NodePartial = {"node": head["node"], "window": head["window"], "window_s": head["window_s"]}
+    off = 0
+    for name, cols in FRAMES.items():
+        out = {"job_id": pl.Series([head["job"]] * rows[name], dtype=pl.String)}
+        for c, dt, pdt in cols:
+            size = rows[name] * np.dtype(dt).itemsize
+            a = np.frombuffer(body, dt, rows[name], off)
+            off += size
+            s = pl.Series(c, a).cast(pdt)
+            out[c] = s.replace(_NULL, None) if c in ("dmin_ns", "dmax_ns", "dur_max_ns") else s
+        if name == "ranks":
+            out["host"] = pl.Series([head["node"]] * rows[name], dtype=pl.String)
+        p[name] = pl.DataFrame(out)
+    return head["job"], p

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import numpy as np
+
+from dynamiccl.collector.records import event_time_ns
+from dynamiccl.harness.collector_testing import synthetic_events
+from dynamiccl.scaleout.partials import node_partial
+
+PER_NODE = 8
+
+
+class Clock:
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def events(n_instances=3000, nranks=16, straggler=11, seed=7):
+    return synthetic_events(n_instances, nranks=nranks, nnodes=nranks // PER_NODE, seed=seed,
+                            rate_per_s=1000.0, straggler_rank=straggler, untimed_fraction=0.05)
+
+
+def node_of(ev, n):
+    return ev[ev["rank"] // PER_NODE == n]
+
+
+def partials(ev, nodes=(0, 1)):
+    """{window: [partial of node n, ...]}"""
+    w = event_time_ns(ev) // 1_000_000_000
+    return {win: [node_partial(ev[(w == win) & (ev["rank"] // PER_NODE == n)], node=f"node{n}", job_id="j",
+                               window=win, window_s=1.0) for n in nodes] for win in np.unique(w).tolist()}
