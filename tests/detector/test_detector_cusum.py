@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from dynamiccl.detector import CUSUM, CUSUMBank
+from dynamiccl.detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_correlated,
+                          cusum_threshold_estimated,
+                          siegmund_arl)
 
 # The exact-index and bank-equivalence tests pin the pre-2026-11-26 defaults (what CUSUMBank still
 # implements); the current defaults are covered by tests/detector/test_cusum_robust.py.
@@ -18,9 +21,7 @@ LEGACY = dict(delta=1.0, warmup=200, estimator="mad", serial=False)
 
 def LCUSUM(**kw):
     return CUSUM(**{**LEGACY, **kw})
-from dynamiccl.detector.arl import (cusum_delay_bound, cusum_threshold, cusum_threshold_correlated,
-                          cusum_threshold_estimated,
-                          siegmund_arl)
+
 
 
 def _step_stream(seed, n_before=1000, n_after=1000, mu=2e-3, sd=1e-4, shift=2e-4):
