@@ -273,14 +273,22 @@ def next_version(path: str | os.PathLike) -> int:
     return configs[-1].version + 1 if configs else 1
 
 
+def nccl_clamps_channels(algo: str, n_nodes: int) -> bool:
+    """Whether NCCL clamps a tuner's channel budget for this algorithm to the channels it built: all but
+    its "collnet" tasks (CollNet Direct/Chain, and NVLS across nodes), which use the budget as given; the
+    plugin writes a budget only where NCCL clamps it."""
+    return algo not in ("COLLNET_DIRECT", "COLLNET_CHAIN") and not (algo == "NVLS" and n_nodes > 1)
+
+
 def apply_rule(cfg: TunerConfig | None, cost_table, func: str, nbytes: int,
-               comm_hash: int) -> tuple:
+               comm_hash: int, n_nodes: int = 1) -> tuple:
     """Reference semantics of the plugin's ``getCollInfo`` (+ ``getChunkSize``) for one call.
 
     Returns (table, nChannels, chunk_bytes). The first matching rule selects, among the *enabled*
     cells (cost >= 0) allowed by its algo/proto, the cheapest one and sets it to 0.0; a −1 cell is never
-    revived. No rule, or no enabled cell allowed: the table is returned unchanged with 0 channels
-    (NCCL's choice stands).
+    revived. Its channel count is returned only where NCCL clamps it (:func:`nccl_clamps_channels`), else
+    0. No rule, or no enabled cell allowed: the table is returned unchanged with 0 channels (NCCL's choice
+    stands).
     """
     import numpy as np     # the reference semantics only; the file format needs no numpy
     table = np.array(cost_table, dtype=np.float64, copy=True)
@@ -304,4 +312,5 @@ def apply_rule(cfg: TunerConfig | None, cost_table, func: str, nbytes: int,
     if not np.isfinite(cand.flat[best]):
         return table, 0, 0
     table.flat[best] = 0.0
-    return table, rule.n_channels, rule.chunk_bytes
+    algo = ALGOS[best // table.shape[1]] if best // table.shape[1] < len(ALGOS) else ""
+    return table, (rule.n_channels if nccl_clamps_channels(algo, n_nodes) else 0), rule.chunk_bytes

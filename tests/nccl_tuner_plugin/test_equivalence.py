@@ -12,19 +12,15 @@ from dynamiccl.nccl_tuner_plugin import config as C
 from dynamiccl.nccl_tuner_plugin.config import ALGOS, FUNCS, PROTOS, U64_MAX, Rule, TunerConfig, apply_rule
 
 COMMS = (0x1111, 0xABCDEF0123456789, 0x42)
-# NCCL-path guards the C plugin adds on top of config.apply_rule (issue 23; to move into apply_rule):
-# channels only on cells whose algorithm NCCL clamps, chunk rounded up to the protocol grain, capped.
-CLAMPED_ALGOS = ("TREE", "RING", "PAT")
+# The NCCL-path guard the C plugin adds on top of config.apply_rule: the chunk rounded up to the
+# protocol grain, capped (the channel rule is apply_rule's own: nccl_clamps_channels).
 PROTO_GRAIN = (16, 1920, 512)
 MAX_CHUNK = 1 << 30
+N_NODES = 2     # the communicators below are initialised with 16 ranks on 2 nodes
 
 
 def apply_rule_nccl(cfg, table, func, nbytes, comm):
-    t, nch, chunk = apply_rule(cfg, table, func, nbytes, comm)
-    if (t == np.asarray(table, dtype=np.float64)).all():
-        return t, nch, chunk
-    a = int(np.argmin(np.where(t >= 0, t, np.inf))) // t.shape[1]
-    return t, (nch if ALGOS[a] in CLAMPED_ALGOS else 0), chunk
+    return apply_rule(cfg, table, func, nbytes, comm, n_nodes=N_NODES)
 
 
 def chunk_for_proto(chunk: int, proto: int) -> int:
@@ -213,3 +209,22 @@ def test_limits_match_the_c_plugin(built):
     assert int(define("DCT_MAX_VERSIONS")) == C.MAX_VERSIONS
     assert define("DCT_MAX_FILE_BYTES") == "(1 << 20)" and C.MAX_FILE_BYTES == 1 << 20
     assert C.DEFAULT_PATH.endswith(".conf")  # per-user rule, C and Python compared in tests/contracts
+
+
+@pytest.mark.parametrize("algo,nnodes,applied", [
+    ("RING", 2, True), ("NVLS_TREE", 2, True), ("NVLS", 1, True),    # NCCL clamps these budgets
+    ("NVLS", 2, False), ("COLLNET_DIRECT", 2, False), ("COLLNET_CHAIN", 1, False),   # "collnet" tasks: not
+])
+def test_a_channel_budget_is_written_only_where_nccl_clamps_it(private_plugin, algo, nnodes, applied):
+    """NCCL runs CollNet and multi-node NVLS as "collnet" tasks, whose budget it uses unclamped; everywhere
+    else (NVLS_TREE included) it clamps the budget to the channels it built. C and Python agree."""
+    p = private_plugin("immediate")
+    C.write_configs(p.conf, [TunerConfig(1, (Rule("AllReduce", 0, U64_MAX, algo, "SIMPLE", 4),))])
+    assert p.reload() == 1
+    ctx = p.init(1, 8 * nnodes, nnodes)
+    table = np.full((7, 3), 5.0, dtype=np.float32)
+    out, nch = p.get_coll_info(ctx, "AllReduce", 1 << 20, table)
+    assert out[ALGOS.index(algo), PROTOS.index("SIMPLE")] == 0.0 and nch == (4 if applied else 0)
+    cfg = C.read_configs(p.conf)[-1]
+    assert apply_rule(cfg, table, "AllReduce", 1 << 20, 1, n_nodes=nnodes)[1] == nch
+    p.finalize(ctx)

@@ -43,7 +43,8 @@ class RuleTuner:
 
     def get_coll_info(self, comm, func: str, nbytes: int, cost_table: np.ndarray):
         self.calls += 1
-        table, nch, _chunk = apply_rule(self.cfg, cost_table, func, int(nbytes), comm.comm_hash)
+        table, nch, _chunk = apply_rule(self.cfg, cost_table, func, int(nbytes), comm.comm_hash,
+                                        n_nodes=int(getattr(comm, "n_nodes", 1)))
         return table, nch
 
 

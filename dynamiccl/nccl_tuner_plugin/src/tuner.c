@@ -9,10 +9,11 @@
  *   - the first rule matching (function, nBytes in [min, max], communicator) is used;
  *   - among the cells its algo/proto allow that NCCL left enabled (cost >= 0), the cheapest one
  *     is set to 0.0 (NCCL's argmin then picks it); a -1 cell is never revived;
- *   - its channel count (if > 0) is written as NCCL's per-task channel budget only when the cell
- *     is Tree, Ring or PAT: on CollNet and NVLS NCCL uses the budget without clamping it to the
- *     channels it built (enqueue.cc scheduleCollTasksToPlan, isCollnet branch), so there NCCL's
- *     own count stands;
+ *   - its channel count (if > 0) is written as NCCL's per-task channel budget unless the cell is
+ *     CollNet (Direct, Chain) or NVLS on more than one node: those run as "collnet" tasks, whose
+ *     budget NCCL uses without clamping it to the channels it built (enqueue.cc: isCollnet in
+ *     getAlgoInfo's caller, scheduleCollTasksToPlan's isCollnet branch), so there NCCL's own count
+ *     stands; Tree, Ring, PAT, NVLS_TREE and single-node NVLS are clamped to nMaxChannels[kind];
  *   - no rule, or no enabled cell allowed: nothing is touched (NCCL's choice stands);
  *   - getChunkSize (v6+) sets the rule's chunk (if > 0) when NCCL runs an (algo, proto) the rule
  *     allows, looked up by the size getCollInfo saw for that function; the chunk is rounded up to
@@ -69,9 +70,11 @@ static inline uint64_t chunk_for_proto(uint64_t chunk, int proto) {
   return (chunk + g - 1) / g * g;
 }
 
-/* Algorithms whose channel budget NCCL clamps to the channels it built. */
-static inline int nccl_clamps_channels(int algo) {
-  return algo == NCCL_ALGO_TREE || algo == NCCL_ALGO_RING || algo == NCCL_ALGO_PAT;
+/* Cells whose channel budget NCCL clamps to the channels it built: all but its "collnet" tasks
+ * (CollNet Direct/Chain, and NVLS when the communicator spans nodes). */
+static inline int nccl_clamps_channels(int algo, size_t nnodes) {
+  if (algo == NCCL_ALGO_COLLNET_DIRECT || algo == NCCL_ALGO_COLLNET_CHAIN) return 0;
+  return !(algo == NCCL_ALGO_NVLS && nnodes > 1);
 }
 
 /* The applied rule for (function, nBytes, communicator): 1 found (copied into *out), 0 none. */
@@ -160,7 +163,7 @@ static ncclResult_t dct_get_coll_info(void* context, ncclFunc_t collType, size_t
   }
   t[best] = 0.0f;
   /* <= 64 by parse: NCCL's 8-bit budget */
-  if (r.nch > 0 && nChannels != NULL && nccl_clamps_channels(best / numProto)) *nChannels = r.nch;
+  if (r.nch > 0 && nChannels != NULL && nccl_clamps_channels(best / numProto, ctx->nnodes)) *nChannels = r.nch;
   ctr_inc(&ctx->decisions);
   return ncclSuccess;
 chain: /* no decision of ours: the chained tuner's, if any (its failure keeps NCCL's choice) */
