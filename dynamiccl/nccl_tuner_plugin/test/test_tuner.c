@@ -630,7 +630,8 @@ static int test_chunk_rounded_to_protocol_grain(void) {
   return 0;
 }
 
-/* On CollNet and NVLS NCCL uses the tuner's channel budget without clamping it. */
+/* NCCL's "collnet" tasks (CollNet, NVLS across nodes) use the tuner's channel budget unclamped: NCCL's
+ * own count stands there; NVLS_TREE and single-node NVLS are clamped, so the budget is written. */
 static int test_channels_only_where_nccl_clamps(void) {
   reset(DCT_MODE_IMMEDIATE);
   write_file("version 1\nAllReduce 0 100 COLLNET_DIRECT * 32 0 *\nAllReduce 101 200 NVLS * 32 0 *\n"
@@ -642,11 +643,17 @@ static int test_channels_only_where_nccl_clamps(void) {
   int nch;
   const size_t sizes[4] = {50, 150, 250, 350};
   const int algos[4] = {NCCL_ALGO_COLLNET_DIRECT, NCCL_ALGO_NVLS, NCCL_ALGO_COLLNET_CHAIN, NCCL_ALGO_NVLS_TREE};
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 4; i++) {        /* init6: 2 nodes */
     fill(t, 10);
     TEST_ASSERT(call(ctx, ncclFuncAllReduce, sizes[i], t, &nch) / 3 == algos[i], "algo %d forced", algos[i]);
-    TEST_ASSERT(nch == 0, "algo %d: NCCL's channel count kept (got %d)", algos[i], nch);
+    int want = algos[i] == NCCL_ALGO_NVLS_TREE ? 32 : 0;
+    TEST_ASSERT(nch == want, "algo %d: channels %d (got %d)", algos[i], want, nch);
   }
+  void* one = NULL;                    /* one node: NVLS is clamped, the budget is written */
+  ncclTunerPlugin_v6.init(&one, 2, 8, 1, mock_logger, NULL, NULL);
+  fill(t, 10);
+  TEST_ASSERT(call(one, ncclFuncAllReduce, 150, t, &nch) / 3 == NCCL_ALGO_NVLS && nch == 32, "1-node NVLS: 32");
+  ncclTunerPlugin_v6.finalize(one);
   fill(t, 10);
   TEST_ASSERT(call(ctx, ncclFuncAllReduce, 450, t, &nch) / 3 == NCCL_ALGO_RING && nch == 32, "RING: 32");
   fill(t, 10); /* '*' rule, cheapest cell is NVLS: no channels */
