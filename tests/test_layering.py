@@ -36,6 +36,8 @@ LAYER_OF = {
     "dynamiccl.retuner.evaluation": "harness", "dynamiccl.detector.evaluate": "harness",
     "dynamiccl.detector.simfeed": "harness", "dynamiccl.detector.testing": "harness",
     "dynamiccl.collector.testing": "harness", "dynamiccl.report.synthetic": "harness",
+    "dynamiccl.retuner.learned.train": "harness",   # trains in the simulator; inference stays product
+    "dynamiccl.retuner.learned.cli": "cli",
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
     "dynamiccl.plugins": "cli", "dynamiccl.stack_cli": "cli", "dynamiccl.settings": "cli",
