@@ -141,7 +141,7 @@ def test_malformed_existing_file_is_reported_and_superseded(tmp_path):
 
 
 def test_unknown_targets_are_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr("retuner.agent.MAX_TARGETS", 4)
+    monkeypatch.setattr("dynamiccl.retuner.agent.MAX_TARGETS", 4)
     rt = make(tmp_path)
     rt.observe([Observation(target(h), 0.0, 1.0, 10, 1e-3) for h in range(1, 10)])
     assert len(rt.targets) == 4 and rt.metrics.dropped["unknown_target"] == 5
