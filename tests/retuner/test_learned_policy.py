@@ -118,3 +118,13 @@ def test_agent_seam_ranks_round1_by_the_policy_and_keeps_the_deny_list(tmp_path)
     assert all(p["learned"]["action_values"] for p in probes)
     tried = {c for p in probes for c in p.get("candidates", [])}
     assert tried and not any(c.startswith("TREE/LL/") for c in tried)
+
+
+def test_train_subcommand_quick_writes_a_loadable_policy(tmp_path, capsys):
+    from dynamiccl.cli import main
+    out = tmp_path / "p.npz"
+    assert main(["retuner", "train", "--quick", "--out", str(out)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"weights={out} ") and "val_regret=" in last
+    assert LearnedPolicy.load(out).meta["seed"] == "0"
+    assert main(["retuner", "train", "--quick", "--out", str(out), "--seed", str(heldout()["seeds"][0])]) == 2
