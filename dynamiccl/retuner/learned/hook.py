@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from dynamiccl.retuner.learned.actions import CELLS, CH_FACTORS
+from dynamiccl.nccl_model.cost_model import ALGOS, PROTOS
+from dynamiccl.retuner.learned.actions import CH_FACTORS
 from dynamiccl.retuner.learned.policy import LearnedPolicy
 from dynamiccl.retuner.learned.state import SEQ, Decision
 from dynamiccl.retuner.types import Candidate
@@ -40,7 +41,6 @@ def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: flo
     nb = t.nbytes()
     enabled = frozenset(m.cells(t.func, nb))
     tab = m.table(t.func, nb, plan.fit)
-    from dynamiccl.nccl_model.cost_model import ALGOS, PROTOS
     inc_t = tab[ALGOS.index(inc_cell[0]), PROTOS.index(inc_cell[1])]
     rel = {c: float(tab[ALGOS.index(c[0]), PROTOS.index(c[1])] / inc_t) for c in enabled if inc_t > 0}
     inc = x.incumbent if x.incumbent is not None else Candidate(inc_cell[0], inc_cell[1], 0)
