@@ -38,6 +38,8 @@ LAYER_OF = {
     "dynamiccl.scaleout": "scaleout", "dynamiccl.scaleout.central": "scaleout_central",
     "dynamiccl.scaleout.cli": "cli",
     "dynamiccl.loop": "loop",               # window -> detector -> retuner; duck-typed, imports no stage
+    "dynamiccl.retuner.learned.train": "harness",   # trains in the simulator; inference stays product
+    "dynamiccl.retuner.learned.cli": "cli",
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
     "dynamiccl.plugins": "cli", "dynamiccl.stack_cli": "cli", "dynamiccl.settings": "cli",

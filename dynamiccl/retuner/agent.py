@@ -29,13 +29,12 @@ from dynamiccl.nccl_tuner_plugin.config import Rule
 from dynamiccl.retuner.audit import AuditLog
 from dynamiccl.retuner.config import RetunerConfig
 from dynamiccl.retuner.explore import Exploration, _n
+from dynamiccl.retuner.exploring import ExploringMixin
+from dynamiccl.retuner.learned.policy import DEFAULT_WEIGHTS, LearnedPolicy
 from dynamiccl.retuner.memory import Memory
 from dynamiccl.retuner.metrics import RetunerMetrics
 from dynamiccl.retuner.planner import Planner
 from dynamiccl.retuner.push import ConfigPusher, PushError
-from dynamiccl.retuner.types import Candidate, Observation, Target
-
-from dynamiccl.retuner.exploring import ExploringMixin
 from dynamiccl.retuner.recognition import RecognitionMixin
 from dynamiccl.retuner.state import (
     Key,
@@ -47,6 +46,7 @@ from dynamiccl.retuner.state import (
     observations_from_window,
 )
 from dynamiccl.retuner.triage import TriageMixin
+from dynamiccl.retuner.types import Candidate, Observation, Target
 
 __all__ = ["Retuner", "TargetState", "observations_from_window"]
 
@@ -69,6 +69,8 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
             self.audit.write("error", t=None, error=self.pusher.load_error)
         self.metrics.set_version(self.pusher.version)
         self.planner = Planner(self.cfg)
+        self.learned = LearnedPolicy.load(self.policy.learned_weights or DEFAULT_WEIGHTS) \
+            if self.policy.ranker == "learned" else None          # Policy seam (dynamiccl.retuner.learned)
         self.memory = Memory(tolerance=self.policy.recurrence_tolerance, max_entries=self.policy.memory_max)
         self.targets: dict[Key, TargetState] = {}
         self.explorations: dict[str, Exploration] = {}

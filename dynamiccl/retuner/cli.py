@@ -1,7 +1,8 @@
 """``dynamiccl retuner``: run the retuner as a service, or evaluate it in the simulator.
 
     dynamiccl retuner run [--apply] [--topology h100-2x8] [--config retuner.yaml]
-    dynamiccl retuner evaluate [--quick] [--workload W ...] [--scenario S.yaml ...]
+    dynamiccl retuner evaluate [--quick|--heldout] [--policy learned|model] [--workload W ...] [--scenario S.yaml ...]
+    dynamiccl retuner train [--quick] [--out PATH] [--seed N]
 
 ``run`` is recommend-only (dry run) unless ``--apply`` is given. ``evaluate`` ends with one line of
 ``key=value`` pairs (see dynamiccl/retuner/README.md).
@@ -60,11 +61,15 @@ def register(subparsers) -> None:
                         "(1-4 steps) or lost (30 %% of those) (default 0.2)")
     e.add_argument("--json", metavar="PATH", help="also write the per-scenario results as JSON")
     e.add_argument("--policy", action="append", default=None, metavar="KEY=VALUE",
-                   help="override a PolicyConfig field of the retuner under test, e.g. recognize=false (repeatable; "
-                        "for ablations)")
+                   help="'learned' or 'model' (who ranks the candidates; default model), or KEY=VALUE to override a "
+                        "PolicyConfig field of the retuner under test, e.g. recognize=false (repeatable; for ablations)")
     from dynamiccl.progress import add_progress_flag
     add_progress_flag(e)
+    e.add_argument("--heldout", action="store_true",
+                   help="the learned policy's held-out families (retuner/learned/heldout/) instead of the suite")
     e.set_defaults(func=evaluate_cmd)
+    from dynamiccl.retuner.learned.cli import add_train_parser
+    add_train_parser(sub)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -136,7 +141,12 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     from dynamiccl.harness.retuner_eval.suite import QUICK, SCENARIOS, WORKLOADS, evaluate_one, summarize, summary_line
     wls = args.workload or list(WORKLOADS)
     scs = args.scenario or list(QUICK if args.quick else SCENARIOS)
+    if getattr(args, "heldout", False):
+        from dynamiccl.retuner.learned.families import heldout
+        wls, scs = args.workload or list(heldout()["workloads"]), args.scenario or list(heldout()["scenarios"])
     rcfg = None
+    # "--policy learned|model" names who ranks the candidates (PolicyConfig.ranker)
+    args.policy = [f"ranker={p}" if p in ("learned", "model") else p for p in (args.policy or [])]
     if args.policy:
         import yaml
 

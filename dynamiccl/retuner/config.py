@@ -67,6 +67,8 @@ class PolicyConfig:
     probe_parallel: int = 1             # unmeasured candidates started at once (best predicted first; their
                                         # results prune the others before they cost a step)
     start_cells: int = 7                # cells explored at start-up (no urgency: learn the model's per-cell bias)
+    ranker: str = "model"               # who ranks round-1 candidates: "model" (NCCL's refitted model) | "learned"
+    learned_weights: str | None = None  # ranker "learned": weights file (None = the shipped retuner/learned/policy.npz)
     channel_rounds: int = 2             # channel coordinate-descent rounds (x2 / ÷2) on the winning cell
     min_samples: int = 24               # collectives per candidate before any test
     max_samples: int = 256              # per candidate; after this the exploration decides on the means
@@ -121,6 +123,10 @@ class PolicyConfig:
                       ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1),
                       ("probe_parallel", 1), ("max_republish", 0), ("recognize_obs", 1)):
             _int(self, n, lo, where=where)
+        if self.ranker not in ("model", "learned"):
+            raise ValueError(f"{where}ranker must be 'model' or 'learned', got {self.ranker!r}")
+        if self.learned_weights is not None and not isinstance(self.learned_weights, str):
+            raise ValueError(f"{where}learned_weights must be a path")
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
         for n in ("tune_at_start", "recognize"):

@@ -5,14 +5,14 @@ import logging
 import math
 
 from dynamiccl.retuner.explore import Event, Exploration, _n
-from dynamiccl.retuner.stats import Running, slower_p
-from dynamiccl.retuner.types import Candidate
-
+from dynamiccl.retuner.learned.hook import learned_plan
 from dynamiccl.retuner.state import (
     TargetState,
     _labels,
     _tname,
 )
+from dynamiccl.retuner.stats import Running, slower_p
+from dynamiccl.retuner.types import Candidate
 
 log = logging.getLogger("retuner")
 
@@ -123,6 +123,13 @@ class ExploringMixin:
                                   max_cells=self.policy.start_cells if x.trigger == "start" else None,
                                   inc_measured_us=x.inc_stats.mean * 1e6 if x.inc_stats.n >= 2 else None)
         plan.candidates += [c for c in extra if c not in plan.candidates]     # model-ranked cells first
+        learned_info = None
+        if self.learned is not None:        # ---- Policy seam: the learned policy re-ranks round 1 ----
+            plan, learned_info = learned_plan(
+                self.learned, self.planner, self.cfg, ts, x, plan, ratio=ratio, inc_cell=inc_cell, rc=rc,
+                unapplicable=unapp,
+                max_cells=(self.policy.start_cells if x.trigger == "start" else self.policy.max_cells) + 2,
+                inc_measured_us=x.inc_stats.mean * 1e6 if x.inc_stats.n >= 2 else None)
         x.fit = plan.fit
         x.inc_cell = inc_cell
         x.pred_us = dict(plan.predicted_us)
@@ -131,6 +138,8 @@ class ExploringMixin:
         info = {"fit": {"dlat_us": round(plan.fit.dlat_us, 2), "beta": round(plan.fit.beta, 4)},
                 "measured_ratio": ratio, "predicted_us": {c.name: round(v, 2) for c, v in plan.predicted_us.items()},
                 "incumbent_predicted_us": plan.inc_pred_us, "skipped": plan.skipped}
+        if learned_info is not None:
+            info["learned"] = learned_info
         if not plan.candidates:
             self._finish_decision(x, x.decide())
             return
