@@ -98,7 +98,7 @@ def test_a_softer_step_is_an_improvement():
 def test_evaluate_suite_testbed_names_a_missing_corpus(tmp_path):
     import argparse
 
-    from dynamiccl.detector import evaluate
+    from dynamiccl.harness import detector_eval as evaluate
     p = argparse.ArgumentParser()
     evaluate.add_arguments(p)
     args = p.parse_args(["--suite", "testbed", "--corpus", str(tmp_path / "none.tar.xz")])
