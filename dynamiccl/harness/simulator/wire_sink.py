@@ -10,11 +10,16 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from typing import Any
 
 import numpy as np
+
+from dynamiccl.collector import wire_format as wf
+from dynamiccl.collector.decode import ProtocolError, split_frames
+from dynamiccl.collector.net import listen
 
 __all__ = ["WireSink"]
 
@@ -25,32 +30,15 @@ class WireSink:
     are kept raw (``keep=True``) and decoded on demand, vectorised. ``count`` = COLL/P2P records received."""
 
     def __init__(self, addr: str, *, keep: bool = True) -> None:
-        import socket
-
-        from dynamiccl.collector import wire_format as wf
-
         self.addr, self.keep = addr, keep
-        self._wf = wf
         self._raw: list[np.ndarray] = []
-        self._hosts: dict[int, str] = {}
         self.count = 0
         self.reads = 0          # reads that completed at least one frame with records
         self.bad_frames = 0
         self._lock = threading.Lock()
-        if addr.startswith("unix:"):
-            path = addr[5:]
-            if os.path.exists(path):
-                os.unlink(path)
-            self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._srv.bind(path)
-        elif addr.startswith("tcp:"):
-            host, port = addr[4:].rsplit(":", 1)
-            self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._srv.bind((host, int(port)))
-        else:
-            raise ValueError(f"collector address must be unix:PATH or tcp:HOST:PORT, got {addr!r}")
-        self._srv.listen(64)
+        # the collector's own listener: a stale socket file is replaced, a live one refused
+        self._srv, _, _ = listen(addr, key="WireSink address", backlog=64)
+        self._srv.setblocking(True)
         self._threads: list[threading.Thread] = []
         self._conns: list[Any] = []
         self._closed = False
@@ -70,8 +58,6 @@ class WireSink:
             self._threads.append(t)
 
     def _read(self, conn: Any) -> None:
-        from dynamiccl.collector.decode import ProtocolError, split_frames
-        wf = self._wf
         buf = bytearray()
         while True:
             try:
@@ -100,16 +86,15 @@ class WireSink:
 
     def _all(self) -> np.ndarray:
         with self._lock:
-            return np.concatenate(self._raw) if self._raw else np.zeros((0, self._wf.RECORD_SIZE), np.uint8)
+            return np.concatenate(self._raw) if self._raw else np.zeros((0, wf.RECORD_SIZE), np.uint8)
 
     def events(self) -> np.ndarray:
         """All COLL/P2P records received (``EVENT_DTYPE``), in arrival order."""
         raw = self._all()
-        m = (raw[:, 0] == self._wf.Kind.COLL) | (raw[:, 0] == self._wf.Kind.P2P)
-        return np.ascontiguousarray(raw[m]).view(self._wf.EVENT_DTYPE).reshape(-1)
+        m = (raw[:, 0] == wf.Kind.COLL) | (raw[:, 0] == wf.Kind.P2P)
+        return np.ascontiguousarray(raw[m]).view(wf.EVENT_DTYPE).reshape(-1)
 
     def records(self, kind: int) -> np.ndarray:
-        wf = self._wf
         dt = {wf.Kind.COMM: wf.COMM_DTYPE, wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE}.get(
             kind, wf.EVENT_DTYPE)
         raw = self._all()
@@ -122,8 +107,6 @@ class WireSink:
         return self.count >= n_events
 
     def close(self) -> None:
-        import socket
-
         self._closed = True
         try:
             self._srv.close()
