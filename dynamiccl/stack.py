@@ -24,7 +24,6 @@ ValueError: GRAFANA_PORT: expected a port number 1..65535, got 'http'
 """
 from __future__ import annotations
 
-import copy
 from contextlib import redirect_stderr as _redirect_stderr
 import json
 import logging
@@ -38,11 +37,16 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import yaml
 
+from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.rules import render_rule_files
+# configuration lives in stack_config; re-exported because tests, kits and the CLI import it from here
+from dynamiccl.stack_config import (AUDIT_FILE, CHANGES_FILE, COMPOSE_ADDRESSES, DEFAULT_DASHBOARDS_DIR,  # noqa: F401
+                                    DEFAULT_DEPLOY_DIR, DEFAULT_RUNBOOK_URL, PORT_ENV, StackConfig,
+                                    render_alertmanager, render_prometheus)
 from dynamiccl.webhook import AlertWebhook  # re-exported: tests and loop helpers import it from here
 
 __all__ = [
@@ -52,171 +56,10 @@ __all__ = [
 
 log = logging.getLogger("dynamiccl.stack")
 
-_REPO = Path(__file__).resolve().parents[1]
-#: a checkout's deploy/ when run from one, else the copy the wheel ships (pyproject force-include)
-DEFAULT_DEPLOY_DIR = _REPO / "deploy" if (_REPO / "deploy").is_dir() else Path(__file__).resolve().parent / "deploy"
-DEFAULT_DASHBOARDS_DIR = Path(__file__).resolve().parent / "dashboards" / "json"
-#: runbooks of a checkout as file:// URLs (the wheel does not ship docs/: then the rules keep repository paths)
-DEFAULT_RUNBOOK_URL = (_REPO / "docs" / "runbooks").as_uri() if (_REPO / "docs" / "runbooks").is_dir() else None
-#: the file the detector's change log goes to, next to the parquet history (where `dynamiccl report` looks)
-CHANGES_FILE = "changes.jsonl"
-AUDIT_FILE = "retuner-audit.jsonl"
-
-#: service → (environment variable, default port); compose.yaml reads the same variables
-PORT_ENV: dict[str, tuple[str, int]] = {
-    "prometheus": ("PROMETHEUS_PORT", 9090),
-    "alertmanager": ("ALERTMANAGER_PORT", 9093),
-    "grafana": ("GRAFANA_PORT", 3000),
-    "collector": ("COLLECTOR_METRICS_PORT", 9464),
-    "collector-features": ("COLLECTOR_FEATURES_PORT", 9465),
-    "collector-plugin": ("COLLECTOR_PLUGIN_PORT", 9470),
-    "detector": ("DETECTOR_METRICS_PORT", 9466),
-    "detector-events": ("DETECTOR_EVENTS_PORT", 9467),
-    "retuner": ("RETUNER_METRICS_PORT", 9468),
-    "alert-log": ("ALERT_WEBHOOK_PORT", 9469),
-}
-#: the host:port each service has inside compose's network (what deploy/ files name)
-COMPOSE_ADDRESSES = {
-    "collector:9464": "collector", "detector:9466": "detector", "retuner:9468": "retuner",
-    "prometheus:9090": "prometheus", "alertmanager:9093": "alertmanager", "alert-log:9469": "alert-log",
-}
-
-
-def _port(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ValueError(f"{name}: expected a port number 1..65535, got {raw!r}")
-    return int(raw)
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """Where the native stack listens and keeps its files. Build it with :meth:`from_env`."""
-    deploy_dir: Path = DEFAULT_DEPLOY_DIR
-    dashboards_dir: Path = DEFAULT_DASHBOARDS_DIR
-    state_dir: Path = Path("runs/stack")
-    parquet_dir: Path = Path("runs/stack/parquet")
-    bind: str = "127.0.0.1"
-    ports: dict[str, int] = field(default_factory=lambda: {k: v[1] for k, v in PORT_ENV.items()})
-    scrape_interval: str | None = None      # None: the file's (5s)
-    demo: bool = False
-    demo_scenario: str = "demo"
-    grafana_external_url: str | None = None   # base of alert dashboard links; None: this stack's Grafana
-    runbook_url: str | None = DEFAULT_RUNBOOK_URL
-    prometheus_config: Path | None = None      # None: deploy_dir/prometheus/prometheus.yml
-    sd_dir: str | None = None                  # directory of file_sd targets (Slurm kit); None: the file's
-    only: tuple[str, ...] | None = None        # start only these services (a Slurm service node)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "StackConfig":
-        env = os.environ if env is None else env
-        ports = {svc: _port(env, var, default) for svc, (var, default) in PORT_ENV.items()}
-        state = Path(overrides.pop("state_dir", None) or env.get("DYNAMICCL_STACK_DIR") or "runs/stack")
-        kw: dict[str, Any] = {
-            "deploy_dir": Path(env.get("DYNAMICCL_DEPLOY_DIR") or DEFAULT_DEPLOY_DIR),
-            "dashboards_dir": Path(env.get("DYNAMICCL_DASHBOARDS_DIR") or DEFAULT_DASHBOARDS_DIR),
-            "state_dir": state,
-            "parquet_dir": Path(env.get("DYNAMICCL_PARQUET_DIR") or state / "parquet"),
-            "bind": env.get("DYNAMICCL_BIND") or "127.0.0.1",
-            "ports": ports,
-            "grafana_external_url": env.get("DYNAMICCL_GRAFANA_EXTERNAL_URL") or None,
-            "runbook_url": env.get("DYNAMICCL_RUNBOOK_URL") or DEFAULT_RUNBOOK_URL,
-            "prometheus_config": Path(env["DYNAMICCL_PROMETHEUS_CONFIG"]) if env.get("DYNAMICCL_PROMETHEUS_CONFIG")
-            else None,
-            "sd_dir": env.get("DYNAMICCL_SD_DIR") or None,
-        }
-        kw.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**kw)
-
-    @property
-    def run_dir(self) -> Path:
-        """The parent of the parquet directory: `dynamiccl report PARQUET_DIR` finds its side files there."""
-        return Path(self.parquet_dir).parent
-
-    def address(self, service: str) -> str:
-        return f"{self.bind}:{self.ports[service]}"
-
-    def url(self, service: str) -> str:
-        host = "127.0.0.1" if self.bind in ("0.0.0.0", "") else self.bind
-        return f"http://{host}:{self.ports[service]}"
-
-    def validate(self) -> "StackConfig":
-        for name in ("prometheus/prometheus.yml", "alertmanager/alertmanager.yml",
-                     "grafana/provisioning/datasources", "grafana/provisioning/dashboards"):
-            if not (self.deploy_dir / name).exists():
-                raise FileNotFoundError(
-                    f"stack configuration {self.deploy_dir / name} not found: reinstall dynamiccl (the wheel "
-                    f"ships it) or set DYNAMICCL_DEPLOY_DIR to a deploy/ directory")
-        seen: dict[int, str] = {}
-        for svc, port in self.ports.items():
-            if port in seen:
-                raise ValueError(f"port {port} is configured for both {seen[port]} and {svc}")
-            seen[port] = svc
-        return self
-
-
-# ------------------------------------------------------------------------------------------------
-# configuration rendering: the deploy/ files with compose addresses replaced by loopback ones
-# ------------------------------------------------------------------------------------------------
-def _swap(target: str, addresses: Mapping[str, str]) -> str:
-    if target not in COMPOSE_ADDRESSES:
-        raise ValueError(f"prometheus.yml: target {target!r} is not one of the stack's services "
-                         f"({', '.join(COMPOSE_ADDRESSES)})")
-    return addresses[COMPOSE_ADDRESSES[target]]
-
-
-def render_prometheus(source: Path, addresses: Mapping[str, str], *, scrape_interval: str | None = None,
-                      evaluation_interval: str | None = None) -> dict:
-    """``deploy/prometheus/prometheus.yml`` for the native stack: service targets → ``addresses[service]``,
-    rule file globs made absolute (so the rendered file may live anywhere). Nothing else changes.
-
-    >>> d = render_prometheus(DEFAULT_DEPLOY_DIR / "prometheus/prometheus.yml",
-    ...                       {s: f"127.0.0.1:{p}" for s, (_, p) in PORT_ENV.items()})
-    >>> d["scrape_configs"][0]["static_configs"][0]["targets"], d["rule_files"][0].endswith("rules/*.yml")
-    (['127.0.0.1:9464'], True)
-    """
-    source = Path(source)
-    cfg = yaml.safe_load(source.read_text())
-    cfg = copy.deepcopy(cfg)
-    cfg["rule_files"] = [str((source.parent / p).resolve()) for p in cfg.get("rule_files", [])]
-    for am in cfg.get("alerting", {}).get("alertmanagers", []):
-        for sc in am.get("static_configs", []):
-            sc["targets"] = [_swap(t, addresses) for t in sc["targets"]]
-    for job in cfg.get("scrape_configs", []):
-        for sc in job.get("static_configs", []):
-            sc["targets"] = [_swap(t, addresses) for t in sc["targets"]]
-    if scrape_interval:
-        cfg["global"]["scrape_interval"] = scrape_interval
-        cfg["global"]["scrape_timeout"] = scrape_interval
-    if evaluation_interval or scrape_interval:
-        cfg["global"]["evaluation_interval"] = evaluation_interval or scrape_interval
-    return cfg
-
-
-def render_alertmanager(source: Path, addresses: Mapping[str, str], *,
-                        group_wait: str | None = None) -> dict:
-    """``deploy/alertmanager/alertmanager.yml`` with ``http://SERVICE:PORT/...`` webhook URLs → loopback."""
-    cfg = yaml.safe_load(Path(source).read_text())
-    for rcv in cfg.get("receivers", []):
-        for wh in rcv.get("webhook_configs", []):
-            scheme, rest = wh["url"].split("://", 1)
-            hostport, _, path = rest.partition("/")
-            if hostport in COMPOSE_ADDRESSES:
-                wh["url"] = f"{scheme}://{addresses[COMPOSE_ADDRESSES[hostport]]}/{path}"
-    if group_wait:
-        cfg["route"]["group_wait"] = group_wait
-        for r in cfg["route"].get("routes", []):
-            r["group_wait"] = group_wait
-    return cfg
-
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text, fsync=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -291,79 +134,14 @@ class Stack:
         """Services to start, and notes about what is missing (binary not installed, ...)."""
         c = self.config
         files = self.render()
-        notes: list[str] = []
         py = [self.python, "-m", "dynamiccl"]
-        svcs = [Service("collector", py + [
-            "collector", "--listen", f"unix:{self.state_dir.resolve() / 'dynamiccl.sock'}",
-            "--listen", f"tcp:{c.address('collector-plugin')}", "--metrics", c.address("collector"),
-            "--features", f"tcp:{c.address('collector-features')}", "--parquet", str(c.parquet_dir)]
-            + ([] if _loopback(c.bind) else ["--allow-remote"]),  # DYNAMICCL_BIND set: remote was asked for
-            f"{c.url('collector')}/metrics")]
-        det = _cli_variant("detector", [
-            ["detector", "--features", f"tcp:{c.address('collector-features')}", "--metrics", c.address("detector"),
-             "--serve", f"tcp:{c.address('detector-events')}"],
-            ["detector", "run", "--features", f"tcp:{c.address('collector-features')}", "--metrics",
-             c.address("detector"), "--serve", f"tcp:{c.address('detector-events')}"]])
-        if det:   # its stdout is the change log (one RegimeChange JSON per line), read by `dynamiccl report`
-            svcs.append(Service("detector", py + det, f"{c.url('detector')}/metrics",
-                                stdout=c.run_dir / CHANGES_FILE))
-        else:
-            notes.append("detector: no `dynamiccl detector` command taking --features/--metrics/--serve is "
-                         "installed yet; skipped")
-        ret = _cli_variant("retuner", [
-            [*head, "--changes", f"tcp:{c.address('detector-events')}", "--features",
-             f"tcp:{c.address('collector-features')}", "--metrics", c.address("retuner"),
-             "--audit", str(c.run_dir / AUDIT_FILE)]
-            for head in (["retuner", "run"], ["retuner"])])
-        if ret:
-            svcs.append(Service("retuner", py + ret, f"{c.url('retuner')}/metrics"))
-        else:
-            notes.append("retuner: no `dynamiccl retuner` command taking --changes/--features/--metrics is "
-                         "installed yet; skipped")
-        svcs.append(Service("alert-log", py + ["stack", "webhook", "--listen", c.address("alert-log")],
-                            f"{c.url('alert-log')}/"))
-        am = _find("prometheus-alertmanager", "alertmanager")
-        if am:
-            svcs.append(Service("alertmanager", [
-                am, f"--config.file={files['alertmanager']}", f"--storage.path={self.state_dir / 'alertmanager'}",
-                f"--web.listen-address={c.address('alertmanager')}", "--cluster.listen-address=",
-                f"--web.external-url={c.url('alertmanager')}"], f"{c.url('alertmanager')}/-/ready"))
-        else:
-            notes.append("alertmanager: no prometheus-alertmanager/alertmanager binary on PATH "
-                         "(Debian: apt-get install prometheus-alertmanager); skipped")
-        prom = _find("prometheus")
-        if prom:
-            svcs.append(Service("prometheus", [
-                prom, f"--config.file={files['prometheus']}", f"--storage.tsdb.path={self.state_dir / 'prometheus'}",
-                f"--web.listen-address={c.address('prometheus')}", f"--web.external-url={c.url('prometheus')}",
-                "--web.enable-lifecycle"], f"{c.url('prometheus')}/-/ready"))
-        else:
-            notes.append("prometheus: no prometheus binary on PATH (Debian: apt-get install prometheus)")
-        gf = _find("grafana", "grafana-server")
-        if gf:
-            home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana")
-                         if Path(p).is_dir()), None)
-            argv = [gf, "server"] if Path(gf).name == "grafana" else [gf]
-            if home:
-                argv.append(f"--homepath={home}")
-            svcs.append(Service("grafana", argv, f"{c.url('grafana')}/api/health", env={
-                "GF_PATHS_PROVISIONING": str((c.deploy_dir / "grafana/provisioning").resolve()),
-                "GF_PATHS_DATA": str((self.state_dir / "grafana").resolve()),
-                "GF_PATHS_LOGS": str((self.state_dir / "logs").resolve()),
-                "GF_SERVER_HTTP_ADDR": c.bind, "GF_SERVER_HTTP_PORT": str(c.ports["grafana"]),
-                "GF_ANALYTICS_REPORTING_ENABLED": "false",
-                "DYNAMICCL_PROMETHEUS_URL": c.url("prometheus"),
-                "DYNAMICCL_ALERTMANAGER_URL": c.url("alertmanager"),
-                "DYNAMICCL_DASHBOARDS_DIR": str(Path(c.dashboards_dir).resolve())}))
-        else:
-            notes.append("grafana: no grafana/grafana-server binary on PATH; skipped. Dashboards: "
-                         f"`dynamiccl dashboards push --url URL --token TOKEN` to an existing Grafana, "
-                         f"or import {c.dashboards_dir}/*.json")
-        if c.demo:
-            svcs.append(Service("simulated-job", _recording_exit(self.state_dir / "simulated-job.rc", py + [
-                "simulate", "run", "--scenario", c.demo_scenario,
-                "--collector", f"tcp:127.0.0.1:{c.ports['collector-plugin']}",
-                "--out", str(self.state_dir / "sim")]), None, oneshot=True))
+        # the start order: each service after the ones it reads from
+        planned = [_collector(c, py, self.state_dir), _detector(c, py), _retuner(c, py), _alert_log(c, py),
+                   _alertmanager(c, files["alertmanager"], self.state_dir),
+                   _prometheus(c, files["prometheus"], self.state_dir), _grafana(c, self.state_dir),
+                   _demo_job(c, py, self.state_dir)]
+        svcs = [svc for svc, _ in planned if svc is not None]
+        notes = [note for _, note in planned if note]
         if c.only is not None:
             unknown = set(c.only) - {s.name for s in svcs}
             if unknown:
@@ -481,6 +259,100 @@ class Stack:
             return int((self.state_dir / f"{name}.rc").read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
+
+
+# ---- one builder per service: (the Service, or None and a note saying why it is skipped) ----
+_Planned = tuple["Service | None", "str | None"]
+
+
+def _collector(c: StackConfig, py: list[str], state_dir: Path) -> _Planned:
+    return Service("collector", py + [
+        "collector", "--listen", f"unix:{state_dir.resolve() / 'dynamiccl.sock'}",
+        "--listen", f"tcp:{c.address('collector-plugin')}", "--metrics", c.address("collector"),
+        "--features", f"tcp:{c.address('collector-features')}", "--parquet", str(c.parquet_dir)]
+        + ([] if _loopback(c.bind) else ["--allow-remote"]),  # DYNAMICCL_BIND set: remote was asked for
+        f"{c.url('collector')}/metrics"), None
+
+
+def _detector(c: StackConfig, py: list[str]) -> _Planned:
+    det = _cli_variant("detector", [
+        ["detector", "--features", f"tcp:{c.address('collector-features')}", "--metrics", c.address("detector"),
+         "--serve", f"tcp:{c.address('detector-events')}"],
+        ["detector", "run", "--features", f"tcp:{c.address('collector-features')}", "--metrics",
+         c.address("detector"), "--serve", f"tcp:{c.address('detector-events')}"]])
+    if not det:
+        return None, ("detector: no `dynamiccl detector` command taking --features/--metrics/--serve is "
+                      "installed yet; skipped")
+    # its stdout is the change log (one RegimeChange JSON per line), read by `dynamiccl report`
+    return Service("detector", py + det, f"{c.url('detector')}/metrics", stdout=c.run_dir / CHANGES_FILE), None
+
+
+def _retuner(c: StackConfig, py: list[str]) -> _Planned:
+    ret = _cli_variant("retuner", [
+        [*head, "--changes", f"tcp:{c.address('detector-events')}", "--features",
+         f"tcp:{c.address('collector-features')}", "--metrics", c.address("retuner"),
+         "--audit", str(c.run_dir / AUDIT_FILE)]
+        for head in (["retuner", "run"], ["retuner"])])
+    if not ret:
+        return None, ("retuner: no `dynamiccl retuner` command taking --changes/--features/--metrics is "
+                      "installed yet; skipped")
+    return Service("retuner", py + ret, f"{c.url('retuner')}/metrics"), None
+
+
+def _alert_log(c: StackConfig, py: list[str]) -> _Planned:
+    return Service("alert-log", py + ["stack", "webhook", "--listen", c.address("alert-log")],
+                   f"{c.url('alert-log')}/"), None
+
+
+def _alertmanager(c: StackConfig, config_file: Path, state_dir: Path) -> _Planned:
+    am = _find("prometheus-alertmanager", "alertmanager")
+    if not am:
+        return None, ("alertmanager: no prometheus-alertmanager/alertmanager binary on PATH "
+                      "(Debian: apt-get install prometheus-alertmanager); skipped")
+    return Service("alertmanager", [
+        am, f"--config.file={config_file}", f"--storage.path={state_dir / 'alertmanager'}",
+        f"--web.listen-address={c.address('alertmanager')}", "--cluster.listen-address=",
+        f"--web.external-url={c.url('alertmanager')}"], f"{c.url('alertmanager')}/-/ready"), None
+
+
+def _prometheus(c: StackConfig, config_file: Path, state_dir: Path) -> _Planned:
+    prom = _find("prometheus")
+    if not prom:
+        return None, "prometheus: no prometheus binary on PATH (Debian: apt-get install prometheus)"
+    return Service("prometheus", [
+        prom, f"--config.file={config_file}", f"--storage.tsdb.path={state_dir / 'prometheus'}",
+        f"--web.listen-address={c.address('prometheus')}", f"--web.external-url={c.url('prometheus')}",
+        "--web.enable-lifecycle"], f"{c.url('prometheus')}/-/ready"), None
+
+
+def _grafana(c: StackConfig, state_dir: Path) -> _Planned:
+    gf = _find("grafana", "grafana-server")
+    if not gf:
+        return None, ("grafana: no grafana/grafana-server binary on PATH; skipped. Dashboards: "
+                      f"`dynamiccl dashboards push --url URL --token TOKEN` to an existing Grafana, "
+                      f"or import {c.dashboards_dir}/*.json")
+    home = next((p for p in ("/usr/share/grafana", "/usr/local/share/grafana") if Path(p).is_dir()), None)
+    argv = [gf, "server"] if Path(gf).name == "grafana" else [gf]
+    if home:
+        argv.append(f"--homepath={home}")
+    return Service("grafana", argv, f"{c.url('grafana')}/api/health", env={
+        "GF_PATHS_PROVISIONING": str((c.deploy_dir / "grafana/provisioning").resolve()),
+        "GF_PATHS_DATA": str((state_dir / "grafana").resolve()),
+        "GF_PATHS_LOGS": str((state_dir / "logs").resolve()),
+        "GF_SERVER_HTTP_ADDR": c.bind, "GF_SERVER_HTTP_PORT": str(c.ports["grafana"]),
+        "GF_ANALYTICS_REPORTING_ENABLED": "false",
+        "DYNAMICCL_PROMETHEUS_URL": c.url("prometheus"),
+        "DYNAMICCL_ALERTMANAGER_URL": c.url("alertmanager"),
+        "DYNAMICCL_DASHBOARDS_DIR": str(Path(c.dashboards_dir).resolve())}), None
+
+
+def _demo_job(c: StackConfig, py: list[str], state_dir: Path) -> _Planned:
+    if not c.demo:
+        return None, None
+    return Service("simulated-job", _recording_exit(state_dir / "simulated-job.rc", py + [
+        "simulate", "run", "--scenario", c.demo_scenario,
+        "--collector", f"tcp:127.0.0.1:{c.ports['collector-plugin']}",
+        "--out", str(state_dir / "sim")]), None, oneshot=True), None
 
 
 def summary_lines(c: StackConfig, started: Mapping[str, dict]) -> list[str]:

@@ -137,3 +137,17 @@ def test_plugin_without_the_symbol_or_version_gives_a_clear_error(built, tmp_pat
     bad.write_bytes(b"not an ELF file")
     with pytest.raises(DriverError, match=r"cannot open profiler plugin .*junk.so"):
         SimulatedJob("small", plugin=bad, emu_lib=built["emu_lib"]).start()
+
+
+def test_wire_sink_replaces_a_stale_socket_and_refuses_a_live_one(tmp_path):
+    """Two sinks on one path would silently split a job's records between them; a dead one's file is reused."""
+    path = tmp_path / "c.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()                                   # the file stays, nobody listens
+    with WireSink(f"unix:{path}") as live:
+        with pytest.raises(OSError, match="another process is listening"):
+            WireSink(f"unix:{path}")
+        assert path.exists() and live.count == 0    # the live sink keeps its socket
+    with pytest.raises(ValueError, match="unix:PATH or tcp:HOST:PORT"):
+        WireSink("udp:127.0.0.1:1")

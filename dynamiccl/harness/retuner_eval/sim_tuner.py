@@ -84,7 +84,7 @@ class FileTuner(RuleTuner):
 
 
 class LossyDelivery:
-    """Step hook for :class:`dynamiccl.harness.simulator.tuner_abi.RankTuners`: the retuner's file reaches each rank through a
+    """Step hook for :class:`dynamiccl.harness.simulator.engine_tuners.RankTuners`: the retuner's file reaches each rank through a
     lossy distributor, then every rank reloads and the agreement hook (:func:`dynamiccl.nccl_tuner_plugin.sync.run_ranks`,
     the hook's real code with an in-memory MIN all-reduce) picks the version all ranks apply.
 
@@ -163,7 +163,7 @@ def make_rank_tuners(n_ranks: int, src: str | os.PathLike, workdir: str | os.Pat
                      p_fault: float = 0.2):
     """Every rank its own instance of the real plugin (agreement mode), fed by :class:`LossyDelivery`.
     Raises if the binding or the built ``.so`` is unavailable."""
-    from dynamiccl.harness.simulator.tuner_abi import RankTuners
+    from dynamiccl.harness.simulator.engine_tuners import RankTuners
     hook = LossyDelivery(src, os.path.join(os.fspath(workdir), "snapshots"), seed=seed, p_fault=p_fault)
     rt = RankTuners(n_ranks, os.path.join(os.fspath(workdir), "ranks"), mode="agree", step_hook=hook)
     rt.kind = "plugin-per-rank"
@@ -172,11 +172,12 @@ def make_rank_tuners(n_ranks: int, src: str | os.PathLike, workdir: str | os.Pat
 
 
 def make_file_tuner(path: str | os.PathLike, *, prefer_plugin: bool = True):
-    """One instance of the real plugin (``dynamiccl.harness.simulator.tuner_abi.PluginTuner``, immediate mode, reloading ``path``
+    """One instance of the real plugin (``dynamiccl.harness.simulator.engine_tuners.PluginTuner``, immediate mode, reloading ``path``
     at every step boundary) if available, else the Python reference :class:`FileTuner`; ``.kind`` says which."""
     if prefer_plugin:
         try:
-            from dynamiccl.harness.simulator.tuner_abi import PluginTuner, TunerPlugin
+            from dynamiccl.harness.simulator.engine_tuners import PluginTuner
+            from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
             plugin = TunerPlugin.private_copy()
             plugin.configure(os.fspath(path), mode="immediate", poll_ms=0)
             t = PluginTuner(plugin)

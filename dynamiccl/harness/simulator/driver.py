@@ -5,9 +5,10 @@ the plugin through the NCCL call-sequence emulator (``libdccl-nccl-emu.so``, cty
 :class:`dynamiccl.nccl_profiler_plugin.emulator.Emulator`), calls ``emu_comm_init`` once per (communicator, local rank)
 of its node and replays the numpy record buffers it receives over a pipe with ``emu_run_colls`` — no Python
 work per operation. So every simulated node is one PROCESS (own pid, own plugin sender, own host name), as
-on a real cluster.
+on a real cluster. The worker's side is :mod:`~dynamiccl.harness.simulator.node_worker`; the collector
+stand-in that tests and ``simulate bench`` use is :class:`~dynamiccl.harness.simulator.wire_sink.WireSink`.
 
-With a :class:`dynamiccl.harness.simulator.tuner_abi.PluginTuner` as ``tuner``, each worker also loads the real tuner plugin
+With a :class:`dynamiccl.harness.simulator.engine_tuners.PluginTuner` as ``tuner``, each worker also loads the real tuner plugin
 (``NCCL_TUNER_PLUGIN``, before the profiler) reading the same config file, and applies the version the engine's
 decisions used for each step, so the profiler stamps ``tuner_config_version`` in the records as in a real job.
 
@@ -37,13 +38,14 @@ from pathlib import Path
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Mapping
 
-import numpy as np
 
 from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
 from dynamiccl.harness.simulator import scenario as scenario_mod
 from dynamiccl.harness.simulator import workload as workload_mod
-from dynamiccl.harness.simulator.engine import DEFAULT_EPOCH_NS, EMU_OP_DTYPE, Engine, Tuner
+from dynamiccl.contracts.atomic import atomic_write
+from dynamiccl.harness.simulator.engine import DEFAULT_EPOCH_NS, Engine, Tuner
 from dynamiccl.harness.simulator.scenario import Scenario, write_truth
+from dynamiccl.harness.simulator.wire_sink import WireSink  # re-exported: callers import it from here
 from dynamiccl.harness.simulator.workload import Workload
 
 __all__ = ["SimulatedJob", "RunResult", "DriverError", "WireSink", "run", "default_plugin_path", "default_emu_lib_path",
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 #: ring and a shorter flush so that fast mode (≥ 100k records/s per process) does not overflow the ring.
 WORKER_ENV_DEFAULTS = {"DYNAMICCL_RING_SIZE": "262144", "DYNAMICCL_FLUSH_MS": "20"}
 _REPO = Path(__file__).resolve().parents[3]
+_WORKER_ENTRY = "from dynamiccl.harness.simulator.node_worker import _worker_main; _worker_main()"
 
 
 class DriverError(RuntimeError):
@@ -97,132 +100,8 @@ class RunResult:
         return {k: sum(int(s.get(k, 0)) for s in self.plugin_stats) for k in sorted(keys)}
 
 
-# ------------------------------------------------------------------------------------------------
-# worker (one process per simulated node)
-# ------------------------------------------------------------------------------------------------
-def _stats_dict(emu: Any) -> dict[str, int]:
-    from dynamiccl.collector.wire_format import STATS_DTYPE
-
-    rec = emu.stats(STATS_DTYPE)
-    if rec is None:
-        return {}
-    return {k: int(rec[k]) for k in STATS_DTYPE.names if k.startswith(("records_", "events_", "reconnects",
-                                                                         "sampled_out"))}
-
-
-def _worker_main() -> None:
-    """Entry point of a node worker: ``python -c '…_worker_main()' FD`` with a socket inherited as FD."""
-    import sys
-    from multiprocessing.connection import Connection
-
-    conn = Connection(int(sys.argv[1]))
-    cfg = conn.recv()
-    _worker(conn=conn, **cfg)
-
-
-def _worker(node: int, conn: Any, plugin: str, emu_lib: str, abi: int, inits: list[tuple], realtime: bool,
-            pace_ns: int, threads: int, drain_timeout_s: float, tuner: dict | None = None) -> None:
-    # The node's instance of the tuner plugin, loaded before the profiler so that the profiler finds it
-    # (NCCL_TUNER_PLUGIN, dlopen RTLD_NOLOAD) and stamps records with its applied version. It reads the
-    # same config file as the engine's tuner and applies the version the engine used for each step.
-    mirror = None
-    tuner_misses = 0
-    if tuner is not None:
-        try:
-            from dynamiccl.harness.simulator.tuner_abi import TunerPlugin
-
-            mirror = TunerPlugin(tuner["lib"])
-            mirror.configure(tuner["conf"], mode="agree", poll_ms=0)
-            mirror.reload()
-        except Exception as exc:  # noqa: BLE001 - reported to the parent
-            conn.send(("error", f"cannot load the tuner plugin {tuner['lib']} on node {node}: {exc}"))
-            return
-    try:
-        from dynamiccl.nccl_profiler_plugin.emulator import EMU_OP_DTYPE as EMU_DT
-        from dynamiccl.nccl_profiler_plugin.emulator import Emulator, EmulatorError
-    except Exception as exc:  # noqa: BLE001 - reported to the parent
-        conn.send(("error", f"cannot import the emulator binding: {exc}"))
-        return
-    if EMU_DT != EMU_OP_DTYPE:
-        conn.send(("error", "emu_coll_t layout mismatch between dynamiccl.harness.simulator.engine and dynamiccl.nccl_profiler_plugin.emulator"))
-        return
-    try:
-        emu = Emulator(plugin, abi, lib=emu_lib)
-    except OSError as exc:
-        conn.send(("error", f"cannot load the emulator library {emu_lib}: {exc}; build it with "
-                            f"`make -C {_REPO / 'dynamiccl' / 'nccl_profiler_plugin'} emulator`"))
-        return
-    except (EmulatorError, AttributeError) as exc:
-        conn.send(("error", f"cannot open profiler plugin {plugin} (ABI v{abi}): {exc}"))
-        return
-    try:
-        ids = [emu.comm_init(h, name, nn, nr, rank, threads) for h, name, nn, nr, rank in inits]
-    except EmulatorError as exc:
-        conn.send(("error", f"plugin init failed on node {node}: {exc}"))
-        emu.close()
-        return
-    ids_a = np.array(ids, dtype=np.int64)
-    conn.send(("ready", os.getpid()))
-    epoch_ns = 0
-    replayed = 0
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg[0] == "go":
-            epoch_ns = int(msg[1])
-        elif msg[0] == "step":
-            ops, keys = msg[1], msg[2]
-            version = msg[3] if len(msg) > 3 else None
-            if mirror is not None and version is not None and version != mirror.applied_version:
-                mirror.reload()
-                if mirror.prepare_version(version):
-                    mirror.apply_version(version)
-                else:
-                    tuner_misses += 1
-            if realtime:
-                bucket = (ops["gpu_end_ns"].astype(np.int64) - epoch_ns) // pace_ns
-                order = np.lexsort((keys, bucket))
-                ops, keys, bucket = ops[order], keys[order], bucket[order]
-                cuts = np.flatnonzero((np.diff(keys) != 0) | (np.diff(bucket) != 0)) + 1
-            else:
-                bucket = None
-                cuts = np.flatnonzero(np.diff(keys) != 0) + 1
-            lo = 0
-            for hi in [*cuts.tolist(), len(ops)]:
-                if bucket is not None:
-                    due = epoch_ns + (int(bucket[lo]) + 1) * pace_ns
-                    wait = (due - time.time_ns()) / 1e9
-                    if wait > 0:
-                        time.sleep(wait)
-                emu.run(int(ids_a[keys[lo]]), ops[lo:hi])
-                lo = hi
-            replayed += len(ops)
-        elif msg[0] == "finish":
-            break
-    for cid in ids:
-        emu.sync(cid)
-    # let the plugin's sender drain its ring before finalize (whose final flush is time-bounded)
-    deadline = time.monotonic() + drain_timeout_s
-    while time.monotonic() < deadline:
-        s = _stats_dict(emu)
-        done = s.get("records_sent", 0) + s.get("records_undelivered", 0) + s.get("records_dropped_ring_full", 0)
-        if not s or done >= s.get("records_emitted", 0):
-            break
-        time.sleep(0.01)
-    for cid in ids:
-        emu.comm_finalize(cid)
-    stats = _stats_dict(emu)
-    stats["replayed"] = replayed
-    if mirror is not None:
-        stats["tuner_version_misses"] = tuner_misses
-    emu.close()
-    conn.send(("done", stats))
-
-
 def _tuner_plugin(tuner: Any) -> Any:
-    """The DynamICCL plugin instance behind an engine tuner (:class:`dynamiccl.harness.simulator.tuner_abi.PluginTuner`), or None."""
+    """The DynamICCL plugin instance behind an engine tuner (:class:`dynamiccl.harness.simulator.engine_tuners.PluginTuner`), or None."""
     p = getattr(tuner, "plugin", None)
     return p if getattr(p, "has_control", False) else None
 
@@ -325,36 +204,9 @@ class SimulatedJob:
         tuner_spec = _tuner_mirror_spec(self.tuner)
         try:
             for node in range(layout.n_nodes):
-                env = {**os.environ, **{k: v for k, v in WORKER_ENV_DEFAULTS.items() if k not in os.environ}}
-                env.update({"DYNAMICCL_COLLECTOR": self.collector, "DYNAMICCL_HOST": f"sim-node-{node:02d}",
-                            "DYNAMICCL_JOB_ID": job_id})
-                env.update(dict(self.plugin_env or {}))
-                if tuner_spec is not None:
-                    env["NCCL_TUNER_PLUGIN"] = tuner_spec["lib"]
-                env["PYTHONPATH"] = os.pathsep.join([str(_REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-                inits = [(c.comm_hash, c.name, c.nnodes, c.nranks, c.rank) for c in layout.node_comms(node)]
-                a, b = socket.socketpair()
-                p = subprocess.Popen([sys.executable, "-c", "from dynamiccl.harness.simulator.driver import _worker_main; _worker_main()",
-                                      str(b.fileno())], pass_fds=(b.fileno(),), env=env)
-                b.close()
-                conn = Connection(a.detach())
-                self._procs.append(p)
-                self._conns.append(conn)
-                conn.send({"node": node, "plugin": str(plugin), "emu_lib": str(emu_lib), "abi": self.abi,
-                           "inits": inits, "realtime": self.realtime,
-                           "pace_ns": int(self.pace_s * 1e9), "threads": self.emu_threads,
-                           "drain_timeout_s": self.drain_timeout_s, "tuner": tuner_spec})
-            for node, conn in enumerate(self._conns):
-                if not conn.poll(self.start_timeout_s):
-                    raise DriverError(f"worker for node {node} did not start within {self.start_timeout_s} s")
-                msg = conn.recv()
-                if msg[0] != "ready":
-                    raise DriverError(msg[1])
-            epoch = self.epoch_ns if self.epoch_ns is not None else (
-                time.time_ns() if self.realtime else DEFAULT_EPOCH_NS)
-            if self.epoch_ns is None and self.realtime and self.epoch_align_s:
-                step = int(self.epoch_align_s * 1e9)      # the job starts at the next multiple (at most one away)
-                epoch = -(-epoch // step) * step
+                self._spawn(node, layout, job_id, plugin, emu_lib, tuner_spec)
+            self._await_ready()
+            epoch = self._epoch()
             for conn in self._conns:
                 conn.send(("go", epoch))
         except EOFError:
@@ -378,6 +230,54 @@ class SimulatedJob:
         log.info("simulated job %s: %d nodes, %s, scenario %s, %s mode", job_id, layout.n_nodes,
                  self._wl.name, self._sc.name, "real-time" if self.realtime else "fast")
         return self
+
+    def _worker_env(self, node: int, job_id: str, tuner_spec: dict | None) -> dict[str, str]:
+        env = {**os.environ, **{k: v for k, v in WORKER_ENV_DEFAULTS.items() if k not in os.environ}}
+        env.update({"DYNAMICCL_COLLECTOR": self.collector, "DYNAMICCL_HOST": f"sim-node-{node:02d}",
+                    "DYNAMICCL_JOB_ID": job_id})
+        env.update(dict(self.plugin_env or {}))
+        if tuner_spec is not None:
+            env["NCCL_TUNER_PLUGIN"] = tuner_spec["lib"]
+        env["PYTHONPATH"] = os.pathsep.join([str(_REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+        return env
+
+    def _spawn(self, node: int, layout: Engine, job_id: str, plugin: Path, emu_lib: Path,
+               tuner_spec: dict | None) -> None:
+        """Start node ``node``'s worker process (:mod:`~dynamiccl.harness.simulator.node_worker`) and send it
+        its settings."""
+        inits = [(c.comm_hash, c.name, c.nnodes, c.nranks, c.rank) for c in layout.node_comms(node)]
+        a, b = socket.socketpair()
+        p = subprocess.Popen([sys.executable, "-c", _WORKER_ENTRY, str(b.fileno())], pass_fds=(b.fileno(),),
+                             env=self._worker_env(node, job_id, tuner_spec))
+        b.close()
+        conn = Connection(a.detach())
+        self._procs.append(p)
+        self._conns.append(conn)
+        conn.send({"node": node, "plugin": str(plugin), "emu_lib": str(emu_lib), "abi": self.abi,
+                   "inits": inits, "realtime": self.realtime,
+                   "pace_ns": int(self.pace_s * 1e9), "threads": self.emu_threads,
+                   "drain_timeout_s": self.drain_timeout_s, "tuner": tuner_spec})
+
+    def _await_ready(self) -> None:
+        for node, conn in enumerate(self._conns):
+            if not conn.poll(self.start_timeout_s):
+                raise DriverError(f"worker for node {node} did not start within {self.start_timeout_s} s")
+            msg = conn.recv()
+            if msg[0] != "ready":
+                raise DriverError(msg[1])
+
+    def _epoch(self) -> int:
+        """The job's epoch: given, else the wall clock (real time, rounded up to ``epoch_align_s``) or the
+        fixed fast-mode epoch."""
+        if self.epoch_ns is not None:
+            return self.epoch_ns
+        if not self.realtime:
+            return DEFAULT_EPOCH_NS
+        epoch = time.time_ns()
+        if self.epoch_align_s:
+            step = int(self.epoch_align_s * 1e9)      # the job starts at the next multiple (at most one away)
+            epoch = -(-epoch // step) * step
+        return epoch
 
     def _feed(self) -> None:
         eng, res = self.engine, self._result
@@ -422,9 +322,7 @@ class SimulatedJob:
                 meta = {"workload": self._wl.name, "topology": self._wl.topology.name, "scenario": self._sc.name,
                         "seed": self.seed, "duration_s": self._duration, "realtime": self.realtime,
                         "collector": self.collector, **asdict(res)}
-                tmp = Path(res.out_dir) / f"run.json.tmp.{os.getpid()}"
-                tmp.write_text(json.dumps(meta, indent=1))
-                os.replace(tmp, Path(res.out_dir) / "run.json")
+                atomic_write(Path(res.out_dir) / "run.json", json.dumps(meta, indent=1), fsync=False)
 
     def stop(self) -> None:
         """Stop feeding records; workers finalize (flushing the plugin) and the job ends."""
@@ -460,132 +358,6 @@ class SimulatedJob:
         self.stop()
         if self._thread is not None:
             self._thread.join()
-
-
-class WireSink:
-    """A minimal collector stand-in (tests, ``simulate bench``): accepts plugin connections on ``unix:PATH`` or
-    ``tcp:HOST:PORT`` and splits the stream into frames with the :mod:`dynamiccl.collector.wire_format` header; records
-    are kept raw (``keep=True``) and decoded on demand, vectorised. ``count`` = COLL/P2P records received."""
-
-    def __init__(self, addr: str, *, keep: bool = True) -> None:
-        import socket
-
-        from dynamiccl.collector import wire_format as wf
-
-        self.addr, self.keep = addr, keep
-        self._wf = wf
-        self._raw: list[np.ndarray] = []
-        self._hosts: dict[int, str] = {}
-        self.count = 0
-        self.reads = 0          # reads that completed at least one frame with records
-        self.bad_frames = 0
-        self._lock = threading.Lock()
-        if addr.startswith("unix:"):
-            path = addr[5:]
-            if os.path.exists(path):
-                os.unlink(path)
-            self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._srv.bind(path)
-        elif addr.startswith("tcp:"):
-            host, port = addr[4:].rsplit(":", 1)
-            self._srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._srv.bind((host, int(port)))
-        else:
-            raise ValueError(f"collector address must be unix:PATH or tcp:HOST:PORT, got {addr!r}")
-        self._srv.listen(64)
-        self._threads: list[threading.Thread] = []
-        self._conns: list[Any] = []
-        self._closed = False
-        t = threading.Thread(target=self._accept, daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._srv.accept()
-            except OSError:
-                return
-            self._conns.append(conn)
-            t = threading.Thread(target=self._read, args=(conn,), daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def _read(self, conn: Any) -> None:
-        from dynamiccl.collector.decode import ProtocolError, split_frames
-        wf = self._wf
-        buf = bytearray()
-        while True:
-            try:
-                chunk = conn.recv(1 << 20)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            try:
-                rec, used = split_frames(buf)
-            except ProtocolError:
-                with self._lock:
-                    self.bad_frames += 1
-                return
-            if rec is not None:
-                raw = rec.view(np.uint8).reshape(len(rec), wf.RECORD_SIZE)
-                kinds = raw[:, 0]
-                n_ev = int(np.count_nonzero((kinds == wf.Kind.COLL) | (kinds == wf.Kind.P2P)))
-                with self._lock:
-                    self.reads += 1
-                    self.count += n_ev
-                    if self.keep or n_ev < len(rec):
-                        self._raw.append(raw if self.keep else raw[(kinds != wf.Kind.COLL) & (kinds != wf.Kind.P2P)])
-            del buf[:used]
-
-    def _all(self) -> np.ndarray:
-        with self._lock:
-            return np.concatenate(self._raw) if self._raw else np.zeros((0, self._wf.RECORD_SIZE), np.uint8)
-
-    def events(self) -> np.ndarray:
-        """All COLL/P2P records received (``EVENT_DTYPE``), in arrival order."""
-        raw = self._all()
-        m = (raw[:, 0] == self._wf.Kind.COLL) | (raw[:, 0] == self._wf.Kind.P2P)
-        return np.ascontiguousarray(raw[m]).view(self._wf.EVENT_DTYPE).reshape(-1)
-
-    def records(self, kind: int) -> np.ndarray:
-        wf = self._wf
-        dt = {wf.Kind.COMM: wf.COMM_DTYPE, wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE}.get(
-            kind, wf.EVENT_DTYPE)
-        raw = self._all()
-        return np.ascontiguousarray(raw[raw[:, 0] == kind]).view(dt).reshape(-1)
-
-    def wait_for(self, n_events: int, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.count < n_events:
-            time.sleep(0.01)
-        return self.count >= n_events
-
-    def close(self) -> None:
-        import socket
-
-        self._closed = True
-        try:
-            self._srv.close()
-        except OSError:
-            pass
-        for c in self._conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
-        if self.addr.startswith("unix:") and os.path.exists(self.addr[5:]):
-            os.unlink(self.addr[5:])
-
-    def __enter__(self) -> "WireSink":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 def run(workload: Workload | str, scenario: Scenario | str | None = None, **kwargs: Any) -> RunResult:

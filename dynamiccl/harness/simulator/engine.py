@@ -71,7 +71,7 @@ class Tuner(Protocol):
     Optional methods the engine uses when present: ``get_chunk_size(comm, func, nbytes, algo, proto,
     n_channels, chunk) -> chunk`` (v6 ``getChunkSize``; the result is clamped to NCCL's chunk, as NCCL clamps
     to its buffer) and ``on_step(step)`` (called at every step boundary, before the step's decisions).
-    :mod:`dynamiccl.harness.simulator.tuner_abi` implements this protocol with the real plugin ``.so``."""
+    :mod:`dynamiccl.harness.simulator.engine_tuners` implements this protocol with the real plugin ``.so``."""
 
     def get_coll_info(self, comm: Comm, func: str, nbytes: int, cost_table: np.ndarray) -> tuple[np.ndarray, int]:
         ...
