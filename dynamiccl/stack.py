@@ -24,10 +24,10 @@ ValueError: GRAFANA_PORT: expected a port number 1..65535, got 'http'
 """
 from __future__ import annotations
 
-from contextlib import redirect_stderr as _redirect_stderr
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -35,6 +35,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import redirect_stderr as _redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -43,10 +44,20 @@ import yaml
 
 from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.rules import render_rule_files
+
 # configuration lives in stack_config; re-exported because tests, kits and the CLI import it from here
-from dynamiccl.stack_config import (AUDIT_FILE, CHANGES_FILE, COMPOSE_ADDRESSES, DEFAULT_DASHBOARDS_DIR,  # noqa: F401
-                                    DEFAULT_DEPLOY_DIR, DEFAULT_RUNBOOK_URL, PORT_ENV, StackConfig,
-                                    render_alertmanager, render_prometheus)
+from dynamiccl.stack_config import (  # noqa: F401
+    AUDIT_FILE,
+    CHANGES_FILE,
+    COMPOSE_ADDRESSES,
+    DEFAULT_DASHBOARDS_DIR,
+    DEFAULT_DEPLOY_DIR,
+    DEFAULT_RUNBOOK_URL,
+    PORT_ENV,
+    StackConfig,
+    render_alertmanager,
+    render_prometheus,
+)
 from dynamiccl.webhook import AlertWebhook  # re-exported: tests and loop helpers import it from here
 
 __all__ = [
@@ -321,8 +332,26 @@ def _prometheus(c: StackConfig, config_file: Path, state_dir: Path) -> _Planned:
         return None, "prometheus: no prometheus binary on PATH (Debian: apt-get install prometheus)"
     return Service("prometheus", [
         prom, f"--config.file={config_file}", f"--storage.tsdb.path={state_dir / 'prometheus'}",
-        f"--web.listen-address={c.address('prometheus')}", f"--web.external-url={c.url('prometheus')}",
-        "--web.enable-lifecycle"], f"{c.url('prometheus')}/-/ready"), None
+        f"--web.listen-address={c.address('prometheus')}", f"--web.external-url={c.url('prometheus')}"],
+        f"{c.url('prometheus')}/-/ready"), None   # no --web.enable-lifecycle: /-/quit and /-/reload stay closed
+
+
+GRAFANA_PASSWORD_FILE = "grafana-admin-password"
+
+
+def grafana_admin_password(state_dir: Path, env=os.environ) -> str:
+    """Grafana's admin password: ``GRAFANA_ADMIN_PASSWORD`` if set, else a random one generated once per
+    stack and kept in ``STATE_DIR/grafana-admin-password`` (0600). Never Grafana's admin/admin default."""
+    if env.get("GRAFANA_ADMIN_PASSWORD"):
+        return env["GRAFANA_ADMIN_PASSWORD"]
+    path = Path(state_dir) / GRAFANA_PASSWORD_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pw = secrets.token_urlsafe(18)
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write(path, pw + "\n", mode=0o600)
+        return pw
 
 
 def _grafana(c: StackConfig, state_dir: Path) -> _Planned:
@@ -341,6 +370,7 @@ def _grafana(c: StackConfig, state_dir: Path) -> _Planned:
         "GF_PATHS_LOGS": str((state_dir / "logs").resolve()),
         "GF_SERVER_HTTP_ADDR": c.bind, "GF_SERVER_HTTP_PORT": str(c.ports["grafana"]),
         "GF_ANALYTICS_REPORTING_ENABLED": "false",
+        "GF_SECURITY_ADMIN_PASSWORD": grafana_admin_password(state_dir),
         "DYNAMICCL_PROMETHEUS_URL": c.url("prometheus"),
         "DYNAMICCL_ALERTMANAGER_URL": c.url("alertmanager"),
         "DYNAMICCL_DASHBOARDS_DIR": str(Path(c.dashboards_dir).resolve())}), None
@@ -361,6 +391,8 @@ def summary_lines(c: StackConfig, started: Mapping[str, dict]) -> list[str]:
     urls = [f"{name.capitalize()} {c.url(name)}" for name in ("prometheus", "alertmanager", "grafana")
             if name in started]
     lines = ["  ".join(urls + [f"plugin stream tcp:127.0.0.1:{c.ports['collector-plugin']}"])]
+    if "grafana" in started and not os.environ.get("GRAFANA_ADMIN_PASSWORD"):
+        lines.append(f"Grafana admin password: {c.state_dir / GRAFANA_PASSWORD_FILE} (0600)")
     if "detector" in started:
         lines.append(f"regime changes: {started['detector']['stdout']} (found by `dynamiccl report "
                      f"{c.parquet_dir}`)")

@@ -135,3 +135,29 @@ def test_stack_up_status_down_with_real_binaries(tmp_path):
         if line.startswith("started "):
             pid = int(line.split("pid=")[1].split()[0])
             assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+
+
+def test_native_stack_has_no_default_grafana_password_and_no_prometheus_lifecycle(tmp_path, monkeypatch):
+    """Issue 18 #9 for `dynamiccl stack up`: Grafana came up as admin/admin and Prometheus with /-/quit."""
+    import os
+    import stat
+
+    from dynamiccl import stack as stack_mod
+    monkeypatch.delenv("GRAFANA_ADMIN_PASSWORD", raising=False)
+    pw = stack_mod.grafana_admin_password(tmp_path)
+    f = tmp_path / stack_mod.GRAFANA_PASSWORD_FILE
+    assert len(pw) >= 20 and pw != "admin" and f.read_text().strip() == pw
+    assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+    assert stack_mod.grafana_admin_password(tmp_path) == pw                 # kept across restarts
+    monkeypatch.setenv("GRAFANA_ADMIN_PASSWORD", "from-env")
+    assert stack_mod.grafana_admin_password(tmp_path) == "from-env"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("prometheus", "grafana"):
+        (bindir / name).write_text("#!/bin/sh\n")
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    svcs, _ = Stack(StackConfig.from_env({}, state_dir=tmp_path / "s")).plan()
+    by = {s.name: s for s in svcs}
+    assert not any("lifecycle" in a for a in by["prometheus"].argv)
+    assert by["grafana"].env["GF_SECURITY_ADMIN_PASSWORD"] == "from-env"
