@@ -82,7 +82,7 @@ class Run:
         self.pipeline = None
         self.sub = None
         self.detector = None
-        self.loop: Loop | None = None
+        self.detect_loop: Loop | None = None
         self.controller: Controller | None = None
         self.bulk: BulkClient | None = None
         self.detections: list[Detection] = []
@@ -118,7 +118,7 @@ class Run:
         self.pipeline = Pipeline(cfg).start()
         self.sub = self.pipeline.subscribe(max_queue=256)
         self.detector = LiveDetector(s.window_s, **self.detector_overrides)
-        self.loop = Loop(self.detector)
+        self.detect_loop = Loop(self.detector)
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         py = sys.executable
@@ -197,7 +197,7 @@ class Run:
             self._saved.append((wf, time.time()))
         if wf.window_start < self.detect_from or wf.window_start + wf.window_s > self.detect_until:
             return
-        for d in self.loop.step(wf).changes:
+        for d in self.detect_loop.step(wf).changes:
             self.detections.append(d)
             if self._t0 is not None:
                 where = f" ranks={d.ranks}" if d.ranks else ""
