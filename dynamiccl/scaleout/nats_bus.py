@@ -122,8 +122,16 @@ class JobConsumer:
         cfg = ConsumerConfig(durable_name=f"job-{self.job}", ack_policy=AckPolicy.EXPLICIT,
                              ack_wait=self.ack_wait_s, max_ack_pending=100_000,
                              filter_subject=f"{SUBJECT_PREFIX}.{self.job}.>")
-        self.sub = await self.js.pull_subscribe(f"{SUBJECT_PREFIX}.{self.job}.>", durable=f"job-{self.job}",
-                                                stream=STREAM, config=cfg)
+        for attempt in range(40):      # retried, bounded, while the stream elects a leader (a server died)
+            try:
+                self.sub = await self.js.pull_subscribe(f"{SUBJECT_PREFIX}.{self.job}.>", durable=f"job-{self.job}",
+                                                        stream=STREAM, config=cfg)
+                return self
+            except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
+                    nats.js.errors.APIError):
+                if attempt == 39:
+                    raise
+                await asyncio.sleep(0.5)
         return self
 
     async def fetch(self, batch: int = 1000, timeout_s: float = 0.2) -> list:
