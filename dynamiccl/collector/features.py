@@ -18,7 +18,7 @@ from typing import Iterator
 
 import polars as pl
 
-__all__ = ["WindowFeatures", "KEYS_SCHEMA", "KEYS_DEFAULTS", "RANKS_SCHEMA", "empty_keys", "empty_ranks",
+__all__ = ["WindowFeatures", "KEYS_SCHEMA", "KEYS_DEFAULTS", "RANKS_SCHEMA", "RANKS_OPTIONAL", "empty_keys", "empty_ranks",
            "encode_line", "decode_line", "subscribe", "connect"]
 
 KEYS_SCHEMA: dict[str, pl.DataType] = {
@@ -37,6 +37,11 @@ RANKS_SCHEMA: dict[str, pl.DataType] = {
     "records": pl.Int64, "lat_mean_s": pl.Float64, "rel_lat_mean": pl.Float64,
     "shortest_count": pl.Int64, "instances_complete": pl.Int64,
 }
+# ranks columns a window may carry beyond RANKS_SCHEMA (lines and partials without them still
+# decode): per (communicator, rank), the mean offset of the rank's enqueue / finish from its
+# complete instances' mean over ranks, in seconds, within one host's clock per instance (a
+# constant per-host clock offset cancels in their changes: `dynamiccl.detector.where`)
+RANKS_OPTIONAL: dict[str, pl.DataType] = {"arr_off_s": pl.Float64, "fin_off_s": pl.Float64}
 
 
 def empty_keys() -> pl.DataFrame:
@@ -80,9 +85,18 @@ def decode_line(line: bytes | str) -> WindowFeatures:
     if msg.get("v") != 1:
         raise ValueError(f"unsupported feature stream version {msg.get('v')!r}")
     keys = pl.DataFrame(_with_defaults(msg["keys"]), schema=KEYS_SCHEMA) if msg["keys"] else empty_keys()
-    ranks = pl.DataFrame(msg["ranks"], schema=RANKS_SCHEMA) if msg["ranks"] else empty_ranks()
+    ranks = _ranks(msg["ranks"]) if msg["ranks"] else empty_ranks()
     return WindowFeatures(float(msg["window_start"]), float(msg["window_s"]), keys, ranks,
                           dict(msg.get("counters", {})))
+
+
+def _ranks(cols: dict) -> pl.DataFrame:
+    """The ranks frame: RANKS_SCHEMA's columns, then whichever of RANKS_OPTIONAL the line has."""
+    extra = {c: t for c, t in RANKS_OPTIONAL.items() if c in cols}
+    unknown = set(cols) - set(RANKS_SCHEMA) - set(extra)
+    if unknown:
+        raise ValueError(f"ranks: unexpected columns {sorted(unknown)}")
+    return pl.DataFrame({c: cols[c] for c in [*RANKS_SCHEMA, *extra]}, schema={**RANKS_SCHEMA, **extra})
 
 
 def _with_defaults(cols: dict) -> dict:

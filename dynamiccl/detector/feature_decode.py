@@ -22,7 +22,7 @@ import io
 
 import polars as pl
 
-from dynamiccl.collector.features import KEYS_DEFAULTS, KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures, decode_line
+from dynamiccl.collector.features import KEYS_DEFAULTS, KEYS_SCHEMA, RANKS_OPTIONAL, RANKS_SCHEMA, WindowFeatures, decode_line
 
 __all__ = ["decode"]
 
@@ -41,12 +41,15 @@ def decode(line: bytes | str) -> WindowFeatures:
     return decode_line(line)
 
 
-def _frame(raw: pl.DataFrame, name: str, schema: dict, defaults: dict | None = None) -> pl.DataFrame:
+def _frame(raw: pl.DataFrame, name: str, schema: dict, defaults: dict | None = None,
+           optional: dict | None = None) -> pl.DataFrame:
     col = raw.get_column(name)
     if not isinstance(col.dtype, pl.Struct) or not col.dtype.fields:
         raise ValueError(f"{name}: no columns")
     df = raw.select(pl.col(name)).unnest(name)
     absent = set(schema) - set(df.columns)   # columns older lines lack decode as their default
+    extra = {c: t for c, t in (optional or {}).items() if c in df.columns}
+    schema = {**schema, **extra}
     if set(df.columns) - set(schema) or absent - set(defaults or ()):
         raise ValueError(f"{name}: unexpected columns")
     df = df.explode(pl.all())
@@ -60,7 +63,7 @@ def _fast(line: bytes) -> WindowFeatures:
     if raw.height != 1 or raw.get_column("v")[0] != 1:
         raise ValueError("not a version-1 window")
     keys = _frame(raw, "keys", KEYS_SCHEMA, KEYS_DEFAULTS)
-    ranks = _frame(raw, "ranks", RANKS_SCHEMA)
+    ranks = _frame(raw, "ranks", RANKS_SCHEMA, optional=RANKS_OPTIONAL)
     counters = raw.get_column("counters")[0] if "counters" in raw.columns else {}
     return WindowFeatures(float(raw.get_column("window_start")[0]), float(raw.get_column("window_s")[0]),
                           keys, ranks, dict(counters or {}))

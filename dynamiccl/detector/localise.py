@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
-__all__ = ["Where", "read_instances", "instance_offsets", "rank_shifts", "localise"]
+__all__ = ["Where", "read_instances", "instance_offsets", "rank_shifts", "localise", "judge"]
 
 PRE_S = 20.0      # baseline span before the onset
 POST_MIN_S = 3.0  # at least this much after the onset is looked at
@@ -140,7 +140,13 @@ RULES = (late_arrival, late_finish)
 def localise(records: pl.DataFrame, *, onset_s: float, detected_s: float,
              min_shift_s: float = MIN_SHIFT_S) -> Where | None:
     """The first rule with a verdict, or None (no rank or link stands out: a job-wide change)."""
-    s = rank_shifts(records, onset_s, detected_s)
+    return judge(rank_shifts(records, onset_s, detected_s), min_shift_s)
+
+
+def judge(s: pl.DataFrame | None, min_shift_s: float = MIN_SHIFT_S) -> Where | None:
+    """The rules on per-rank shifts (``rank``, ``d_arr``, ``d_fin``, ``arr_mad_pre``,
+    ``fin_mad_pre``; from records, :func:`rank_shifts`, or from the windows' rank offsets,
+    `dynamiccl.detector.where`)."""
     if s is None or s.height < 2:
         return None
     hit = _slowest(s, min_shift_s)

@@ -77,6 +77,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_detector_streams", "gauge", "Streams currently tracked."),
     MetricSpec("dynamiccl_detector_streams_rebaselined_total", "counter",
                "Streams re-baselined after a benign workload or configuration change."),
+    MetricSpec("dynamiccl_detector_changes_localised_total", "counter",
+               "Degradations whose ranks' offsets named a rank (late arrival) or a link (late finish).",
+               ("kind",)),
     MetricSpec("dynamiccl_detector_alarms_suppressed_total", "counter",
                "Stream alarms that did not become a change, by reason.", ("reason",)),
     MetricSpec("dynamiccl_detector_window_processing_seconds", "histogram",
@@ -130,6 +133,7 @@ class DetectorMetrics:
         self.streams = made[p + "streams"]
         self.rebaselined = made[p + "streams_rebaselined_total"]
         self.suppressed = made[p + "alarms_suppressed_total"]
+        self.localised = made[p + "changes_localised_total"]
         self.processing = made[p + "window_processing_seconds"]
         self.feature_up = made[p + "feature_stream_up"]
         self.reconnects = made[p + "feature_stream_reconnects_total"]

@@ -13,6 +13,7 @@ construction (an internal error drops the window, logs it and counts it).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -30,6 +31,7 @@ from .fusion import Fusion
 from .metrics import MAX_COMMS_PER_CHANGE, ActiveRegimes, DetectorMetrics, SUPPRESS_REASONS
 from .straggler import RankHistory
 from .streams import StreamTable
+from .where import locate
 from .window_vector import job_vectors
 
 __all__ = ["Detector"]
@@ -126,7 +128,8 @@ class Detector:
         self.ranks.add(ws.t, wf.ranks)
         ae = self._autoencode(wf)
         window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
-        changes = self.fusion.process(ws, window_s, ae)
+        changes = [self._locate(c, ws.t, float(wf.window_start), window_s)
+                   for c in self.fusion.process(ws, window_s, ae)]
         for reason, n in ws.invalid.items():
             m.values_invalid.labels(reason=reason).inc(n)
         if ws.rebased.size:
@@ -143,6 +146,29 @@ class Detector:
         if self.windows % max(1, int(round(1.0 / window_s))) == 0:
             self._export_statistics()
         return changes
+
+    def _locate(self, c: RegimeChange, step: int, window_start: float, window_s: float) -> RegimeChange:
+        """A degradation names the rank or link its ranks' offsets point at (`dynamiccl.detector.where`)
+        first in ``ranks``, with the verdict in ``evidence["where"]``; a straggler keeps its rank
+        unless the offsets name another rank arriving late (a rank starved by its ingress link
+        makes its peers wait without running short itself)."""
+        if c.kind == "recovery" or not c.comms:
+            return c
+        onset = step - int(round((window_start - c.start_s) / window_s))
+        try:
+            hit = locate(self.ranks, c.job_id, [int(x, 16) for x in c.comms], onset_step=onset,
+                         now_step=step, window_s=window_s)
+        except ValueError:
+            return c
+        if hit is None:
+            return c
+        comm, w = hit
+        self.metrics.localised.labels(kind=w.kind).inc()
+        evidence = {**c.evidence, "where": {**w.as_dict(), "comm": f"0x{comm:016x}"}}
+        if c.kind == "straggler" and w.kind != "rank":
+            return dataclasses.replace(c, evidence=evidence)
+        ranks = [w.rank] + [r for r in c.ranks if r != w.rank]
+        return dataclasses.replace(c, ranks=ranks, evidence=evidence)
 
     def _publish(self, c: RegimeChange) -> None:
         m = self.metrics

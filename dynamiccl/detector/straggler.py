@@ -101,7 +101,7 @@ class RankHistory:
                  for s, f in self.frames if s >= lo and (hi is None or s < hi)]
         if not parts:
             return None
-        df = pl.concat(parts, how="vertical_relaxed")
+        df = pl.concat(parts, how="diagonal_relaxed")   # a stream may add optional columns
         return df.filter((pl.col("job_id") == job) & pl.col("comm_hash").is_in(list(comms)))
 
 

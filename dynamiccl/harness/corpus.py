@@ -12,8 +12,10 @@ its regime changes are matched to the truth by :func:`dynamiccl.harness.testbed.
 (a change is reported when a change of its direction is emitted within ``MATCH_S`` of its onset;
 the emission time is the change's ``detected_s``, the event time of the end of the window that
 triggered it: the test bed's ranks share the host clock). Every other change is a false alarm.
-Localisation of single-rank / single-link changes is :func:`dynamiccl.detector.localise.localise`
-on the records around the matched change.
+Localisation of single-rank / single-link changes is the detector's own verdict on the matched
+change (``evidence["where"]``, from the windows' rank offsets: `dynamiccl.detector.where`); the
+same rules on the records around the true onset (:func:`dynamiccl.detector.localise.localise`)
+give the figure of localisation alone.
 """
 from __future__ import annotations
 
@@ -98,6 +100,16 @@ def names_it(where, event) -> bool:
     return event.direction in ("egress", "both") and where.link is not None and where.link[0] == r
 
 
+def _live_where(rc):
+    """The detector's own verdict on the change (``evidence["where"]``, `dynamiccl.detector.where`)."""
+    from dynamiccl.detector.localise import Where
+    w = (rc.evidence or {}).get("where")
+    if not w:
+        return None
+    link = tuple(w["link"]) if w.get("link") is not None else None
+    return Where(w["kind"], int(w["rank"]), link, float(w["confidence"]), w["rule"])
+
+
 def _instance_rate(records, onset_s: float) -> float:
     """Instances per second of the run's most frequent communicator in the 20 s before ``onset_s``."""
     import polars as pl
@@ -142,7 +154,7 @@ def score_run(seed: int, run_dir: Path, config=None) -> RunScore:
         if rc is None:
             row["localised"] = False
             continue
-        where = localise(offsets, onset_s=rc.start_s, detected_s=rc.detected_s)
+        where = _live_where(rc)
         row["where"] = where.as_dict() if where else None
         ok = names_it(where, e)
         out.localised += ok

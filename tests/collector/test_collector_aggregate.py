@@ -9,7 +9,7 @@ import pytest
 
 from dynamiccl.collector.component import RecordBatch
 from dynamiccl.collector.config import WindowConfig
-from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA
+from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_OPTIONAL, RANKS_SCHEMA
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.processors.window_agg import WindowAggregator
 from dynamiccl.harness.collector_testing import SinkConsumer, synthetic_events
@@ -79,7 +79,7 @@ def reference(ev, job_id):
                            spread_p50_s=float(np.median(spreads)) if spreads else None,
                            spread_max_s=max(spreads) if spreads else None,
                            tuner_config_version=max(x["v"] for x in xs))
-    per_rank = defaultdict(lambda: dict(records=0, durs=[], rel=[], short=0))
+    per_rank = defaultdict(lambda: dict(records=0, durs=[], rel=[], short=0, arr=[], fin=[]))
     complete = defaultdict(int)
     for (comm, func, seq), xs in inst.items():
         if len(xs) >= xs[0]["n"]:
@@ -90,6 +90,14 @@ def reference(ev, job_id):
             pr["records"] += 1
             if x["d"] is not None:
                 pr["durs"].append(x["d"])
+        timed = [x for x in xs if x["d"] is not None]
+        if len(xs) >= xs[0]["n"] and len(timed) >= 2:   # offsets: complete instances, timed records
+            t0 = min(x["t"] for x in timed)
+            starts = [(x["t"] - t0) * 1e-9 for x in timed]
+            ends = [s + x["d"] for s, x in zip(starts, timed)]
+            for x, s, e in zip(timed, starts, ends):
+                per_rank[(comm, x["rank"])]["arr"].append(s - np.mean(starts))
+                per_rank[(comm, x["rank"])]["fin"].append(e - np.mean(ends))
         if len(ds) >= 2:
             mn = min(ds)
             for x in xs:
@@ -102,7 +110,10 @@ def reference(ev, job_id):
                     per_rank[(comm, x["rank"])]["short"] += 1
     out_ranks = {k: dict(records=v["records"], lat_mean_s=float(np.mean(v["durs"])),
                          rel_lat_mean=float(np.mean(v["rel"])), shortest_count=v["short"],
-                         instances_complete=complete[k[0]]) for k, v in per_rank.items()}
+                         instances_complete=complete[k[0]],
+                         arr_off_s=float(np.mean(v["arr"])) if v["arr"] else None,
+                         fin_off_s=float(np.mean(v["fin"])) if v["fin"] else None)
+                  for k, v in per_rank.items()}
     return out_keys, out_ranks
 
 
@@ -132,7 +143,7 @@ def test_keys_and_ranks_match_reference(dataset):
     items, _ = _run(dataset)
     assert len(items) == 1
     wf = items[0].features
-    assert dict(wf.keys.schema) == KEYS_SCHEMA and dict(wf.ranks.schema) == RANKS_SCHEMA
+    assert dict(wf.keys.schema) == KEYS_SCHEMA and dict(wf.ranks.schema) == {**RANKS_SCHEMA, **RANKS_OPTIONAL}
     ref_keys, ref_ranks = reference(dataset, "jobA")
     assert wf.keys.height == len(ref_keys)
     for row in wf.keys.iter_rows(named=True):
@@ -145,7 +156,13 @@ def test_keys_and_ranks_match_reference(dataset):
         assert row["host"] == "host0" and row["job_id"] == "jobA"
         ref = ref_ranks[(row["comm_hash"], row["rank"])]
         for col, want in ref.items():
+            if col in RANKS_OPTIONAL:   # offsets of a few us: absolute tolerance
+                assert (row[col] is None) == (want is None), col
+                if want is not None:
+                    assert row[col] == pytest.approx(want, abs=1e-9), col
+                continue
             assert row[col] == pytest.approx(want, rel=1e-7), col
+    assert wf.ranks["arr_off_s"].drop_nulls().len() > 0
 
 
 def test_straggler_looks_short(dataset):

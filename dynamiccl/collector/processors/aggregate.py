@@ -170,6 +170,26 @@ def _order_stats(g: np.ndarray, starts: np.ndarray, seglen: np.ndarray, counts: 
     return lo_v, hi_v
 
 
+def _rank_offsets(iid, rid, nrg, rel_t, dur, whole):
+    """Per (key, rank) group: sums of each timed record's enqueue and finish offsets from its
+    instance's mean over the instance's timed records, over instances ``whole`` (seen timed on
+    every rank), and their count. Offsets within an instance compare its ranks' clocks only."""
+    ni = len(whole)
+    ok = whole[iid] & ~np.isnan(dur)
+    if not ok.any():
+        z = np.zeros(nrg)
+        return z, z, z
+    i, r = iid[ok], rid[ok]
+    start, end = rel_t[ok], rel_t[ok] + dur[ok]
+    cnt = np.bincount(i, minlength=ni)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s_mean = np.bincount(i, weights=start, minlength=ni) / cnt
+        e_mean = np.bincount(i, weights=end, minlength=ni) / cnt
+    return (np.bincount(r, weights=start - s_mean[i], minlength=nrg),
+            np.bincount(r, weights=end - e_mean[i], minlength=nrg),
+            np.bincount(r, minlength=nrg).astype(np.float64))
+
+
 def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, window_s: float,
                      aggregator: "WindowAggregator") -> WindowResult:
     kc, dur, seq, rel_t = cols["kc"], cols["dur"], cols["seq"], cols["rel"]
@@ -324,6 +344,7 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
     # (its instance's mean start is its own), so summing over every record changes nothing
     r_skew = np.bincount(rid, weights=rel_t - start_mean[iid], minlength=nrg)
     r_skew_n = r_records - np.bincount(rid[first_i[n_all == 1]], minlength=nrg)
+    r_arr, r_fin, r_off_n = _rank_offsets(iid, rid, nrg, rel_t, dur, complete & (n_t >= 2))
     r_last = np.full(nrg, -np.inf)
     np.maximum.at(r_last, rid, rel_t)
     r_host_k = np.zeros(nrg, np.int64)
@@ -341,6 +362,8 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
         c_lat = fold(r_dsum) / fold(r_timed)
         c_rel = fold(r_rel) / fold(r_rel_n)
         c_skew = fold(r_skew) / fold(r_skew_n)
+        c_off_n = fold(r_off_n)
+        c_arr, c_fin = fold(r_arr) / c_off_n, fold(r_fin) / c_off_n
     c_short = fold(r_short).round().astype(np.int64)
     c_last = np.full(ncr, -np.inf)
     np.maximum.at(c_last, crid, r_last[present_k])
@@ -377,7 +400,8 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
         "host": r_hostname, "records": c_records,
         "lat_mean_s": _nan_to_null(c_lat), "rel_lat_mean": _nan_to_null(c_rel),
         "shortest_count": c_short, "instances_complete": comp_per_g[c_gd].astype(np.int64),
-    }, schema=RANKS_SCHEMA)
+    }, schema=RANKS_SCHEMA).with_columns(_nan_to_null(c_arr).alias("arr_off_s"),
+                                         _nan_to_null(c_fin).alias("fin_off_s"))
     # ---- exporter-only frames: histograms per (key, host) ------------------------------------------
     comm_label = np.array([nm or f"{h:016x}" for nm, h in zip(names, hashes.tolist())], dtype=object)
     host = cols["host"]

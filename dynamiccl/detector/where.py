@@ -1,0 +1,52 @@
+"""Where a live change is: a slow rank or a slow link, from the windows' per-rank offsets.
+
+The collector's ranks frame carries, per (communicator, rank) and window, the rank's mean
+enqueue and finish offsets from its complete instances' mean over ranks (``arr_off_s``,
+``fin_off_s``; offsets within an instance, so no clock is compared across hosts). Here the
+change of each rank's median offset from the ``PRE_S`` before the change's onset to the windows
+since it, in units of its pre-onset spread, goes through the same rules as offline localisation
+(`dynamiccl.detector.localise.judge`): a rank that arrives late is the slow rank; one that
+finishes late is at the end of a slow link.
+"""
+from __future__ import annotations
+
+import polars as pl
+
+from .localise import PRE_S, Where, judge
+from .straggler import RankHistory
+
+__all__ = ["locate"]
+
+MIN_PRE_WINDOWS = 3   # fewer pre-onset windows with offsets: no verdict
+
+
+def _shifts(df: pl.DataFrame, onset_step: int) -> pl.DataFrame | None:
+    df = df.filter(pl.col("arr_off_s").is_not_null() & pl.col("fin_off_s").is_not_null())
+    pre, post = df.filter(pl.col("step") < onset_step), df.filter(pl.col("step") >= onset_step)
+    if pre.get_column("step").n_unique() < MIN_PRE_WINDOWS or post.height == 0:
+        return None
+
+    def stats(d: pl.DataFrame, tag: str) -> pl.DataFrame:
+        return d.group_by("rank").agg(
+            pl.col("arr_off_s").median().alias(f"arr_{tag}"), pl.col("fin_off_s").median().alias(f"fin_{tag}"),
+            (pl.col("arr_off_s") - pl.col("arr_off_s").median()).abs().median().alias(f"arr_mad_{tag}"),
+            (pl.col("fin_off_s") - pl.col("fin_off_s").median()).abs().median().alias(f"fin_mad_{tag}"))
+
+    s = stats(pre, "pre").join(stats(post, "post"), on="rank", how="inner")
+    return s.with_columns((pl.col("arr_post") - pl.col("arr_pre")).alias("d_arr"),
+                          (pl.col("fin_post") - pl.col("fin_pre")).alias("d_fin")).sort("rank")
+
+
+def locate(ranks: RankHistory, job: str, comms: list[int], *, onset_step: int, now_step: int,
+           window_s: float) -> tuple[int, Where] | None:
+    """The most confident verdict over ``comms`` (communicator hash, verdict), or None."""
+    lo = onset_step - max(1, int(round(PRE_S / window_s)))
+    df = ranks.window(job, comms, lo, now_step + 1)
+    if df is None or df.height == 0 or "arr_off_s" not in df.columns:
+        return None
+    best = None
+    for (comm,), part in df.group_by(["comm_hash"]):
+        w = judge(_shifts(part, onset_step))
+        if w is not None and (best is None or w.confidence > best[1].confidence):
+            best = (int(comm), w)
+    return best
