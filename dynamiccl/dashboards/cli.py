@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -206,12 +205,8 @@ def _annotate_cmd(args) -> int:
         with fh:
             ann.run(fh)
     else:
-        stop = threading.Event()
-        prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        from dynamiccl.contracts.lifecycle import stop_on_signals
+        with stop_on_signals("dashboards") as stop:
             ann.run(_stream_lines(args.events, stop))
-        finally:
-            for s, h in prev.items():
-                signal.signal(s, h)
     print(f"annotations posted={ann.posted} failed={ann.failed} malformed={ann.malformed}")
     return 0 if ann.failed == 0 else 1
