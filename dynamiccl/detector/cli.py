@@ -8,11 +8,13 @@ fatal (the collector may come and go). ``evaluate``: see `dynamiccl.harness.dete
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 __all__ = ["register"]
 
+log = logging.getLogger("detector")
 _OFF = ("off", "none", "")
 
 
@@ -49,6 +51,24 @@ def _evaluate(args) -> int:
     return run_eval(args)
 
 
+def annotation_sink(url: str | None, token: str | None):
+    """The service's Grafana annotations, composed here so the detector needs nothing from the views layer;
+    None without a URL. ValueError for a token without a URL or a URL that is not one; a Grafana client that
+    cannot be built logs one line and leaves annotations off (the detector runs without them)."""
+    if url is None:
+        if token is not None:
+            raise ValueError("--grafana-token needs --grafana-url")
+        return None
+    if "://" not in url:
+        raise ValueError(f"--grafana-url: expected http(s)://HOST:PORT, got {url!r}")
+    from dynamiccl.dashboards.grafana_push import GrafanaError, annotation_sink as grafana_sink
+    try:
+        return grafana_sink(url, token)
+    except GrafanaError as exc:
+        log.warning("Grafana annotations disabled: %s", exc)
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     from dynamiccl.contracts.lifecycle import ServiceRun, run_service
 
@@ -63,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if args.no_autoencoder:
         dcfg["autoencoder"] = False
     detector_config = DetectorConfig(**dcfg).validate()
-    cfg = ServiceConfig(features=args.features, metrics=off(args.metrics), serve=off(args.serve),
-                        grafana_url=args.grafana_url or None, grafana_token=args.grafana_token or None).validate()
+    cfg = ServiceConfig(features=args.features, metrics=off(args.metrics), serve=off(args.serve)).validate()
+    annotate = annotation_sink(args.grafana_url or None, args.grafana_token or None)
 
     def ready(svc) -> str:
         a = svc.addresses
         return (f"detector ready: features={a.get('features')} metrics={a.get('metrics') or '-'} "
-                f"serve={a.get('serve') or '-'} grafana={'on' if cfg.grafana_url else 'off'}")
+                f"serve={a.get('serve') or '-'} grafana={'on' if annotate is not None else 'off'}")
 
     def stopped(svc) -> str:
         m = svc.metrics
@@ -77,5 +97,5 @@ def run(args: argparse.Namespace) -> int:
                 f"changes={m.value('dynamiccl_detector_changes_emitted_total'):.0f}")
 
     # stdout carries the changes as JSON lines: the service's own lines go to stderr
-    return run_service(ServiceRun("detector", lambda: DetectorService(cfg, detector_config).start(),
+    return run_service(ServiceRun("detector", lambda: DetectorService(cfg, detector_config, annotate=annotate).start(),
                                   ready=ready, stop=lambda svc: svc.shutdown(), stopped=stopped, out=sys.stderr))

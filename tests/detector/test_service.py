@@ -136,14 +136,14 @@ def test_slow_client_drops_are_counted_not_blocking():
 
 
 def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
-    pytest.importorskip("dynamiccl.dashboards.grafana_push")
+    from dynamiccl.detector.cli import annotation_sink
     col = FakeCollector()
     with socket.socket() as s:                    # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None,
-                        grafana_url=f"http://127.0.0.1:{dead}", grafana_token="glsa_test")
-    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO()).start()
+    cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None)
+    annotate = annotation_sink(f"http://127.0.0.1:{dead}", "glsa_test")   # what `detector run --grafana-url` builds
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO(), annotate=annotate).start()
     try:
         col.wait_client()
         job = SyntheticJob(seed=2)
@@ -162,8 +162,12 @@ def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
 def test_service_config_errors_are_clear():
     with pytest.raises(ValueError, match="--features"):
         ServiceConfig(features="nonsense").validate()
+    from dynamiccl.detector.cli import annotation_sink
     with pytest.raises(ValueError, match="--grafana-token needs"):
-        ServiceConfig(grafana_token="x").validate()
+        annotation_sink(None, "x")
+    with pytest.raises(ValueError, match="--grafana-url: expected"):
+        annotation_sink("grafana:3000", None)
+    assert annotation_sink(None, None) is None
 
 
 def test_in_process_service_without_a_feature_stream():
