@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, TextIO
 
 from dynamiccl.collector.features import WindowFeatures
+from dynamiccl.contracts.lines import socket_lines
 
 from .config import DEFAULT_FEATURES, DEFAULT_METRICS, DEFAULT_SERVE, DetectorConfig
 from .events import RegimeChange
@@ -202,32 +203,16 @@ class DetectorService:
     _connected_once = False
 
     def _consume(self, sock: socket.socket) -> None:
+        """Until the collector closes the stream (ConnectionError) or the service stops. A line over
+        ``max_line_bytes`` is discarded up to its newline and counted as a malformed window; the stream goes on."""
         sock.settimeout(0.5)
-        buf = bytearray()
-        limit = self.config.max_line_bytes
-        while not self._stop.is_set():
-            try:
-                chunk = sock.recv(1 << 20)
-            except (TimeoutError, socket.timeout):
-                continue
-            if not chunk:
-                if not self._stop.is_set():
-                    log.warning("feature stream %s closed by the collector; reconnecting", self.config.features)
-                return
-            buf += chunk
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    break
-                line = bytes(buf[:nl])
-                del buf[:nl + 1]
-                if line.strip():
-                    self._handle_line(line)
-            if len(buf) > limit:
-                self.metrics.windows_received.inc()
-                self.metrics.windows_dropped.labels(reason="malformed").inc()
-                log.warning("feature stream: a line longer than %d bytes; reconnecting", limit)
-                return
+        for line in socket_lines(sock, self._stop, max_line_bytes=self.config.max_line_bytes,
+                                 on_oversized=self._oversized):
+            self._handle_line(line)
+
+    def _oversized(self) -> None:
+        self.metrics.windows_received.inc()
+        self.metrics.windows_dropped.labels(reason="malformed").inc()
 
     def _handle_line(self, line: bytes) -> None:
         try:

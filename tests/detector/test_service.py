@@ -135,6 +135,29 @@ def test_slow_client_drops_are_counted_not_blocking():
         srv.shutdown()
 
 
+def test_an_oversized_line_is_counted_and_the_stream_goes_on():
+    """The shared line reader (dynamiccl.contracts.lines) discards a line over max_line_bytes up to its newline;
+    the windows after it on the same connection are processed, none waits for a reconnect."""
+    col = FakeCollector()
+    cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None, max_line_bytes=16384,
+                        reconnect_min_s=60.0, reconnect_max_s=60.0)   # a reconnect would stall the test
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO()).start()
+    try:
+        col.wait_client()
+        job = SyntheticJob(seed=3)
+        col.send(encode_line(job.window(0)))
+        col.send(b"x" * 40_000)                       # over the limit before its newline arrives
+        m = svc.metrics
+        assert _wait(lambda: m.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1)
+        col.send(b"the rest of it\n" + b"".join(encode_line(job.window(t)) for t in range(1, 5)))
+        assert _wait(lambda: svc.detector.windows == 5, timeout=10)
+        assert m.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1
+        assert m.value("dynamiccl_detector_feature_stream_reconnects_total") == 0
+    finally:
+        svc.shutdown()
+        col.close()
+
+
 def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
     from dynamiccl.detector.cli import annotation_sink
     col = FakeCollector()
