@@ -47,16 +47,10 @@ class ReplayResult:
 
 
 def make_retuner(audit_path: str | None):
-    """The retuner in dry run (never writes the tuner config), or None if ``retuner`` is absent."""
-    try:
-        from dynamiccl.retuner.agent import Retuner
-        from dynamiccl.retuner.config import RetunerConfig
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("dynamiccl.retuner"):
-            return None
-        raise
-    cfg = RetunerConfig(dry_run=True, audit_path=audit_path)
-    return Retuner(cfg)
+    """The retuner in dry run: it never writes the tuner config; its audit log goes to ``audit_path``."""
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import RetunerConfig
+    return Retuner(RetunerConfig(dry_run=True, audit_path=audit_path))
 
 
 def _event_time_ns(ev: np.ndarray) -> np.ndarray:

@@ -73,16 +73,34 @@ def test_replay_low_rate_run_loses_nothing(tmp_path, lateness_s):
     assert det.windows == sorted(det.windows)
 
 
+def _feed_live(run_dir, agg) -> None:
+    """What a live collector sees of a run: its records in event-time order, arriving every 100 ms of event
+    time, each host's batch in turn; then the aggregator closes its windows."""
+    from dynamiccl.collector.component import RecordBatch
+    from dynamiccl.collector.wire_format import TimingSource
+    from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
+    from report_helpers import part_files, raw_events
+    ev = raw_events(part_files(run_dir))
+    t = np.where(ev["timing_source"] == TimingSource.KERNEL_GPU, ev["gpu_start_ns"], ev["enqueue_ns"])
+    ev, t = ev[np.argsort(t, kind="stable")], np.sort(t)
+    names = {c.comm_hash: c.name for c in COMMS}
+    host = (ev["pid"] - 1000 >= RANKS_PER_HOST).astype(int)
+    sec = (t // 10**8).astype(np.int64)
+    for s in np.unique(sec):
+        for h in (0, 1):
+            m = (sec == s) & (host == h)
+            if m.any():
+                agg.consume(RecordBatch(ev[m], f"node{h}", JOB_ID, names))
+    agg.shutdown()
+
+
 def test_replay_gives_the_live_changes(tmp_path):
     """Replay and a live collector (records arriving in event-time order, per host) produce the
     same windows, hence the same regime changes, from the same records."""
-    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.component import FuncConsumer
     from dynamiccl.collector.config import WindowConfig
     from dynamiccl.collector.processors.window_agg import WindowAggregator
-    from dynamiccl.collector.wire_format import TimingSource
     from dynamiccl.detector.service import Detector
-    from report_helpers import part_files, raw_events
-    from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
     cfg = DetectorConfig(warmup=20, autoencoder=False)
@@ -90,19 +108,7 @@ def test_replay_gives_the_live_changes(tmp_path):
     det, live = Detector(cfg), []
     agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0),
                            next_consumer=FuncConsumer(lambda r: live.extend(det.process(r.features))))
-    ev = raw_events(part_files(d))
-    t = np.where(ev["timing_source"] == TimingSource.KERNEL_GPU, ev["gpu_start_ns"], ev["enqueue_ns"])
-    ev = ev[np.argsort(t, kind="stable")]
-    t = np.sort(t)
-    names = {c.comm_hash: c.name for c in COMMS}
-    host = (ev["pid"] - 1000 >= RANKS_PER_HOST).astype(int)
-    sec = (t // 10**8).astype(np.int64)  # arrivals every 100 ms, each host's batch in turn
-    for s in np.unique(sec):
-        for h in (0, 1):
-            m = (sec == s) & (host == h)
-            if m.any():
-                agg.consume(RecordBatch(ev[m], f"node{h}", JOB_ID, names))
-    agg.shutdown()
+    _feed_live(d, agg)
     key = lambda c: (c.kind, c.start_s, c.detected_s, c.comm_names, c.ranks)  # noqa: E731
     assert live and [key(c) for c in replayed] == [key(c) for c in live]
 
@@ -168,16 +174,13 @@ def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
     in a live in-process loop fed as the collector feeds it, and in the split services' arrangement (the
     retuner receives windows and changes on two streams, the changes out of step; the service's
     ChangeOrder puts them back in the loop's order)."""
-    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.component import FuncConsumer
     from dynamiccl.collector.config import WindowConfig
     from dynamiccl.collector.processors.window_agg import WindowAggregator
-    from dynamiccl.collector.wire_format import TimingSource
     from dynamiccl.detector.service import Detector
     from dynamiccl.loop import ChangeOrder, Loop
-    from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
     from dynamiccl.retuner.agent import Retuner
     from dynamiccl.retuner.config import RetunerConfig
-    from report_helpers import part_files, raw_events
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
     cfg = DetectorConfig(warmup=20, autoencoder=False)
@@ -192,18 +195,7 @@ def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
         loop.step(r.features)
 
     agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0), next_consumer=FuncConsumer(on_window))
-    ev = raw_events(part_files(d))
-    t = np.where(ev["timing_source"] == TimingSource.KERNEL_GPU, ev["gpu_start_ns"], ev["enqueue_ns"])
-    ev, t = ev[np.argsort(t, kind="stable")], np.sort(t)
-    names = {c.comm_hash: c.name for c in COMMS}
-    host = (ev["pid"] - 1000 >= RANKS_PER_HOST).astype(int)
-    sec = (t // 10**8).astype(np.int64)
-    for s in np.unique(sec):
-        for h in (0, 1):
-            m = (sec == s) & (host == h)
-            if m.any():
-                agg.consume(RecordBatch(ev[m], f"node{h}", JOB_ID, names))
-    agg.shutdown()
+    _feed_live(d, agg)
 
     # split: the detector's changes reach the retuner up to two windows early (a detector ahead of the
     # retuner's feature reader), the windows in order; ChangeOrder restores the loop's order
