@@ -86,6 +86,7 @@ def main() -> int:
     import torch.distributed as dist
 
     import dynamiccl.collector.sources.torch_distributed as src
+    from dynamiccl.collector.sources.torch_hooks import make_wrapper
 
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="dynamiccl-bench-")
@@ -101,7 +102,7 @@ def main() -> int:
 
     bare_wait = dist.Work.wait  # the unpatched method (enable() patches the class)
     rec = src.enable(f"unix:{sock}", host="bench", job_id="bench", flush_ms=100)
-    wrapped_noop = src._make_wrapper(noop, "all_reduce")
+    wrapped_noop = make_wrapper(noop, "all_reduce")
     wrapped_all_reduce = dist.all_reduce
     assert wrapped_all_reduce is not bare_all_reduce and dist.Work.wait is not bare_wait
     try:

@@ -73,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             importlib.import_module(name).register(sub)
         except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue                        # a role that does not exist in this tree
-            if not _is_third_party(exc):
+            if not _is_third_party(exc):        # every role ships in the package: a missing one is a bug
                 raise
             for command in commands:
                 if command not in sub.choices:  # register() may have added some before it failed

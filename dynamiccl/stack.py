@@ -35,7 +35,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import redirect_stderr as _redirect_stderr
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -91,22 +90,6 @@ def _find(*names: str) -> str | None:
         p = shutil.which(n)
         if p:
             return p
-    return None
-
-
-def _cli_variant(command: str, candidates: list[list[str]]) -> list[str] | None:
-    """The first argv that `dynamiccl` accepts for ``command`` (the services' CLIs are their own modules;
-    the stack only starts a service whose command line it can build)."""
-    from dynamiccl.cli import build_parser
-    parser = build_parser()
-    for argv in candidates:
-        try:
-            with open(os.devnull, "w") as null, _redirect_stderr(null):
-                ns = parser.parse_args(argv)
-        except SystemExit:
-            continue
-        if getattr(ns, "func", None) is not None:
-            return argv
     return None
 
 
@@ -286,28 +269,18 @@ def _collector(c: StackConfig, py: list[str], state_dir: Path) -> _Planned:
 
 
 def _detector(c: StackConfig, py: list[str]) -> _Planned:
-    det = _cli_variant("detector", [
-        ["detector", "--features", f"tcp:{c.address('collector-features')}", "--metrics", c.address("detector"),
-         "--serve", f"tcp:{c.address('detector-events')}"],
-        ["detector", "run", "--features", f"tcp:{c.address('collector-features')}", "--metrics",
-         c.address("detector"), "--serve", f"tcp:{c.address('detector-events')}"]])
-    if not det:
-        return None, ("detector: no `dynamiccl detector` command taking --features/--metrics/--serve is "
-                      "installed yet; skipped")
     # its stdout is the change log (one RegimeChange JSON per line), read by `dynamiccl report`
-    return Service("detector", py + det, f"{c.url('detector')}/metrics", stdout=c.run_dir / CHANGES_FILE), None
+    return Service("detector", py + [
+        "detector", "run", "--features", f"tcp:{c.address('collector-features')}", "--metrics", c.address("detector"),
+        "--serve", f"tcp:{c.address('detector-events')}"],
+        f"{c.url('detector')}/metrics", stdout=c.run_dir / CHANGES_FILE), None
 
 
 def _retuner(c: StackConfig, py: list[str]) -> _Planned:
-    ret = _cli_variant("retuner", [
-        [*head, "--changes", f"tcp:{c.address('detector-events')}", "--features",
-         f"tcp:{c.address('collector-features')}", "--metrics", c.address("retuner"),
-         "--audit", str(c.run_dir / AUDIT_FILE)]
-        for head in (["retuner", "run"], ["retuner"])])
-    if not ret:
-        return None, ("retuner: no `dynamiccl retuner` command taking --changes/--features/--metrics is "
-                      "installed yet; skipped")
-    return Service("retuner", py + ret, f"{c.url('retuner')}/metrics"), None
+    return Service("retuner", py + [
+        "retuner", "run", "--changes", f"tcp:{c.address('detector-events')}", "--features",
+        f"tcp:{c.address('collector-features')}", "--metrics", c.address("retuner"),
+        "--audit", str(c.run_dir / AUDIT_FILE)], f"{c.url('retuner')}/metrics"), None
 
 
 def _alert_log(c: StackConfig, py: list[str]) -> _Planned:

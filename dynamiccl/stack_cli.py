@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from pathlib import Path
 
 
@@ -104,18 +102,16 @@ def _kube_cmd(args: argparse.Namespace) -> int:
 
 def _webhook_cmd(args: argparse.Namespace) -> int:
     from dynamiccl.collector.config import parse_host_port
+    from dynamiccl.contracts.lifecycle import ServiceRun, run_service
     host, port = parse_host_port(args.listen, key="--listen")
-    try:
-        hook = AlertWebhook(host, port, on_notification=print_notification).start()
-    except OSError as exc:
-        print(f"dynamiccl stack webhook: error: {args.listen}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    print(f"alert webhook listening on http://{hook.address}/alerts", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
-    hook.shutdown()
-    print(f"webhook=stopped received={hook.received} rejected={hook.rejected}", flush=True)
-    return 0
+
+    def start() -> AlertWebhook:
+        try:
+            return AlertWebhook(host, port, on_notification=print_notification).start()
+        except OSError as exc:
+            raise OSError(f"{args.listen}: {exc.strerror or exc}") from exc
+
+    return run_service(ServiceRun(
+        "stack webhook", start, ready=lambda hook: f"alert webhook listening on http://{hook.address}/alerts",
+        stop=lambda hook: hook.shutdown(),
+        stopped=lambda hook: f"webhook=stopped received={hook.received} rejected={hook.rejected}"))

@@ -6,15 +6,10 @@ exit non-zero; after startup nothing is fatal. Every flag defaults to docs/archi
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
-import sys
-import threading
 
 __all__ = ["register", "run", "config_from_args"]
 
-log = logging.getLogger("collector")
 _OFF = ("off", "none", "")
 SHUTDOWN_TIMEOUT_S = 4.0  # SIGTERM ends the collector within this (plus a signal-wait tick)
 
@@ -112,51 +107,25 @@ def is_loopback(host: str) -> bool:
             return False
 
 
-def _bounded_shutdown(pipeline, timeout: float) -> bool:
-    """Flush and stop the pipeline; False if that takes longer than ``timeout`` seconds."""
-    done = threading.Event()
-
-    def _stop():
-        try:
-            pipeline.shutdown(timeout=timeout)
-        finally:
-            done.set()
-
-    threading.Thread(target=_stop, name="dynamiccl-shutdown", daemon=True).start()
-    return done.wait(timeout)
-
-
 def run(args: argparse.Namespace) -> int:
     from dynamiccl.collector.pipeline import Pipeline
+    from dynamiccl.contracts.lifecycle import ServiceRun, run_service
     cfg = config_from_args(args)  # ValueError → "dynamiccl collector: error: ..." exit 2
-    stop = threading.Event()
 
-    def _signal(signum, _frame):
-        if stop.is_set():  # a second signal: the user wants out now
-            os._exit(3)
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            pipeline = Pipeline(cfg).start()
-        except (OSError, ValueError) as exc:  # unusable address, directory or tokens file
-            print(f"dynamiccl collector: error: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
-            return 1
+    def ready(pipeline) -> str:
         a = pipeline.addresses
-        print(f"collector ready: listen={','.join(a['listen']) or '-'} metrics={a['metrics'] or '-'} "
-              f"features={a['features'] or '-'} parquet={cfg.parquet.directory or '-'}", flush=True)
-        while not stop.wait(0.5):
-            pass
-        if not _bounded_shutdown(pipeline, SHUTDOWN_TIMEOUT_S):
-            print(f"dynamiccl collector: error: shutdown did not finish within {SHUTDOWN_TIMEOUT_S:g} s "
-                  "(a wedged writer or exporter); exiting without it", file=sys.stderr, flush=True)
-            os._exit(3)  # the parquet writer sees the end of file and finishes its files itself
+        return (f"collector ready: listen={','.join(a['listen']) or '-'} metrics={a['metrics'] or '-'} "
+                f"features={a['features'] or '-'} parquet={cfg.parquet.directory or '-'}")
+
+    def stopped(pipeline) -> str:
         m = pipeline.metrics.snapshot()
-        print(f"collector stopped: received={m['records_received_total']} "
-              f"decoded={m['records_decoded_total']} windows={m['windows_emitted_total']}", flush=True)
-        return 0
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        return (f"collector stopped: received={m['records_received_total']} "
+                f"decoded={m['records_decoded_total']} windows={m['windows_emitted_total']}")
+
+    # a wedged writer or exporter must not hold the exit: past the deadline the parquet writer sees the end
+    # of its channel and finishes its files itself
+    return run_service(ServiceRun(
+        "collector", lambda: Pipeline(cfg).start(), ready=ready, stopped=stopped,
+        stop=lambda pipeline: pipeline.shutdown(timeout=SHUTDOWN_TIMEOUT_S),
+        start_errors=(((OSError, ValueError), 1),),  # unusable address, directory or tokens file
+        shutdown_timeout_s=SHUTDOWN_TIMEOUT_S))

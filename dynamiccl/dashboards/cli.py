@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -159,38 +157,21 @@ def _push_cmd(args) -> int:
 
 
 def _stream_lines(address: str, stop: threading.Event):
-    """Lines of a regime-change stream; reconnects with backoff (1 s → 30 s) while the detector is down."""
+    """Lines of a regime-change stream (the shared reader: linear time, lines over 1 MiB discarded and counted);
+    reconnects with backoff (1 s → 30 s) while the detector is down."""
     from dynamiccl.collector.config import parse_address
-    kind, addr = parse_address(address, key="--events")
-    backoff = 1.0
-    while not stop.is_set():
-        try:
-            fam = socket.AF_UNIX if kind == "unix" else socket.AF_INET
-            with socket.socket(fam, socket.SOCK_STREAM) as s:
-                s.settimeout(5.0)
-                s.connect(addr)
-                s.settimeout(1.0)
-                log.info("annotate: connected to %s", address)
-                backoff = 1.0
-                buf = b""
-                while not stop.is_set():
-                    try:
-                        chunk = s.recv(65536)
-                    except socket.timeout:
-                        continue
-                    if not chunk:
-                        break
-                    buf += chunk
-                    if len(buf) > 1 << 20 and b"\n" not in buf:
-                        log.warning("annotate: dropping an over-long line (> 1 MiB)")
-                        buf = b""
-                    *lines, buf = buf.split(b"\n")
-                    yield from lines
-        except OSError as exc:
-            log.warning("annotate: regime-change stream %s unavailable (%s); retrying in %.0f s",
-                        address, exc.strerror or exc, backoff)
-        stop.wait(backoff)
-        backoff = min(backoff * 2, 30.0)
+    from dynamiccl.collector.features import connect
+    from dynamiccl.contracts.lines import follow
+    parse_address(address, key="--events")          # a bad address is an error now, not a retry loop
+
+    def _connect():
+        sock = connect(address, timeout=5.0)
+        sock.settimeout(1.0)                        # so `stop` is seen while the detector is quiet
+        log.info("annotate: connected to %s", address)
+        return sock
+
+    return follow(_connect, stop, name=f"annotate: regime-change stream {address}", backoff=(1.0, 30.0),
+                  max_line_bytes=1 << 20)
 
 
 def _annotate_cmd(args) -> int:
@@ -206,12 +187,8 @@ def _annotate_cmd(args) -> int:
         with fh:
             ann.run(fh)
     else:
-        stop = threading.Event()
-        prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        from dynamiccl.contracts.lifecycle import stop_on_signals
+        with stop_on_signals("dashboards") as stop:
             ann.run(_stream_lines(args.events, stop))
-        finally:
-            for s, h in prev.items():
-                signal.signal(s, h)
     print(f"annotations posted={ann.posted} failed={ann.failed} malformed={ann.malformed}")
     return 0 if ann.failed == 0 else 1

@@ -16,6 +16,7 @@ environment it is installed into — a training environment must never get that.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import logging
@@ -29,7 +30,8 @@ from typing import Any, Iterable, Mapping
 
 from dynamiccl.dashboards.names import FOLDER_TITLE, FOLDER_UID, REGIME_TAG
 
-__all__ = ["GrafanaError", "connect", "push_dashboards", "regime_annotation", "add_annotation", "Annotator"]
+__all__ = ["GrafanaError", "connect", "push_dashboards", "regime_annotation", "add_annotation", "annotation_sink",
+           "Annotator"]
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +210,12 @@ def add_annotation(g: Grafana, rc: Any) -> int:
     body = {"time": a["time_from"], "timeEnd": a["time_to"], "tags": a["tags"], "text": a["text"]}
     res = g.request("annotation", "POST", "/api/annotations", body)
     return int(res.get("id", 0)) if isinstance(res, dict) else 0
+
+
+def annotation_sink(url: str, token: str | None, *, timeout: float = 10.0):
+    """``sink(rc)`` posts one regime change as an annotation on ``url``'s Grafana (raises on failure: the caller
+    counts). What ``dynamiccl detector run --grafana-url`` hands the detector service. GrafanaError for a bad URL."""
+    return functools.partial(add_annotation, connect(url, token, timeout=timeout))
 
 
 class Annotator:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 
 __all__ = ["register"]
 
@@ -53,7 +51,27 @@ def _evaluate(args) -> int:
     return run_eval(args)
 
 
+def annotation_sink(url: str | None, token: str | None):
+    """The service's Grafana annotations, composed here so the detector needs nothing from the views layer;
+    None without a URL. ValueError for a token without a URL or a URL that is not one; a Grafana client that
+    cannot be built logs one line and leaves annotations off (the detector runs without them)."""
+    if url is None:
+        if token is not None:
+            raise ValueError("--grafana-token needs --grafana-url")
+        return None
+    if "://" not in url:
+        raise ValueError(f"--grafana-url: expected http(s)://HOST:PORT, got {url!r}")
+    from dynamiccl.dashboards.grafana_push import GrafanaError, annotation_sink as grafana_sink
+    try:
+        return grafana_sink(url, token)
+    except GrafanaError as exc:
+        log.warning("Grafana annotations disabled: %s", exc)
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
+    from dynamiccl.contracts.lifecycle import ServiceRun, run_service
+
     from .config import DetectorConfig
     from .runner import DetectorService, ServiceConfig
     off = lambda v: None if v is None or v.lower() in _OFF else v  # noqa: E731
@@ -65,32 +83,19 @@ def run(args: argparse.Namespace) -> int:
     if args.no_autoencoder:
         dcfg["autoencoder"] = False
     detector_config = DetectorConfig(**dcfg).validate()
-    cfg = ServiceConfig(features=args.features, metrics=off(args.metrics), serve=off(args.serve),
-                        grafana_url=args.grafana_url or None, grafana_token=args.grafana_token or None).validate()
-    stop = threading.Event()
+    cfg = ServiceConfig(features=args.features, metrics=off(args.metrics), serve=off(args.serve)).validate()
+    annotate = annotation_sink(args.grafana_url or None, args.grafana_token or None)
 
-    def _signal(signum, _frame):
-        log.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {s: signal.signal(s, _signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            svc = DetectorService(cfg, detector_config).start()
-        except OSError as exc:
-            print(f"dynamiccl detector: error: {exc.strerror or exc}", file=sys.stderr)
-            return 1
+    def ready(svc) -> str:
         a = svc.addresses
-        print(f"detector ready: features={a.get('features')} metrics={a.get('metrics') or '-'} "
-              f"serve={a.get('serve') or '-'} grafana={'on' if cfg.grafana_url else 'off'}",
-              file=sys.stderr, flush=True)
-        while not stop.wait(0.5):
-            pass
-        svc.shutdown()
+        return (f"detector ready: features={a.get('features')} metrics={a.get('metrics') or '-'} "
+                f"serve={a.get('serve') or '-'} grafana={'on' if annotate is not None else 'off'}")
+
+    def stopped(svc) -> str:
         m = svc.metrics
-        print(f"detector stopped: windows={m.value('dynamiccl_detector_windows_received_total'):.0f} "
-              f"changes={m.value('dynamiccl_detector_changes_emitted_total'):.0f}", file=sys.stderr, flush=True)
-        return 0
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        return (f"detector stopped: windows={m.value('dynamiccl_detector_windows_received_total'):.0f} "
+                f"changes={m.value('dynamiccl_detector_changes_emitted_total'):.0f}")
+
+    # stdout carries the changes as JSON lines: the service's own lines go to stderr
+    return run_service(ServiceRun("detector", lambda: DetectorService(cfg, detector_config, annotate=annotate).start(),
+                                  ready=ready, stop=lambda svc: svc.shutdown(), stopped=stopped, out=sys.stderr))

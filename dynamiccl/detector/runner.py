@@ -8,9 +8,10 @@ stream, Prometheus, the log (one JSON line per change on stdout) and Grafana ann
   a malformed line is counted (``windows_dropped_total{reason="malformed"}``) and skipped;
 * a `ChangeServer` (bounded per-client queues, drops counted);
 * ``/metrics`` (prometheus_client) on the detector's own registry;
-* when a Grafana URL is configured, an annotation thread with a bounded queue: an unreachable
-  Grafana gives one clear log line and ``grafana_annotations_total{result="error"}``, and the
-  service carries on.
+* when an annotation sink is given (``annotate``: the CLI builds one that posts to Grafana), an annotation
+  thread with a bounded queue: a failing sink gives one clear log line per outage and
+  ``grafana_annotations_total{result="error"}``, and the service carries on. The sink is injected so the
+  detector needs nothing from the views layer that draws the changes.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, TextIO
 
 from dynamiccl.collector.features import WindowFeatures
+from dynamiccl.contracts.lines import socket_lines
 
 from .config import DEFAULT_FEATURES, DEFAULT_METRICS, DEFAULT_SERVE, DetectorConfig
 from .events import RegimeChange
@@ -41,8 +43,6 @@ class ServiceConfig:
     features: str | None = DEFAULT_FEATURES   # None: no reader; feed windows with process_window()
     metrics: str | None = DEFAULT_METRICS
     serve: str | None = DEFAULT_SERVE
-    grafana_url: str | None = None
-    grafana_token: str | None = None
     reconnect_min_s: float = 0.2
     reconnect_max_s: float = 5.0
     client_queue: int = 1024
@@ -57,10 +57,6 @@ class ServiceConfig:
             parse_address(self.serve, key="--serve")
         if self.metrics is not None:
             parse_host_port(self.metrics, key="--metrics")
-        if self.grafana_url is not None and "://" not in self.grafana_url:
-            raise ValueError(f"--grafana-url: expected http(s)://HOST:PORT, got {self.grafana_url!r}")
-        if (self.grafana_token is not None) and self.grafana_url is None:
-            raise ValueError("--grafana-token needs --grafana-url")
         if not 0 < self.reconnect_min_s <= self.reconnect_max_s:
             raise ValueError("reconnect_min_s must be > 0 and <= reconnect_max_s")
         return self
@@ -68,7 +64,8 @@ class ServiceConfig:
 
 class DetectorService:
     def __init__(self, config: ServiceConfig | None = None, detector_config: DetectorConfig | None = None, *,
-                 registry=None, out: TextIO | None = None, sleep: Callable[[float], None] | None = None):
+                 registry=None, out: TextIO | None = None, sleep: Callable[[float], None] | None = None,
+                 annotate: Callable[[RegimeChange], object] | None = None):
         self.config = (config or ServiceConfig()).validate()
         self.detector = Detector(detector_config, registry=registry)
         self.metrics = self.detector.metrics
@@ -83,7 +80,8 @@ class DetectorService:
         self._gq: deque[RegimeChange] = deque()
         self._gcv = threading.Condition()
         self._gthread: threading.Thread | None = None
-        self._annotator = None
+        self._annotate = annotate
+        self._annotations_down = False
         self._lock = threading.Lock()   # one window at a time (reader vs process_window callers)
 
     # ------------------------------------------------------------------ lifecycle
@@ -106,8 +104,9 @@ class DetectorService:
                                        on_drop=lambda: self.metrics.changes_dropped.labels(reason="queue_full").inc(),
                                        on_clients=self.metrics.subscribers.set).start()
             self.addresses["serve"] = self.server.address
-        if cfg.grafana_url:
-            self._start_grafana()
+        if self._annotate is not None:
+            self._gthread = threading.Thread(target=self._annotation_loop, name="detector-grafana", daemon=True)
+            self._gthread.start()
         if cfg.features is not None:
             self._reader = threading.Thread(target=self._read_loop, name="detector-reader", daemon=True)
             self._reader.start()
@@ -204,32 +203,16 @@ class DetectorService:
     _connected_once = False
 
     def _consume(self, sock: socket.socket) -> None:
+        """Until the collector closes the stream (ConnectionError) or the service stops. A line over
+        ``max_line_bytes`` is discarded up to its newline and counted as a malformed window; the stream goes on."""
         sock.settimeout(0.5)
-        buf = bytearray()
-        limit = self.config.max_line_bytes
-        while not self._stop.is_set():
-            try:
-                chunk = sock.recv(1 << 20)
-            except (TimeoutError, socket.timeout):
-                continue
-            if not chunk:
-                if not self._stop.is_set():
-                    log.warning("feature stream %s closed by the collector; reconnecting", self.config.features)
-                return
-            buf += chunk
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    break
-                line = bytes(buf[:nl])
-                del buf[:nl + 1]
-                if line.strip():
-                    self._handle_line(line)
-            if len(buf) > limit:
-                self.metrics.windows_received.inc()
-                self.metrics.windows_dropped.labels(reason="malformed").inc()
-                log.warning("feature stream: a line longer than %d bytes; reconnecting", limit)
-                return
+        for line in socket_lines(sock, self._stop, max_line_bytes=self.config.max_line_bytes,
+                                 on_oversized=self._oversized):
+            self._handle_line(line)
+
+    def _oversized(self) -> None:
+        self.metrics.windows_received.inc()
+        self.metrics.windows_dropped.labels(reason="malformed").inc()
 
     def _handle_line(self, line: bytes) -> None:
         try:
@@ -246,45 +229,24 @@ class DetectorService:
             return
         self.process_window(wf)
 
-    # ------------------------------------------------------------------ Grafana
-    def _start_grafana(self) -> None:
-        try:
-            from dynamiccl.dashboards.grafana_push import GrafanaError, add_annotation, connect
-        except ImportError as exc:
-            log.warning("Grafana annotations disabled: %s", exc)
-            return
-        try:
-            g = connect(self.config.grafana_url, self.config.grafana_token)
-        except GrafanaError as exc:
-            log.warning("Grafana annotations disabled: %s", exc)
-            return
-        self._annotator = (g, add_annotation, GrafanaError)
-        self._grafana_down = False
-        self._gthread = threading.Thread(target=self._grafana_loop, name="detector-grafana", daemon=True)
-        self._gthread.start()
-
-    def _grafana_loop(self) -> None:
+    # ------------------------------------------------------------------ annotations
+    def _annotation_loop(self) -> None:
         while True:
             with self._gcv:
                 self._gcv.wait_for(lambda: self._gq or self._stop.is_set())
                 if self._stop.is_set() and not self._gq:
                     return
                 c = self._gq.popleft()
-            g, add, error = self._annotator
             try:
-                add(g, c)
-            except error as exc:
+                self._annotate(c)
+            except Exception as exc:  # noqa: BLE001 - never let the annotation sink stop the service
                 self.metrics.grafana.labels(result="error").inc()
-                if not self._grafana_down:   # one line per outage, not per change
+                if not self._annotations_down:   # one line per outage, not per change
                     log.warning("Grafana annotation failed: %s; the detector carries on (counted in "
                                 "dynamiccl_detector_grafana_annotations_total{result=\"error\"})", exc)
-                self._grafana_down = True
+                self._annotations_down = True
                 continue
-            except Exception as exc:  # noqa: BLE001 - never let Grafana stop the service
-                self.metrics.grafana.labels(result="error").inc()
-                log.debug("Grafana annotation failed: %s", exc)
-                continue
-            if self._grafana_down:
+            if self._annotations_down:
                 log.info("Grafana annotations work again")
-            self._grafana_down = False
+            self._annotations_down = False
             self.metrics.grafana.labels(result="ok").inc()

@@ -8,7 +8,7 @@ One small module per role:
 - :mod:`dynamiccl.report.sidecars` — ``changes.jsonl``, ``retuner-audit.jsonl``, ``truth.jsonl`` next to the run;
 - :mod:`dynamiccl.report.tables` — the numbers shown; :mod:`dynamiccl.report.figures` — plotly figures;
   :mod:`report.html` — the page;
-- :mod:`dynamiccl.report.replay`, :mod:`dynamiccl.report.detect` — the what-if replay and its detector;
+- :mod:`dynamiccl.report.replay` — the what-if replay (the one detector and the retuner, through :mod:`dynamiccl.loop`);
 - :mod:`dynamiccl.harness.synthetic_run` — a seeded synthetic run written through the collector's exporter;
 - :mod:`dynamiccl.report.cli` — the two subcommands.
 

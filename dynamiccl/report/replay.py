@@ -3,7 +3,7 @@
 The run's usable part files (see :mod:`dynamiccl.report.inventory`) are read back (the collector's
 ``read_batches``), merged in event-time order across files and hosts (:class:`EventTimeMerge`)
 and go through the collector's ``WindowAggregator`` (window / lateness settings of your
-choice) into the detector (:func:`dynamiccl.report.detect.make_detector`), synchronously, losing nothing:
+choice) into the detector (:class:`dynamiccl.detector.service.Detector`), synchronously, losing nothing:
 there is no queue to overflow. Regime changes are printed, optionally written as JSONL (the
 report's ``changes.jsonl``), and scored against the ground truth when a ``truth.jsonl`` is found.
 """
@@ -47,16 +47,10 @@ class ReplayResult:
 
 
 def make_retuner(audit_path: str | None):
-    """The retuner in dry run (never writes the tuner config), or None if ``retuner`` is absent."""
-    try:
-        from dynamiccl.retuner.agent import Retuner
-        from dynamiccl.retuner.config import RetunerConfig
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("dynamiccl.retuner"):
-            return None
-        raise
-    cfg = RetunerConfig(dry_run=True, audit_path=audit_path)
-    return Retuner(cfg)
+    """The retuner in dry run: it never writes the tuner config; its audit log goes to ``audit_path``."""
+    from dynamiccl.retuner.agent import Retuner
+    from dynamiccl.retuner.config import RetunerConfig
+    return Retuner(RetunerConfig(dry_run=True, audit_path=audit_path))
 
 
 def _event_time_ns(ev: np.ndarray) -> np.ndarray:
@@ -172,15 +166,16 @@ class EventTimeMerge:
 
 def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float = 1.0,
            lateness_s: float = 30.0, batch_rows: int = 8192, on_change=None, retuner: bool = True,
-           audit_path: str | None = None, detector: str = "auto") -> ReplayResult:
+           audit_path: str | None = None, detector=None) -> ReplayResult:
     """Replay ``parquet_dir`` through window aggregation → detector (→ retuner in dry run, which sees
-    every window and every regime change; its audit log goes to ``audit_path`` if given)."""
+    every window and every regime change; its audit log goes to ``audit_path`` if given). ``detector``:
+    anything with ``process(wf) -> list[RegimeChange]``; None: the service's ``Detector(detector_config)``."""
     from dynamiccl.collector.component import FuncConsumer, RecordBatch
     from dynamiccl.collector.config import WindowConfig
     from dynamiccl.collector.metrics import SelfMetrics
     from dynamiccl.collector.processors.window_agg import WindowAggregator
     from dynamiccl.collector.records import valid_mask
-    from dynamiccl.report.detect import make_detector
+    from dynamiccl.detector.service import Detector
     from dynamiccl.report.inventory import take_inventory
 
     t0 = time.perf_counter()
@@ -189,8 +184,8 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
     if not inv.files:
         res.wall_s = time.perf_counter() - t0
         return res
-    det = make_detector(detector_config, detector)
-    res.detector = getattr(det, "name", type(det).__name__)
+    det = detector if detector is not None else Detector(detector_config)
+    res.detector = getattr(det, "name", f"{type(det).__module__}.{type(det).__qualname__}")
     metrics = SelfMetrics()
     rt = make_retuner(audit_path) if retuner else None
     if rt is not None:
@@ -236,8 +231,6 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
                    help="allowed lateness, s (default 30: part files interleave hosts in large batches and "
                         "offline waiting costs nothing; the live collector's default is 2)")
     d = p.add_argument_group("detector (dynamiccl.detector.config.DetectorConfig; defaults are the service's)")
-    d.add_argument("--detector", choices=("auto", "service", "interim"), default="auto",
-                   help="dynamiccl.detector.service.Detector (auto: if installed) or the interim per-stream CUSUM")
     d.add_argument("--arl0", type=float, default=None, help="windows between false alarms per stream")
     d.add_argument("--warmup", type=int, default=None, help="windows of baseline before monitoring")
     d.add_argument("--deltas", default=None, metavar="D[,D…]", help="CUSUM shift sizes in sigma, e.g. 2,6")
@@ -305,7 +298,7 @@ def replay_main(args: argparse.Namespace) -> int:
     if args.audit_out and os.path.exists(args.audit_out):
         os.unlink(args.audit_out)  # the audit log appends; a replay writes a fresh one
     res = replay(args.parquet_dir, dcfg, window_s=args.window, lateness_s=args.lateness,
-                 retuner=not args.no_retuner, audit_path=args.audit_out, detector=args.detector)
+                 retuner=not args.no_retuner, audit_path=args.audit_out)
     for path, why in res.skipped:
         print(f"dynamiccl replay: warning: skipped {path}: {why}", file=sys.stderr)
     if not res.files:

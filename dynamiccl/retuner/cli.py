@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
-import signal
 import sys
-import threading
 import time
 
 __all__ = ["register", "run_cmd", "evaluate_cmd"]
 
-log = logging.getLogger("retuner")
 
 
 def register(subparsers) -> None:
@@ -99,32 +95,23 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_cmd(args: argparse.Namespace) -> int:
+    from dynamiccl.contracts.lifecycle import ServiceRun, run_service
     from dynamiccl.retuner.service import RetunerService
     cfg = config_from_args(args)              # ValueError -> "dynamiccl retuner: error: ..." exit 2
-    stop = threading.Event()
-    prev = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            svc = RetunerService(cfg).start()
-        except ValueError as e:
-            print(f"dynamiccl retuner: error: {e}", file=sys.stderr)
-            return 2
-        except OSError as e:
-            print(f"dynamiccl retuner: error: {e.strerror or e}", file=sys.stderr)
-            return 1
-        print(f"retuner ready: dry_run={cfg.dry_run} changes={cfg.changes or '-'} features={cfg.features or '-'} "
-              f"metrics={svc.metrics_address or '-'} tuner_config={cfg.tuner_config_path} "
-              f"audit={cfg.audit_path or '-'}", flush=True)
-        while not stop.wait(0.5):
-            pass
-        svc.stop()
+
+    def ready(svc) -> str:
+        return (f"retuner ready: dry_run={cfg.dry_run} changes={cfg.changes or '-'} features={cfg.features or '-'} "
+                f"metrics={svc.metrics_address or '-'} tuner_config={cfg.tuner_config_path} "
+                f"audit={cfg.audit_path or '-'}")
+
+    def stopped(svc) -> str:
         m = svc.retuner.metrics
-        print(f"changes={m.counters['changes']} windows={m.counters['windows']} pushes={m.counters['pushes']} "
-              f"rollbacks={m.counters['rollbacks']} dropped={sum(m.dropped.values())} version={m.version}")
-        return 0
-    finally:
-        for s, h in prev.items():
-            signal.signal(s, h)
+        return (f"changes={m.counters['changes']} windows={m.counters['windows']} pushes={m.counters['pushes']} "
+                f"rollbacks={m.counters['rollbacks']} dropped={sum(m.dropped.values())} version={m.version}")
+
+    return run_service(ServiceRun("retuner", lambda: RetunerService(cfg).start(), ready=ready,
+                                  stop=lambda svc: svc.stop(), stopped=stopped,
+                                  start_errors=(((ValueError,), 2), ((OSError,), 1))))
 
 
 def _fmt(x, nd=3) -> str:

@@ -24,9 +24,9 @@ def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]
     from dynamiccl.collector.processors.window_agg import WindowAggregator
     from dynamiccl.collector.records import event_time_ns, valid_mask
     from dynamiccl.detector.config import DetectorConfig
-    from dynamiccl.report.detect import make_detector
+    from dynamiccl.detector.service import Detector
 
-    det = make_detector(DetectorConfig(warmup=WARMUP_WINDOWS))
+    det = Detector(DetectorConfig(warmup=WARMUP_WINDOWS))
     changes: list = []
     loop = Loop(det, sinks=[changes.append])
     agg = WindowAggregator(WindowConfig(window_s=WINDOW_S, allowed_lateness_s=30.0),
@@ -38,7 +38,7 @@ def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]
         for pid in np.unique(part["pid"]).tolist():
             agg.consume(RecordBatch(part[part["pid"] == pid], hosts.get(pid, f"pid{pid}"), "validate"))
     agg.shutdown()
-    return changes, getattr(det, "name", type(det).__name__)
+    return changes, "dynamiccl.detector.service.Detector"
 
 
 def check_detection(events: np.ndarray, hosts: dict[int, str], onset_ns: int, slow_rank: int) -> Check:

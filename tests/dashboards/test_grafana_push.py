@@ -130,3 +130,34 @@ def test_token_from_a_private_file_and_argv_warned(grafana, tmp_path, capsys, mo
     assert main(["dashboards", "push", "--url", grafana.url]) == 0
     assert main(["dashboards", "push", "--url", grafana.url, "--token", grafana.token]) == 0
     assert "--token is visible to every user" in capsys.readouterr().err
+
+
+def test_annotate_stream_discards_an_over_long_line_whole():
+    """The regime-change stream is read by the shared line reader: a line over 1 MiB is dropped up to its
+    newline (before, its tail after the first MiB came through as a line of its own)."""
+    import threading
+
+    from dynamiccl.dashboards.cli import _stream_lines
+    first, last = json.dumps(RC).encode(), json.dumps({**RC, "id": "rc-j1-2"}).encode()
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(first + b"\n" + b"x" * (3 << 20) + b"\n" + last + b"\n")
+            stop.wait(10)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    got = []
+    try:
+        for line in _stream_lines(f"tcp:127.0.0.1:{srv.getsockname()[1]}", stop):
+            got.append(line)
+            if line == last or len(got) > 3:
+                break
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+    assert got == [first, last]

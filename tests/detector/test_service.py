@@ -135,15 +135,38 @@ def test_slow_client_drops_are_counted_not_blocking():
         srv.shutdown()
 
 
+def test_an_oversized_line_is_counted_and_the_stream_goes_on():
+    """The shared line reader (dynamiccl.contracts.lines) discards a line over max_line_bytes up to its newline;
+    the windows after it on the same connection are processed, none waits for a reconnect."""
+    col = FakeCollector()
+    cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None, max_line_bytes=16384,
+                        reconnect_min_s=60.0, reconnect_max_s=60.0)   # a reconnect would stall the test
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO()).start()
+    try:
+        col.wait_client()
+        job = SyntheticJob(seed=3)
+        col.send(encode_line(job.window(0)))
+        col.send(b"x" * 40_000)                       # over the limit before its newline arrives
+        m = svc.metrics
+        assert _wait(lambda: m.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1)
+        col.send(b"the rest of it\n" + b"".join(encode_line(job.window(t)) for t in range(1, 5)))
+        assert _wait(lambda: svc.detector.windows == 5, timeout=10)
+        assert m.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1
+        assert m.value("dynamiccl_detector_feature_stream_reconnects_total") == 0
+    finally:
+        svc.shutdown()
+        col.close()
+
+
 def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
-    pytest.importorskip("dynamiccl.dashboards.grafana_push")
+    from dynamiccl.detector.cli import annotation_sink
     col = FakeCollector()
     with socket.socket() as s:                    # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None,
-                        grafana_url=f"http://127.0.0.1:{dead}", grafana_token="glsa_test")
-    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO()).start()
+    cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None)
+    annotate = annotation_sink(f"http://127.0.0.1:{dead}", "glsa_test")   # what `detector run --grafana-url` builds
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO(), annotate=annotate).start()
     try:
         col.wait_client()
         job = SyntheticJob(seed=2)
@@ -162,8 +185,12 @@ def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
 def test_service_config_errors_are_clear():
     with pytest.raises(ValueError, match="--features"):
         ServiceConfig(features="nonsense").validate()
+    from dynamiccl.detector.cli import annotation_sink
     with pytest.raises(ValueError, match="--grafana-token needs"):
-        ServiceConfig(grafana_token="x").validate()
+        annotation_sink(None, "x")
+    with pytest.raises(ValueError, match="--grafana-url: expected"):
+        annotation_sink("grafana:3000", None)
+    assert annotation_sink(None, None) is None
 
 
 def test_in_process_service_without_a_feature_stream():

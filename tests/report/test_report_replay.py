@@ -2,14 +2,12 @@
 window aggregation into the detector (and the retuner in dry run), losing nothing."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 
 import numpy as np
 import pytest
 
-import dynamiccl.report.detect
 from dynamiccl.detector.config import DetectorConfig
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
@@ -26,7 +24,7 @@ def run(tmp_path_factory):
     return root, d
 
 
-def test_replay_is_lossless(run, monkeypatch):
+def test_replay_is_lossless(run):
     """Every record reaches a window, in one window per second of event time."""
     seen = {"records": 0, "windows": []}
 
@@ -41,8 +39,7 @@ def test_replay_is_lossless(run, monkeypatch):
             seen["windows"].append(wf.window_start)
             return []
 
-    monkeypatch.setattr(dynamiccl.report.detect, "make_detector", lambda cfg, which="auto": Counting(cfg))
-    res = replay(run[1], DetectorConfig(), retuner=False, lateness_s=30.0)
+    res = replay(run[1], DetectorConfig(), retuner=False, lateness_s=30.0, detector=Counting(None))
     assert res.records == 240_000 and res.late == 0 and res.invalid == 0
     assert seen["records"] == 240_000
     assert len(seen["windows"]) == res.windows == 120
@@ -64,61 +61,65 @@ class _Counting:
 
 
 @pytest.mark.parametrize("lateness_s", [30.0, 0.0])
-def test_replay_low_rate_run_loses_nothing(tmp_path, monkeypatch, lateness_s):
+def test_replay_low_rate_run_loses_nothing(tmp_path, lateness_s):
     """100 records/s: one 8,192-row read batch spans ~80 s of one host's records, and the part
     files hold both hosts interleaved. Records are fed in event-time order across hosts, so
     none is late, not even with zero allowed lateness (before: 6,636 of 30,000 dropped)."""
     d = make_run(tmp_path, records=30_000, rate_per_s=100.0, chunk_records=10_000, flush_rows=10_000)
     det = _Counting()
-    monkeypatch.setattr(dynamiccl.report.detect, "make_detector", lambda cfg, which="auto": det)
-    res = replay(d, DetectorConfig(), retuner=False, lateness_s=lateness_s)
+    res = replay(d, DetectorConfig(), retuner=False, lateness_s=lateness_s, detector=det)
     assert (res.records, res.late, res.invalid) == (30_000, 0, 0)
     assert det.records == 30_000 and res.windows == len(det.windows) == 300
     assert det.windows == sorted(det.windows)
 
 
-def test_replay_gives_the_live_changes(tmp_path):
-    """Replay and a live collector (records arriving in event-time order, per host) produce the
-    same windows, hence the same regime changes, from the same records."""
-    from dynamiccl.collector.component import FuncConsumer, RecordBatch
-    from dynamiccl.collector.config import WindowConfig
-    from dynamiccl.collector.processors.window_agg import WindowAggregator
+def _feed_live(run_dir, agg) -> None:
+    """What a live collector sees of a run: its records in event-time order, arriving every 100 ms of event
+    time, each host's batch in turn; then the aggregator closes its windows."""
+    from dynamiccl.collector.component import RecordBatch
     from dynamiccl.collector.wire_format import TimingSource
-    from dynamiccl.detector.service import Detector
-    from report_helpers import part_files, raw_events
     from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
-
-    d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
-    cfg = DetectorConfig(warmup=20, autoencoder=False)
-    replayed = replay(d, cfg, retuner=False, detector="service").changes
-    det, live = Detector(cfg), []
-    agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0),
-                           next_consumer=FuncConsumer(lambda r: live.extend(det.process(r.features))))
-    ev = raw_events(part_files(d))
+    from report_helpers import part_files, raw_events
+    ev = raw_events(part_files(run_dir))
     t = np.where(ev["timing_source"] == TimingSource.KERNEL_GPU, ev["gpu_start_ns"], ev["enqueue_ns"])
-    ev = ev[np.argsort(t, kind="stable")]
-    t = np.sort(t)
+    ev, t = ev[np.argsort(t, kind="stable")], np.sort(t)
     names = {c.comm_hash: c.name for c in COMMS}
     host = (ev["pid"] - 1000 >= RANKS_PER_HOST).astype(int)
-    sec = (t // 10**8).astype(np.int64)  # arrivals every 100 ms, each host's batch in turn
+    sec = (t // 10**8).astype(np.int64)
     for s in np.unique(sec):
         for h in (0, 1):
             m = (sec == s) & (host == h)
             if m.any():
                 agg.consume(RecordBatch(ev[m], f"node{h}", JOB_ID, names))
     agg.shutdown()
+
+
+def test_replay_gives_the_live_changes(tmp_path):
+    """Replay and a live collector (records arriving in event-time order, per host) produce the
+    same windows, hence the same regime changes, from the same records."""
+    from dynamiccl.collector.component import FuncConsumer
+    from dynamiccl.collector.config import WindowConfig
+    from dynamiccl.collector.processors.window_agg import WindowAggregator
+    from dynamiccl.detector.service import Detector
+
+    d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
+    cfg = DetectorConfig(warmup=20, autoencoder=False)
+    replayed = replay(d, cfg, retuner=False).changes
+    det, live = Detector(cfg), []
+    agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0),
+                           next_consumer=FuncConsumer(lambda r: live.extend(det.process(r.features))))
+    _feed_live(d, agg)
     key = lambda c: (c.kind, c.start_s, c.detected_s, c.comm_names, c.ranks)  # noqa: E731
     assert live and [key(c) for c in replayed] == [key(c) for c in live]
 
 
 def test_replay_cli_detects_and_feeds_the_report(run, tmp_path, capsys):
-    """With the interim detector (this package's, so the detection is ours to check); the service
-    path is exercised by test_replay_with_the_detector_service."""
+    """The replay runs the service's detector (the only one) and the retuner in dry run."""
     root, d = run
     out = tmp_path / "run"
     shutil.copytree(d, out / "parquet")
     shutil.copy(root / "truth.jsonl", out / "truth.jsonl")
-    rc = main(["replay", str(out / "parquet"), "--detector", "interim", "--warmup", "20", "--deltas", "3",
+    rc = main(["replay", str(out / "parquet"), "--warmup", "20", "--deltas", "3",
                "--out", str(out / "changes.jsonl"), "--audit-out", str(out / "retuner-audit.jsonl")])
     text = capsys.readouterr().out
     assert rc == 0
@@ -141,13 +142,12 @@ def test_replay_cli_detects_and_feeds_the_report(run, tmp_path, capsys):
     assert len(tables["decisions"]) == len(audit)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("dynamiccl.detector.service") is None, reason="dynamiccl.detector.service not installed")
-def test_replay_with_the_detector_service(run, tmp_path, capsys):
+def test_replay_runs_the_service_detector_without_the_retuner(run, tmp_path, capsys):
     out = tmp_path / "changes.jsonl"
-    rc = main(["replay", run[1], "--detector", "service", "--warmup", "20", "--set", "autoencoder=false",
+    rc = main(["replay", run[1], "--warmup", "20", "--set", "autoencoder=false",
                "--no-retuner", "--out", str(out)])
     text = capsys.readouterr().out
-    assert rc == 0 and "detector: dynamiccl.detector.service" in text
+    assert rc == 0 and "detector: dynamiccl.detector.service.Detector\n" in text
     last = dict(kv.split("=", 1) for kv in text.strip().splitlines()[-1].split())
     assert last["records"] == "240000" and last["windows"] == "120" and "decisions" not in last
     assert len(out.read_text().splitlines()) == int(last["changes"])
@@ -174,20 +174,17 @@ def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
     in a live in-process loop fed as the collector feeds it, and in the split services' arrangement (the
     retuner receives windows and changes on two streams, the changes out of step; the service's
     ChangeOrder puts them back in the loop's order)."""
-    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.component import FuncConsumer
     from dynamiccl.collector.config import WindowConfig
     from dynamiccl.collector.processors.window_agg import WindowAggregator
-    from dynamiccl.collector.wire_format import TimingSource
     from dynamiccl.detector.service import Detector
     from dynamiccl.loop import ChangeOrder, Loop
-    from dynamiccl.harness.synthetic_run import COMMS, JOB_ID, RANKS_PER_HOST
     from dynamiccl.retuner.agent import Retuner
     from dynamiccl.retuner.config import RetunerConfig
-    from report_helpers import part_files, raw_events
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
     cfg = DetectorConfig(warmup=20, autoencoder=False)
-    rep = replay(d, cfg, retuner=True, detector="service")
+    rep = replay(d, cfg, retuner=True)
 
     # live: the collector's aggregation fed per host every 100 ms of event time, through the one loop
     live_rt, windows, live = Retuner(RetunerConfig(dry_run=True)), [], []
@@ -198,18 +195,7 @@ def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
         loop.step(r.features)
 
     agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0), next_consumer=FuncConsumer(on_window))
-    ev = raw_events(part_files(d))
-    t = np.where(ev["timing_source"] == TimingSource.KERNEL_GPU, ev["gpu_start_ns"], ev["enqueue_ns"])
-    ev, t = ev[np.argsort(t, kind="stable")], np.sort(t)
-    names = {c.comm_hash: c.name for c in COMMS}
-    host = (ev["pid"] - 1000 >= RANKS_PER_HOST).astype(int)
-    sec = (t // 10**8).astype(np.int64)
-    for s in np.unique(sec):
-        for h in (0, 1):
-            m = (sec == s) & (host == h)
-            if m.any():
-                agg.consume(RecordBatch(ev[m], f"node{h}", JOB_ID, names))
-    agg.shutdown()
+    _feed_live(d, agg)
 
     # split: the detector's changes reach the retuner up to two windows early (a detector ahead of the
     # retuner's feature reader), the windows in order; ChangeOrder restores the loop's order

@@ -52,6 +52,19 @@ def test_plan_uses_the_shared_files_with_loopback_addresses(tmp_path):
     assert demo[-1].name == "simulated-job" and "tcp:127.0.0.1:9470" in demo[-1].argv
 
 
+def test_every_planned_dynamiccl_command_is_one_the_cli_accepts(tmp_path):
+    """The stack writes the services' command lines itself (it may not import the CLI): they must stay ones the
+    CLI's own parser turns into a command, with every flag known."""
+    from dynamiccl.cli import build_parser
+    parser = build_parser()
+    svcs, _ = Stack(StackConfig.from_env({}, state_dir=tmp_path, demo=True)).plan()
+    ours = [s for s in svcs if s.argv[1:3] == ["-m", "dynamiccl"]]
+    assert {"collector", "detector", "retuner", "alert-log"} <= {s.name for s in ours}
+    for s in ours:
+        ns = parser.parse_args(s.argv[3:])          # SystemExit(2) on an unknown flag
+        assert getattr(ns, "func", None) is not None, s.argv
+
+
 def test_status_without_a_stack(tmp_path, capsys):
     from dynamiccl.cli import main
     assert main(["stack", "status", "--state-dir", str(tmp_path)]) == 3

@@ -51,16 +51,6 @@ def test_figures_and_line():
     assert corpus.line(s).startswith("testbed_runs=2 testbed_changes=20 testbed_within_5s=0.200 ")
 
 
-def test_replay_uses_the_detector_service():
-    """The corpus is scored by dynamiccl replay's code path, whose detector is the service's
-    (after the move to the dynamiccl namespace it looked for a top-level ``detector`` package)."""
-    from dynamiccl.detector.config import DetectorConfig
-    from dynamiccl.detector.service import Detector
-    from dynamiccl.report.detect import make_detector
-    assert isinstance(make_detector(DetectorConfig(), "auto"), Detector)
-    assert isinstance(make_detector(DetectorConfig(), "service"), Detector)
-
-
 def test_pack_keeps_finished_runs_only(tmp_path):
     src = tmp_path / "runs"
     for s in range(3):

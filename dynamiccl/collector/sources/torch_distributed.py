@@ -56,421 +56,37 @@ unrecorded (``stats()["unrecorded"]``). Settings: the plugin's ``DYNAMICCL_COLLE
 ``DYNAMICCL_HOST``, ``DYNAMICCL_JOB_ID``, ``DYNAMICCL_RING_SIZE`` (queue),
 ``DYNAMICCL_FLUSH_MS`` and ``DYNAMICCL_TORCH_ASYNC_TIMING`` (``wait`` | ``callback``).
 """
+
 from __future__ import annotations
 
 import atexit
-import hashlib
-import inspect
 import logging
 import os
 import runpy
 import sys
 import threading
-import time
-from functools import partial
-from weakref import ref as _ref
-from dataclasses import dataclass, field
 
-from dynamiccl.collector.sources.wire_sender import Comm, SenderConfig, WireSender, _env_int
-from dynamiccl.collector.wire_format import DATATYPES, FUNCS, Kind, TimingSource, UNKNOWN
+from dynamiccl.collector.sources import torch_hooks
+from dynamiccl.collector.sources.torch_hooks import WRAPPED
+from dynamiccl.collector.sources.torch_recorder import ASYNC_TIMINGS, Recorder, TorchSourceConfig
 
-__all__ = ["enable", "disable", "is_enabled", "stats", "TorchSourceConfig", "WRAPPED"]
+__all__ = ["enable", "disable", "is_enabled", "stats", "TorchSourceConfig", "WRAPPED", "ASYNC_TIMINGS"]
 
 log = logging.getLogger(__name__)
 
-_F = {name: i for i, name in enumerate(FUNCS)}
-_D = {name: i for i, name in enumerate(DATATYPES)}
-_CPU = TimingSource.KERNEL_CPU
-_NONE = TimingSource.NONE
-
-# name → (record kind, wire func, tensor parameter giving the bytes, peer parameters, always async)
-_SPECS = {
-    "all_reduce": (Kind.COLL, "AllReduce", "tensor", None, False),
-    "all_gather": (Kind.COLL, "AllGather", "tensor", None, False),
-    "all_gather_into_tensor": (Kind.COLL, "AllGather", "input_tensor", None, False),
-    "reduce_scatter": (Kind.COLL, "ReduceScatter", "output", None, False),
-    "reduce_scatter_tensor": (Kind.COLL, "ReduceScatter", "output", None, False),
-    "broadcast": (Kind.COLL, "Broadcast", "tensor", ("src", "group_src"), False),
-    "reduce": (Kind.COLL, "Reduce", "tensor", ("dst", "group_dst"), False),
-    "all_to_all_single": (Kind.COLL, "AlltoAll", "input", None, False),
-    "send": (Kind.P2P, "Send", "tensor", ("dst", "group_dst"), False),
-    "recv": (Kind.P2P, "Recv", "tensor", ("src", "group_src"), False),
-    "isend": (Kind.P2P, "Send", "tensor", ("dst", "group_dst"), True),
-    "irecv": (Kind.P2P, "Recv", "tensor", ("src", "group_src"), True),
-    "barrier": (Kind.COLL, "AllReduce", None, None, False),
-}
-#: the torch.distributed functions enable() wraps
-WRAPPED = tuple(_SPECS)
-
-
-#: how async operations are timed (``DYNAMICCL_TORCH_ASYNC_TIMING``; module docstring)
-ASYNC_TIMINGS = ("wait", "callback")
-
-
-@dataclass(frozen=True)
-class TorchSourceConfig:
-    sender: SenderConfig = field(default_factory=SenderConfig)
-    async_timing: str = "wait"   # "wait": when the caller sees completion; "callback": the future's
-    pending_cap: int = 4096      # async operations awaiting their wait() (oldest sent untimed past it)
-
-    @classmethod
-    def from_env(cls, env=os.environ, *, async_timing: str | None = None,
-                 **sender_overrides) -> "TorchSourceConfig":
-        timing = async_timing if async_timing is not None else env.get("DYNAMICCL_TORCH_ASYNC_TIMING", "wait")
-        return cls(sender=SenderConfig.from_env(env, **sender_overrides), async_timing=timing).validate()
-
-    def validate(self) -> "TorchSourceConfig":
-        self.sender.validate()
-        if self.async_timing not in ASYNC_TIMINGS:
-            raise ValueError(f"DYNAMICCL_TORCH_ASYNC_TIMING / async_timing: expected one of "
-                             f"{', '.join(ASYNC_TIMINGS)}, got {self.async_timing!r}")
-        if not isinstance(self.pending_cap, int) or self.pending_cap < 1:
-            raise ValueError(f"pending_cap must be an int >= 1, got {self.pending_cap!r}")
-        return self
-
-
-@dataclass(eq=False)
-class _GroupComm(Comm):
-    seq: list = field(default_factory=lambda: [0] * 16)  # next seq_number per func code
-    g2l: dict = field(default_factory=dict)              # global rank → group rank
-
-
-def _dtype_codes() -> dict:
-    import torch
-    names = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16",
-             "float64": "ncclFloat64", "int8": "ncclInt8", "uint8": "ncclUint8", "bool": "ncclUint8",
-             "int32": "ncclInt32", "int64": "ncclInt64", "uint32": "ncclUint32",
-             "uint64": "ncclUint64", "float8_e4m3fn": "ncclFloat8e4m3",
-             "float8_e5m2": "ncclFloat8e5m2"}
-    out = {}
-    for tname, nccl in names.items():
-        dt = getattr(torch, tname, None)
-        if dt is not None:
-            out[dt] = _D[nccl]
-    return out
-
-
-class _Recorder:
-    """State of an enabled source: the sender, the communicator cache, the counters."""
-
-    def __init__(self, config: TorchSourceConfig, dist):
-        self.config = config
-        self.dist = dist
-        self.sender = WireSender(config.sender, stats_provider=self._extra_stats)
-        self.queue = self.sender.queue
-        self.capacity = self.sender.capacity
-        self.dtypes = _dtype_codes()
-        self.comms: dict = {}        # group object (None = default group) → _GroupComm or False
-        self.no_future: set = set()  # (type(work), func) whose Work has no future
-        self.callback_mode = config.async_timing == "callback"
-        self.pending: dict = {}      # id(Work) → (weakref to it, record prefix) until observed complete
-        self.pending_cap = config.pending_cap
-        self.unrecorded = 0
-        self.stale = 0
-        self._lock = threading.Lock()     # rare paths only (comm creation, counters)
-
-    # -- communicators ---------------------------------------------------------------------------
-    def comm_for(self, group):
-        """Slow path, once per group: build the communicator (False: not a member / not ready)."""
-        dist = self.dist
-        with self._lock:
-            hit = self.comms.get(group)
-            if hit is not None:
-                return hit
-            from torch.distributed import distributed_c10d as c10d
-            try:
-                pg = group if group is not None else c10d._get_default_group()
-                if pg is None or pg == c10d.GroupMember.NON_GROUP_MEMBER:
-                    self.comms[group] = False
-                    return False
-                ranks = list(dist.get_process_group_ranks(pg))
-                name = str(getattr(pg, "group_name", "") or c10d._get_process_group_name(pg))
-                desc = str(getattr(pg, "group_desc", "") or "")
-            except Exception as exc:  # not initialised yet, exotic group: pass through
-                log.debug("dynamiccl torch source: cannot describe group %r: %s", group, exc)
-                return False
-            is_world = pg is c10d._get_default_group()
-            digest = hashlib.blake2b(f"{name}|{','.join(map(str, ranks))}".encode(), digest_size=8)
-            comm_hash = int.from_bytes(digest.digest(), "little") or 1
-            label = "world" if is_world else (desc if desc and desc != "undefined" else f"group{name}")
-            lws = _env_int(os.environ, "LOCAL_WORLD_SIZE", 0)
-            nnodes = len({r // lws for r in ranks}) if lws > 0 else 0
-            comm = _GroupComm(comm_hash=comm_hash, name=label, rank=int(pg.rank()), nranks=int(pg.size()),
-                              nnodes=nnodes, g2l={g: i for i, g in enumerate(ranks)})
-            self.comms[group] = comm
-            if group is None:
-                self.comms[pg] = comm
-            self.sender.register_comm(comm)
-            return comm
-
-    def forget(self, group) -> None:
-        with self._lock:
-            if group is None:
-                self.comms.clear()
-            else:
-                self.comms.pop(group, None)
-
-    # -- async completion ------------------------------------------------------------------------
-    def track(self, work, prefix: tuple, func: int, timing: int):
-        """Arrange for the record of an async operation to be emitted when it completes (see the
-        module docstring); returns ``work`` itself."""
-        if timing == _NONE:  # device tensors: completion is not visible from the host
-            self._emit(prefix + (0, _NONE))
-            return work
-        if self.callback_mode:
-            key = (type(work), func)
-            if key not in self.no_future:
-                try:
-                    fut = _WORK_METHODS["get_future"](work)
-                except Exception:  # "Work::getFuture not implemented" (gloo send/recv)
-                    self.no_future.add(key)
-                else:
-                    fut.add_done_callback(partial(_on_done, self, prefix))
-                    return work
-        self.remember(work, prefix)
-        return work
-
-    def remember(self, work, prefix: tuple) -> None:
-        """Park ``prefix`` until the application observes ``work`` complete (the patched
-        ``Work.wait`` / ``is_completed`` / ``get_future``). Bounded: past ``pending_cap`` the
-        oldest is sent untimed and counted stale."""
-        try:
-            wref = _ref(work)
-        except TypeError:  # a Work type without weak references: not recordable
-            self.unrecorded += 1
-            return
-        pending = self.pending
-        k = id(work)
-        old = pending.get(k)
-        if old is not None:  # a dead Work's id reused: it was never waited on
-            del pending[k]
-            self._stale(old)
-        elif len(pending) >= self.pending_cap:
-            self._stale(pending.pop(next(iter(pending))))
-        pending[k] = (wref, prefix)
-
-    def observed(self, work) -> None:
-        """The application saw ``work`` complete (or fail): emit its record, timed now."""
-        entry = self.pending.pop(id(work), None)
-        if entry is None:
-            return
-        t = time.time_ns()
-        if entry[0]() is work:
-            self._emit(entry[1] + (t, _CPU))
-        else:
-            self._stale(entry)
-
-    def _stale(self, entry: tuple) -> None:
-        self.stale += 1
-        self._emit(entry[1] + (0, _NONE))
-
-    def flush_pending(self) -> None:
-        """At disable(): operations never observed complete are sent untimed (counted stale)."""
-        while self.pending:
-            try:
-                self._stale(self.pending.popitem()[1])
-            except KeyError:  # pragma: no cover - emptied by another thread
-                break
-
-    def _emit(self, item: tuple) -> None:
-        if len(self.queue) < self.capacity:
-            self.queue.append(item)
-        else:
-            self.sender.drop()
-
-    def _extra_stats(self) -> dict:
-        return {"events_stale": self.stale}
-
-    def stats(self) -> dict:
-        out = self.sender.counters()
-        out.update(unrecorded=self.unrecorded, connected=self.sender.connected,
-                   async_pending=len(self.pending))
-        return out
-
-
-def _on_done(rec: _Recorder, prefix: tuple, _fut, time_ns=time.time_ns) -> None:
-    """Future done-callback (runs on the backend's thread, takes the GIL there): as little as
-    possible. A failed operation is recorded too, with its time to failure."""
-    q = rec.queue
-    if len(q) < rec.capacity:
-        q.append(prefix + (time_ns(), _CPU))
-    else:
-        rec.sender.drop()
-
-
-# -- Work methods that observe completion ----------------------------------------------------------
-# ``torch.distributed.Work`` is patched (class level, restored by disable()) rather than wrapped:
-# the caller keeps the backend's own Work object (isinstance, C++ APIs taking it, identity), and
-# the cost per async call is one dict insert plus one Python frame at wait().
-_WORK_METHODS: dict = {}
-
-
-def _patched_wait(self, *args, **kwargs):
-    try:
-        out = _WORK_METHODS["wait"](self, *args, **kwargs)
-    except BaseException:
-        rec = _REC
-        if rec is not None and rec.pending:
-            rec.observed(self)  # failed (or timed out): recorded with the time to failure
-        raise
-    rec = _REC
-    if rec is not None and rec.pending and out is not False:
-        rec.observed(self)
-    return out
-
-
-def _patched_is_completed(self):
-    done = _WORK_METHODS["is_completed"](self)
-    if done:
-        rec = _REC
-        if rec is not None and rec.pending:
-            rec.observed(self)
-    return done
-
-
-def _patched_get_future(self):
-    fut = _WORK_METHODS["get_future"](self)
-    rec = _REC
-    if rec is not None and rec.pending:
-        entry = rec.pending.pop(id(self), None)
-        if entry is not None:
-            if entry[0]() is self:  # the caller waits on the future: time the completion itself
-                fut.add_done_callback(partial(_on_done, rec, entry[1]))
-            else:
-                rec._stale(entry)
-    return fut
-
-
-_PATCHES = {"wait": _patched_wait, "is_completed": _patched_is_completed, "get_future": _patched_get_future}
-
-
-def _patch_work(dist) -> None:
-    cls = dist.Work
-    for name, fn in _PATCHES.items():
-        _WORK_METHODS[name] = getattr(cls, name)
-        fn.__doc__ = getattr(_WORK_METHODS[name], "__doc__", None)
-        setattr(cls, name, fn)
-
-
-def _unpatch_work(dist) -> None:
-    cls = dist.Work
-    for name, orig in _WORK_METHODS.items():
-        if cls.__dict__.get(name) is _PATCHES[name]:
-            setattr(cls, name, orig)
-    _WORK_METHODS.clear()
-
-
-_REC: _Recorder | None = None
-_ORIGINALS: dict = {}
 _enable_lock = threading.Lock()
 
 
-def _param_index(params: list[str], name: str | None) -> int:
-    if name is None or name not in params:
-        return -1
-    return params.index(name)
-
-
-def _make_wrapper(orig, fname: str):
-    kind, func_name, tname, peer, always_async = _SPECS[fname]
-    func = _F[func_name]
-    params = list(inspect.signature(orig).parameters)
-    ti, gi = _param_index(params, tname), _param_index(params, "group")
-    ai = _param_index(params, "async_op")
-    pi = _param_index(params, peer[0]) if peer else -1
-    qi = _param_index(params, peer[1]) if peer else -1
-    pname, qname = (peer or (None, None))
-    is_recv = fname in ("recv", "irecv")
-    time_ns = time.time_ns
-
-    def wrapper(*args, **kwargs):
-        rec = _REC
-        if rec is None:
-            return orig(*args, **kwargs)
-        n = len(args)
-        try:
-            group = args[gi] if n > gi else kwargs.get("group")
-            comm = rec.comms.get(group)
-            if comm is None:
-                comm = rec.comm_for(group)
-            if comm is False:
-                return orig(*args, **kwargs)
-            if ti >= 0:
-                t = args[ti] if n > ti else kwargs[tname]
-                count, nbytes = t.numel(), t.nbytes
-                dtype = rec.dtypes.get(t.dtype, UNKNOWN)
-                timing = _CPU if t.is_cpu else _NONE
-            else:
-                count = nbytes = 0
-                dtype, timing = UNKNOWN, _CPU
-            root = 0
-            if pi >= 0:
-                p = args[pi] if n > pi else kwargs.get(pname)
-                if p is not None:
-                    root = comm.g2l.get(p, -1)
-                else:
-                    q = args[qi] if qi >= 0 and n > qi else kwargs.get(qname)
-                    root = -1 if q is None else q
-            async_ = always_async or (ai >= 0 and (args[ai] if n > ai else kwargs.get("async_op", False)))
-            seqs = comm.seq
-            seq = seqs[func]
-        except Exception:
-            rec.unrecorded += 1
-            return orig(*args, **kwargs)
-        seqs[func] = seq + 1
-        t0 = time_ns()
-        out = orig(*args, **kwargs)
-        t1 = time_ns()
-        if async_:
-            if out is not None:
-                prefix = (comm, kind, func, dtype, root, count, nbytes, seq, t0)
-                if timing == _CPU and not rec.callback_mode:
-                    rec.remember(out, prefix)  # timed when the caller sees it complete
-                else:
-                    rec.track(out, prefix, func, timing)
-            return out
-        if is_recv and root == -1 and isinstance(out, int):
-            root = comm.g2l.get(out, -1)  # recv from any source returns the sender's global rank
-        item = (comm, kind, func, dtype, root, count, nbytes, seq, t0, t1, timing)
-        q = rec.queue
-        if len(q) < rec.capacity:
-            q.append(item)
-        else:
-            rec.sender.drop()
-        return out
-
-    wrapper.__name__ = getattr(orig, "__name__", fname)
-    wrapper.__qualname__ = getattr(orig, "__qualname__", fname)
-    wrapper.__doc__ = getattr(orig, "__doc__", None)
-    wrapper.__wrapped__ = orig
-    wrapper._dynamiccl_wrapper = True
-    return wrapper
-
-
-def _make_destroy_wrapper(orig):
-    def destroy_process_group(*args, **kwargs):
-        rec = _REC
-        out = orig(*args, **kwargs)
-        if rec is not None:
-            group = args[0] if args else kwargs.get("group")
-            rec.forget(group)
-        return out
-
-    destroy_process_group.__wrapped__ = orig
-    destroy_process_group.__doc__ = getattr(orig, "__doc__", None)
-    return destroy_process_group
-
-
 def enable(collector: str | None = None, *, config: TorchSourceConfig | None = None,
-           async_timing: str | None = None, **sender_overrides) -> "_Recorder":
+           async_timing: str | None = None, **sender_overrides) -> Recorder:
     """Start the source (idempotent) and return it. ``collector`` overrides DYNAMICCL_COLLECTOR,
     ``async_timing`` DYNAMICCL_TORCH_ASYNC_TIMING; other keyword arguments override
     :class:`SenderConfig` fields (``host=``, ``job_id=``, ``queue_size=``, ``flush_ms=``).
     Raises ValueError for a malformed setting."""
-    global _REC
     with _enable_lock:
-        if _REC is not None:
-            return _REC
+        running = torch_hooks.active()
+        if running is not None:
+            return running
         import torch.distributed as dist
         if not dist.is_available():
             raise RuntimeError("torch.distributed is not available in this torch build")
@@ -478,17 +94,9 @@ def enable(collector: str | None = None, *, config: TorchSourceConfig | None = N
             if collector is not None:
                 sender_overrides["collector"] = collector
             config = TorchSourceConfig.from_env(async_timing=async_timing, **sender_overrides)
-        rec = _Recorder(config.validate(), dist)
-        for name in WRAPPED:
-            orig = getattr(dist, name, None)
-            if orig is None or getattr(orig, "_dynamiccl_wrapper", False):
-                continue
-            _ORIGINALS[name] = orig
-            setattr(dist, name, _make_wrapper(orig, name))
-        _ORIGINALS["destroy_process_group"] = dist.destroy_process_group
-        dist.destroy_process_group = _make_destroy_wrapper(dist.destroy_process_group)
-        _patch_work(dist)
-        _REC = rec
+        rec = Recorder(config.validate(), dist)
+        torch_hooks.install(dist)
+        torch_hooks.activate(rec)
         rec.sender.start()
         log.info("dynamiccl torch source: streaming to %s", config.sender.collector)
         return rec
@@ -496,34 +104,28 @@ def enable(collector: str | None = None, *, config: TorchSourceConfig | None = N
 
 def disable(timeout: float = 0.5) -> None:
     """Restore the original functions, flush (≤ ``timeout`` s) and stop the sender thread."""
-    global _REC
     with _enable_lock:
-        rec, _REC = _REC, None
-        if _ORIGINALS:
-            import torch.distributed as dist
-            for name, orig in _ORIGINALS.items():
-                setattr(dist, name, orig)
-            _ORIGINALS.clear()
-            _unpatch_work(dist)
+        rec = torch_hooks.active()
+        torch_hooks.activate(None)
+        torch_hooks.uninstall()
         if rec is not None:
             rec.flush_pending()
             rec.sender.close(timeout)
 
 
 def is_enabled() -> bool:
-    return _REC is not None
+    return torch_hooks.active() is not None
 
 
 def stats() -> dict:
     """Counters of the running source (STATS fields + unrecorded/connected), {} if off."""
-    rec = _REC
+    rec = torch_hooks.active()
     return rec.stats() if rec is not None else {}
 
 
 def _after_fork_in_child() -> None:
     # the sender thread does not survive fork(); a forked helper (DataLoader worker) records nothing
-    global _REC
-    _REC = None
+    torch_hooks.activate(None)
 
 
 atexit.register(disable)

@@ -39,7 +39,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -50,20 +49,14 @@ import numpy as np
 
 from dynamiccl.collector.auth import encode_preamble, sender_token
 from dynamiccl.collector.config import DEFAULT_LISTEN, parse_address
-from dynamiccl.collector.wire_format import (
-    COMM_DTYPE, EVENT_DTYPE, MAGIC, MAX_RECORDS_PER_FRAME, PROCESS_DTYPE, RECORD_SIZE, STATS_DTYPE,
-    UNKNOWN, VERSION, Kind,
-)
+from dynamiccl.collector.sources import wire_records as records
+from dynamiccl.collector.sources.wire_records import EVENT_FIELDS
+from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME
 
 __all__ = ["SenderConfig", "Comm", "WireSender", "EVENT_FIELDS", "job_id_from_env"]
 
 log = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("<IHHII")
-#: layout of the tuples a source appends to the queue (``comm`` is a :class:`Comm`)
-EVENT_FIELDS = ("comm", "kind", "func", "datatype", "root", "count", "bytes", "seq_number",
-                "enqueue_ns", "end_ns", "timing_source")
-_ABI_VERSION = 0  # PROCESS.abi_version: 0 = not an NCCL profiler plugin (a Python source)
 
 
 def job_id_from_env(env=os.environ) -> str:
@@ -307,75 +300,30 @@ class WireSender:
         return taken
 
     def _encode(self, items: list[tuple]) -> np.ndarray:
-        n = len(items)
-        cols = list(zip(*items))
-        rec = np.zeros(n, EVENT_DTYPE)
-        comms = cols[0]
-        uniq = {id(c): c for c in comms}
-        if len(uniq) == 1:
-            c = comms[0]
-            rec["comm_hash"], rec["rank"], rec["nranks"], rec["nnodes"] = c.comm_hash, c.rank, c.nranks, c.nnodes
-        else:
-            rec["comm_hash"] = [c.comm_hash for c in comms]
-            rec["rank"] = [c.rank for c in comms]
-            rec["nranks"] = [c.nranks for c in comms]
-            rec["nnodes"] = [c.nnodes for c in comms]
-        rec["kind"] = cols[1]
-        rec["func"] = cols[2]
-        rec["datatype"] = cols[3]
-        rec["algo"] = UNKNOWN
-        rec["proto"] = UNKNOWN
-        rec["root"] = cols[4]
-        rec["count"] = cols[5]
-        rec["bytes"] = cols[6]
-        rec["seq_number"] = cols[7]
-        rec["enqueue_ns"] = cols[8]
-        rec["cpu_end_ns"] = cols[9]
-        rec["timing_source"] = cols[10]
-        rec["pid"] = self.pid
-        rec["record_seq"] = np.arange(self.seq + 1, self.seq + 1 + n, dtype=np.uint64)
-        self.seq += n
+        rec = records.events(items, pid=self.pid, first_seq=self.seq + 1)
+        self.seq += len(items)
         return rec
 
     def _pending_comms(self) -> list[np.ndarray]:
         out = []
         for c in self._comms:
-            if id(c) in self._announced:
-                continue
-            self._announced.add(id(c))
-            r = np.zeros(1, COMM_DTYPE)
-            r["kind"], r["pid"], r["comm_hash"] = Kind.COMM, self.pid, c.comm_hash
-            r["rank"], r["nranks"], r["nnodes"] = c.rank, c.nranks, c.nnodes
-            r["comm_name"] = c.name.encode()[:88]
-            out.append(r)
+            if id(c) not in self._announced:
+                self._announced.add(id(c))
+                out.append(records.comm(c, pid=self.pid))
         return out
 
     def _stats_record(self) -> np.ndarray:
-        r = np.zeros(1, STATS_DTYPE)
-        r["kind"], r["pid"], r["time_ns"] = Kind.STATS, self.pid, self._clock_ns()
-        r["reserved"][0][0] = self.conn_ordinal
-        c = self.counters()
-        for k in ("events_dropped_pool_full", "records_dropped_ring_full", "records_undelivered",
-                  "records_sent", "records_emitted", "events_stale", "reconnects", "sampled_out",
-                  "kernel_ch_rejected"):
-            r[k] = c[k]
-        return r
+        return records.stats(self.counters(), pid=self.pid, time_ns=self._clock_ns(), conn_ordinal=self.conn_ordinal)
 
     def _process_record(self) -> np.ndarray:
-        r = np.zeros(1, PROCESS_DTYPE)
-        r["kind"], r["abi_version"], r["pid"], r["start_ns"] = Kind.PROCESS, _ABI_VERSION, self.pid, self.start_ns
-        r["host"] = self.config.host.encode()[:55]
-        r["job_id"] = self.config.job_id.encode()[:47]
-        return r
+        return records.process(pid=self.pid, start_ns=self.start_ns, host=self.config.host, job_id=self.config.job_id)
 
     # -- socket ---------------------------------------------------------------------------------------
     def _send(self, chunks: list[bytes], n_events: int) -> None:
         if self._sock is None:
             self.undelivered += n_events
             return
-        body = b"".join(chunks)
-        n_records = len(body) // RECORD_SIZE
-        frame = _HEADER.pack(MAGIC, VERSION, RECORD_SIZE, n_records, 0) + body
+        frame = records.frame(b"".join(chunks))
         try:
             self._sock.sendall(frame, socket.MSG_NOSIGNAL)
         except OSError as exc:
