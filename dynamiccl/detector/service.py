@@ -149,9 +149,9 @@ class Detector:
 
     def _locate(self, c: RegimeChange, step: int, window_start: float, window_s: float) -> RegimeChange:
         """A degradation names the rank or link its ranks' offsets point at (`dynamiccl.detector.where`)
-        first in ``ranks``, with the verdict in ``evidence["where"]``; a straggler keeps its rank
-        unless the offsets name another rank arriving late (a rank starved by its ingress link
-        makes its peers wait without running short itself)."""
+        first in ``ranks``, with the verdict in ``evidence["where"]``; a straggler keeps the rank
+        its peers wait for (the verdict goes into its evidence only: on the simulated suite the
+        offsets' rank was the straggler less often, top-1 0.917 against 0.972)."""
         if c.kind == "recovery" or not c.comms:
             return c
         onset = step - int(round((window_start - c.start_s) / window_s))
@@ -165,7 +165,7 @@ class Detector:
         comm, w = hit
         self.metrics.localised.labels(kind=w.kind).inc()
         evidence = {**c.evidence, "where": {**w.as_dict(), "comm": f"0x{comm:016x}"}}
-        if c.kind == "straggler" and w.kind != "rank":
+        if c.kind == "straggler":
             return dataclasses.replace(c, evidence=evidence)
         ranks = [w.rank] + [r for r in c.ranks if r != w.rank]
         return dataclasses.replace(c, ranks=ranks, evidence=evidence)
