@@ -3,8 +3,9 @@
 A seeded exporter state like the forged-label attack leaves it (``--jobs`` jobs with a histogram label
 set per collective, algorithm and size, up to the default series budget) is rendered both ways in
 the same process. Printed: body size, seconds per render for generate_latest (the baseline), the fast
-text rebuilt (first scrape after a window) and reused (later scrapes in the same window).
-``pass=1`` when the bytes are identical and the rebuilt text is at least ``--min-speedup`` times faster.
+text built cold (no label text kept), rebuilt (first scrape after a window: label text kept from the
+last render) and reused (later scrapes in the same window). ``pass=1`` when the bytes are identical
+and the cold build is at least ``--min-speedup`` times faster than the baseline.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
 from dynamiccl.collector.component import RecordBatch  # noqa: E402
 from dynamiccl.collector.config import PrometheusConfig, WindowConfig  # noqa: E402
+from dynamiccl.collector.exporters.prom_text import Renderer  # noqa: E402
 from dynamiccl.collector.exporters.prometheus import PrometheusExporter  # noqa: E402
 from dynamiccl.collector.metrics import SelfMetrics  # noqa: E402
 from dynamiccl.collector.processors.window_agg import WindowAggregator  # noqa: E402
@@ -60,13 +62,15 @@ def main() -> int:
     only.register(c)
     base_body, fast_body = generate_latest(only), c.render()
     base_s = per_call(lambda: generate_latest(only))
+    cold_s = per_call(lambda: (setattr(c, "_cached", None), setattr(c, "_renderer", Renderer()), c.render()))
     rebuilt_s = per_call(lambda: (setattr(c, "_cached", None), c.render()))
     reused_s = per_call(c.render)
-    speedup = base_s / rebuilt_s
+    speedup = base_s / cold_s
     ok = base_body == fast_body and speedup >= args.min_speedup
     print(f"bytes={len(fast_body)} series_label_sets={len(exp.state.hist)} identical={int(base_body == fast_body)} "
-          f"generate_latest_s={base_s:.4f} fast_rebuilt_s={rebuilt_s:.4f} fast_reused_s={reused_s:.5f} "
-          f"speedup_rebuilt={speedup:.1f} speedup_reused={base_s / reused_s:.0f} "
+          f"generate_latest_s={base_s:.4f} fast_cold_s={cold_s:.4f} fast_rebuilt_s={rebuilt_s:.4f} "
+          f"fast_reused_s={reused_s:.5f} speedup_cold={speedup:.1f} speedup_rebuilt={base_s / rebuilt_s:.1f} "
+          f"speedup_reused={base_s / reused_s:.0f} "
           f"load1={os.getloadavg()[0]:.2f} pass={int(ok)}")
     return 0 if ok else 1
 

@@ -6,7 +6,9 @@ is 24 samples, so a 4 MB ``/metrics`` took over a second of CPU, longer than a s
 while an attack keeps the ingest threads busy. Here each label set is escaped once and its
 samples reuse the string. A family is a :class:`Part`: its :class:`~dynamiccl.collector.metrics.MetricSpec`
 and its rows; :func:`to_family` gives the prometheus_client object for the same part (in-process
-readers of the registry), so both outputs come from one list of parts.
+readers of the registry), so both outputs come from one list of parts. A :class:`Renderer` also keeps
+each label set's text from its previous render (only the label sets still present, so the cache is
+bounded by what is exported) and formats integer values through a small memo.
 
 >>> from dynamiccl.collector.metrics import BY_NAME
 >>> part = Part(BY_NAME["dynamiccl_collector_records_dropped_total"], [(("late",), 3)])
@@ -25,10 +27,11 @@ from prometheus_client.utils import floatToGoString
 
 from dynamiccl.collector.metrics import DURATION_BUCKETS_S, MetricSpec
 
-__all__ = ["Part", "render", "to_family", "LE"]
+__all__ = ["Part", "Renderer", "render", "to_family", "LE"]
 
 #: the histogram's ``le`` label values, as prometheus_client writes them
 LE = [repr(float(b)) for b in DURATION_BUCKETS_S] + ["+Inf"]
+_INT_MEMO_MAX = 1 << 16
 _FAMILY = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
 
 
@@ -53,37 +56,71 @@ def _header(spec: MetricSpec) -> str:
     return f"# HELP {spec.name} {doc}\n# TYPE {spec.name} {spec.type}\n"
 
 
-def _simple(spec: MetricSpec, rows, out: list[str]) -> None:
-    name, names = spec.name, spec.labels
-    order = sorted(range(len(names)), key=names.__getitem__)   # generate_latest sorts label names
-    for labels, value in rows:
-        ls = _labelstr(names, order, labels)
-        out.append(f"{name}{{{ls}}} {floatToGoString(value)}\n" if ls else f"{name} {floatToGoString(value)}\n")
+class Renderer:
+    """Renders parts; label text and integer values are reused from one render to the next."""
 
+    def __init__(self):
+        self._labels: dict[str, dict] = {}   # family → {labels: text}, the last render's label sets only
+        self._ints: dict[int, str] = {}
 
-def _histogram(spec: MetricSpec, rows, out: list[str]) -> None:
-    name, names = spec.name, spec.labels
-    order = sorted(range(len(names)), key=names.__getitem__)
-    before = [i for i in order if names[i] < "le"]   # ``le`` takes its sorted place among the labels
-    after = [i for i in order if names[i] > "le"]
-    for labels, cum, total in rows:
-        head = _labelstr(names, before, labels)
-        tail = _labelstr(names, after, labels)
-        pre = f"{name}_bucket{{{head}," if head else f"{name}_bucket{{"
-        post = f",{tail}}} " if tail else "} "
-        out.extend(f'{pre}le="{le}"{post}{floatToGoString(c)}\n' for le, c in zip(LE, cum))
-        ls = _labelstr(names, order, labels)
-        out.append(f"{name}_count{{{ls}}} {floatToGoString(cum[-1])}\n")
-        out.append(f"{name}_sum{{{ls}}} {floatToGoString(total)}\n")
+    def render(self, parts: Iterable[Part]) -> bytes:
+        """The text of ``parts`` (what ``generate_latest`` writes for :func:`to_family` of each)."""
+        out: list[str] = []
+        for p in parts:
+            out.append(_header(p.spec))
+            (self._histogram if p.spec.type == "histogram" else self._simple)(p.spec, p.rows, out)
+        return "".join(out).encode()
+
+    def _num(self, v) -> str:
+        if type(v) is not int:
+            return floatToGoString(v)
+        s = self._ints.get(v)
+        if s is None:
+            s = floatToGoString(v)
+            if len(self._ints) < _INT_MEMO_MAX:
+                self._ints[v] = s
+        return s
+
+    def _texts(self, spec: MetricSpec, rows, make) -> list:
+        """``make(labels)`` for each row, reusing the previous render's text for the same labels."""
+        prev = self._labels.get(spec.name, {})
+        cur = {}
+        for row in rows:
+            k = row[0]
+            cur[k] = prev.get(k) or make(k)
+        self._labels[spec.name] = cur
+        return [cur[row[0]] for row in rows]
+
+    def _simple(self, spec: MetricSpec, rows, out: list[str]) -> None:
+        name, names = spec.name, spec.labels
+        order = sorted(range(len(names)), key=names.__getitem__)   # generate_latest sorts label names
+        num = self._num
+        heads = self._texts(spec, rows, lambda k: f"{name}{{{_labelstr(names, order, k)}}} " if names else f"{name} ")
+        out.extend(f"{head}{num(value)}\n" for head, (_, value) in zip(heads, rows))
+
+    def _histogram(self, spec: MetricSpec, rows, out: list[str]) -> None:
+        name, names = spec.name, spec.labels
+        order = sorted(range(len(names)), key=names.__getitem__)
+        before = [i for i in order if names[i] < "le"]   # ``le`` takes its sorted place among the labels
+        after = [i for i in order if names[i] > "le"]
+
+        def make(k):
+            head, tail = _labelstr(names, before, k), _labelstr(names, after, k)
+            pre = f"{name}_bucket{{{head}," if head else f"{name}_bucket{{"
+            post = f",{tail}}} " if tail else "} "
+            ls = _labelstr(names, order, k)
+            return [f'{pre}le="{le}"{post}' for le in LE], f"{name}_count{{{ls}}} ", f"{name}_sum{{{ls}}} "
+
+        num = self._num
+        for (buckets, count, total_head), (_, cum, total) in zip(self._texts(spec, rows, make), rows):
+            out.extend(f"{b}{num(c)}\n" for b, c in zip(buckets, cum))
+            out.append(f"{count}{num(cum[-1])}\n")
+            out.append(f"{total_head}{num(total)}\n")
 
 
 def render(parts: Iterable[Part]) -> bytes:
-    """The text of ``parts`` (what ``generate_latest`` writes for :func:`to_family` of each)."""
-    out: list[str] = []
-    for p in parts:
-        out.append(_header(p.spec))
-        (_histogram if p.spec.type == "histogram" else _simple)(p.spec, p.rows, out)
-    return "".join(out).encode()
+    """The text of ``parts``, without reuse across calls."""
+    return Renderer().render(parts)
 
 
 def to_family(part: Part):

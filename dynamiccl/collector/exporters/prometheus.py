@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, disable_creat
 
 from dynamiccl.collector.component import WindowResult
 from dynamiccl.collector.exporters.prom_state import CollectiveState
-from dynamiccl.collector.exporters.prom_text import Part, render, to_family
+from dynamiccl.collector.exporters.prom_text import Part, Renderer, to_family
 from dynamiccl.collector.config import PrometheusConfig, parse_host_port
 from dynamiccl.collector.metrics import BY_NAME, PLUGIN_DROP_REASONS, PluginStats, SelfMetrics
 
@@ -38,6 +38,7 @@ class MetricsCollector:
         self.queues, self.version = queues, version
         self._cached: tuple[tuple, bytes] | None = None   # (state version, gauges fresh) → text
         self._skip = threading.local()
+        self._renderer = Renderer()
 
     def collect(self):
         if getattr(self._skip, "on", False):   # this thread is serving render() already
@@ -59,8 +60,8 @@ class MetricsCollector:
         key = self.state.render_key()
         cached = self._cached
         if cached is None or cached[0] != key:
-            cached = self._cached = (key, render(self._collective_parts()))
-        return render(self._self_parts() + self._plugin_parts()) + cached[1]
+            cached = self._cached = (key, self._renderer.render(self._collective_parts()))
+        return self._renderer.render(self._self_parts() + self._plugin_parts()) + cached[1]
 
     def _self_parts(self) -> list[Part]:
         m = self.metrics
