@@ -167,23 +167,28 @@ class Pipeline:
         return self
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop within about ``timeout`` s: the queues drain and the open windows close in the first
+        half (windows left then are counted as dropped, ``reason="shutdown"``), the parquet history
+        finishes its files in the rest."""
         if self._stopped:
             return
         self._stopped = True
         if not self._started:  # safe without start(): nothing runs, nothing to flush
             return
+        start = self._clock()
+        left = lambda: max(0.0, start + timeout - self._clock())  # noqa: E731
         for rec in (self.stream, self.replay):
             if rec is not None:
                 rec.shutdown()
         aq = self.queues["aggregator"]
-        aq.flush(timeout)
+        aq.flush(max(0.0, left() - timeout / 2))
         aq.shutdown()
-        self.aggregator.shutdown()  # closes every open window → prometheus, features
+        self.aggregator.shutdown(deadline=start + timeout / 2)  # → prometheus, features
         pq = self.queues.get("parquet")
         if pq is not None:
-            pq.flush(timeout)
+            pq.flush(left())
             pq.shutdown()
-            self.parquet.shutdown()
+            self.parquet.shutdown(timeout=max(left(), 0.5))
         self.features.shutdown()
         self.prometheus.shutdown()
         if self.telemetry is not None:

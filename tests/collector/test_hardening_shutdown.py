@@ -45,3 +45,37 @@ def test_sigterm_ends_the_collector_within_5s_with_a_wedged_writer():
             except ProcessLookupError:
                 pass
         proc.kill()
+
+
+def test_windows_still_open_at_the_shutdown_deadline_are_counted_not_aggregated():
+    """Issue 18 #2: records spread over many windows (hour-spanning or forged event times) made closing
+    them at SIGTERM take seconds; past the deadline the rest is counted as dropped ("shutdown")."""
+    from dynamiccl.collector.component import RecordBatch
+    from dynamiccl.collector.config import WindowConfig
+    from dynamiccl.collector.metrics import SelfMetrics
+    from dynamiccl.collector.processors.window_agg import WindowAggregator
+    from dynamiccl.harness.collector_testing import synthetic_events
+
+    class Clock:
+        t = 100.0
+
+        def __call__(self):
+            return self.t
+
+    class SlowExporter:   # every window takes a second to export
+        def consume(self, result):
+            clock.t += 1.0
+
+    clock, m = Clock(), SelfMetrics()
+    agg = WindowAggregator(WindowConfig(window_s=1.0), next_consumer=SlowExporter(), metrics=m, clock=clock)
+    t0 = 1_700_000_000 * 10**9
+    ahead = synthetic_events(200, nranks=2, start_ns=t0, rate_per_s=20.0)   # 10 s of windows
+    slow = synthetic_events(4, nranks=2, start_ns=t0)                        # holds the watermark at t0
+    agg.consume(RecordBatch(slow, "h-slow", "j", {}))
+    agg.consume(RecordBatch(ahead, "h-ahead", "j", {}))
+    assert m.windows_emitted == 0
+    agg.shutdown(deadline=clock.t + 3.5)
+    assert m.windows_emitted == 4 and m.dropped["shutdown"] > 0
+    assert m.aggregated + m.dropped["shutdown"] == len(ahead) + len(slow)   # every record accounted for
+    agg.shutdown(deadline=clock.t)                                          # nothing left open
+    assert m.aggregated + m.dropped["shutdown"] == len(ahead) + len(slow)

@@ -87,3 +87,20 @@ def test_collective_text_is_built_once_per_window():
     clock.t += 20                                   # gauge expiry changes the text without a window
     exp.collector.render()
     assert len(calls) == 3
+
+
+def test_while_scraped_each_window_renders_ahead_so_a_scrape_only_sends_bytes():
+    clock, m, ps, exp, agg = _exporter()
+    calls = []
+    build = exp.collector._collective_parts
+    exp.collector._collective_parts = lambda: calls.append(1) or build()
+    _window(agg, 1_700_000_000 * 10**9)
+    assert calls == []                              # never scraped: nothing rendered ahead
+    exp.collector.render()
+    _window(agg, 1_700_000_001 * 10**9)
+    assert len(calls) == 2                          # built by the window, not by the next scrape
+    exp.collector.render()
+    assert len(calls) == 2
+    clock.t += 31                                   # no scrape for render_ahead_s: back to lazy
+    _window(agg, 1_700_000_002 * 10**9)
+    assert len(calls) == 2

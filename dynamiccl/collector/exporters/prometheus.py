@@ -33,9 +33,11 @@ class MetricsCollector:
     """
 
     def __init__(self, state: CollectiveState, metrics: SelfMetrics, plugin_stats: PluginStats,
-                 queues: dict, version: str):
+                 queues: dict, version: str, clock: Callable[[], float] = time.monotonic):
         self.state, self.metrics, self.plugin_stats = state, metrics, plugin_stats
         self.queues, self.version = queues, version
+        self._clock = clock
+        self.last_render: float | None = None              # clock time of the last render() (a scrape)
         self._cached: tuple[tuple, bytes] | None = None   # (state version, gauges fresh) → text
         self._skip = threading.local()
         self._renderer = Renderer()
@@ -57,11 +59,16 @@ class MetricsCollector:
 
     def render(self) -> bytes:
         """The text of :meth:`collect`; the collective part is rebuilt only when a window changed it."""
+        self.last_render = self._clock()
+        return self._renderer.render(self._self_parts() + self._plugin_parts()) + self.collective_text()
+
+    def collective_text(self) -> bytes:
+        """The collective families' text, rebuilt only when the state changed since the last build."""
         key = self.state.render_key()
         cached = self._cached
         if cached is None or cached[0] != key:
             cached = self._cached = (key, self._renderer.render(self._collective_parts()))
-        return self._renderer.render(self._self_parts() + self._plugin_parts()) + cached[1]
+        return cached[1]
 
     def _self_parts(self) -> list[Part]:
         m = self.metrics
@@ -159,7 +166,8 @@ class PrometheusExporter:
                                      series_min_idle_s=config.series_min_idle_s,
                                      gauge_ttl_s=config.gauge_ttl_s, clock=clock)
         self.collector = MetricsCollector(self.state, metrics, plugin_stats or PluginStats(),
-                                          queues if queues is not None else {}, version)
+                                          queues if queues is not None else {}, version, clock=clock)
+        self._clock = clock
         self.registry.register(self.collector)
         self._httpd = None
         self._thread = None
@@ -190,6 +198,9 @@ class PrometheusExporter:
 
     def consume(self, result: WindowResult) -> None:
         self.state.update(result)
+        last = self.collector.last_render
+        if last is not None and self._clock() - last <= self.config.render_ahead_s:
+            self.collector.collective_text()   # on this (window) thread: the next scrape only sends bytes
 
     def shutdown(self) -> None:
         if self._httpd is not None:

@@ -146,10 +146,27 @@ class WindowAggregator:
     def start(self) -> None:
         pass
 
-    def shutdown(self) -> None:
-        """Close every open window (flush)."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Close every open window, oldest first. With ``deadline`` (on this aggregator's clock), windows
+        still open when it passes are not aggregated: their records are counted as dropped
+        (``reason="shutdown"``) and logged once. A flood spread over every open window (hour-spanning
+        or forged event times) otherwise held SIGTERM for seconds per hundred windows."""
         with self._lock:
-            self._close_all()
+            for w in sorted(self._open):
+                if deadline is not None and self._clock() >= deadline:
+                    self._drop_open("shutdown")
+                    break
+                self._close(w)
+
+    def _drop_open(self, reason: str) -> None:
+        n = sum(win.n for win in self._open.values())
+        log.warning("shutdown: %d open windows (%d records) not aggregated before the deadline; counted in "
+                    "dynamiccl_collector_records_dropped_total{reason=\"%s\"}", len(self._open), n, reason)
+        self.metrics.drop(reason, n)
+        for win in self._open.values():
+            win.cols.clear()
+        self._open.clear()
+        self._buffered = 0
 
     # -- hot path ------------------------------------------------------------------------------
     def consume(self, batch: RecordBatch) -> None:
