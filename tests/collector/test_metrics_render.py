@@ -70,11 +70,17 @@ def test_served_body_has_each_family_once_and_the_other_collectors():
     assert generate_latest(exp.registry).decode().count("# TYPE dynamiccl_collectives_total") == 1
 
 
-def test_collective_text_is_built_once_per_window():
-    clock, m, ps, exp, agg = _exporter()
+def _count_builds(exp) -> list:
+    """A list that grows by one each time the collective text is built."""
     calls = []
     build = exp.collector._collective_parts
     exp.collector._collective_parts = lambda: calls.append(1) or build()
+    return calls
+
+
+def test_collective_text_is_built_once_per_window():
+    clock, m, ps, exp, agg = _exporter()
+    calls = _count_builds(exp)
     _window(agg, 1_700_000_000 * 10**9)
     for _ in range(3):
         exp.collector.render()
@@ -91,9 +97,7 @@ def test_collective_text_is_built_once_per_window():
 
 def test_while_scraped_each_window_renders_ahead_so_a_scrape_only_sends_bytes():
     clock, m, ps, exp, agg = _exporter()
-    calls = []
-    build = exp.collector._collective_parts
-    exp.collector._collective_parts = lambda: calls.append(1) or build()
+    calls = _count_builds(exp)
     _window(agg, 1_700_000_000 * 10**9)
     assert calls == []                              # never scraped: nothing rendered ahead
     exp.collector.render()
