@@ -79,3 +79,36 @@ def test_windows_still_open_at_the_shutdown_deadline_are_counted_not_aggregated(
     assert m.aggregated + m.dropped["shutdown"] == len(ahead) + len(slow)   # every record accounted for
     agg.shutdown(deadline=clock.t)                                          # nothing left open
     assert m.aggregated + m.dropped["shutdown"] == len(ahead) + len(slow)
+
+
+def test_a_queue_backlog_past_the_shutdown_deadline_is_counted_not_delivered():
+    """A flood of small batches (100 k forged connections) left a backlog that shutdown delivered one by
+    one on the caller's thread, past any bound; after the deadline the rest goes to ``on_late``."""
+    import threading
+
+    from dynamiccl.collector.component import QueuedConsumer
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    started, got, late = threading.Event(), [], []
+
+    class Blocked:   # holds the first item 1 s: shutdown is requested meanwhile
+        def consume(self, item):
+            started.set()
+            time.sleep(1.0 if not got else 0)
+            got.append(item)
+
+    clock = Clock()
+    q = QueuedConsumer(Blocked(), max_items=1000, name="t", weight=len, clock=clock)
+    q.start()
+    for i in range(10):
+        q.consume([i] * 3)
+    assert started.wait(5)
+    clock.t = 10.0                  # the deadline has passed
+    q.shutdown(deadline=5.0, on_late=late.append)
+    assert len(got) == 1 and len(late) == 9       # the worker finishes the item it holds; before: 10 delivered
+    assert q.pending == 0

@@ -327,11 +327,18 @@ class WindowAggregator:
 
     # -- closing -------------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
-        """Idle flush: close everything when nothing arrived for ``idle_flush_s`` (wall time)."""
+        """Idle flush: when nothing arrived for ``idle_flush_s``, close every window the wall clock
+        (plus ``max_clock_ahead_s``) has reached. Windows further ahead (a host whose clock runs ahead,
+        forged event times) stay open until it reaches them: closing them would mark every window
+        before them closed, and every on-time record arriving afterwards would be late."""
         now = self._clock() if now is None else now
         with self._lock:
             if self._open and now - self._last_arrival >= self.config.idle_flush_s:
-                self._close_all()
+                due = (int(self._wall_clock() * 1e9) + self._ahead_ns) // self._window_ns
+                for w in sorted(self._open):
+                    if w >= due:
+                        break
+                    self._close(w)
                 self._watermark_ns = None
                 self._src_max.clear()
                 self._src_seen.clear()
