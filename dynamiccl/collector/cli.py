@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import faulthandler
 import signal
 import sys
 import threading
@@ -154,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
             pass
         if not _bounded_shutdown(pipeline, SHUTDOWN_TIMEOUT_S):
             print(f"dynamiccl collector: error: shutdown did not finish within {SHUTDOWN_TIMEOUT_S:g} s "
-                  "(a wedged writer or exporter); exiting without it", file=sys.stderr, flush=True)
+                  "(a wedged writer or exporter); exiting without it; where each thread was:",
+                  file=sys.stderr, flush=True)
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             os._exit(3)  # the parquet writer sees the end of file and finishes its files itself
         m = pipeline.metrics.snapshot()
         print(f"collector stopped: received={m['records_received_total']} "

@@ -168,8 +168,10 @@ class Pipeline:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop within about ``timeout`` s: the aggregator's queue drains and the open windows close in
-        the first half (batches and windows left then are counted as dropped, ``reason="shutdown"``),
-        the parquet history finishes its files in the rest."""
+        the first half, the parquet queue drains until three quarters (batches and windows left then
+        are counted as dropped, ``reason="shutdown"``), the parquet history finishes its files in the
+        rest. A backlog of tiny batches (a flood of forged jobs, each its own part file) held
+        SIGTERM past any bound before."""
         if self._stopped:
             return
         self._stopped = True
@@ -196,7 +198,8 @@ class Pipeline:
         step("windows", self.aggregator.shutdown, deadline=start + timeout / 2)  # → prometheus, features
         pq = self.queues.get("parquet")
         if pq is not None:
-            step("parquet_queue", lambda: (pq.flush(left()), pq.shutdown()))
+            step("parquet_queue", lambda: (pq.flush(max(0.0, left() - timeout / 4)),
+                                           pq.shutdown(deadline=start + 3 * timeout / 4, on_late=late)))
             step("parquet", self.parquet.shutdown, timeout=max(left(), 0.5))
         step("servers", lambda: (self.features.shutdown(), self.prometheus.shutdown()))
         if self.telemetry is not None:
