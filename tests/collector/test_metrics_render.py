@@ -108,3 +108,17 @@ def test_while_scraped_each_window_renders_ahead_so_a_scrape_only_sends_bytes():
     clock.t += 31                                   # no scrape for render_ahead_s: back to lazy
     _window(agg, 1_700_000_002 * 10**9)
     assert len(calls) == 2
+
+
+def test_a_scrape_during_a_build_gets_the_previous_text_instead_of_building_again():
+    """Before: a scrape arriving while the window thread rendered ahead built the same 4 MB text a second
+    time on the same GIL (forged-label attack: 0.3-1.2 s to the response headers)."""
+    clock, m, ps, exp, agg = _exporter()
+    _window(agg, 1_700_000_000 * 10**9)
+    exp.collector.render()
+    old = exp.collector.collective_text()
+    calls = _count_builds(exp)
+    with exp.collector._building:                   # another thread is building
+        _window(agg, 1_700_000_001 * 10**9)
+        assert exp.collector.render().endswith(old) and calls == []
+    assert not exp.collector.render().endswith(old) and len(calls) == 1

@@ -106,9 +106,9 @@ class CollectiveState:
                 for name in ("busbw", "algbw", "spread", "skew")}
 
     def render_key(self) -> tuple[int, bool]:
-        """What the exported text depends on: changes with every update and when the gauges expire."""
-        with self.lock:
-            return self.version, self._fresh()
+        """What the exported text depends on: changes with every update and when the gauges expire.
+        Read without the lock (two attribute reads): a scrape must not wait for a window's update."""
+        return self.version, self._fresh()
 
     def update(self, r: WindowResult) -> None:
         now = self._clock()

@@ -41,6 +41,7 @@ class MetricsCollector:
         self._cached: tuple[tuple, bytes] | None = None   # (state version, gauges fresh) → text
         self._skip = threading.local()
         self._renderer = Renderer()
+        self._building = threading.Lock()
 
     def collect(self):
         if getattr(self._skip, "on", False):   # this thread is serving render() already
@@ -63,12 +64,22 @@ class MetricsCollector:
         return self._renderer.render(self._self_parts() + self._plugin_parts()) + self.collective_text()
 
     def collective_text(self) -> bytes:
-        """The collective families' text, rebuilt only when the state changed since the last build."""
+        """The collective families' text, rebuilt only when the state changed since the last build.
+        One build at a time: while another thread (the window thread rendering ahead) builds, a caller
+        gets the previous text, one window old, instead of waiting or building it a second time."""
         key = self.state.render_key()
         cached = self._cached
-        if cached is None or cached[0] != key:
-            cached = self._cached = (key, self._renderer.render(self._collective_parts()))
-        return cached[1]
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if not self._building.acquire(blocking=cached is None):
+            return cached[1]
+        try:
+            cached = self._cached
+            if cached is None or cached[0] != key:
+                cached = self._cached = (key, self._renderer.render(self._collective_parts()))
+            return cached[1]
+        finally:
+            self._building.release()
 
     def _self_parts(self) -> list[Part]:
         m = self.metrics
