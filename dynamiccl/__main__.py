@@ -1,5 +1,3 @@
-import sys
+from dynamiccl.cli import entry
 
-from dynamiccl.cli import main
-
-sys.exit(main())
+entry()

@@ -12,6 +12,9 @@ __all__ = ["register", "run", "config_from_args"]
 
 _OFF = ("off", "none", "")
 SHUTDOWN_TIMEOUT_S = 4.0  # SIGTERM ends the collector within this (plus a signal-wait tick)
+# the pipeline aims to finish this much earlier, leaving time for the signal wait tick and the exit
+# itself on a starved machine (the process must be gone within 5 s of SIGTERM)
+EXIT_RESERVE_S = 1.0
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -47,7 +50,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--allow-remote", action="store_true",
                    help="allow listening on non-loopback addresses (the record port is then reachable from "
                         "other hosts; use --tokens-file, see docs/security.md)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, hard_exit=True)   # dynamiccl.cli.entry: no interpreter teardown
     return p
 
 
@@ -126,6 +129,6 @@ def run(args: argparse.Namespace) -> int:
     # of its channel and finishes its files itself
     return run_service(ServiceRun(
         "collector", lambda: Pipeline(cfg).start(), ready=ready, stopped=stopped,
-        stop=lambda pipeline: pipeline.shutdown(timeout=SHUTDOWN_TIMEOUT_S),
+        stop=lambda pipeline: pipeline.shutdown(timeout=SHUTDOWN_TIMEOUT_S - EXIT_RESERVE_S),
         start_errors=(((OSError, ValueError), 1),),  # unusable address, directory or tokens file
         shutdown_timeout_s=SHUTDOWN_TIMEOUT_S))

@@ -200,7 +200,10 @@ class QueuedConsumer:
                 self._idle.wait(min(left, 0.05))
         return True
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: float | None = None, on_late: Callable[[Any], None] | None = None) -> None:
+        """Stop the worker, then hand what is left to the consumer on this thread. Items still queued
+        when ``deadline`` (on this queue's clock) has passed go to ``on_late`` instead (counted by the
+        caller), so a backlog of many small batches cannot hold a bounded shutdown."""
         thread = self._thread
         if thread is None:
             return
@@ -208,13 +211,18 @@ class QueuedConsumer:
         self._queue.put(None)
         thread.join(timeout=30)
         self._thread = None
-        # drain anything left (shutdown flushes on the caller's thread)
         while True:
             try:
                 entry = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if entry is not None:
+            if entry is None:
+                continue
+            if deadline is not None and on_late is not None and self._clock() >= deadline:
+                with self._lock:
+                    self._pending -= entry[1]
+                on_late(entry[0])
+            else:
                 self._deliver(entry)
 
     def _deliver(self, entry) -> None:

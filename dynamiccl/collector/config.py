@@ -172,12 +172,17 @@ class PrometheusConfig:
     gauge_ttl_s: float = 15.0      # last-window gauges are not exported once no window closed this long
     max_clients: int = 16          # /metrics requests served at once; more are closed and counted
     request_timeout_s: float = 5.0 # from accept to the end of the response
+    # while /metrics was scraped within this long, the collective text is rendered as each window
+    # closes (on the window thread), so a scrape only sends bytes; 0: rendered by the scrape itself
+    render_ahead_s: float = 30.0
 
     def validate(self) -> None:
         if self.address is not None:
             parse_host_port(self.address, key="metrics")
         _positive(self, "max_series", "series_min_idle_s", "max_window_series", "gauge_ttl_s",
                   "max_clients", "request_timeout_s")
+        if not isinstance(self.render_ahead_s, (int, float)) or self.render_ahead_s < 0:
+            raise ValueError(f"prometheus.render_ahead_s must be >= 0, got {self.render_ahead_s!r}")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ DURATION_BUCKETS_S = tuple(1e-5 * 2 ** k for k in range(21))
 
 #: why records were dropped after they were received (pre-initialised at 0)
 DROP_REASONS = ("late", "too_early", "queue_full", "parquet_queue_full", "invalid", "flood",
-                "aggregation_error", "window_full", "parquet_write_failed", "clock_range")
+                "aggregation_error", "window_full", "parquet_write_failed", "clock_range", "shutdown")
 #: why a frame / connection was rejected (pre-initialised at 0)
 MALFORMED_REASONS = ("bad_magic", "bad_version", "bad_record_size", "too_many_records",
                      "truncated", "no_process", "flood", "internal_error", "process_changed")

@@ -167,28 +167,45 @@ class Pipeline:
         return self
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop within about ``timeout`` s: the aggregator's queue drains and the open windows close in
+        the first half, the parquet queue drains until three quarters (batches and windows left then
+        are counted as dropped, ``reason="shutdown"``), the parquet history finishes its files in the
+        rest. A backlog of tiny batches (a flood of forged jobs, each its own part file) held
+        SIGTERM past any bound before."""
         if self._stopped:
             return
         self._stopped = True
         if not self._started:  # safe without start(): nothing runs, nothing to flush
             return
+        start = self._clock()
+        left = lambda: max(0.0, start + timeout - self._clock())  # noqa: E731
+        took: dict[str, float] = {}
+
+        def step(name: str, fn, *args, **kwargs) -> None:
+            t0 = self._clock()
+            fn(*args, **kwargs)
+            took[name] = self._clock() - t0
+            if took[name] > 0.5:   # said now: a bounded shutdown may be cut before its summary line
+                log.info("shutdown: %s took %.2f s", name, took[name])
+
         for rec in (self.stream, self.replay):
             if rec is not None:
-                rec.shutdown()
+                step("receivers", rec.shutdown)
         aq = self.queues["aggregator"]
-        aq.flush(timeout)
-        aq.shutdown()
-        self.aggregator.shutdown()  # closes every open window → prometheus, features
+        late = lambda b: self.metrics.drop("shutdown", len(b))  # noqa: E731
+        step("aggregator_queue", lambda: (aq.flush(max(0.0, left() - timeout / 2)),
+                                          aq.shutdown(deadline=start + timeout / 2, on_late=late)))
+        step("windows", self.aggregator.shutdown, deadline=start + timeout / 2)  # → prometheus, features
         pq = self.queues.get("parquet")
         if pq is not None:
-            pq.flush(timeout)
-            pq.shutdown()
-            self.parquet.shutdown()
-        self.features.shutdown()
-        self.prometheus.shutdown()
+            step("parquet_queue", lambda: (pq.flush(max(0.0, left() - timeout / 4)),
+                                           pq.shutdown(deadline=start + 3 * timeout / 4, on_late=late)))
+            step("parquet", self.parquet.shutdown, timeout=max(left(), 0.5))
+        step("servers", lambda: (self.features.shutdown(), self.prometheus.shutdown()))
         if self.telemetry is not None:
             self.telemetry.shutdown()
-        log.info("collector stopped")
+        log.info("collector stopped in %.2f s (%s)", self._clock() - start,
+                 ", ".join(f"{k} {v:.2f}" for k, v in took.items()))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until queued batches have been processed (windows may stay open)."""

@@ -29,6 +29,7 @@ again); tests inject their own.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -119,7 +120,9 @@ def run_service(run: ServiceRun, *, signals=STOP_SIGNALS, exit: Callable[[int], 
             run.stop(svc)
         elif not bounded_call(lambda: run.stop(svc), run.shutdown_timeout_s):
             print(f"dynamiccl {run.name}: error: shutdown did not finish within {run.shutdown_timeout_s:g} s; "
-                  "exiting without it", file=sys.stderr, flush=True)
+                  "exiting without it; where each thread was:", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError, ValueError):   # stderr without a descriptor (captured)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
             (exit or os._exit)(EXIT_STUCK)
             return EXIT_STUCK
         print(run.stopped(svc), file=out, flush=True)

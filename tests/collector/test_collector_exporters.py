@@ -110,6 +110,9 @@ def test_metrics_scrape_names_match_declarations(served):
     ev = synthetic_events(200, nranks=4, straggler_rank=1)
     served.source.push(ev, host="h0", job_id="j0", comm_names={0x1111_2222_3333_4444: "world"})
     assert wait_until(lambda: served.metrics.windows_emitted >= 1)
+    # the collective families are rendered once per window, off the scrape: a scrape during that
+    # render serves the previous window's text
+    assert wait_until(lambda: "dynamiccl_collective_duration_seconds_count" in _scrape(served))
     text = _scrape(served)
     declared = {m.name: m for m in METRICS}
     names = {n for n in _family_names(text) if not n.startswith("process_")}   # prometheus_client's own

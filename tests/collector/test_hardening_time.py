@@ -102,3 +102,31 @@ def test_a_host_whose_clock_runs_30s_ahead_does_not_make_another_job_late():
               for it in sink.items)
     assert m.dropped.get("late", 0) == 0
     assert got == len(good)
+
+
+def test_an_idle_flush_does_not_close_the_windows_of_a_host_ahead_and_make_every_later_record_late():
+    """The once-seen attack run where every legitimate record was `late`: under load the aggregator saw no
+    batch for idle_flush_s, the idle flush closed every open window, including those a host ahead of
+    the wall clock (hour-spanning frames: +5..+15 min) held open, and every on-time record after that
+    fell behind the closed mark. The idle flush closes only windows the wall clock has reached."""
+    class Clock:
+        t = T0 / 1e9 + 100.0
+
+        def __call__(self):
+            return self.t
+
+    clock, m, sink = Clock(), SelfMetrics(), SinkConsumer()
+    agg = WindowAggregator(WindowConfig(window_s=1.0, idle_flush_s=3.0), next_consumer=sink, metrics=m,
+                           clock=clock, wall_clock=clock)
+    now_ns = lambda: int(clock.t * 1e9)  # noqa: E731
+    ahead = synthetic_events(200, nranks=2, start_ns=now_ns() + 600 * 10**9, rate_per_s=100, seed=1)
+    agg.consume(RecordBatch(ahead, "spanner", "span-job", {}))
+    clock.t += 3.5                                   # nothing arrives for idle_flush_s
+    agg.tick()
+    good = synthetic_events(200, nranks=2, start_ns=now_ns(), rate_per_s=1000)
+    agg.consume(RecordBatch(good, "honest", "j", {}))
+    assert m.dropped.get("late", 0) == 0             # before: all 400 records late
+    clock.t += 700                                   # the wall clock reaches the ahead host's windows
+    agg.tick()
+    agg.shutdown()
+    assert m.aggregated == len(good) + len(ahead)

@@ -107,6 +107,15 @@ def test_ports_are_loopback_by_default_and_configurable():
     assert (p["host_ip"], p["published"], p["target"]) == ("0.0.0.0", "19090", 9090)
 
 
+def test_plugin_bind_publishes_the_record_port_alone():
+    """Issue 18 #9: opening the stack to remote plugins used to need DYNAMICCL_BIND=0.0.0.0, which also
+    published Grafana and Prometheus; DYNAMICCL_PLUGIN_BIND opens the record port only."""
+    cfg = _config(env={"DYNAMICCL_PLUGIN_BIND": "0.0.0.0"})
+    public = [(name, p["target"]) for name, svc in cfg["services"].items() for p in svc.get("ports", [])
+              if p["host_ip"] != "127.0.0.1"]
+    assert public == [("collector", 9470)]
+
+
 def test_current_prometheus_and_alertmanager_lines():
     """Prometheus on the 3.x LTS line, Alertmanager at 0.34 or later (the issue: not the 2.x line)."""
     images = {name: svc.get("image", "") for name, svc in yaml.safe_load(COMPOSE.read_text())["services"].items()}

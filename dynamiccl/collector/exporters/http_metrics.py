@@ -6,6 +6,10 @@ silent, so idle connections pile up threads. Here a connection beyond ``max_clie
 once (counted, ``connections_refused_total{reason="metrics_limit"}``), a silent or slow peer is
 cut at its deadline (``reason="metrics_timeout"``), and the serving loop checks deadlines twice a
 second.
+
+The body comes from a callable (the exporter's fast renderer, prom_text.py) and is always Prometheus
+text 0.0.4, uncompressed: scrapers accept it whatever they asked for, and on loopback gzip would
+cost more CPU than it saves.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from socketserver import ThreadingMixIn
 from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 __all__ = ["start_metrics_server"]
 
@@ -78,14 +82,34 @@ class _BoundedServer(ThreadingMixIn, WSGIServer):
                 pass
 
 
-def start_metrics_server(host: str, port: int, registry, *, max_clients: int, request_timeout_s: float,
+def metrics_app(body: Callable[[], bytes]):
+    """WSGI app: GET (any path, as prometheus_client's) → ``body()``; OPTIONS; other methods 405."""
+    def app(environ, start_response):
+        method = environ["REQUEST_METHOD"]
+        if method == "OPTIONS":
+            start_response("200 OK", [("Allow", "OPTIONS,GET")])
+            return [b""]
+        if method != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
+            return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
+        if environ.get("PATH_INFO") == "/favicon.ico":
+            start_response("200 OK", [])
+            return [b""]
+        out = body()
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4), ("Content-Length", str(len(out)))])
+        return [out]
+    return app
+
+
+def start_metrics_server(host: str, port: int, body: Callable[[], bytes], *, max_clients: int,
+                         request_timeout_s: float,
                          on_refuse: Callable[[str], None]) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``registry`` on http://host:port/metrics; returns (server, thread)."""
+    """Serve ``body()`` on http://host:port/metrics; returns (server, thread)."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     server_cls = type("MetricsServer", (_BoundedServer,), {
         "address_family": family, "max_clients": max_clients, "request_timeout_s": request_timeout_s,
         "on_refuse": staticmethod(on_refuse)})
-    httpd = make_server(host, port, make_wsgi_app(registry), server_cls, handler_class=_QuietHandler)
+    httpd = make_server(host, port, metrics_app(body), server_cls, handler_class=_QuietHandler)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.5},
                               name="dynamiccl-metrics-http", daemon=True)
     thread.start()

@@ -90,16 +90,25 @@ class CollectiveState:
         self.spread: dict[tuple, float] = {}
         self.skew: dict[tuple, float] = {}
         self.gauges_dropped = 0
+        self.version = 0                                # bumped by every update (render cache key)
 
     @property
     def series_dropped(self) -> int:
         return self.budget.dropped + self.budget.evicted + self.gauges_dropped
 
+    def _fresh(self) -> bool:
+        return self.window_at is not None and self._clock() - self.window_at <= self.gauge_ttl_s
+
     def gauges(self) -> dict[str, dict]:
         """The last-window gauge tables, empty once they are older than ``gauge_ttl_s``."""
-        fresh = self.window_at is not None and self._clock() - self.window_at <= self.gauge_ttl_s
+        fresh = self._fresh()
         return {name: dict(getattr(self, name)) if fresh else {}
                 for name in ("busbw", "algbw", "spread", "skew")}
+
+    def render_key(self) -> tuple[int, bool]:
+        """What the exported text depends on: changes with every update and when the gauges expire.
+        Read without the lock (two attribute reads): a scrape must not wait for a window's update."""
+        return self.version, self._fresh()
 
     def update(self, r: WindowResult) -> None:
         now = self._clock()
@@ -112,6 +121,7 @@ class CollectiveState:
                     self.last_event[k] = t
             self._last_window(r)
             self.window_at = now
+            self.version += 1
 
     def _cumulative(self, h, now: float) -> None:
         """One row per label set in the window, those with the most records first: when the budget

@@ -8,42 +8,80 @@ Every name comes from ``dynamiccl.collector.metrics.METRICS``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
-from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics, generate_latest
 
 from dynamiccl.collector.component import WindowResult
 from dynamiccl.collector.exporters.prom_state import CollectiveState
+from dynamiccl.collector.exporters.prom_text import Part, Renderer, to_family
 from dynamiccl.collector.config import PrometheusConfig, parse_host_port
-from dynamiccl.collector.metrics import (
-    BY_NAME, DURATION_BUCKETS_S, PLUGIN_DROP_REASONS, PluginStats, SelfMetrics,
-)
+from dynamiccl.collector.metrics import BY_NAME, PLUGIN_DROP_REASONS, PluginStats, SelfMetrics
 
 __all__ = ["PrometheusExporter", "MetricsCollector"]
 
 log = logging.getLogger(__name__)
-_LE = [repr(float(b)) for b in DURATION_BUCKETS_S] + ["+Inf"]
-
-
-def _fam(name: str):
-    spec = BY_NAME[name]
-    cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily,
-           "histogram": HistogramMetricFamily}[spec.type]
-    return cls(name, spec.help, labels=list(spec.labels))
-
-
 class MetricsCollector:
-    """prometheus_client custom collector over the exporter state and the self-counters."""
+    """prometheus_client custom collector over the exporter state and the self-counters.
+
+    :meth:`render` writes the same text as ``generate_latest`` over :meth:`collect` (prom_text.py), with
+    the collective families, which change once per window, rendered once per window and reused.
+    """
 
     def __init__(self, state: CollectiveState, metrics: SelfMetrics, plugin_stats: PluginStats,
-                 queues: dict, version: str):
+                 queues: dict, version: str, clock: Callable[[], float] = time.monotonic):
         self.state, self.metrics, self.plugin_stats = state, metrics, plugin_stats
         self.queues, self.version = queues, version
+        self._clock = clock
+        self.last_render: float | None = None              # clock time of the last render() (a scrape)
+        self._cached: tuple[tuple, bytes] | None = None   # (state version, gauges fresh) → text
+        self._skip = threading.local()
+        self._renderer = Renderer()
+        self._building = threading.Lock()
 
     def collect(self):
+        if getattr(self._skip, "on", False):   # this thread is serving render() already
+            return
+        for part in self._self_parts() + self._plugin_parts() + self._collective_parts():
+            yield to_family(part)
+
+    @contextmanager
+    def rendered_apart(self):
+        """While inside, :meth:`collect` yields nothing in this thread (its text comes from :meth:`render`)."""
+        self._skip.on = True
+        try:
+            yield
+        finally:
+            self._skip.on = False
+
+    def render(self) -> bytes:
+        """The text of :meth:`collect`; the collective part is rebuilt only when a window changed it."""
+        self.last_render = self._clock()
+        return self._renderer.render(self._self_parts() + self._plugin_parts()) + self.collective_text()
+
+    def collective_text(self) -> bytes:
+        """The collective families' text, rebuilt only when the state changed since the last build.
+        One build at a time: while another thread (the window thread rendering ahead) builds, a caller
+        gets the previous text, one window old, instead of waiting or building it a second time."""
+        key = self.state.render_key()
+        cached = self._cached
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if not self._building.acquire(blocking=cached is None):
+            return cached[1]
+        try:
+            cached = self._cached
+            if cached is None or cached[0] != key:
+                cached = self._cached = (key, self._renderer.render(self._collective_parts()))
+            return cached[1]
+        finally:
+            self._building.release()
+
+    def _self_parts(self) -> list[Part]:
         m = self.metrics
         with m._lock:
             simple = {
@@ -61,60 +99,41 @@ class MetricsCollector:
                 "dynamiccl_collector_records_unconfirmed_total": m.records_unconfirmed,
                 "dynamiccl_collector_last_window_end_timestamp_seconds": m.last_window_end_s,
             }
-            dropped, malformed, refusals = dict(m.dropped), dict(m.malformed), dict(m.refusals)
-            gap_records, gaps = dict(m.gap_records), dict(m.gaps)
-            conns = dict(m.connections_total)
+            tables = {
+                "dynamiccl_collector_records_dropped_total": dict(m.dropped),
+                "dynamiccl_collector_malformed_frames_total": dict(m.malformed),
+                "dynamiccl_collector_connections_total": dict(m.connections_total),
+                "dynamiccl_collector_connections_refused_total": dict(m.refusals),
+            }
+            pairs = {
+                "dynamiccl_collector_delivery_gap_records_total": dict(m.gap_records),
+                "dynamiccl_collector_delivery_gaps_total": dict(m.gaps),
+            }
             jobs = dict(m.job_connections)
-        for name, value in simple.items():
-            f = _fam(name)
-            f.add_metric([], value)
-            yield f
-        for name, table in (("dynamiccl_collector_records_dropped_total", dropped),
-                            ("dynamiccl_collector_malformed_frames_total", malformed),
-                            ("dynamiccl_collector_connections_total", conns),
-                            ("dynamiccl_collector_connections_refused_total", refusals)):
-            f = _fam(name)
-            for label, value in sorted(table.items()):
-                f.add_metric([label], value)
-            yield f
-        for name, table in (("dynamiccl_collector_delivery_gap_records_total", gap_records),
-                            ("dynamiccl_collector_delivery_gaps_total", gaps)):
-            f = _fam(name)
-            for (job, host), value in sorted(table.items()):
-                f.add_metric([job, host], value)
-            yield f
-        f = _fam("dynamiccl_collector_queue_records")
-        for qname, q in self.queues.items():
-            f.add_metric([qname], q.pending)
-        yield f
-        f = _fam("dynamiccl_plugin_connections_open")
-        for (job, host), n in sorted(jobs.items()):
-            f.add_metric([job, host], n)
-        yield f
-        f = _fam("dynamiccl_build_info")
-        f.add_metric([self.version], 1)
-        yield f
-        yield from self._plugin()
-        yield from self._collectives()
+        parts = [Part(BY_NAME[n], [((), v)]) for n, v in simple.items()]
+        parts += [Part(BY_NAME[n], [((label,), v) for label, v in sorted(t.items())]) for n, t in tables.items()]
+        parts += [Part(BY_NAME[n], sorted(t.items())) for n, t in pairs.items()]
+        parts.append(Part(BY_NAME["dynamiccl_collector_queue_records"],
+                          [((qname,), q.pending) for qname, q in self.queues.items()]))
+        parts.append(Part(BY_NAME["dynamiccl_plugin_connections_open"], sorted(jobs.items())))
+        parts.append(Part(BY_NAME["dynamiccl_build_info"], [((self.version,), 1)]))
+        return parts
 
-    def _plugin(self):
-        totals = self.plugin_stats.totals()
-        drop = _fam("dynamiccl_plugin_records_dropped_total")
-        sent = _fam("dynamiccl_plugin_records_sent_total")
-        rec = _fam("dynamiccl_plugin_reconnects_total")
-        samp = _fam("dynamiccl_plugin_sampled_out_total")
-        for (job, host), v in sorted(totals.items()):
-            for reason, fieldname in PLUGIN_DROP_REASONS.items():
-                drop.add_metric([job, host, reason], v[fieldname])
-            sent.add_metric([job, host], v["records_sent"])
-            rec.add_metric([job, host], v["reconnects"])
-            samp.add_metric([job, host], v["sampled_out"])
-        yield from (drop, sent, rec, samp)
+    def _plugin_parts(self) -> list[Part]:
+        totals = sorted(self.plugin_stats.totals().items())
+        return [
+            Part(BY_NAME["dynamiccl_plugin_records_dropped_total"],
+                 [((job, host, reason), v[field]) for (job, host), v in totals
+                  for reason, field in PLUGIN_DROP_REASONS.items()]),
+            Part(BY_NAME["dynamiccl_plugin_records_sent_total"], [(k, v["records_sent"]) for k, v in totals]),
+            Part(BY_NAME["dynamiccl_plugin_reconnects_total"], [(k, v["reconnects"]) for k, v in totals]),
+            Part(BY_NAME["dynamiccl_plugin_sampled_out_total"], [(k, v["sampled_out"]) for k, v in totals]),
+        ]
 
-    def _collectives(self):
+    def _collective_parts(self) -> list[Part]:
         s = self.state
         with s.lock:
-            hist = [(k, v[0].copy(), v[1]) for k, v in s.hist.items()]
+            hist = [(k, np.cumsum(v[0]), v[1]) for k, v in s.hist.items()]
             gauges = s.gauges()
             tables = {
                 "dynamiccl_collectives_total": dict(s.colls),
@@ -126,19 +145,10 @@ class MetricsCollector:
                 "dynamiccl_last_event_timestamp_seconds": dict(s.last_event),
             }
             series_dropped = s.series_dropped
-        f = _fam("dynamiccl_collective_duration_seconds")
-        for labels, counts, total in hist:
-            cum = np.cumsum(counts)
-            f.add_metric(list(labels), list(zip(_LE, cum.tolist())), sum_value=total)
-        yield f
-        for name, table in tables.items():
-            f = _fam(name)
-            for labels, value in table.items():
-                f.add_metric(list(labels), value)
-            yield f
-        f = _fam("dynamiccl_collector_series_dropped_total")
-        f.add_metric([], series_dropped)
-        yield f
+        hist = [(k, cum.tolist(), total) for k, cum, total in hist]
+        return ([Part(BY_NAME["dynamiccl_collective_duration_seconds"], hist)]
+                + [Part(BY_NAME[n], list(t.items())) for n, t in tables.items()]
+                + [Part(BY_NAME["dynamiccl_collector_series_dropped_total"], [((), series_dropped)])])
 
 
 def _ready_for_serving(registry: CollectorRegistry) -> None:
@@ -167,7 +177,8 @@ class PrometheusExporter:
                                      series_min_idle_s=config.series_min_idle_s,
                                      gauge_ttl_s=config.gauge_ttl_s, clock=clock)
         self.collector = MetricsCollector(self.state, metrics, plugin_stats or PluginStats(),
-                                          queues if queues is not None else {}, version)
+                                          queues if queues is not None else {}, version, clock=clock)
+        self._clock = clock
         self.registry.register(self.collector)
         self._httpd = None
         self._thread = None
@@ -181,7 +192,7 @@ class PrometheusExporter:
         _ready_for_serving(self.registry)
         try:
             self._httpd, self._thread = start_metrics_server(
-                host, port, self.registry, max_clients=self.config.max_clients,
+                host, port, self.body, max_clients=self.config.max_clients,
                 request_timeout_s=self.config.request_timeout_s, on_refuse=self._metrics.refused)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics {self.config.address}: cannot listen: {exc.strerror or exc}") from exc
@@ -189,8 +200,18 @@ class PrometheusExporter:
         self.address = f"{bound[0]}:{bound[1]}"
         log.info("serving /metrics on http://%s/metrics", self.address)
 
+    def body(self) -> bytes:
+        """What ``/metrics`` serves: this exporter's families (fast text), then the registry's other
+        collectors (process, GPU telemetry) through prometheus_client."""
+        own = self.collector.render()
+        with self.collector.rendered_apart():
+            return own + generate_latest(self.registry)
+
     def consume(self, result: WindowResult) -> None:
         self.state.update(result)
+        last = self.collector.last_render
+        if last is not None and self._clock() - last <= self.config.render_ahead_s:
+            self.collector.collective_text()   # on this (window) thread: the next scrape only sends bytes
 
     def shutdown(self) -> None:
         if self._httpd is not None:

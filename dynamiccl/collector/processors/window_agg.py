@@ -146,10 +146,27 @@ class WindowAggregator:
     def start(self) -> None:
         pass
 
-    def shutdown(self) -> None:
-        """Close every open window (flush)."""
+    def shutdown(self, deadline: float | None = None) -> None:
+        """Close every open window, oldest first. With ``deadline`` (on this aggregator's clock), windows
+        still open when it passes are not aggregated: their records are counted as dropped
+        (``reason="shutdown"``) and logged once. A flood spread over every open window (hour-spanning
+        or forged event times) otherwise held SIGTERM for seconds per hundred windows."""
         with self._lock:
-            self._close_all()
+            for w in sorted(self._open):
+                if deadline is not None and self._clock() >= deadline:
+                    self._drop_open("shutdown")
+                    break
+                self._close(w)
+
+    def _drop_open(self, reason: str) -> None:
+        n = sum(win.n for win in self._open.values())
+        log.warning("shutdown: %d open windows (%d records) not aggregated before the deadline; counted in "
+                    "dynamiccl_collector_records_dropped_total{reason=\"%s\"}", len(self._open), n, reason)
+        self.metrics.drop(reason, n)
+        for win in self._open.values():
+            win.cols.clear()
+        self._open.clear()
+        self._buffered = 0
 
     # -- hot path ------------------------------------------------------------------------------
     def consume(self, batch: RecordBatch) -> None:
@@ -310,11 +327,18 @@ class WindowAggregator:
 
     # -- closing -------------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
-        """Idle flush: close everything when nothing arrived for ``idle_flush_s`` (wall time)."""
+        """Idle flush: when nothing arrived for ``idle_flush_s``, close every window the wall clock
+        (plus ``max_clock_ahead_s``) has reached. Windows further ahead (a host whose clock runs ahead,
+        forged event times) stay open until it reaches them: closing them would mark every window
+        before them closed, and every on-time record arriving afterwards would be late."""
         now = self._clock() if now is None else now
         with self._lock:
             if self._open and now - self._last_arrival >= self.config.idle_flush_s:
-                self._close_all()
+                due = (int(self._wall_clock() * 1e9) + self._ahead_ns) // self._window_ns
+                for w in sorted(self._open):
+                    if w >= due:
+                        break
+                    self._close(w)
                 self._watermark_ns = None
                 self._src_max.clear()
                 self._src_seen.clear()

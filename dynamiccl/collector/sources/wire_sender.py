@@ -18,6 +18,12 @@ frames exactly as the C plugin does (``dynamiccl/collector/wire_format.py``):
 The collector being down never hurts the job: the thread reconnects with backoff (0.1 s … 5 s),
 drains the queue meanwhile and counts what it could not deliver (``records_undelivered``).
 
+A socket in the per-user runtime directory (the default, ``dynamiccl/contracts/runtime_paths.py``) is
+connected only while that directory passes ``check_private_dir`` (checked before every connect, as
+the C sender does): a directory another user owns or can write may hold a squatter's socket, which
+would receive the job's records. Such a directory is logged once with its reason; the records are
+counted undelivered.
+
 >>> import socket, numpy as np
 >>> from dynamiccl.collector.decode import StreamDecoder
 >>> a, b = socket.socketpair()
@@ -48,10 +54,11 @@ from typing import Callable
 import numpy as np
 
 from dynamiccl.collector.auth import encode_preamble, sender_token
-from dynamiccl.collector.config import DEFAULT_LISTEN, parse_address
+from dynamiccl.collector.config import parse_address
 from dynamiccl.collector.sources import wire_records as records
 from dynamiccl.collector.sources.wire_records import EVENT_FIELDS
 from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME
+from dynamiccl.contracts.runtime_paths import UnsafeDirectory, check_private_dir, default_socket, runtime_dir
 
 __all__ = ["SenderConfig", "Comm", "WireSender", "EVENT_FIELDS", "job_id_from_env"]
 
@@ -80,7 +87,7 @@ def _env_int(env, name: str, default: int) -> int:
 @dataclass(frozen=True)
 class SenderConfig:
     """Where and how to send. ``from_env()`` reads the plugin's variables (plugin README)."""
-    collector: str = DEFAULT_LISTEN   # DYNAMICCL_COLLECTOR: unix:PATH or tcp:HOST:PORT
+    collector: str = field(default_factory=lambda: f"unix:{default_socket()}")  # DYNAMICCL_COLLECTOR: unix:PATH or tcp:HOST:PORT
     host: str = ""                    # DYNAMICCL_HOST, else gethostname()
     job_id: str = ""                  # DYNAMICCL_JOB_ID / SLURM_JOB_ID / TORCHELASTIC_RUN_ID
     queue_size: int = 65536           # DYNAMICCL_RING_SIZE: records waiting for the sender
@@ -92,16 +99,19 @@ class SenderConfig:
     reconnect_max_s: float = 5.0
     # DYNAMICCL_TOKEN_FILE / DYNAMICCL_TOKEN: sent in the auth preamble (dynamiccl/collector/auth.py); never printed
     token: str | None = field(default=None, repr=False)
+    # the per-user runtime directory: a Unix socket inside it is used only while it is private
+    private_dir: str = field(default_factory=runtime_dir)
 
     @classmethod
     def from_env(cls, env=os.environ, **overrides) -> "SenderConfig":
         values = dict(
-            collector=env.get("DYNAMICCL_COLLECTOR") or DEFAULT_LISTEN,
+            collector=env.get("DYNAMICCL_COLLECTOR") or f"unix:{default_socket(env)}",
             host=env.get("DYNAMICCL_HOST") or socket.gethostname(),
             job_id=job_id_from_env(env),
             queue_size=_env_int(env, "DYNAMICCL_RING_SIZE", cls.queue_size),
             flush_ms=_env_int(env, "DYNAMICCL_FLUSH_MS", cls.flush_ms),
             token=sender_token(env),
+            private_dir=runtime_dir(env),
         )
         values.update(overrides)
         return cls(**values).validate()
@@ -169,6 +179,7 @@ class WireSender:
         self.sent = 0
         self.reconnects = 0
         self.frames_sent = 0
+        self.unsafe_dir_logged = False   # the runtime directory was refused (logged once)
 
     # -- application side ---------------------------------------------------------------------
     def offer(self, item: tuple) -> bool:
@@ -346,8 +357,28 @@ class WireSender:
         chunks = [self._process_record().tobytes()] + [r.tobytes() for r in self._pending_comms()]
         self._send(chunks + [self._stats_record().tobytes()], 0)   # ordinal + what earlier connections took
 
+    def _unsafe_dir(self, kind: str, target) -> str | None:
+        """Why the socket's directory must not be used now, or ``None`` (see the module docstring)."""
+        if kind != "unix" or os.path.dirname(target) != self.config.private_dir.rstrip("/"):
+            return None
+        try:
+            check_private_dir(self.config.private_dir)
+        except FileNotFoundError:
+            return None  # no collector yet: connect() fails and is retried
+        except (UnsafeDirectory, OSError) as exc:
+            return str(exc)
+        return None
+
     def _connect(self) -> None:
         kind, target = parse_address(self.config.collector, key="DYNAMICCL_COLLECTOR")
+        unsafe = self._unsafe_dir(kind, target)
+        if unsafe is not None:
+            if not self.unsafe_dir_logged:
+                log.warning("dynamiccl source: not connecting to %s: %s; records are counted undelivered "
+                            "(logged once)", self.config.collector, unsafe)
+                self.unsafe_dir_logged = True
+            self._next_connect = self._mono() + self.config.reconnect_max_s
+            return
         sock = None
         try:
             if kind == "unix":
