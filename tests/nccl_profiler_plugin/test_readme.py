@@ -19,7 +19,7 @@ def readme_defaults() -> dict[str, str]:
 
 def c_defaults(tmp_path, names) -> dict[str, str]:
     src = tmp_path / "defaults.c"
-    lines = ['#include <stdio.h>', '#include "internal.h"', "int main(void) {"]
+    lines = ['#define _GNU_SOURCE', '#include <stdio.h>', '#include "internal.h"', "int main(void) {"]
     for n in names:
         macro = "DCCL_DEFAULT_" + n.removeprefix("DYNAMICCL_")
         fmt = "%s" if n == "DYNAMICCL_COLLECTOR" else "%llu"

@@ -2,6 +2,12 @@
 #ifndef DYNAMICCL_INTERNAL_H_
 #define DYNAMICCL_INTERNAL_H_
 
+/* clock_gettime, CLOCK_MONOTONIC_COARSE (the inline clocks below): include this header first, or
+   define _GNU_SOURCE before any system header. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -231,9 +237,26 @@ typedef struct dccl_global {
 extern dccl_global_t dccl_g;
 extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
-uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME: record timestamps */
-uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC_COARSE: slot ages (a clock step never reaps) */
-uint64_t dccl_monotonic_ms(void);
+/* CLOCK_REALTIME: record timestamps (vDSO, no syscall). */
+static inline uint64_t dccl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Slot ages: a clock step never reaps. They only need to beat DYNAMICCL_STALE_MS (>= 1 ms), so the
+   coarse clock (a few ms of resolution, no TSC read) is enough and cheaper on the hot path. */
+static inline uint64_t dccl_monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t dccl_monotonic_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
 void dccl_stats_snapshot(dccl_stats_record_t* out);
 /* Reap slots armed more than stale_ns before mono_now_ns (stale_ns 0: every busy slot). Caller
    holds the registry lock. */
@@ -241,7 +264,7 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns);
 /* The sender's entry: ages are measured on CLOCK_MONOTONIC now; now_ns (a CLOCK_REALTIME reading
    in older callers) is ignored so an NTP step cannot reap operations in flight. */
 void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns);
-/* Complete a slot (the caller won the ctl "finished" bit); stale: reaped. plugin.c */
+/* Complete a slot (the caller won the ctl "finished" bit); stale: reaped. finish.c */
 void dccl_slot_finish(dccl_slot_t* s, int stale);
 
 /* Tuner link (plugin.c): find the DynamICCL tuner NCCL loaded ($NCCL_TUNER_PLUGIN, dlopen with
@@ -275,6 +298,11 @@ ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eAc
                               int nNodes, int nranks, int rank, ncclDebugLogger_t logfn);
 ncclResult_t dccl_finalize(void* context);
 extern uint64_t dccl_seq_base;
+
+/* sender transport (connect.c): fds are non-blocking; -1 on failure (errno set) */
+int dccl_connect_unix(const char* path);
+int dccl_connect_tcp(const char* hostport);  /* -1 too while the name is still being resolved */
+int dccl_send_all(int fd, const uint8_t* buf, size_t len, int timeout_ms);
 
 /* sender thread (sender.c) */
 int dccl_sender_start(void);

@@ -9,8 +9,10 @@
 #define DCCL_TESTING_NO_SENDER 1
 #include "../src/config.c"
 #include "../src/plugin.c"
+#include "../src/finish.c"
 #include "../src/ring.c"
 #include "../src/lifecycle.c"
+#include "../src/connect.c"
 #include "../src/sender.c"
 
 #include "harness.h"
