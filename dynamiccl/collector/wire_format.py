@@ -113,7 +113,7 @@ STATS_DTYPE = np.dtype([
     ("kernel_ch_rejected", "<u8"),       # KernelCh starts refused (bad or duplicate channel id)
     ("kernel_ch_timing_suspect", "<u8"), # records flagged TIMING_SUSPECT (KernelCh pTimers out of order)
     ("colls_without_event", "<u8"),      # collective calls (CollApi, NCCL 2.28+) with no Coll/CeColl event
-    ("reserved", "<u8", (2,)),
+    ("reserved", "<u8", (2,)),           # [0] connection ordinal (1, 2, ...); [1] chained-profiler handles gone stale
 ])
 
 for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE):

@@ -38,6 +38,7 @@ def built() -> dict[str, Path]:
         "emulate": BUILD / "emulate",
         "emu_lib": PLUGIN_DIR / "emulator" / "libdccl-nccl-emu.so",
         "test_plugin": BUILD / "test_plugin",
+        "chain_probe": BUILD / "libchain-probe.so",
     }
 
 

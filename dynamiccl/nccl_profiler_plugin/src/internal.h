@@ -147,6 +147,12 @@ typedef struct dccl_slot {
 #define DCCL_H_SLOT(h) ((uint32_t)((h) >> 20) & ((1u << 20) - 1))
 #define DCCL_H_GEN(h) ((uint64_t)(h) >> 40)
 
+/* Chained profiler handles (DYNAMICCL_PROFILER_CHAIN, chain.c): tag 0 with DCCL_H_CHAIN_MARK in the
+   channel bits; the slot field is an entry of the communicator's chain ring, the generation its lap. */
+#define DCCL_H_CHAIN_MARK 0xA8u /* channel bits 42, tag 0 */
+#define DCCL_H_IS_CHAIN(h) (((uint32_t)(h) & 0xffu) == DCCL_H_CHAIN_MARK)
+struct dccl_chain;
+
 /* A finalized communicator stays registered (dead) for at least DCCL_GRAVE_MIN_MS so that late
    stops from a shared proxy find valid memory, and until its COMM record was announced (at most
    DCCL_GRAVE_MAX_MS), so a communicator shorter than one flush still gets its COMM record. */
@@ -168,6 +174,7 @@ typedef struct dccl_ctx {
   int abi_version;
   char name[88];
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
+  struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
   uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
@@ -229,6 +236,7 @@ typedef struct dccl_global {
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
   _Atomic uint64_t timing_suspect; /* records whose KernelCh pTimers failed the order guard */
   _Atomic uint64_t colls_without_event; /* finalized communicators' CollApi calls without a Coll/CeColl */
+  _Atomic uint64_t chain_stale;  /* chained-profiler handles that named a reused entry or a gone communicator */
   /* link to the DynamICCL tuner plugin (applied config version in every record) */
   _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
   void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */

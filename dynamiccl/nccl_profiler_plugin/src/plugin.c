@@ -22,7 +22,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "chain.h"
 
 
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
@@ -283,12 +283,19 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
 /* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
    KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
+/* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
+   with our own parent handle and the chained plugin with its own. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_FAST)                     \
   static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
+    if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0))                                          \
+      return fn##_chain((dccl_ctx_t*)context, eHandle, d);                                                   \
+    return fn##_core(context, eHandle, d);                                                                   \
+  }                                                                                                          \
+  ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) {                                        \
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
@@ -346,9 +353,9 @@ DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
    KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
    and the channel is counted there, so each channel's stop decodes its handle once. */
-static ncclResult_t dccl_stop(void* eHandle) {
+ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (h == 0 || DCCL_H_TAG(h) != DCCL_H_TAG_SLOT) return ncclSuccess;
+  if (DCCL_H_TAG(h) != DCCL_H_TAG_SLOT) return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
   /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
@@ -377,10 +384,11 @@ static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint
   if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
 }
 
-static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eState,
-                                      ncclProfilerEventStateArgs_v4_t* args) {
+ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
+                                    ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
   uint32_t tag = DCCL_H_TAG(h);
+  if (__builtin_expect(DCCL_H_IS_CHAIN(h), 0)) return dccl_chain_record(h, eState, args);
   int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
   int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
   if (!(kch_stop || sync_stop)) return ncclSuccess;
@@ -426,8 +434,8 @@ DCCL_DEFINE_INIT(7)
       .name = DCCL_PLUGIN_NAME,                                                                              \
       .init = dccl_init_v##V,                                                                                \
       .startEvent = dccl_start_v##V,                                                                         \
-      .stopEvent = dccl_stop,                                                                                \
-      .recordEventState = dccl_record_state,                                                                 \
+      .stopEvent = dccl_stop_core,                                                                           \
+      .recordEventState = dccl_record_state_core,                                                            \
       .finalize = dccl_finalize,                                                                             \
   };
 DCCL_DEFINE_TABLE(7)

@@ -10,6 +10,7 @@
 #include "../src/config.c"
 #include "../src/plugin.c"
 #include "../src/finish.c"
+#include "../src/chain.c"
 #include "../src/ring.c"
 #include "../src/lifecycle.c"
 #include "../src/connect.c"
@@ -1014,6 +1015,50 @@ static int test_span_check_guard(void) {
   return 0;
 }
 
+/* DYNAMICCL_PROFILER_CHAIN (chain.c): NCCL gets chain handles; our side still sees its own parents
+   (the record completes with GPU timing); a handle whose ring entry was reused, or whose communicator
+   was finalized, reaches neither plugin and is counted. Needs libchain-probe.so beside this binary (make). */
+static int test_chain_handles(void) {
+  clear_env();
+  char probe[4096];
+  ssize_t n = readlink("/proc/self/exe", probe, sizeof probe - 32);
+  TEST_ASSERT(n > 0, "own path");
+  probe[n] = '\0';
+  snprintf(strrchr(probe, '/'), 32, "/libchain-probe.so");
+  setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
+  setenv("CHAIN_PROBE_MASK", "2050", 1); /* Coll | KernelLaunch */
+  dccl_event_record_t out[4];
+  dccl_ctx_t* ctx = init6(0xC4A1, 0, 2);
+  TEST_ASSERT(ctx != NULL && ctx->chain != NULL, "chained (log: %s)", g_log);
+  TEST_ASSERT(g_mask == (DCCL_DEFAULT_EVENT_MASK | 2050), "NCCL's mask has both plugins' events: %d", g_mask);
+  void* h = run_coll(ctx, 7, 4, 0, 1000, 9000);
+  TEST_ASSERT(DCCL_H_IS_CHAIN((uint64_t)(uintptr_t)h), "a chain handle");
+  TEST_ASSERT(ring_take(out, 4) == 1, "one record");
+  TEST_ASSERT(out[0].timing_source == DCCL_TIMING_KERNEL_GPU && out[0].channels_seen == 4 && out[0].seq_number == 7,
+              "our side saw its own parent: timing %u channels %u", out[0].timing_source, out[0].channels_seen);
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 8, "AllReduce", "ncclFloat32", 1000, 1);
+  void* old = NULL;
+  ncclProfiler_v6.startEvent(ctx, &old, &d);
+  ncclProfilerEventDescr_v6_t g = {.type = ncclProfileGroupApi};
+  for (uint32_t i = 0; i < DCCL_CHAIN_ENTRIES; i++) {
+    void* x = NULL;
+    ncclProfiler_v6.startEvent(ctx, &x, &g);
+  }
+  uint64_t stale0 = atomic_load(&dccl_g.chain_stale);
+  ncclProfiler_v6.stopEvent(old); /* its entry was reused */
+  TEST_ASSERT(atomic_load(&dccl_g.chain_stale) == stale0 + 1, "a reused entry is counted");
+  TEST_ASSERT(ring_take(out, 4) == 0, "and reaches neither plugin (our Coll is still open)");
+  void* live = NULL;
+  ncclProfiler_v6.startEvent(ctx, &live, &g);
+  ncclProfiler_v6.finalize(ctx);
+  ncclProfiler_v6.stopEvent(live); /* after finalize */
+  TEST_ASSERT(atomic_load(&dccl_g.chain_stale) == stale0 + 2, "a stop after finalize is counted");
+  unsetenv("DYNAMICCL_PROFILER_CHAIN");
+  unsetenv("CHAIN_PROBE_MASK");
+  clear_env();
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -1044,6 +1089,7 @@ static const test_case_t k_tests[] = {
     {"init_never_fails_after_success", test_init_never_fails_after_success},
     {"kch_order_guard", test_kch_order_guard},
     {"span_check_guard", test_span_check_guard},
+    {"chain_handles", test_chain_handles},
 };
 
 int main(int argc, char** argv) {
