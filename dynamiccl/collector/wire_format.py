@@ -26,7 +26,7 @@ from dynamiccl.contracts.collectives import ALGOS, FUNCS, PROTOS
 __all__ = [
     "MAGIC", "VERSION", "RECORD_SIZE", "HEADER_DTYPE", "EVENT_DTYPE", "COMM_DTYPE",
     "PROCESS_DTYPE", "STATS_DTYPE", "Kind", "TimingSource", "EventFlags", "FUNCS", "DATATYPES",
-    "DATATYPE_SIZES", "ALGOS", "PROTOS", "UNKNOWN", "MAX_RECORDS_PER_FRAME", "c_header",
+    "DATATYPE_SIZES", "ALGOS", "PROTOS", "UNKNOWN", "MAX_RECORDS_PER_FRAME", "c_header", "kernel_variant_hash",
 ]
 
 MAGIC = 0x4C434344  # b"DCCL" read as a little-endian u32
@@ -79,7 +79,9 @@ EVENT_DTYPE = np.dtype([
     ("proto", "u1"), ("n_channels", "u1"), ("n_warps", "u1"), ("timing_source", "u1"),
     ("rank", "<i4"), ("nranks", "<i4"), ("nnodes", "<i4"), ("pid", "<u4"),
     ("root", "<i4"), ("tuner_config_version", "<u4"),
-    ("channels_seen", "<u2"), ("flags", "<u2"), ("reserved0", "<u4"),
+    ("channels_seen", "<u2"), ("flags", "<u2"),
+    ("kernel_variant", "<u4"),  # profiler v7 (NCCL 2.31+): FNV-1a 32-bit hash of the Coll's kernelVariant name
+                                # (first 64 bytes; kernel_variant_hash() below), 0 none/older NCCL/older records
     ("comm_hash", "<u8"), ("seq_number", "<u8"), ("count", "<u8"), ("bytes", "<u8"),
     ("enqueue_ns", "<u8"),    # CPU CLOCK_REALTIME at the Coll/P2p startEvent
     ("gpu_start_ns", "<u8"),  # first KernelCh start pTimer (GPU globaltimer), 0 if none
@@ -119,6 +121,19 @@ STATS_DTYPE = np.dtype([
 for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE):
     assert _dt.itemsize == RECORD_SIZE, (_dt.names[:2], _dt.itemsize)
 assert HEADER_DTYPE.itemsize == 16
+
+def kernel_variant_hash(name: str | bytes) -> int:
+    """The ``kernel_variant`` field for a v7 kernelVariant name: 32-bit FNV-1a of its first 64 bytes (0 is
+    reserved for "none", so a name hashing to 0 is recorded as 1).
+
+    >>> kernel_variant_hash("sym") != kernel_variant_hash("default")
+    True
+    """
+    h = 2166136261
+    for b in (name.encode() if isinstance(name, str) else name)[:64]:
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h or 1
+
 
 _C_TYPES = {"u1": "uint8_t", "<u2": "uint16_t", "<u4": "uint32_t", "<i4": "int32_t",
             "<u8": "uint64_t", "|u1": "uint8_t"}

@@ -103,7 +103,7 @@ typedef struct dccl_event_record_t {
   uint32_t tuner_config_version;
   uint16_t channels_seen;
   uint16_t flags;
-  uint32_t reserved0;
+  uint32_t kernel_variant;
   uint64_t comm_hash;
   uint64_t seq_number;
   uint64_t count;

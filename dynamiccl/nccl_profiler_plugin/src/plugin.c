@@ -71,6 +71,42 @@ static inline uint8_t lookup(strcache_t* c, const char* s, const char* const* na
 #define MAP_ALGO(s) lookup(&g_algo_cache, (s), dccl_algo_names, DCCL_ALGO_COUNT)
 #define MAP_PROTO(s) lookup(&g_proto_cache, (s), dccl_proto_names, DCCL_PROTO_COUNT)
 
+/* v7 kernelVariant: the 32-bit FNV-1a hash of its name (first 64 bytes; 0: none), so records can be
+   grouped by kernel variant across ranks and runs without a string. NCCL's names are static, so a
+   cache keyed by the whole pointer spares the hash: an entry is claimed by CAS (1 = being written)
+   before its hash is stored, and a reader checks the pointer before and after reading the hash. */
+#define VARIANT_CACHE 8
+typedef struct {
+  _Atomic uintptr_t p;
+  _Atomic uint32_t h;
+} variant_entry_t;
+static variant_entry_t g_variant_cache[VARIANT_CACHE];
+
+static __attribute__((noinline)) uint32_t variant_hash_slow(const char* s, uintptr_t p, uintptr_t seen) {
+  uint32_t h = 2166136261u;
+  for (int i = 0; i < 64 && s[i]; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+  h = h ? h : 1;
+  variant_entry_t* e = &g_variant_cache[(p >> 3) & (VARIANT_CACHE - 1)];
+  if (seen != 1 && atomic_compare_exchange_strong_explicit(&e->p, &seen, 1, memory_order_acq_rel, memory_order_relaxed)) {
+    atomic_store_explicit(&e->h, h, memory_order_relaxed);
+    atomic_store_explicit(&e->p, p, memory_order_release);
+  }
+  return h;
+}
+
+static inline uint32_t variant_hash(const char* s) {
+  if (s == NULL) return 0;
+  uintptr_t p = (uintptr_t)s;
+  variant_entry_t* e = &g_variant_cache[(p >> 3) & (VARIANT_CACHE - 1)];
+  uintptr_t seen = atomic_load_explicit(&e->p, memory_order_acquire);
+  if (seen == p) {
+    uint32_t h = atomic_load_explicit(&e->h, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&e->p, memory_order_relaxed) == p) return h;
+  }
+  return variant_hash_slow(s, p, seen);
+}
+
 
 /* ------------------------------------------------------------------------------------------ */
 /* Slots                                                                                       */
@@ -133,7 +169,7 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
 static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
                             const char* datatype, size_t count, int root, uint8_t nChannels, uint8_t nWarps,
                             const char* algo, const char* proto, uint32_t children, uint64_t user_tag,
-                            uint16_t flags) {
+                            uint16_t flags, uint32_t variant) {
   uint8_t dt = MAP_DTYPE(datatype);
   uint64_t bytes = (uint64_t)count * (dt < DCCL_DTYPE_COUNT ? dccl_dtype_sizes[dt] : 0);
   if (bytes < ctx->min_bytes) return;
@@ -171,6 +207,7 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
       .enqueue_ns = now,
       .flags = flags,
       .user_tag = user_tag,
+      .kernel_variant = variant,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   atomic_store_explicit(&s->done, 0, memory_order_relaxed);
@@ -189,11 +226,11 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
    children, finding a finished generation, are dropped and counted. */
 static inline void start_coll(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                               size_t count, int root, uint8_t nCh, uint8_t nWarps, const char* algo,
-                              const char* proto, uint64_t user_tag, int sym) {
+                              const char* proto, uint64_t user_tag, int sym, const char* variant) {
   dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh, user_tag,
-           sym ? DCCL_FLAG_SYMMETRIC : 0);
+           sym ? DCCL_FLAG_SYMMETRIC : 0, variant_hash(variant));
 }
 
 static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, const char* dtype, size_t count,
@@ -211,7 +248,7 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
   /* A send/recv to self has no proxy ops, hence no KernelCh children, though nChannels >= 1
      (enqueue.cc: addP2pToPlan, nProxyOps = selfSend ? 0 : 2): it completes at its stopEvent. */
   uint32_t children = peer == ctx->rank ? 0 : nCh;
-  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0);
+  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0, 0);
 }
 
 /* A copy-engine collective (v6+, ncclLaunchCeColl): NCCL starts and stops its CeColl event around
@@ -221,7 +258,7 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
   dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileCeColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
-           DCCL_FLAG_COPY_ENGINE);
+           DCCL_FLAG_COPY_ENGINE, 0);
 }
 
 /* The order guard at a KernelCh start (internal.h, DCCL_KCH_*): one relaxed load. */
@@ -285,7 +322,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
    with our own parent handle and the chained plugin with its own. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_FAST)                     \
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST)                  \
   static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
@@ -308,7 +345,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
                    d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto, (COLL_TAG),  \
-                   (COLL_SYM));                                                                              \
+                   (COLL_SYM), (COLL_VARIANT));                                                              \
         break;                                                                                               \
       case ncclProfileP2p:                                                                                   \
         start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels,  \
@@ -344,11 +381,11 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
     start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, , )
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, , )
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0), )
-DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
-                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, NULL, 0, , )
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, NULL, 0, , )
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCCL_CE_CASE(0), )
+DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->coll.kernelVariant,
+                  d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
 
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
    KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),

@@ -1059,6 +1059,24 @@ static int test_chain_handles(void) {
   return 0;
 }
 
+/* v7 kernelVariant: a hash of the name, the same for the same name wherever it lives; two names that
+   share a cache entry (pointers 64 bytes apart) each keep their own hash. */
+static int test_kernel_variant_hash(void) {
+  static char names[128] __attribute__((aligned(64)));
+  snprintf(names, 64, "sym");
+  snprintf(names + 64, 64, "default");
+  char copy[8] = "sym";
+  uint32_t fnv = 2166136261u;
+  for (const char* c = "sym"; *c; c++) fnv = (fnv ^ (uint8_t)*c) * 16777619u;
+  TEST_ASSERT(variant_hash(NULL) == 0, "none");
+  for (int round = 0; round < 3; round++) { /* miss, hit, and after the other name took the entry */
+    TEST_ASSERT(variant_hash(names) == fnv, "sym: %u", variant_hash(names));
+    TEST_ASSERT(variant_hash(names + 64) != fnv && variant_hash(names + 64) != 0, "default");
+    TEST_ASSERT(variant_hash(copy) == fnv, "another copy of the name");
+  }
+  return 0;
+}
+
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
     {"config_invalid", test_config_invalid},
@@ -1090,6 +1108,7 @@ static const test_case_t k_tests[] = {
     {"kch_order_guard", test_kch_order_guard},
     {"span_check_guard", test_span_check_guard},
     {"chain_handles", test_chain_handles},
+    {"kernel_variant_hash", test_kernel_variant_hash},
 };
 
 int main(int argc, char** argv) {
