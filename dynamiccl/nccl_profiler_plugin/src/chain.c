@@ -115,14 +115,14 @@ ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, nccl
 static const void* chain_load(const char* path, int abi) {
   if (g_chain.tried) return g_chain.abi == abi ? g_chain.table : NULL;
   g_chain.tried = 1;
+  char sym[32];
+  snprintf(sym, sizeof sym, "ncclProfiler_v%d", abi); /* the version NCCL loaded us with */
   void* dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  const void* table = dl ? dlsym(dl, sym) : NULL;
   if (dl == NULL) {
     DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: cannot load %s: %s; not chained", path, dlerror());
     return NULL;
   }
-  char sym[32];
-  snprintf(sym, sizeof sym, "ncclProfiler_v%d", abi);
-  const void* table = dlsym(dl, sym);
   Dl_info mine, theirs;
   int self = table && dladdr((void*)&chain_load, &mine) && dladdr(table, &theirs) && mine.dli_fbase == theirs.dli_fbase;
   if (table == NULL || self) {
