@@ -12,7 +12,7 @@ import pytest
 
 COLLS = 2000
 EMU_F_CROSS_NODE = 0x8
-PROXY_MASK = 2 | 4 | 64 | 128 | 256  # Coll | P2p | KernelCh | ProxyOp | ProxyStep (the probe's, not ours)
+PROXY_MASK = 2 | 4 | 64 | 8 | 16  # Coll | P2p | KernelCh | ProxyOp | ProxyStep (the probe's, not ours)
 
 
 def emulate(built, plugin, abi=6, flags=0, env=None) -> subprocess.CompletedProcess:
