@@ -24,7 +24,7 @@ from dynamiccl.collector import wire_format as wf  # noqa: E402
 from dynamiccl.collector.decode import HEADER_SIZE, ProtocolError, split_frames  # noqa: E402
 
 KIND_DTYPES = {wf.Kind.COLL: wf.EVENT_DTYPE, wf.Kind.P2P: wf.EVENT_DTYPE, wf.Kind.COMM: wf.COMM_DTYPE,
-               wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE}
+               wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE, wf.Kind.PEER: wf.PEER_DTYPE}
 
 
 @pytest.fixture(scope="session")

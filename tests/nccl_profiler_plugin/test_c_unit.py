@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 31)
+    run_unit_binary(built["test_plugin"], 32)
 
 
 def test_c_unit_asan(built):
@@ -46,7 +46,7 @@ def test_plugin_builds_without_warnings(built, tmp_path):
 
 
 def test_c_unit_tsan(built):
-    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 31)
+    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 32)
 
 
 def test_emulator_under_tsan(built):
@@ -55,6 +55,7 @@ def test_emulator_under_tsan(built):
     r = make(PLUGIN_DIR, "emu-tsan")
     assert r.returncode == 0 and "WARNING: ThreadSanitizer" not in r.stderr, r.stdout + r.stderr
     assert r.stdout.count("records_emitted=20000") == 2, r.stdout  # alone, and with a chained profiler
+    assert "records_emitted=60000" in r.stdout, r.stdout  # per-peer timing: + 2 PEER records per operation
     assert "bad_handles=0 foreign_parents=0 double_stops=0" in r.stdout, r.stdout
 
 
@@ -65,4 +66,5 @@ def test_emulator_under_asan_real_paths(built):
     assert r.returncode == 0 and "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, \
         r.stdout + r.stderr
     assert r.stdout.count("records_emitted=20000") == 5, r.stdout
+    assert "records_emitted=60000" in r.stdout, r.stdout  # per-peer timing (EMU_F_NET)
     assert "bad_handles=0 foreign_parents=0 double_stops=0" in r.stdout, r.stdout

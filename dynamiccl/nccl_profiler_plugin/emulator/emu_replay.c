@@ -133,6 +133,42 @@ static uint64_t emu_phases(emu_comm_t* c, void* kch, uint8_t ch, uint64_t t0, ui
   return n;
 }
 
+/* EMU_F_NET: one channel's send and receive proxy ops, every step through its direction's states. */
+static uint64_t emu_net_channel(emu_comm_t* c, void* coll, int ch, int mask) {
+  static const ncclProfilerEventState_t k_states[2][3] = {
+      {ncclProfilerProxyStepRecvWait, ncclProfilerProxyStepRecvFlushWait, ncclProfilerProxyStepRecvGPUWait},
+      {ncclProfilerProxyStepSendGPUWait, ncclProfilerProxyStepSendPeerWait_v4, ncclProfilerProxyStepSendWait}};
+  struct emu* e = c->emu;
+  int n = c->nranks > 0 ? c->nranks : 1;
+  uint64_t calls = 0;
+  for (int send = 1; send >= 0; send--) {
+    void* pop;
+    EMU_START(c, &pop, ncclProfileProxyOp, coll, {
+      d.proxyOp.pid = c->pid;
+      d.proxyOp.channelId = (uint8_t)ch;
+      d.proxyOp.peer = send ? (c->rank + 1) % n : (c->rank + n - 1) % n;
+      d.proxyOp.nSteps = EMU_PROXY_STEPS;
+      d.proxyOp.chunkSize = (int)EMU_NET_CHUNK;
+      d.proxyOp.isSend = send;
+    });
+    calls++;
+    for (int s = 0; s < EMU_PROXY_STEPS && (mask & ncclProfileProxyStep) && pop != NULL; s++) {
+      void* step;
+      EMU_START(c, &step, ncclProfileProxyStep, pop, d.proxyStep.step = s);
+      for (int k = 0; k < 3; k++) {
+        ncclProfilerEventState_t st = k_states[send][k];
+        int sized = st == ncclProfilerProxyStepSendWait || st == ncclProfilerProxyStepRecvWait;
+        ev_record(e, step, st, sized ? EMU_NET_CHUNK : 0); /* the args union: transSize */
+      }
+      ev_stop(e, step);
+      calls += 1 + 4 * (step != NULL);
+    }
+    ev_stop(e, pop);
+    calls += pop != NULL;
+  }
+  return calls;
+}
+
 /* The proxy-thread part of one operation: KernelCh per channel, plus proxy ops across nodes. */
 void emu_replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64_t* calls) {
   struct emu* e = c->emu;
@@ -180,6 +216,8 @@ void emu_replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64_t*
       n += 1 + (pop != NULL);
     }
   }
+  if ((op->flags & EMU_F_NET) && (mask & ncclProfileProxyOp))
+    for (int ch = 0; ch < nch; ch++) n += emu_net_channel(c, coll, ch, mask);
   if ((op->flags & EMU_F_CE) && e->version >= 6) nch = 0; /* copy engines: no kernel, no proxy */
   if ((mask & ncclProfileKernelCh) && !(op->flags & EMU_F_NO_KERNEL) && nch > 0) {
     int gpu = !(op->flags & EMU_F_NO_GPU_TIMER);

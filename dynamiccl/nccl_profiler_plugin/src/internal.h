@@ -120,6 +120,7 @@ typedef struct dccl_slot {
   _Atomic uint64_t done;        /* DCCL_DONE_STOPPED | DCCL_DONE_KERNELS */
   _Atomic uint64_t armed_ns;    /* CLOCK_MONOTONIC enqueue time once fully built, 0 when free (reaper) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
+  struct dccl_net* net;         /* per-peer network timing of this slot (net.h), NULL unless opted in */
   uint32_t pad_;
   dccl_kch_t ch[DCCL_MAX_CHANNELS];
 } __attribute__((aligned(64))) dccl_slot_t;
@@ -175,6 +176,7 @@ typedef struct dccl_ctx {
   char name[88];
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
   struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
+  struct dccl_net* net;          /* [pool_size] per-peer network timing, NULL unless opted in (net.h) */
   uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
@@ -236,7 +238,8 @@ typedef struct dccl_global {
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
   _Atomic uint64_t timing_suspect; /* records whose KernelCh pTimers failed the order guard */
   _Atomic uint64_t colls_without_event; /* finalized communicators' CollApi calls without a Coll/CeColl */
-  _Atomic uint64_t chain_stale;  /* chained-profiler handles that named a reused entry or a gone communicator */
+  _Atomic uint64_t chain_stale;  /* chained-profiler or proxy-event handles that named a reused entry, a finished
+                                    operation or a gone communicator */
   /* link to the DynamICCL tuner plugin (applied config version in every record) */
   _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
   void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */
@@ -286,6 +289,27 @@ typedef uint32_t (*dccl_tuner_version_fn_t)(uint64_t comm_hash);
 static inline uint32_t dccl_tuner_version(uint64_t comm_hash) {
   uintptr_t f = atomic_load_explicit(&dccl_g.tuner_version_fn, memory_order_acquire);
   return f ? ((dccl_tuner_version_fn_t)f)(comm_hash) : 0;
+}
+
+/* The slot a handle names (and its communicator in *out), or NULL when its communicator is gone
+   (finalized, or not ours). */
+static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
+  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+  if (ctx == NULL) return NULL;
+  uint32_t i = DCCL_H_SLOT(h);
+  *out = ctx;
+  return i < ctx->pool_size ? &ctx->slots[i] : NULL;
+}
+
+static inline dccl_slot_t* handle_slot(uint64_t h) {
+  dccl_ctx_t* ctx;
+  return handle_slot_ctx(h, &ctx);
+}
+
+/* Is the operation the handle was issued for still in flight in this slot? */
+static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  return (c & 1) == 0 && ((c >> 1) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h);
 }
 
 /* A hot-path counter owned by one thread: a relaxed load and store, no locked RMW. */

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "chain.h"
+#include "net.h"
 
 static uint64_t g_emitted_prev; /* ring pushes of earlier plugin lifetimes */
 /* Set by the first successful init; from then on init never fails (NCCL unloads the library
@@ -101,6 +102,7 @@ void dccl_tuner_unlink(void) {
 static void ctx_free(dccl_ctx_t* ctx) {
   if (ctx == NULL) return;
   dccl_chain_free(ctx);
+  free(ctx->net);
   free(ctx->slots);
   free(ctx->p2p_seq);
   free(ctx);
@@ -119,6 +121,14 @@ static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const c
     return NULL;
   }
   memset(ctx->slots, 0, bytes);
+  if (cfg->event_mask & DCCL_NET_MASK) { /* per-peer network timing: an entry table per slot */
+    ctx->net = calloc(cfg->pool_size, sizeof(dccl_net_t));
+    if (ctx->net == NULL) {
+      ctx_free(ctx);
+      return NULL;
+    }
+    for (uint32_t i = 0; i < cfg->pool_size; i++) ctx->slots[i].net = &ctx->net[i];
+  }
   /* Each communicator starts its generations elsewhere, so a handle of a retired communicator
      whose table index was reused is unlikely to name a live generation by chance. */
   uint64_t gen0 = (uint64_t)(++g_ctx_serial) << 12;

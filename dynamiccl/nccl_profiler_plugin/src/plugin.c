@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "chain.h"
+#include "net.h"
 
 
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
@@ -130,26 +131,6 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
   return UINT32_MAX;
 }
 
-/* The slot a handle names (and its communicator in *out), or NULL when its communicator is gone
-   (finalized, or not ours). */
-static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
-  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-  if (ctx == NULL) return NULL;
-  uint32_t i = DCCL_H_SLOT(h);
-  *out = ctx;
-  return i < ctx->pool_size ? &ctx->slots[i] : NULL;
-}
-
-static inline dccl_slot_t* handle_slot(uint64_t h) {
-  dccl_ctx_t* ctx;
-  return handle_slot_ctx(h, &ctx);
-}
-
-/* Is the operation the handle was issued for still in flight in this slot? */
-static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
-  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  return (c & 1) == 0 && ((c >> 1) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h);
-}
 
 
 /* Finish once, and only the generation `h` names. */
@@ -212,6 +193,7 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   atomic_store_explicit(&s->done, 0, memory_order_relaxed);
   s->kch_stopped = 0;
+  if (s->net) s->net->n = s->net->dropped = 0;
   atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
@@ -363,9 +345,14 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
         /* Parents we do not track: a non-NULL dummy so NCCL keeps starting the children. */               \
         *eHandle = DUMMY_HANDLE;                                                                             \
         break;                                                                                               \
-      default:                                                                                               \
-        /* ProxyOp (never dereferenced: under PXN its parentObj belongs to another process),             \
-           ProxyStep, ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                       \
+      case ncclProfileProxyOp: /* per-peer network timing, opt-in (net.h) */                                \
+        if (ctx->net)                                                                                        \
+          dccl_net_start_op(ctx, eHandle, d->parentObj, d->proxyOp.pid, d->proxyOp.peer, d->proxyOp.isSend); \
+        break;                                                                                               \
+      case ncclProfileProxyStep:                                                                             \
+        if (ctx->net) dccl_net_start_step(eHandle, d->parentObj, d->proxyStep.step);                         \
+        break;                                                                                               \
+      default: /* ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                                      \
         break;                                                                                               \
     }                                                                                                        \
   }
@@ -392,7 +379,8 @@ DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d
    and the channel is counted there, so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (DCCL_H_TAG(h) != DCCL_H_TAG_SLOT) return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : ncclSuccess;
+  if (DCCL_H_TAG(h) != DCCL_H_TAG_SLOT)
+    return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
   /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
@@ -425,7 +413,9 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
   uint32_t tag = DCCL_H_TAG(h);
-  if (__builtin_expect(DCCL_H_IS_CHAIN(h), 0)) return dccl_chain_record(h, eState, args);
+  if (__builtin_expect(tag == 0 && h != 0, 0)) /* a chained profiler's or a proxy event's handle */
+    return DCCL_H_IS_CHAIN(h) ? dccl_chain_record(h, eState, args)
+           : DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : ncclSuccess;
   int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
   int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
   if (!(kch_stop || sync_stop)) return ncclSuccess;

@@ -3,17 +3,7 @@
 /* ---- real NCCL paths (issue 23) ---- */
 
 static void* p2p_start(void* ctx, const char* func, int peer, uint8_t nch) {
-  ncclProfilerEventDescr_v6_t d;
-  memset(&d, 0, sizeof d);
-  d.type = ncclProfileP2p;
-  d.p2p.func = func;
-  d.p2p.datatype = "ncclInt8";
-  d.p2p.count = 4096;
-  d.p2p.peer = peer;
-  d.p2p.nChannels = nch;
-  void* h = NULL;
-  ncclProfiler_v6.startEvent(ctx, &h, &d);
-  return h;
+  return p2p_start_typed(ctx, func, "ncclInt8", 4096, peer, nch);
 }
 
 /* enqueue.cc addP2pToPlan: nProxyOps = selfSend ? 0 : 2, so a send/recv to self gets no KernelCh
@@ -261,6 +251,8 @@ static int test_v7_user_tag_and_symmetric(void) {
   TEST_ASSERT(ring_take(out, 2) == 1, "record");
   TEST_ASSERT(out[0].user_tag == 0x1234567890ull && (out[0].flags & DCCL_FLAG_SYMMETRIC), "tag %llx flags %u",
               (unsigned long long)out[0].user_tag, out[0].flags);
+  TEST_ASSERT(out[0].kernel_variant == variant_hash("sym") && out[0].kernel_variant != 0, "kernel variant %u",
+              out[0].kernel_variant);
   TEST_ASSERT(out[0].gpu_start_ns == 100 && out[0].gpu_end_ns == 200, "timing");
   TEST_ASSERT(out[0].sync_wait_ns == 49, "initial_sync 101..150: %llu", (unsigned long long)out[0].sync_wait_ns);
   memset(&d, 0, sizeof d); /* P2p tag */
@@ -284,14 +276,9 @@ static int test_ce_collective_counted(void) {
   clear_env();
   setenv("DYNAMICCL_EVENT_MASK", "4166", 1); /* Coll|P2p|KernelCh|CeColl */
   void* ctx = init6(21, 0, 8);
-  ncclProfilerEventDescr_v6_t d;
-  memset(&d, 0, sizeof d);
-  d.type = ncclProfileCeColl;
-  d.ceColl.seqNumber = 9;
-  d.ceColl.func = "AllGather";
-  d.ceColl.datatype = "ncclBfloat16";
-  d.ceColl.count = 1000;
-  d.ceColl.root = -1;
+  ncclProfilerEventDescr_v6_t d = {
+      .type = ncclProfileCeColl,
+      .ceColl = {.seqNumber = 9, .func = "AllGather", .datatype = "ncclBfloat16", .count = 1000, .root = -1}};
   void* h = NULL;
   ncclProfiler_v6.startEvent(ctx, &h, &d);
   TEST_ASSERT(h != NULL, "CeColl handle");

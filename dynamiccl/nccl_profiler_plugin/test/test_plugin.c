@@ -11,6 +11,7 @@
 #include "../src/plugin.c"
 #include "../src/finish.c"
 #include "../src/chain.c"
+#include "../src/net.c"
 #include "../src/ring.c"
 #include "../src/lifecycle.c"
 #include "../src/connect.c"
@@ -87,18 +88,18 @@ static void* run_coll(void* ctx, uint64_t seq, uint8_t nch, int kernels_first, u
   return h;
 }
 
-/* One P2p (2 channels, KernelCh after its stop) with the given pTimers; returns its handle. */
-static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_t t1) {
-  ncclProfilerEventDescr_v6_t d;
-  memset(&d, 0, sizeof d);
-  d.type = ncclProfileP2p;
-  d.p2p.func = func;
-  d.p2p.datatype = "ncclInt32";
-  d.p2p.count = 256;
-  d.p2p.peer = peer;
-  d.p2p.nChannels = 2;
+/* A P2p start; returns its handle. */
+static void* p2p_start_typed(void* ctx, const char* func, const char* dtype, size_t count, int peer, uint8_t nch) {
+  ncclProfilerEventDescr_v6_t d = {.type = ncclProfileP2p,
+                                   .p2p = {.func = func, .datatype = dtype, .count = count, .peer = peer, .nChannels = nch}};
   void* h = NULL;
   ncclProfiler_v6.startEvent(ctx, &h, &d);
+  return h;
+}
+
+/* One P2p (2 channels, KernelCh after its stop) with the given pTimers; returns its handle. */
+static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_t t1) {
+  void* h = p2p_start_typed(ctx, func, "ncclInt32", 256, peer, 2);
   ncclProfiler_v6.stopEvent(h);
   for (uint8_t c = 0; c < 2 && h != NULL; c++) kch_stop(kch_start(ctx, h, c, t0 + c), t1 - c);
   return h;
@@ -106,6 +107,7 @@ static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_
 
 #include "cases_events.c"
 #include "cases_real_paths.c"
+#include "cases_net.c"
 
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
@@ -139,6 +141,7 @@ static const test_case_t k_tests[] = {
     {"span_check_guard", test_span_check_guard},
     {"chain_handles", test_chain_handles},
     {"kernel_variant_hash", test_kernel_variant_hash},
+    {"net_peers_and_stale", test_net_peers_and_stale},
 };
 
 int main(int argc, char** argv) {
