@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dynamiccl.collector.wire_format import (
-    COMM_DTYPE, EVENT_DTYPE, HEADER_DTYPE, MAGIC, MAX_RECORDS_PER_FRAME, PROCESS_DTYPE,
+    COMM_DTYPE, EVENT_DTYPE, HEADER_DTYPE, MAGIC, MAX_RECORDS_PER_FRAME, PEER_DTYPE, PROCESS_DTYPE,
     RECORD_SIZE, STATS_DTYPE, VERSION, Kind,
 )
 
@@ -26,7 +26,8 @@ _SEQ_OFFSET = {Kind.COLL: EVENT_DTYPE.fields["record_seq"][1],
                Kind.P2P: EVENT_DTYPE.fields["record_seq"][1],
                Kind.COMM: COMM_DTYPE.fields["record_seq"][1],
                Kind.PROCESS: PROCESS_DTYPE.fields["record_seq"][1],
-               Kind.STATS: STATS_DTYPE.fields["record_seq"][1]}
+               Kind.STATS: STATS_DTYPE.fields["record_seq"][1],
+               Kind.PEER: PEER_DTYPE.fields["record_seq"][1]}
 
 
 class ProtocolError(Exception):
@@ -48,6 +49,7 @@ class DecodeResult:
     n_records: int             # all records in the complete frames
     n_invalid_kind: int = 0
     stats: list = field(default_factory=list)  # STATS records (np.void of STATS_DTYPE)
+    peers: list = field(default_factory=list)  # PEER records (np.void of PEER_DTYPE): per-peer network timing
     seqs: np.ndarray | None = None  # record_seq of every record, stream order
 
 
@@ -163,6 +165,8 @@ class StreamDecoder:
                 self.comm_names = names
             elif k == Kind.STATS:
                 result.stats.append(one.view(STATS_DTYPE)[0].copy())
+            elif k == Kind.PEER:
+                result.peers.append(one.view(PEER_DTYPE)[0].copy())
             else:
                 result.n_invalid_kind += 1
         if self.host is None:

@@ -25,8 +25,8 @@ from dynamiccl.contracts.collectives import ALGOS, FUNCS, PROTOS
 
 __all__ = [
     "MAGIC", "VERSION", "RECORD_SIZE", "HEADER_DTYPE", "EVENT_DTYPE", "COMM_DTYPE",
-    "PROCESS_DTYPE", "STATS_DTYPE", "Kind", "TimingSource", "EventFlags", "FUNCS", "DATATYPES",
-    "DATATYPE_SIZES", "ALGOS", "PROTOS", "UNKNOWN", "MAX_RECORDS_PER_FRAME", "c_header",
+    "PROCESS_DTYPE", "STATS_DTYPE", "PEER_DTYPE", "Kind", "TimingSource", "EventFlags", "FUNCS", "DATATYPES",
+    "DATATYPE_SIZES", "ALGOS", "PROTOS", "UNKNOWN", "MAX_RECORDS_PER_FRAME", "c_header", "kernel_variant_hash",
 ]
 
 MAGIC = 0x4C434344  # b"DCCL" read as a little-endian u32
@@ -42,6 +42,7 @@ class Kind:
     COMM = 3
     PROCESS = 4
     STATS = 5
+    PEER = 6  # per-peer network timing of one operation (opt-in: ProxyOp|ProxyStep in DYNAMICCL_EVENT_MASK)
 
 
 class TimingSource:
@@ -79,7 +80,9 @@ EVENT_DTYPE = np.dtype([
     ("proto", "u1"), ("n_channels", "u1"), ("n_warps", "u1"), ("timing_source", "u1"),
     ("rank", "<i4"), ("nranks", "<i4"), ("nnodes", "<i4"), ("pid", "<u4"),
     ("root", "<i4"), ("tuner_config_version", "<u4"),
-    ("channels_seen", "<u2"), ("flags", "<u2"), ("reserved0", "<u4"),
+    ("channels_seen", "<u2"), ("flags", "<u2"),
+    ("kernel_variant", "<u4"),  # profiler v7 (NCCL 2.31+): FNV-1a 32-bit hash of the Coll's kernelVariant name
+                                # (first 64 bytes; kernel_variant_hash() below), 0 none/older NCCL/older records
     ("comm_hash", "<u8"), ("seq_number", "<u8"), ("count", "<u8"), ("bytes", "<u8"),
     ("enqueue_ns", "<u8"),    # CPU CLOCK_REALTIME at the Coll/P2p startEvent
     ("gpu_start_ns", "<u8"),  # first KernelCh start pTimer (GPU globaltimer), 0 if none
@@ -113,12 +116,43 @@ STATS_DTYPE = np.dtype([
     ("kernel_ch_rejected", "<u8"),       # KernelCh starts refused (bad or duplicate channel id)
     ("kernel_ch_timing_suspect", "<u8"), # records flagged TIMING_SUSPECT (KernelCh pTimers out of order)
     ("colls_without_event", "<u8"),      # collective calls (CollApi, NCCL 2.28+) with no Coll/CeColl event
-    ("reserved", "<u8", (2,)),
+    ("reserved", "<u8", (2,)),           # [0] connection ordinal (1, 2, ...); [1] chained-profiler handles gone stale
 ])
 
-for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE):
+# kind = PEER: one per (operation, peer, direction) whose proxy ops the plugin saw, after the operation's
+# own record (same comm_hash and seq_number). The three state times are the time the operation's proxy
+# steps to/from that peer spent in each ProxyStep state, summed over its steps and channels (host
+# CLOCK_MONOTONIC ns): send (is_send 1): GPU wait, peer wait, wait (network); receive: wait (network),
+# flush wait, GPU wait. record_seq sits where the event record has it (same ring).
+PEER_DTYPE = np.dtype([
+    ("kind", "u1"), ("is_send", "u1"), ("parent_kind", "u1"), ("func", "u1"), ("pid", "<u4"),
+    ("rank", "<i4"), ("peer", "<i4"), ("comm_hash", "<u8"), ("seq_number", "<u8"),
+    ("proxy_ops", "<u4"), ("steps", "<u4"),
+    ("bytes", "<u8"),          # sum of the steps' transSize (ProxyStep SendWait / RecvWait)
+    ("state_ns", "<u8", (3,)),
+    ("enqueue_ns", "<u8"),     # the operation's enqueue time (its event record's enqueue_ns)
+    ("reserved", "<u8", (3,)),
+    ("record_seq", "<u8"),
+    ("reserved2", "<u8", (2,)),
+])
+assert PEER_DTYPE.fields["record_seq"][1] == EVENT_DTYPE.fields["record_seq"][1]
+
+for _dt in (EVENT_DTYPE, COMM_DTYPE, PROCESS_DTYPE, STATS_DTYPE, PEER_DTYPE):
     assert _dt.itemsize == RECORD_SIZE, (_dt.names[:2], _dt.itemsize)
 assert HEADER_DTYPE.itemsize == 16
+
+def kernel_variant_hash(name: str | bytes) -> int:
+    """The ``kernel_variant`` field for a v7 kernelVariant name: 32-bit FNV-1a of its first 64 bytes (0 is
+    reserved for "none", so a name hashing to 0 is recorded as 1).
+
+    >>> kernel_variant_hash("sym") != kernel_variant_hash("default")
+    True
+    """
+    h = 2166136261
+    for b in (name.encode() if isinstance(name, str) else name)[:64]:
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h or 1
+
 
 _C_TYPES = {"u1": "uint8_t", "<u2": "uint16_t", "<u4": "uint32_t", "<i4": "int32_t",
             "<u8": "uint64_t", "|u1": "uint8_t"}
@@ -158,7 +192,7 @@ def c_header() -> str:
         f"#define DCCL_RECORD_SIZE {RECORD_SIZE}",
         f"#define DCCL_MAX_RECORDS_PER_FRAME {MAX_RECORDS_PER_FRAME}",
         f"#define DCCL_UNKNOWN {UNKNOWN}", "",
-        *(f"#define DCCL_KIND_{k} {getattr(Kind, k)}" for k in ("COLL", "P2P", "COMM", "PROCESS", "STATS")),
+        *(f"#define DCCL_KIND_{k} {getattr(Kind, k)}" for k in ("COLL", "P2P", "COMM", "PROCESS", "STATS", "PEER")),
         *(f"#define DCCL_TIMING_{k} {getattr(TimingSource, k)}" for k in ("NONE", "KERNEL_GPU", "KERNEL_CPU")),
         "#define DCCL_FLAG_STALE " + str(EventFlags.STALE),
         "#define DCCL_FLAG_SYMMETRIC " + str(EventFlags.SYMMETRIC),
@@ -173,6 +207,7 @@ def c_header() -> str:
         _c_struct("dccl_comm_record_t", COMM_DTYPE), "",
         _c_struct("dccl_process_record_t", PROCESS_DTYPE), "",
         _c_struct("dccl_stats_record_t", STATS_DTYPE), "",
+        _c_struct("dccl_peer_record_t", PEER_DTYPE), "",
         "#endif /* DYNAMICCL_RECORD_H_ */", "",
     ]
     return "\n".join(parts)

@@ -21,9 +21,10 @@ BUILD = PLUGIN_DIR / "test" / "build"
 sys.path.insert(0, str(REPO))
 
 from dynamiccl.collector import wire_format as wf  # noqa: E402
+from dynamiccl.collector.decode import HEADER_SIZE, ProtocolError, split_frames  # noqa: E402
 
 KIND_DTYPES = {wf.Kind.COLL: wf.EVENT_DTYPE, wf.Kind.P2P: wf.EVENT_DTYPE, wf.Kind.COMM: wf.COMM_DTYPE,
-               wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE}
+               wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE, wf.Kind.PEER: wf.PEER_DTYPE}
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,7 @@ def built() -> dict[str, Path]:
         "emulate": BUILD / "emulate",
         "emu_lib": PLUGIN_DIR / "emulator" / "libdccl-nccl-emu.so",
         "test_plugin": BUILD / "test_plugin",
+        "chain_probe": BUILD / "libchain-probe.so",
     }
 
 
@@ -54,7 +56,8 @@ class FakeCollector:
     def __init__(self, addr: str):
         self.addr = addr
         self.connections: list[list[np.void]] = []
-        self.bad_frames = 0
+        self.bad_frames = 0  # undecodable, or more frames than records (a frame without one)
+        self.frames = 0
         self._socks: list[socket.socket] = []
         self._readers: list[threading.Thread] = []
         self._accepting = False
@@ -108,7 +111,7 @@ class FakeCollector:
             time.sleep(0.005)
 
     def _read(self, conn: socket.socket, recs: list) -> None:
-        buf = b""
+        buf = bytearray()
         while True:
             try:
                 chunk = conn.recv(1 << 20)
@@ -117,20 +120,21 @@ class FakeCollector:
             if not chunk:
                 return
             buf += chunk
-            while len(buf) >= 16:
-                hdr = np.frombuffer(buf[:16], dtype=wf.HEADER_DTYPE)[0]
-                if hdr["magic"] != wf.MAGIC or hdr["version"] != wf.VERSION or hdr["record_size"] != wf.RECORD_SIZE \
-                        or not 0 < hdr["n_records"] <= wf.MAX_RECORDS_PER_FRAME:
-                    self.bad_frames += 1
-                    return
-                need = 16 + int(hdr["n_records"]) * wf.RECORD_SIZE
-                if len(buf) < need:
-                    break
-                raw = np.frombuffer(buf[16:need], dtype=np.uint8).reshape(-1, wf.RECORD_SIZE)
-                with self._lock:
-                    for row in raw:
-                        recs.append(row.view(KIND_DTYPES.get(int(row[0]), wf.EVENT_DTYPE))[0].copy())
-                buf = buf[need:]
+            try:
+                rows, used = split_frames(buf)
+            except ProtocolError:
+                self.bad_frames += 1
+                return
+            n = 0 if rows is None else len(rows)
+            # split_frames accepts 0-record frames; the plugin never sends one. The frames in `used`
+            # bytes number (used - 128 * records) / 16: more frames than records is counted bad.
+            frames = (used - n * wf.RECORD_SIZE) // HEADER_SIZE
+            with self._lock:
+                self.frames += frames
+                self.bad_frames += max(0, frames - n)
+                for row in ([] if rows is None else rows):
+                    recs.append(row.view(KIND_DTYPES.get(int(row["kind"]), wf.EVENT_DTYPE)).copy())
+            del buf[:used]
 
     def records(self, kind: int | None = None, conn: int | None = None) -> list[np.void]:
         with self._lock:

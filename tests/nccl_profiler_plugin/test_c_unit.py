@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 29)
+    run_unit_binary(built["test_plugin"], 32)
 
 
 def test_c_unit_asan(built):
@@ -42,18 +42,21 @@ def test_emulator_under_valgrind(built, sock_addr, collector_factory):
 
 
 def test_plugin_builds_without_warnings(built, tmp_path):
-    assert_builds_without_warnings(PLUGIN_DIR, ["plugin.c", "ring.c", "lifecycle.c", "config.c", "sender.c"], tmp_path / "p.so")
+    assert_builds_without_warnings(PLUGIN_DIR, sorted(p.name for p in (PLUGIN_DIR / "src").glob("*.c")), tmp_path / "p.so")
 
 
 def test_c_unit_tsan(built):
-    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 29)
+    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 32)
 
 
 def test_emulator_under_tsan(built):
-    """Two threads per communicator, two communicators and the sender thread, TSan-instrumented."""
+    """Two threads per communicator, two communicators and the sender thread, TSan-instrumented; alone and
+    with a chained profiler (DYNAMICCL_PROFILER_CHAIN)."""
     r = make(PLUGIN_DIR, "emu-tsan")
     assert r.returncode == 0 and "WARNING: ThreadSanitizer" not in r.stderr, r.stdout + r.stderr
-    assert "records_emitted=20000" in r.stdout, r.stdout
+    assert r.stdout.count("records_emitted=20000") == 2, r.stdout  # alone, and with a chained profiler
+    assert "records_emitted=60000" in r.stdout, r.stdout  # per-peer timing: + 2 PEER records per operation
+    assert "bad_handles=0 foreign_parents=0 double_stops=0" in r.stdout, r.stdout
 
 
 def test_emulator_under_asan_real_paths(built):
@@ -62,4 +65,6 @@ def test_emulator_under_asan_real_paths(built):
     r = make(PLUGIN_DIR, "emu-asan")
     assert r.returncode == 0 and "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, \
         r.stdout + r.stderr
-    assert r.stdout.count("records_emitted=20000") == 4, r.stdout
+    assert r.stdout.count("records_emitted=20000") == 5, r.stdout
+    assert "records_emitted=60000" in r.stdout, r.stdout  # per-peer timing (EMU_F_NET)
+    assert "bad_handles=0 foreign_parents=0 double_stops=0" in r.stdout, r.stdout

@@ -7,7 +7,8 @@ from pathlib import Path
 
 PLUGIN_DIR = Path(__file__).resolve().parents[2] / "dynamiccl" / "nccl_profiler_plugin"
 NO_C_DEFAULT = {"DYNAMICCL_JOB_ID", "DYNAMICCL_HOST",  # fallback chains, documented in words
-                "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TOKEN"}  # secrets: no default
+                "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TOKEN",  # secrets: no default
+                "DYNAMICCL_PROFILER_CHAIN"}  # a path: no default
 
 
 def readme_defaults() -> dict[str, str]:
@@ -19,7 +20,7 @@ def readme_defaults() -> dict[str, str]:
 
 def c_defaults(tmp_path, names) -> dict[str, str]:
     src = tmp_path / "defaults.c"
-    lines = ['#include <stdio.h>', '#include "internal.h"', "int main(void) {"]
+    lines = ['#define _GNU_SOURCE', '#include <stdio.h>', '#include "internal.h"', "int main(void) {"]
     for n in names:
         macro = "DCCL_DEFAULT_" + n.removeprefix("DYNAMICCL_")
         fmt = "%s" if n == "DYNAMICCL_COLLECTOR" else "%llu"
@@ -36,7 +37,7 @@ def c_defaults(tmp_path, names) -> dict[str, str]:
 
 def test_readme_env_table_matches_c_defaults(tmp_path):
     documented = readme_defaults()
-    source = "".join((PLUGIN_DIR / "src" / f).read_text() for f in ("config.c", "sender.c"))
+    source = "".join(f.read_text() for f in sorted((PLUGIN_DIR / "src").glob("*.c")))
     read_by_plugin = set(re.findall(r'"(DYNAMICCL_[A-Z_]+)"', source))
     assert read_by_plugin | NO_C_DEFAULT == set(documented), "README table and config.c disagree on variables"
     compiled = c_defaults(tmp_path, sorted(read_by_plugin - NO_C_DEFAULT))

@@ -121,8 +121,19 @@ def test_v7_user_tag_and_symmetric(run_scenario, collector_factory, sock_addr):
     assert len(t) == 30
     assert np.all(t["user_tag"] == (0x5400000000000000 | t["seq_number"]))
     assert np.all(t["flags"] == wf.EventFlags.SYMMETRIC)
+    assert np.all(t["kernel_variant"] == wf.kernel_variant_hash("sym"))  # the emulator's kernelVariant names
     check_events(ev[ev["seq_number"] >= 500], plain, comm_hash=0x7, rank=0, nranks=2, nnodes=1)
     assert np.all(ev[ev["seq_number"] >= 500]["user_tag"] == 0)
+    assert np.all(ev[ev["seq_number"] >= 500]["kernel_variant"] == wf.kernel_variant_hash("default"))
+
+
+def test_kernel_variant_only_from_v7(run_scenario, collector_factory, sock_addr):
+    """Before v7 the ABI has no kernelVariant: the field stays 0 (as in records of older plugins)."""
+    col = collector_factory(sock_addr)
+    res = run_scenario([{"op": "init", "hash": 0x8}, {"op": "run", "ops": make_ops(10, flags=FLAG["SYMMETRIC"])},
+                        {"op": "finalize"}], sock_addr, abi=6)
+    assert res["ok"], res
+    assert len(col.events()) == 10 and np.all(col.events()["kernel_variant"] == 0)
 
 
 @pytest.mark.parametrize("abi", [6, 7])
@@ -146,15 +157,19 @@ def test_copy_engine_collectives_counted(abi, run_scenario, collector_factory, s
     assert res["stats"]["records_emitted"] == 50
 
 
-@pytest.mark.parametrize("abi", [6, 7])
-def test_kernel_phase_initial_sync(abi, run_scenario, collector_factory, sock_addr):
+@pytest.mark.parametrize("abi,chained", [(6, False), (7, False), (7, True)])
+def test_kernel_phase_initial_sync(abi, chained, built, run_scenario, collector_factory, sock_addr):
     """v7 KernelPhase (mask bit 32768): each record carries its longest initial_sync phase (a rank's
-    wait for its peers). The emulator's channel c waits 100 + c ns; v6 has no phases: 0."""
+    wait for its peers). The emulator's channel c waits 100 + c ns; v6 has no phases: 0. The same
+    with a profiler chained behind ours (DYNAMICCL_PROFILER_CHAIN: phase handles go through the chain)."""
     col = collector_factory(sock_addr)
     ops = make_ops(40, flags=FLAG["PHASES"])
+    env = {"DYNAMICCL_EVENT_MASK": str(70 | 32768)}
+    if chained:
+        env |= {"DYNAMICCL_PROFILER_CHAIN": str(built["chain_probe"]), "CHAIN_PROBE_MASK": str(70 | 32768)}
     res = run_scenario([
         {"op": "init", "hash": 0x5C, "threads": 2}, {"op": "run", "ops": ops}, {"op": "sync"}, {"op": "finalize"},
-    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 32768)})
+    ], sock_addr, abi=abi, env=env)
     assert res["ok"], res
     ev = col.events()
     check_events(ev, ops, comm_hash=0x5C, rank=0, nranks=2, nnodes=1)

@@ -7,7 +7,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "dynamiccl" / "nccl_tuner_plugin" / "README.md").read_text()
 INTERNAL = (REPO / "dynamiccl" / "nccl_tuner_plugin" / "src" / "internal.h").read_text()
-CONTROL = (REPO / "dynamiccl" / "nccl_tuner_plugin" / "src" / "control.c").read_text()
+CONTROL = "".join((REPO / "dynamiccl" / "nccl_tuner_plugin" / "src" / f).read_text() for f in ("control.c", "reload.c"))
 
 
 def _define(name: str) -> str:

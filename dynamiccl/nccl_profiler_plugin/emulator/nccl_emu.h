@@ -44,6 +44,10 @@ extern "C" {
                                    (as on an H100: start ~1.4 s, stop ~0.5 s before the enqueue) */
 #define EMU_F_NO_COLL_EVENT 0x1000 /* a collective NCCL runs without a Coll event (several broadcast roots in
                                      one group, symmetric kernels before 2.31): CollApi only, no kernel */
+#define EMU_F_NET 0x2000          /* per channel a send ProxyOp to rank+1 and a receive ProxyOp from rank-1, each with
+                                    EMU_PROXY_STEPS ProxySteps through every timed state (send: GPU wait, peer wait,
+                                    wait; receive: wait, flush wait, GPU wait), transSize EMU_NET_CHUNK at (Send|Recv)Wait */
+#define EMU_NET_CHUNK (1u << 17)
 #define EMU_STALE_START_LAG 6
 #define EMU_STALE_STOP_LAG 2
 #define EMU_SYNC_NS(ch) (100u + (ch)) /* initial_sync length of channel ch with EMU_F_PHASES */

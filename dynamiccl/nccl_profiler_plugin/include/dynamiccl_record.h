@@ -15,6 +15,7 @@
 #define DCCL_KIND_COMM 3
 #define DCCL_KIND_PROCESS 4
 #define DCCL_KIND_STATS 5
+#define DCCL_KIND_PEER 6
 #define DCCL_TIMING_NONE 0
 #define DCCL_TIMING_KERNEL_GPU 1
 #define DCCL_TIMING_KERNEL_CPU 2
@@ -103,7 +104,7 @@ typedef struct dccl_event_record_t {
   uint32_t tuner_config_version;
   uint16_t channels_seen;
   uint16_t flags;
-  uint32_t reserved0;
+  uint32_t kernel_variant;
   uint64_t comm_hash;
   uint64_t seq_number;
   uint64_t count;
@@ -164,5 +165,26 @@ typedef struct dccl_stats_record_t {
   uint64_t reserved[2];
 } dccl_stats_record_t;
 _Static_assert(sizeof(dccl_stats_record_t) == 128, "dccl_stats_record_t size");
+
+typedef struct dccl_peer_record_t {
+  uint8_t kind;
+  uint8_t is_send;
+  uint8_t parent_kind;
+  uint8_t func;
+  uint32_t pid;
+  int32_t rank;
+  int32_t peer;
+  uint64_t comm_hash;
+  uint64_t seq_number;
+  uint32_t proxy_ops;
+  uint32_t steps;
+  uint64_t bytes;
+  uint64_t state_ns[3];
+  uint64_t enqueue_ns;
+  uint64_t reserved[3];
+  uint64_t record_seq;
+  uint64_t reserved2[2];
+} dccl_peer_record_t;
+_Static_assert(sizeof(dccl_peer_record_t) == 128, "dccl_peer_record_t size");
 
 #endif /* DYNAMICCL_RECORD_H_ */

@@ -2,6 +2,12 @@
 #ifndef DYNAMICCL_INTERNAL_H_
 #define DYNAMICCL_INTERNAL_H_
 
+/* clock_gettime, CLOCK_MONOTONIC_COARSE (the inline clocks below): include this header first, or
+   define _GNU_SOURCE before any system header. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -114,6 +120,7 @@ typedef struct dccl_slot {
   _Atomic uint64_t done;        /* DCCL_DONE_STOPPED | DCCL_DONE_KERNELS */
   _Atomic uint64_t armed_ns;    /* CLOCK_MONOTONIC enqueue time once fully built, 0 when free (reaper) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
+  struct dccl_net* net;         /* per-peer network timing of this slot (net.h), NULL unless opted in */
   uint32_t pad_;
   dccl_kch_t ch[DCCL_MAX_CHANNELS];
 } __attribute__((aligned(64))) dccl_slot_t;
@@ -141,6 +148,12 @@ typedef struct dccl_slot {
 #define DCCL_H_SLOT(h) ((uint32_t)((h) >> 20) & ((1u << 20) - 1))
 #define DCCL_H_GEN(h) ((uint64_t)(h) >> 40)
 
+/* Chained profiler handles (DYNAMICCL_PROFILER_CHAIN, chain.c): tag 0 with DCCL_H_CHAIN_MARK in the
+   channel bits; the slot field is an entry of the communicator's chain ring, the generation its lap. */
+#define DCCL_H_CHAIN_MARK 0xA8u /* channel bits 42, tag 0 */
+#define DCCL_H_IS_CHAIN(h) (((uint32_t)(h) & 0xffu) == DCCL_H_CHAIN_MARK)
+struct dccl_chain;
+
 /* A finalized communicator stays registered (dead) for at least DCCL_GRAVE_MIN_MS so that late
    stops from a shared proxy find valid memory, and until its COMM record was announced (at most
    DCCL_GRAVE_MAX_MS), so a communicator shorter than one flush still gets its COMM record. */
@@ -162,6 +175,8 @@ typedef struct dccl_ctx {
   int abi_version;
   char name[88];
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
+  struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
+  struct dccl_net* net;          /* [pool_size] per-peer network timing, NULL unless opted in (net.h) */
   uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
@@ -223,6 +238,8 @@ typedef struct dccl_global {
   _Atomic uint64_t kch_dropped;  /* KernelCh starts refused (bad channel id / duplicate) */
   _Atomic uint64_t timing_suspect; /* records whose KernelCh pTimers failed the order guard */
   _Atomic uint64_t colls_without_event; /* finalized communicators' CollApi calls without a Coll/CeColl */
+  _Atomic uint64_t chain_stale;  /* chained-profiler or proxy-event handles that named a reused entry, a finished
+                                    operation or a gone communicator */
   /* link to the DynamICCL tuner plugin (applied config version in every record) */
   _Atomic uintptr_t tuner_version_fn; /* uint32_t (*)(uint64_t comm_hash) in the tuner .so, or 0 */
   void* tuner_handle;                 /* dlopen(RTLD_NOLOAD) handle: keeps the tuner mapped */
@@ -231,9 +248,26 @@ typedef struct dccl_global {
 extern dccl_global_t dccl_g;
 extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
-uint64_t dccl_now_ns(void);             /* CLOCK_REALTIME: record timestamps */
-uint64_t dccl_monotonic_ns(void);       /* CLOCK_MONOTONIC_COARSE: slot ages (a clock step never reaps) */
-uint64_t dccl_monotonic_ms(void);
+/* CLOCK_REALTIME: record timestamps (vDSO, no syscall). */
+static inline uint64_t dccl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Slot ages: a clock step never reaps. They only need to beat DYNAMICCL_STALE_MS (>= 1 ms), so the
+   coarse clock (a few ms of resolution, no TSC read) is enough and cheaper on the hot path. */
+static inline uint64_t dccl_monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t dccl_monotonic_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
 void dccl_stats_snapshot(dccl_stats_record_t* out);
 /* Reap slots armed more than stale_ns before mono_now_ns (stale_ns 0: every busy slot). Caller
    holds the registry lock. */
@@ -241,7 +275,7 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns);
 /* The sender's entry: ages are measured on CLOCK_MONOTONIC now; now_ns (a CLOCK_REALTIME reading
    in older callers) is ignored so an NTP step cannot reap operations in flight. */
 void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns);
-/* Complete a slot (the caller won the ctl "finished" bit); stale: reaped. plugin.c */
+/* Complete a slot (the caller won the ctl "finished" bit); stale: reaped. finish.c */
 void dccl_slot_finish(dccl_slot_t* s, int stale);
 
 /* Tuner link (plugin.c): find the DynamICCL tuner NCCL loaded ($NCCL_TUNER_PLUGIN, dlopen with
@@ -255,6 +289,27 @@ typedef uint32_t (*dccl_tuner_version_fn_t)(uint64_t comm_hash);
 static inline uint32_t dccl_tuner_version(uint64_t comm_hash) {
   uintptr_t f = atomic_load_explicit(&dccl_g.tuner_version_fn, memory_order_acquire);
   return f ? ((dccl_tuner_version_fn_t)f)(comm_hash) : 0;
+}
+
+/* The slot a handle names (and its communicator in *out), or NULL when its communicator is gone
+   (finalized, or not ours). */
+static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
+  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+  if (ctx == NULL) return NULL;
+  uint32_t i = DCCL_H_SLOT(h);
+  *out = ctx;
+  return i < ctx->pool_size ? &ctx->slots[i] : NULL;
+}
+
+static inline dccl_slot_t* handle_slot(uint64_t h) {
+  dccl_ctx_t* ctx;
+  return handle_slot_ctx(h, &ctx);
+}
+
+/* Is the operation the handle was issued for still in flight in this slot? */
+static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  return (c & 1) == 0 && ((c >> 1) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h);
 }
 
 /* A hot-path counter owned by one thread: a relaxed load and store, no locked RMW. */
@@ -275,6 +330,11 @@ ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eAc
                               int nNodes, int nranks, int rank, ncclDebugLogger_t logfn);
 ncclResult_t dccl_finalize(void* context);
 extern uint64_t dccl_seq_base;
+
+/* sender transport (connect.c): fds are non-blocking; -1 on failure (errno set) */
+int dccl_connect_unix(const char* path);
+int dccl_connect_tcp(const char* hostport);  /* -1 too while the name is still being resolved */
+int dccl_send_all(int fd, const uint8_t* buf, size_t len, int timeout_ms);
 
 /* sender thread (sender.c) */
 int dccl_sender_start(void);

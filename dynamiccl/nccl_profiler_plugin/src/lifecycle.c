@@ -12,7 +12,8 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "chain.h"
+#include "net.h"
 
 static uint64_t g_emitted_prev; /* ring pushes of earlier plugin lifetimes */
 /* Set by the first successful init; from then on init never fails (NCCL unloads the library
@@ -100,6 +101,8 @@ void dccl_tuner_unlink(void) {
 
 static void ctx_free(dccl_ctx_t* ctx) {
   if (ctx == NULL) return;
+  dccl_chain_free(ctx);
+  free(ctx->net);
   free(ctx->slots);
   free(ctx->p2p_seq);
   free(ctx);
@@ -118,6 +121,14 @@ static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const c
     return NULL;
   }
   memset(ctx->slots, 0, bytes);
+  if (cfg->event_mask & DCCL_NET_MASK) { /* per-peer network timing: an entry table per slot */
+    ctx->net = calloc(cfg->pool_size, sizeof(dccl_net_t));
+    if (ctx->net == NULL) {
+      ctx_free(ctx);
+      return NULL;
+    }
+    for (uint32_t i = 0; i < cfg->pool_size; i++) ctx->slots[i].net = &ctx->net[i];
+  }
   /* Each communicator starts its generations elsewhere, so a handle of a retired communicator
      whose table index was reused is unlikely to name a live generation by chance. */
   uint64_t gen0 = (uint64_t)(++g_ctx_serial) << 12;
@@ -238,7 +249,9 @@ ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eAc
     rc = ncclSystemError;
     goto out;
   }
-  if (eActivationMask) __atomic_store_n(eActivationMask, cfg.event_mask, __ATOMIC_RELAXED);
+  dccl_chain_attach(ctx, abi, commId, commName, nNodes, nranks, rank, logfn);
+  int chain_mask = ctx->chain ? ctx->chain->mask : 0; /* NCCL must also emit what the chained plugin asked for */
+  if (eActivationMask) __atomic_store_n(eActivationMask, cfg.event_mask | chain_mask, __ATOMIC_RELAXED);
   dccl_tuner_link(); /* NCCL loads the tuner after the profiler for the first communicator: retried later */
   pthread_mutex_lock(&dccl_g.registry);
   ctx->next = dccl_g.ctxs;
@@ -275,6 +288,7 @@ ncclResult_t dccl_finalize(void* context) {
     return ncclSuccess;
   }
   atomic_store_explicit(&dccl_ctx_tab[ctx->index], NULL, memory_order_release);
+  dccl_chain_detach(ctx);
   dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), 0); /* operations whose children never came */
   ctx->dead_ms = dccl_monotonic_ms();
   if (ctx->dead_ms == 0) ctx->dead_ms = 1;
@@ -291,6 +305,7 @@ ncclResult_t dccl_finalize(void* context) {
     dccl_tuner_unlink();
   }
   retired_sweep(dccl_monotonic_ms(), last);
+  if (last) dccl_chain_unload(); /* after the sweep freed every communicator's chain state */
   pthread_mutex_unlock(&dccl_g.lifecycle);
   return ncclSuccess;
 }
@@ -323,6 +338,7 @@ void dccl_stats_snapshot(dccl_stats_record_t* out) {
   out->kernel_ch_rejected = atomic_load(&dccl_g.kch_dropped);
   out->kernel_ch_timing_suspect = atomic_load(&dccl_g.timing_suspect);
   out->colls_without_event = uncovered;
+  out->reserved[1] = atomic_load(&dccl_g.chain_stale); /* wire_format.py: STATS reserved[1] */
 }
 
 /* Debug/test hook: a snapshot of the plugin's counters (same content as the STATS record). Not part of NCCL's ABI. */

@@ -9,7 +9,8 @@
  * (slot + channel) and a dummy for the parents we do not track (GroupApi/CollApi/P2pApi/
  * KernelLaunch/Group). Every stop or child is checked against the slot's current generation.
  *
- * Lifecycle (init/finalize, communicator table, tuner link, counters, the stale-slot reaper): lifecycle.c.
+ * Completion (a finished slot becomes a record on the ring): finish.c. Lifecycle (init/finalize,
+ * communicator table, tuner link, counters, the stale-slot reaper): lifecycle.c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -21,39 +22,12 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "chain.h"
+#include "net.h"
 
-dccl_global_t dccl_g = {
-    .lifecycle = PTHREAD_MUTEX_INITIALIZER,
-    .registry = PTHREAD_MUTEX_INITIALIZER,
-    .wake_mutex = PTHREAD_MUTEX_INITIALIZER,
-    .wake_cond = PTHREAD_COND_INITIALIZER,
-};
-dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
 #define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
-
-
-uint64_t dccl_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Slot ages only need to beat DYNAMICCL_STALE_MS (>= 1 ms): the coarse clock (a few ms of
-   resolution, no TSC read) is enough and cheaper on the hot path. */
-uint64_t dccl_monotonic_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t dccl_monotonic_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* NCCL string -> wire code. The strings are static in NCCL, so a tiny direct-mapped cache of   */
@@ -98,6 +72,42 @@ static inline uint8_t lookup(strcache_t* c, const char* s, const char* const* na
 #define MAP_ALGO(s) lookup(&g_algo_cache, (s), dccl_algo_names, DCCL_ALGO_COUNT)
 #define MAP_PROTO(s) lookup(&g_proto_cache, (s), dccl_proto_names, DCCL_PROTO_COUNT)
 
+/* v7 kernelVariant: the 32-bit FNV-1a hash of its name (first 64 bytes; 0: none), so records can be
+   grouped by kernel variant across ranks and runs without a string. NCCL's names are static, so a
+   cache keyed by the whole pointer spares the hash: an entry is claimed by CAS (1 = being written)
+   before its hash is stored, and a reader checks the pointer before and after reading the hash. */
+#define VARIANT_CACHE 8
+typedef struct {
+  _Atomic uintptr_t p;
+  _Atomic uint32_t h;
+} variant_entry_t;
+static variant_entry_t g_variant_cache[VARIANT_CACHE];
+
+static __attribute__((noinline)) uint32_t variant_hash_slow(const char* s, uintptr_t p, uintptr_t seen) {
+  uint32_t h = 2166136261u;
+  for (int i = 0; i < 64 && s[i]; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+  h = h ? h : 1;
+  variant_entry_t* e = &g_variant_cache[(p >> 3) & (VARIANT_CACHE - 1)];
+  if (seen != 1 && atomic_compare_exchange_strong_explicit(&e->p, &seen, 1, memory_order_acq_rel, memory_order_relaxed)) {
+    atomic_store_explicit(&e->h, h, memory_order_relaxed);
+    atomic_store_explicit(&e->p, p, memory_order_release);
+  }
+  return h;
+}
+
+static inline uint32_t variant_hash(const char* s) {
+  if (s == NULL) return 0;
+  uintptr_t p = (uintptr_t)s;
+  variant_entry_t* e = &g_variant_cache[(p >> 3) & (VARIANT_CACHE - 1)];
+  uintptr_t seen = atomic_load_explicit(&e->p, memory_order_acquire);
+  if (seen == p) {
+    uint32_t h = atomic_load_explicit(&e->h, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&e->p, memory_order_relaxed) == p) return h;
+  }
+  return variant_hash_slow(s, p, seen);
+}
+
 
 /* ------------------------------------------------------------------------------------------ */
 /* Slots                                                                                       */
@@ -121,76 +131,7 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
   return UINT32_MAX;
 }
 
-/* The slot a handle names (and its communicator in *out), or NULL when its communicator is gone
-   (finalized, or not ours). */
-static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
-  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-  if (ctx == NULL) return NULL;
-  uint32_t i = DCCL_H_SLOT(h);
-  *out = ctx;
-  return i < ctx->pool_size ? &ctx->slots[i] : NULL;
-}
 
-static inline dccl_slot_t* handle_slot(uint64_t h) {
-  dccl_ctx_t* ctx;
-  return handle_slot_ctx(h, &ctx);
-}
-
-/* Is the operation the handle was issued for still in flight in this slot? */
-static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
-  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  return (c & 1) == 0 && ((c >> 1) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h);
-}
-
-/* Build the record, push it, free the slot. The caller won the ctl "finished" bit. Only children
-   stamped with this generation count (a stray late child of an earlier occupant never does). */
-void dccl_slot_finish(dccl_slot_t* s, int stale) {
-  uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
-  (void)atomic_load_explicit(&s->done, memory_order_acquire); /* pairs with the events' RMWs (the reaper's view) */
-  uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
-  uint32_t seen = 0, suspect = 0;
-  uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
-  int all_gpu = 1;
-  for (uint64_t bits = m; bits; bits &= bits - 1) {
-    const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
-    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen || !(e->order & DCCL_KCH_STOPPED)) continue;
-    seen++;
-    suspect |= (e->order & DCCL_KCH_SUSPECT) | (e->stop_ptimer != 0 && e->stop_ptimer < e->start_ptimer);
-    if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
-    if (e->start_ptimer != 0 && e->start_ptimer < gmin) gmin = e->start_ptimer;
-    if (e->stop_ptimer > gmax) gmax = e->stop_ptimer;
-    if (e->sync_ns > sync) sync = e->sync_ns;
-  }
-  s->rec.sync_wait_ns = sync;
-  dccl_event_record_t* r = &s->rec;
-  r->channels_seen = (uint16_t)seen;
-  r->gpu_start_ns = (gmin == UINT64_MAX) ? 0 : gmin;
-  r->gpu_end_ns = gmax;
-  if (stale) {
-    r->timing_source = DCCL_TIMING_NONE;
-    r->flags |= DCCL_FLAG_STALE;
-    r->cpu_end_ns = 0;
-  } else if (s->expect_kch == 0) {
-    r->timing_source = DCCL_TIMING_NONE;
-    r->cpu_end_ns = 0;
-  } else {
-    r->cpu_end_ns = dccl_now_ns();
-    r->timing_source = (seen >= s->expect_kch && all_gpu) ? DCCL_TIMING_KERNEL_GPU : DCCL_TIMING_KERNEL_CPU;
-    if (dccl_g.cfg.span_check && gmin != UINT64_MAX && gmax > gmin && r->cpu_end_ns > r->enqueue_ns &&
-        gmax - gmin > r->cpu_end_ns - r->enqueue_ns + DCCL_SPAN_SLACK_NS)
-      suspect = 1; /* longer on the GPU than it existed on the host: another kernel's times */
-    if (suspect) { /* no latency: the GPU times belong to other kernels and NCCL fired the KernelCh
-                      events early, so cpu_end is no completion time either (internal.h) */
-      r->timing_source = DCCL_TIMING_NONE;
-      r->flags |= DCCL_FLAG_TIMING_SUSPECT;
-      atomic_fetch_add_explicit(&dccl_g.timing_suspect, 1, memory_order_relaxed);
-    }
-  }
-  if (dccl_ring_push(&dccl_g.ring, r) != 0)
-    atomic_fetch_add_explicit(&dccl_g.records_dropped_ring_full, 1, memory_order_relaxed);
-  atomic_store_explicit(&s->armed_ns, 0, memory_order_relaxed);
-  atomic_store_explicit(&s->busy, 0, memory_order_release);
-}
 
 /* Finish once, and only the generation `h` names. */
 static inline void slot_try_finish(dccl_slot_t* s, uint64_t h) {
@@ -209,7 +150,7 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
 static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, uint8_t kind, uint64_t seq, const char* func,
                             const char* datatype, size_t count, int root, uint8_t nChannels, uint8_t nWarps,
                             const char* algo, const char* proto, uint32_t children, uint64_t user_tag,
-                            uint16_t flags) {
+                            uint16_t flags, uint32_t variant) {
   uint8_t dt = MAP_DTYPE(datatype);
   uint64_t bytes = (uint64_t)count * (dt < DCCL_DTYPE_COUNT ? dccl_dtype_sizes[dt] : 0);
   if (bytes < ctx->min_bytes) return;
@@ -247,10 +188,12 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
       .enqueue_ns = now,
       .flags = flags,
       .user_tag = user_tag,
+      .kernel_variant = variant,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   atomic_store_explicit(&s->done, 0, memory_order_relaxed);
   s->kch_stopped = 0;
+  if (s->net) s->net->n = s->net->dropped = 0;
   atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
@@ -265,11 +208,11 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
    children, finding a finished generation, are dropped and counted. */
 static inline void start_coll(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const char* func, const char* dtype,
                               size_t count, int root, uint8_t nCh, uint8_t nWarps, const char* algo,
-                              const char* proto, uint64_t user_tag, int sym) {
+                              const char* proto, uint64_t user_tag, int sym, const char* variant) {
   dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, nCh, nWarps, algo, proto, nCh, user_tag,
-           sym ? DCCL_FLAG_SYMMETRIC : 0);
+           sym ? DCCL_FLAG_SYMMETRIC : 0, variant_hash(variant));
 }
 
 static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, const char* dtype, size_t count,
@@ -287,7 +230,7 @@ static inline void start_p2p(dccl_ctx_t* ctx, void** eHandle, const char* func, 
   /* A send/recv to self has no proxy ops, hence no KernelCh children, though nChannels >= 1
      (enqueue.cc: addP2pToPlan, nProxyOps = selfSend ? 0 : 2): it completes at its stopEvent. */
   uint32_t children = peer == ctx->rank ? 0 : nCh;
-  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0);
+  start_op(ctx, eHandle, DCCL_KIND_P2P, seq, func, dtype, count, peer, nCh, 0, NULL, NULL, children, user_tag, 0, 0);
 }
 
 /* A copy-engine collective (v6+, ncclLaunchCeColl): NCCL starts and stops its CeColl event around
@@ -297,7 +240,7 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
   dccl_bump(&ctx->coll_events);
   if (!(ctx->record_mask & ncclProfileCeColl)) return;
   start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
-           DCCL_FLAG_COPY_ENGINE);
+           DCCL_FLAG_COPY_ENGINE, 0);
 }
 
 /* The order guard at a KernelCh start (internal.h, DCCL_KCH_*): one relaxed load. */
@@ -359,12 +302,19 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
 /* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
    KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, P2P_TAG, CE_CASE, PHASE_FAST)                     \
+/* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
+   with our own parent handle and the chained plugin with its own. */
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST)                  \
   static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
+    if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0))                                          \
+      return fn##_chain((dccl_ctx_t*)context, eHandle, d);                                                   \
+    return fn##_core(context, eHandle, d);                                                                   \
+  }                                                                                                          \
+  ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) {                                        \
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
@@ -377,7 +327,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
                    d->coll.root, d->coll.nChannels, d->coll.nWarps, d->coll.algo, d->coll.proto, (COLL_TAG),  \
-                   (COLL_SYM));                                                                              \
+                   (COLL_SYM), (COLL_VARIANT));                                                              \
         break;                                                                                               \
       case ncclProfileP2p:                                                                                   \
         start_p2p(ctx, eHandle, d->p2p.func, d->p2p.datatype, d->p2p.count, d->p2p.peer, d->p2p.nChannels,  \
@@ -395,9 +345,14 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
         /* Parents we do not track: a non-NULL dummy so NCCL keeps starting the children. */               \
         *eHandle = DUMMY_HANDLE;                                                                             \
         break;                                                                                               \
-      default:                                                                                               \
-        /* ProxyOp (never dereferenced: under PXN its parentObj belongs to another process),             \
-           ProxyStep, ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                       \
+      case ncclProfileProxyOp: /* per-peer network timing, opt-in (net.h) */                                \
+        if (ctx->net)                                                                                        \
+          dccl_net_start_op(ctx, eHandle, d->parentObj, d->proxyOp.pid, d->proxyOp.peer, d->proxyOp.isSend); \
+        break;                                                                                               \
+      case ncclProfileProxyStep:                                                                             \
+        if (ctx->net) dccl_net_start_step(eHandle, d->parentObj, d->proxyStep.step);                         \
+        break;                                                                                               \
+      default: /* ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                                      \
         break;                                                                                               \
     }                                                                                                        \
   }
@@ -413,18 +368,19 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
     start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, 0, , )
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, 0, , )
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, 0, DCCL_CE_CASE(0), )
-DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->p2p.userTag,
-                  DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, NULL, 0, , )
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, NULL, 0, , )
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCCL_CE_CASE(0), )
+DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->coll.kernelVariant,
+                  d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
 
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
    KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
    and the channel is counted there, so each channel's stop decodes its handle once. */
-static ncclResult_t dccl_stop(void* eHandle) {
+ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (h == 0 || DCCL_H_TAG(h) != DCCL_H_TAG_SLOT) return ncclSuccess;
+  if (DCCL_H_TAG(h) != DCCL_H_TAG_SLOT)
+    return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
   /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
@@ -453,10 +409,13 @@ static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint
   if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
 }
 
-static ncclResult_t dccl_record_state(void* eHandle, ncclProfilerEventState_t eState,
-                                      ncclProfilerEventStateArgs_v4_t* args) {
+ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
+                                    ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
   uint32_t tag = DCCL_H_TAG(h);
+  if (__builtin_expect(tag == 0 && h != 0, 0)) /* a chained profiler's or a proxy event's handle */
+    return DCCL_H_IS_CHAIN(h) ? dccl_chain_record(h, eState, args)
+           : DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : ncclSuccess;
   int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
   int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
   if (!(kch_stop || sync_stop)) return ncclSuccess;
@@ -502,8 +461,8 @@ DCCL_DEFINE_INIT(7)
       .name = DCCL_PLUGIN_NAME,                                                                              \
       .init = dccl_init_v##V,                                                                                \
       .startEvent = dccl_start_v##V,                                                                         \
-      .stopEvent = dccl_stop,                                                                                \
-      .recordEventState = dccl_record_state,                                                                 \
+      .stopEvent = dccl_stop_core,                                                                           \
+      .recordEventState = dccl_record_state_core,                                                            \
       .finalize = dccl_finalize,                                                                             \
   };
 DCCL_DEFINE_TABLE(7)

@@ -1,6 +1,9 @@
 /* DynamICCL NCCL profiler plugin: the record ring between the hot path (producers: whichever
  * NCCL thread finishes an operation) and the sender thread (its only consumer).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* CLOCK_MONOTONIC_COARSE (internal.h) */
+#endif
 #include <stdlib.h>
 #include <string.h>
 

@@ -185,6 +185,9 @@ void dct_chain_fini(dct_ctx_t* ctx);
 
 /* control.c */
 void dct_env_load(void);                 /* caller holds lifecycle */
+/* control.c, for the reload (reload.c): ctl lock held */
+void dct_set_error(const char* msg);
+int dct_stage(const dct_parsed_t* p, char* err, size_t errlen); /* 0, or -1 with err (nothing changes) */
 int dct_thread_start(void);              /* caller holds lifecycle */
 void dct_thread_stop(void);              /* caller holds lifecycle */
 uint64_t dct_now_ns(void);               /* CLOCK_REALTIME */

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include "../src/control.c"
+#include "../src/reload.c"
 #include "../src/rules.c"
 #include "../src/tuner.c"
 #include "../src/chain.c"

@@ -1,0 +1,67 @@
+/* DynamICCL profiler plugin: forwarding to a second profiler plugin (DYNAMICCL_PROFILER_CHAIN=/path/lib.so).
+ *
+ * NCCL loads one profiler. With a chain, every call it makes to ours is also made to the chained
+ * plugin (loaded at the first init, same ABI version as NCCL loaded ours with), which keeps its own
+ * context per communicator and its own event handles. The handle NCCL gets back names an entry of
+ * the communicator's chain ring holding both handles (ours, theirs); a child's parentObj is
+ * translated through it, so each plugin only ever sees its own handles. The ring is written with
+ * one atomic add and a seqlock stamp: no allocation or lock on NCCL's threads. An entry is reused
+ * after DCCL_CHAIN_ENTRIES later events of its communicator; a handle that old decodes to nothing
+ * (counted in chain_stale), as a stop after its communicator's finalize does.
+ */
+#ifndef DYNAMICCL_CHAIN_H_
+#define DYNAMICCL_CHAIN_H_
+
+#include "internal.h"
+
+#define DCCL_CHAIN_BITS 15
+#define DCCL_CHAIN_ENTRIES (1u << DCCL_CHAIN_BITS)
+#define DCCL_CHAIN_STAMP_MASK ((DCCL_H_GEN_MASK << DCCL_CHAIN_BITS) | (DCCL_CHAIN_ENTRIES - 1))
+#define DCCL_CHAIN_STAMP_WRITING (1ull << 63)
+
+typedef struct dccl_chain_entry {
+  _Atomic uint64_t stamp; /* the ring cursor that wrote it (masked), DCCL_CHAIN_STAMP_WRITING while written */
+  _Atomic uintptr_t ours;
+  _Atomic uintptr_t theirs;
+} dccl_chain_entry_t;
+
+typedef ncclResult_t (*dccl_chain_stop_fn)(void* eHandle);
+typedef ncclResult_t (*dccl_chain_record_fn)(void* eHandle, ncclProfilerEventState_t eState,
+                                             ncclProfilerEventStateArgs_v4_t* args);
+
+typedef struct dccl_chain {
+  const void* table;             /* the chained plugin's ncclProfiler_v<abi>_t */
+  void* ctx;                     /* its context for this communicator */
+  dccl_chain_stop_fn stop;
+  dccl_chain_record_fn record;
+  int mask;                      /* the events it asked for at its init */
+  dccl_chain_entry_t* ring;      /* [DCCL_CHAIN_ENTRIES] */
+  _Atomic uint64_t cursor __attribute__((aligned(64)));
+} dccl_chain_t;
+
+/* lifecycle (lifecycle lock held): attach at init (after the context exists; nothing on failure
+   but a warning), detach at finalize (calls the chained finalize), free with the context, unload
+   at the last finalize. */
+void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* commName, int nNodes, int nranks,
+                       int rank, ncclDebugLogger_t logfn);
+void dccl_chain_detach(dccl_ctx_t* ctx);
+void dccl_chain_free(dccl_ctx_t* ctx);
+void dccl_chain_unload(void);
+
+/* hot path */
+ncclResult_t dccl_chain_stop(uint64_t h);
+ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
+
+/* plugin.c: our own start per version (no chain), and the chained start (chain.c) */
+#define DCCL_DECLARE_START(V)                                                                               \
+  ncclResult_t dccl_start_v##V##_core(void* context, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
+  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);
+DCCL_DECLARE_START(4)
+DCCL_DECLARE_START(5)
+DCCL_DECLARE_START(6)
+DCCL_DECLARE_START(7)
+ncclResult_t dccl_stop_core(void* eHandle);
+ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
+                                    ncclProfilerEventStateArgs_v4_t* args);
+
+#endif /* DYNAMICCL_CHAIN_H_ */
