@@ -13,7 +13,7 @@ from typing import Any, Callable, MutableMapping
 
 from dynamiccl.scaleout.bus import Message
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
-from dynamiccl.scaleout.wire import decode_partial
+from dynamiccl.scaleout.wire import peek_header, read_partial
 
 __all__ = ["CentralShard"]
 
@@ -36,15 +36,20 @@ class CentralShard:
         for the job's owner), "refused" (duplicate, late or unexpected; counted by the merger)."""
         self.counters["received"] += 1
         try:
-            job, p = decode_partial(msg.data)
+            head = peek_header(msg.data)
+            if not self.table.owns(self.name, head["job"]):
+                self.counters["not_owned"] += 1
+                return "not_owned"
+            reason = self.merger.refusal(head["job"], head["node"], head["window"])
+            if reason is not None:                  # duplicate or late: settled without inflating it
+                self.merger.refuse(reason)
+                return "refused"
+            p = read_partial(msg.data)              # checked and inflated; frames built per window at merge
         except ValueError as e:
             self.counters["malformed"] += 1
             log.warning("shard %s: %s: %s", self.name, msg.subject, e)
             return "malformed"
-        if not self.table.owns(self.name, job):
-            self.counters["not_owned"] += 1
-            return "not_owned"
-        return "filed" if self.merger.add(job, p) else "refused"
+        return "filed" if self.merger.add(p.job, p) else "refused"
 
     def poll(self) -> list:
         """Run the windows now due; returns the loop steps."""

@@ -79,11 +79,45 @@ def test_failover_moves_job_and_runs_no_window_twice():
         assert first.handle(m) == "filed" and other.handle(m) == "not_owned"   # only the owner takes it
     first.poll()
     assert runs == [float(w0)]
-    clock.t = 1.0
-    other.poll()                                             # first stops beating: it died
-    clock.t = 2.0
+    for t in (0.5, 1.0, 1.5, 2.0):                           # first stops beating: it died
+        clock.t = t
+        other.poll()
     assert table.live() == [other.name]
     for m in _msgs(parts, w0) + _msgs(parts, w1):            # redelivered after the failover
         other.handle(m)
     other.poll()
     assert runs == [float(w0), float(w1)] and other.counters["windows_skipped"] == 1
+
+
+def test_a_stalled_observer_does_not_declare_its_peers_dead():
+    clock = Clock()
+    table = ShardTable(ttl_s=1.5, clock=clock)
+    table.beat("s0")
+    table.beat("s1")
+    clock.t = 5.0                       # the whole process stalled 5 s (nobody could beat)
+    table.beat("s0")
+    assert table.live() == ["s0", "s1"] and table.pauses == 1
+    for t in (5.5, 6.0, 6.5, 7.0):      # now looking regularly: s1's silence counts
+        clock.t = t
+        table.beat("s0")
+        table.live()
+    assert table.live() == ["s0"]
+
+
+def test_a_window_waits_while_the_bus_still_holds_the_jobs_partials():
+    parts = partials(events())
+    clock = Clock()
+    m = WindowMerger(MergerConfig({"j": frozenset({"node0", "node1"})}, lateness_s=2.0, max_lateness_s=10.0), clock)
+    w = sorted(parts)[1]
+    m.add("j", parts[w][0])
+    m.set_backlog("j", 300)             # node1's partial may be among the 300 not yet read
+    clock.t = 3.0
+    assert m.due() == []
+    m.set_backlog("j", 0)               # read everything: node1 is missing
+    (_, wf), = m.due()
+    assert wf.counters["missing_nodes"] == ["node1"]
+    m.add("j", parts[w + 1][0])
+    m.set_backlog("j", 5)
+    clock.t = 13.0                      # past max_lateness_s whatever the backlog
+    (_, wf), = m.due()
+    assert wf.counters["missing_nodes"] == ["node1"]
