@@ -15,9 +15,23 @@ from dynamiccl.scaleout.bus import Message
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
 from dynamiccl.scaleout.wire import peek_header, read_partial
 
-__all__ = ["CentralShard"]
+__all__ = ["CentralShard", "detector_loop"]
 
 log = logging.getLogger(__name__)
+
+
+def detector_loop(config, make_retuner: Callable[[str], Any] | None = None,
+                  sinks: Callable[[str], list] | None = None) -> Callable[[str], Any]:
+    """``make_loop`` for a shard: per job the single-machine ``Loop`` over the product's detector
+    (``config``: a ``DetectorConfig``), with that job's retuner where ``make_retuner`` gives one (the
+    CLI builds it: the retuner is not this layer's) and the change sinks ``sinks(job)``."""
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.loop import Loop
+
+    def make(job: str):
+        rt = make_retuner(job) if make_retuner is not None else None
+        return Loop(Detector(config), rt, sinks=sinks(job) if sinks is not None else ())
+    return make
 
 
 class CentralShard:
