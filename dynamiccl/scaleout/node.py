@@ -15,6 +15,7 @@ import numpy as np
 
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
+from dynamiccl.scaleout.node_agg import PARTIAL_FIELDS
 from dynamiccl.scaleout.partials import node_partial
 from dynamiccl.scaleout.wire import encode_partial
 
@@ -68,8 +69,12 @@ class NodeCollector:
             ev, t, w = ev[:room], t[:room], w[:room]
         if not len(ev):
             return
-        for win in np.unique(w).tolist():
-            self._open[win].append(ev[w == win])
+        lo, hi = int(w.min()), int(w.max())
+        if lo == hi:                               # the usual batch: one window, kept without a copy
+            self._open[lo].append(ev)
+        else:
+            for win in np.unique(w).tolist():
+                self._open[win].append(ev[w == win])
         self._buffered += len(ev)
         self._newest_ns = max(self._newest_ns, int(t.max()))
 
@@ -82,14 +87,17 @@ class NodeCollector:
         return self.outbox.flush()
 
     def _close(self, win: int) -> None:
-        ev = np.concatenate(self._open.pop(win))
-        self._buffered -= len(ev)
+        pieces = self._open.pop(win)
+        # only the fields the partial reads, each concatenated once (not the whole 128-byte records)
+        ev = {f: np.concatenate([x[f] for x in pieces]) for f in PARTIAL_FIELDS}
+        n = len(ev["rank"])
+        self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)
         cfg = self.config
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self.outbox.offer(Message(subject(cfg.job_id, cfg.node), encode_partial(p, cfg.job_id),
                                   msg_id(cfg.job_id, cfg.node, win)))
-        self.counters["aggregated"] += len(ev)
+        self.counters["aggregated"] += n
         self.counters["windows"] += 1
 
 

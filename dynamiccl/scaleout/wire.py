@@ -41,6 +41,9 @@ _NULL = -1                      # dmin/dmax/dur_max of an untimed group (duratio
 #: JetStream's default max_payload is 1 MiB
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_INFLATED_BYTES = 64 << 20
+#: level 1: 7x faster than 6 on a node's window (the node collector's largest cost at 2 M records/s)
+#: for about 9 % more bytes
+ZLIB_LEVEL = 1
 _U32 = struct.Struct("<I")
 
 
@@ -58,7 +61,7 @@ def encode_partial(p: NodePartial, job_id: str) -> bytes:
     head = json.dumps({"v": 1, "node": p["node"], "job": job_id, "window": p["window"],
                        "window_s": p["window_s"], "rows": {n: len(f) for n, f in frames.items()}}).encode()
     body = b"".join(_column(frames[n], c, dt) for n, cols in FRAMES.items() for c, dt, _ in cols)
-    return _U32.pack(len(head)) + head + zlib.compress(body, 6)
+    return _U32.pack(len(head)) + head + zlib.compress(body, ZLIB_LEVEL)
 
 
 def _header(data: bytes) -> tuple[dict, int]:
