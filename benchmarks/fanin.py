@@ -37,9 +37,10 @@ from dynamiccl.harness.collector_testing import synthetic_events  # noqa: E402
 from dynamiccl.scaleout.bus import InProcessBus, Message, Outbox, msg_id, subject  # noqa: E402
 from dynamiccl.scaleout.central import CentralShard  # noqa: E402
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, owner  # noqa: E402
-from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, loopback_cluster, publish  # noqa: E402
+from dynamiccl.scaleout.nats_bus import ensure_stream, loopback_cluster, publish  # noqa: E402
 from dynamiccl.scaleout.node import NodeCollector, NodeConfig  # noqa: E402
 from dynamiccl.scaleout.partials import node_partial  # noqa: E402
+from dynamiccl.scaleout.service import ShardRunner  # noqa: E402
 from dynamiccl.scaleout.wire import encode_partial  # noqa: E402
 
 RANKS, RATE = 8, 550.0
@@ -107,48 +108,6 @@ class Recorder:
         return S()
 
 
-async def shard_task(name, shard, js, alive, acks):
-    """A shard: fetch its jobs' partials, run due windows, ack a partial once its window ran; held
-    partials get their ack deadline extended (in_progress) while their window waits, so a short
-    ack_wait redelivers a dead shard's partials to the next owner before it starts merging."""
-    consumers, last_extend = {}, 0.0
-    while alive[name]:
-        if time.monotonic() - last_extend > 0.3:
-            last_extend = time.monotonic()
-            for (s, _), held in list(acks.items()):
-                if s == name:
-                    await asyncio.gather(*(m.in_progress() for _, m in held))
-        shard.poll()
-        for job in list(shard.merger.config.expected_nodes):
-            if not shard.table.owns(name, job):
-                continue
-            if job not in consumers:
-                consumers[job] = await JobConsumer(js, job, ack_wait_s=1.0).bind()
-            msgs = await consumers[job].fetch(2000, 0.2)
-            for m in msgs:
-                status = shard.handle(Message(m.subject, m.data, m.headers.get("Nats-Msg-Id", "")))
-                w = int(m.headers["Nats-Msg-Id"].rsplit("/", 1)[1])
-                if status == "filed":
-                    acks.setdefault((name, job), []).append((w, m))
-                elif status == "not_owned":
-                    await m.nak()                                # the job's owner takes it
-                else:
-                    await m.ack()                                # refused (duplicate, late, malformed): settled
-            held = len(acks.get((name, job), []))
-            shard.merger.set_backlog(job, await consumers[job].backlog(held) if len(msgs) < 2000 else 2000)
-        steps = shard.poll()
-        for job in {j for j, _ in steps}:
-            done = shard.checkpoints.get(job, -1)
-            keep = []
-            for w, m in acks.get((name, job), []):
-                if w <= done:
-                    await m.ack()
-                else:
-                    keep.append((w, m))
-            acks[(name, job)] = keep
-        await asyncio.sleep(0.05)
-
-
 async def _publish_all(urls, msgs_by_window, go, published):
     nc = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream()
@@ -183,11 +142,14 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
     nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream()
     await ensure_stream(js, replicas=3)
-    table, ckpt, log, alive, acks = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}, {}
+    table, ckpt, log, alive = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}
     cfg = MergerConfig({j: frozenset(nodes_of[j]) for j in jobs}, lateness_s=args.lateness)
     shards = {s: CentralShard(s, cfg, table, ckpt, lambda job: Recorder(log, job), time.monotonic)
               for s in SHARDS}
-    tasks = {s: asyncio.create_task(shard_task(s, shards[s], js, alive, acks)) for s in SHARDS}
+    # ack_wait 1 s: a dead shard's held partials are redelivered to the next owner 1 s after their
+    # deadline was last extended
+    tasks = {s: asyncio.create_task(ShardRunner(shards[s], js, ack_wait_s=1.0).run(lambda s=s: alive[s]))
+             for s in SHARDS}
     while table.live() != sorted(SHARDS):                 # both shards up before the first partial
         await asyncio.sleep(0.05)
     go.set()

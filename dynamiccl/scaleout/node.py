@@ -80,11 +80,18 @@ class NodeCollector:
 
     def tick(self, *, flush_all: bool = False) -> int:
         """Close the ready windows (all with ``flush_all``), queue their partials, flush the outbox."""
+        self.close_ready(flush_all=flush_all)
+        return self.outbox.flush()
+
+    def close_ready(self, *, flush_all: bool = False) -> int:
+        """Close the ready windows and queue their partials (the service flushes the outbox itself)."""
+        closed = 0
         for win in sorted(self._open):
             if not flush_all and (win + 1) * self._win_ns + self._late_ns > self._newest_ns:
                 break
             self._close(win)
-        return self.outbox.flush()
+            closed += 1
+        return closed
 
     def _close(self, win: int) -> None:
         pieces = self._open.pop(win)
