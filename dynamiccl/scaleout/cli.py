@@ -139,6 +139,7 @@ def central_registry(shard):
 async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
     from dynamiccl.detector.config import DetectorConfig
     from dynamiccl.scaleout.central import CentralShard, detector_loop
+    from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
     from dynamiccl.scaleout.merger import ShardTable
     from dynamiccl.scaleout.service import ShardRunner, connect
 
@@ -152,17 +153,22 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
                 out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
                 out.flush()
         return [record]
-    shard = CentralShard(cfg.shard, cfg.merger, ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {},
+    table, checkpoints = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}
+    shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
                          detector_loop(DetectorConfig(warmup=cfg.warmup, autoencoder=False).validate(), sinks=sinks),
                          time.monotonic)
+    live = Liveness(table, checkpoints, cfg.node_ttl_s, time.monotonic)
     _serve_metrics(cfg.metrics, central_registry(shard))
     if on_shard is not None:
         on_shard(shard)
     nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
+    kv = await live_bucket(js, replicas=cfg.nats.replicas)
+    watcher = asyncio.create_task(watch(kv, live, stop.is_set))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
     try:
-        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s).run(lambda: not stop.is_set())
+        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live).run(lambda: not stop.is_set())
     finally:
+        await watcher
         await nc.close()
         if out is not None:
             out.close()

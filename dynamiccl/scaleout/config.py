@@ -55,6 +55,7 @@ class CentralServiceConfig:
     changes_path: str | None = None      # regime changes, one JSON line each (None: log only)
     warmup: int = 60                     # the detector's baseline windows per stream
     heartbeat_ttl_s: float = 1.5         # a shard silent this long loses its jobs (takeover)
+    node_ttl_s: float = 5.0              # a node silent this long: its windows stop waiting for it
 
     def validate(self) -> "CentralServiceConfig":
         subject(self.shard, "x")         # a subject token
@@ -66,8 +67,8 @@ class CentralServiceConfig:
         for job, nodes in self.merger.expected_nodes.items():
             for n in nodes:
                 subject(job, n)
-        if self.warmup < 1 or not self.heartbeat_ttl_s > 0:
-            raise ValueError("central: warmup >= 1 and heartbeat_ttl_s > 0")
+        if self.warmup < 1 or not self.heartbeat_ttl_s > 0 or not self.node_ttl_s > 0:
+            raise ValueError("central: warmup >= 1, heartbeat_ttl_s > 0 and node_ttl_s > 0")
         return self
 
 

@@ -57,6 +57,7 @@ class WindowMerger:
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._merged_upto: dict[str, int] = {}
         self._backlog: dict[str, int] = {}
+        self._silent: dict[str, frozenset[str]] = {}
         self.counters = {"partials": 0, "duplicates": 0, "late": 0, "unknown_job": 0, "unknown_node": 0,
                          "windows_merged": 0, "nodes_missing": 0}
 
@@ -91,8 +92,12 @@ class WindowMerger:
         redelivery); while any, a window waits for its nodes up to ``max_lateness_s`` only."""
         self._backlog[job] = max(0, int(messages))
 
+    def set_silent(self, job: str, nodes: frozenset[str]) -> None:
+        """Nodes known dead (no heartbeat): a window does not wait for them; they are counted missing."""
+        self._silent[job] = frozenset(nodes)
+
     def _waits(self, job: str, pend: _Pending, expected: frozenset[str], now: float) -> bool:
-        if len(pend.parts) >= len(expected):
+        if expected - self._silent.get(job, frozenset()) <= pend.parts.keys():
             return False
         age = now - pend.first_seen
         bound = self.config.max_lateness_s if self._backlog.get(job, 0) else self.config.lateness_s
@@ -109,6 +114,7 @@ class WindowMerger:
             del self._pending[k]
         self._merged_upto.pop(job, None)
         self._backlog.pop(job, None)
+        self._silent.pop(job, None)
         return len(gone)
 
     def due(self) -> list[tuple[str, WindowFeatures]]:

@@ -21,6 +21,7 @@ from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.receivers.stream import StreamReceiver
 from dynamiccl.scaleout.bus import Message, Outbox
 from dynamiccl.scaleout.config import NodeServiceConfig
+from dynamiccl.scaleout.liveness import Liveness, ckpt_key, live_bucket, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
 
@@ -71,7 +72,8 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
     receiver = StreamReceiver(cfg.receiver, next_consumer=queue, metrics=SelfMetrics())
     queue.start()
     receiver.start()
-    nc = js = None
+    nc = js = kv = None
+    beat_at = -1e300
     try:
         if ready is not None:
             ready(node, receiver.addresses)
@@ -79,10 +81,18 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
             if js is None:
                 try:
                     nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
+                    kv = await live_bucket(js, replicas=cfg.nats.replicas)
                 except Exception as e:  # noqa: BLE001 - bus unreachable: ingest goes on, the outbox bounds
                     log.warning("node %s: NATS not reachable (%s); retrying", cfg.node.node, e)
             if js is not None:
                 await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=1))
+            if kv is not None and time.monotonic() - beat_at >= 1.0:     # liveness: every second
+                beat_at = time.monotonic()
+                try:
+                    await kv.put(node_key(cfg.node.job_id, cfg.node.node), b"")
+                except Exception as e:  # noqa: BLE001 - counted by the outbox's next failure too
+                    node.counters["heartbeat_errors"] = node.counters.get("heartbeat_errors", 0) + 1
+                    log.debug("node %s: heartbeat: %s", cfg.node.node, e)
             try:
                 await asyncio.wait_for(stop.wait(), flush_s)
             except asyncio.TimeoutError:
@@ -101,13 +111,16 @@ class ShardRunner:
     """One shard's fetch → file → merge → loop → ack rounds over NATS JetStream."""
 
     def __init__(self, shard: Any, js, *, ack_wait_s: float = 3.0, fetch_batch: int = 2000,
-                 fetch_timeout_s: float = 0.2, clock: Callable[[], float] = time.monotonic):
-        self.shard, self.js = shard, js
+                 fetch_timeout_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                 kv=None, live: Liveness | None = None):
+        self.shard, self.js, self.kv, self.live = shard, js, kv, live
+        self._beat_at = -1e300
         self.ack_wait_s, self.fetch_batch, self.fetch_timeout_s = ack_wait_s, fetch_batch, fetch_timeout_s
         self.clock = clock
         self.consumers: dict[str, JobConsumer] = {}
         self.held: dict[str, list[tuple[int, Any]]] = {}
         self._extended = clock()
+        self.errors = 0
 
     async def _extend(self) -> None:
         """Push back the ack deadline of the partials waiting for their window (every ack_wait / 3)."""
@@ -152,16 +165,35 @@ class ShardRunner:
                     keep.append((w, m))
             self.held[job] = keep
 
+    async def _share(self, steps: list) -> None:
+        """Heartbeat (every TTL / 3) and checkpoints of the jobs just run, in the bucket."""
+        if self.kv is None:
+            return
+        try:
+            if self.clock() - self._beat_at >= self.shard.table.ttl_s / 3:
+                self._beat_at = self.clock()
+                await self.kv.put(shard_key(self.shard.name), b"")
+            for job in {j for j, _ in steps}:
+                await self.kv.put(ckpt_key(job), str(self.shard.checkpoints[job]).encode())
+        except Exception as e:  # noqa: BLE001 - bucket unreachable: counted; local state goes on
+            self.errors += 1
+            log.warning("shard %s: liveness bucket: %s", self.shard.name, e)
+
     async def step(self) -> list:
         """One round; returns the loop steps run (job, step)."""
         await self._extend()
+        await self._share([])
         self.shard.poll()
+        if self.live is not None:
+            for job, nodes in self.shard.merger.config.expected_nodes.items():
+                self.shard.merger.set_silent(job, self.live.silent(job, nodes))
         for job in list(self.shard.merger.config.expected_nodes):
             if self.shard.table.owns(self.shard.name, job):
                 await self._pull(job)
             elif self.held.get(job):            # moved away: hand its partials back now
                 await asyncio.gather(*(m.nak() for _, m in self.held.pop(job)), return_exceptions=True)
         steps = self.shard.poll()
+        await self._share(steps)
         await self._ack_done({j for j, _ in steps})
         return steps
 

@@ -58,7 +58,7 @@ def _single_collector(ev):
     return changes
 
 
-def _shard(ev):
+def _shard(ev, silent_from=None):
     changes = []
     clock = Clock()
     cfg = MergerConfig({"j": frozenset({"node0", "node1"})})
@@ -66,7 +66,14 @@ def _shard(ev):
                          clock)
     for w, parts in sorted(partials(ev).items()):
         for p in parts:
+            if silent_from is not None and p["node"] == "node1" and w >= silent_from:
+                continue
             shard.handle(Message(subject("j", p["node"]), encode_partial(p, "j"), msg_id("j", p["node"], w)))
+        clock.t += 0.5
+        shard.poll()
+        clock.t += 0.5
+        shard.poll()
+        clock.t += 1.5                        # past the lateness: a window without node1 merges
         shard.poll()
     return changes, shard
 
@@ -81,3 +88,15 @@ def test_shard_changes_equal_single_collector(seed):
     kinds = {c.kind for c in single}
     assert single and kinds - {"recovery"}, f"the scenario must make the detector report a change: {single}"
     assert [_key(c) for c in sharded] == [_key(c) for c in single]
+
+
+@pytest.mark.slow
+def test_a_silent_node_is_reported_missing_not_as_a_change():
+    kw = dict(nranks=NRANKS, nnodes=2, rate_per_s=150.0, untimed_fraction=0.0, log2_bytes=(20, 22),
+              comm_hashes=(0x1111_2222_3333_4444,), funcs=("AllReduce",))
+    ev = synthetic_events(150 * WINDOWS, seed=3, **kw)
+    silent_from = START_NS // 1_000_000_000 + DROP_AT
+    changes, shard = _shard(ev, silent_from=silent_from)
+    assert shard.counters["windows_run"] >= WINDOWS - 1
+    assert shard.merger.counters["nodes_missing"] >= WINDOWS - DROP_AT - 1
+    assert changes == []
