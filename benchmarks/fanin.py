@@ -170,7 +170,7 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
                         raise RuntimeError(f"shard {s} failed") from t.exception()
             alive[victim] = False
             t_kill_shard = time.monotonic()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + cfg.max_lateness_s + 15   # the silent node's last window waits max_lateness_s
     want = nwin * len(jobs)
     while len({(j, w) for j, w, *_ in log}) < want and time.monotonic() < deadline:
         await asyncio.sleep(0.1)

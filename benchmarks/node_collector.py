@@ -29,6 +29,13 @@ from dynamiccl.scaleout.bus import InProcessBus, Outbox  # noqa: E402
 from dynamiccl.scaleout.node import NodeCollector, NodeConfig  # noqa: E402
 
 
+#: the workload of benchmarks/collector_throughput.py (the single collector's 2 M records/s figure):
+#: records, ranks, records per second of event time, records per frame, bytes per read, seed; and the
+#: target in records per CPU second
+WORKLOAD = (("--records", int, 4_000_000), ("--nranks", int, 8), ("--rate", float, 2e6), ("--frame", int, 1024),
+            ("--chunk", int, 1 << 20), ("--seed", int, 0), ("--target", float, 2e6))
+
+
 def streams_of(ev, nranks: int, per_frame: int) -> list[bytes]:
     """One stream per rank, as the plugin sends them."""
     return [encode_frame(process_record("node0", "bench", 1000 + r)) + encode_frames(ev[ev["rank"] == r], per_frame=per_frame)
@@ -74,13 +81,8 @@ def node_collector(streams, chunk) -> tuple[float, int, NodeCollector]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=4_000_000)
-    ap.add_argument("--nranks", type=int, default=8)
-    ap.add_argument("--rate", type=float, default=2e6, help="records per second of event time")
-    ap.add_argument("--frame", type=int, default=1024, help="records per frame")
-    ap.add_argument("--chunk", type=int, default=1 << 20, help="bytes per read")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--target", type=float, default=2e6, help="records per CPU second")
+    for flag, kind, default in WORKLOAD:
+        ap.add_argument(flag, type=kind, default=default)
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})

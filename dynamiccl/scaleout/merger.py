@@ -1,10 +1,13 @@
 """The central tier's window merger and shard assignment (no detector here: :mod:`.central` runs it).
 
-Merge rule: a (job, window) is merged when every expected node reported; or ``lateness_s`` after its
-first partial arrived (wall clock, injected) once the shard has read everything the bus holds for the
-job (:meth:`WindowMerger.set_backlog`: a partial still queued on the bus, or held by a dead shard
-awaiting redelivery, is behind the shard's reading, not missing); or ``max_lateness_s`` after its first
-partial whatever the backlog (a shard that never catches up still merges). The nodes that had not reported are
+Merge rule: a (job, window) is merged when every expected node reported, nodes known silent
+(:meth:`WindowMerger.set_silent`, no heartbeat) aside; or ``lateness_s`` after its first partial arrived
+(wall clock, injected) once the shard has read everything the bus holds for the job
+(:meth:`WindowMerger.set_backlog`: a partial still queued on the bus, or held by a dead shard awaiting
+redelivery, is behind the shard's reading, not missing) and a partial of a later window of the job has
+arrived (the bus delivers past this window: a partial still missing is not stuck behind a stalled
+publisher, as while a NATS server fails over); or ``max_lateness_s`` after its first partial whatever
+the backlog (a shard that never catches up, or a job's last window, still merges). The nodes that had not reported are
 counted missing (and named in the window's counters), a partial arriving after its window was merged
 is counted late and dropped. Merges are keyed by (job, window, node): a second delivery of the same
 partial is counted as a duplicate and changes nothing.
@@ -58,6 +61,7 @@ class WindowMerger:
         self._merged_upto: dict[str, int] = {}
         self._backlog: dict[str, int] = {}
         self._silent: dict[str, frozenset[str]] = {}
+        self._newest: dict[str, int] = {}
         self.counters = {"partials": 0, "duplicates": 0, "late": 0, "unknown_job": 0, "unknown_node": 0,
                          "windows_merged": 0, "nodes_missing": 0}
 
@@ -84,6 +88,7 @@ class WindowMerger:
         if reason is not None:
             return self.refuse(reason)
         self._pending.setdefault((job, p["window"]), _Pending(self.clock())).parts[p["node"]] = p
+        self._newest[job] = max(p["window"], self._newest.get(job, p["window"]))
         self.counters["partials"] += 1
         return True
 
@@ -96,12 +101,11 @@ class WindowMerger:
         """Nodes known dead (no heartbeat): a window does not wait for them; they are counted missing."""
         self._silent[job] = frozenset(nodes)
 
-    def _waits(self, job: str, pend: _Pending, expected: frozenset[str], now: float) -> bool:
+    def _waits(self, job: str, w: int, pend: _Pending, expected: frozenset[str], now: float) -> bool:
         if expected - self._silent.get(job, frozenset()) <= pend.parts.keys():
             return False
-        age = now - pend.first_seen
-        bound = self.config.max_lateness_s if self._backlog.get(job, 0) else self.config.lateness_s
-        return age < bound
+        behind = self._backlog.get(job, 0) > 0 or self._newest.get(job, w) <= w
+        return now - pend.first_seen < (self.config.max_lateness_s if behind else self.config.lateness_s)
 
     def jobs(self) -> set[str]:
         """Jobs with windows pending."""
@@ -115,6 +119,7 @@ class WindowMerger:
         self._merged_upto.pop(job, None)
         self._backlog.pop(job, None)
         self._silent.pop(job, None)
+        self._newest.pop(job, None)
         return len(gone)
 
     def due(self) -> list[tuple[str, WindowFeatures]]:
@@ -129,7 +134,7 @@ class WindowMerger:
             for i, w in enumerate(wins):
                 pend = self._pending[(job, w)]
                 crowded = len(wins) - i > self.config.max_pending_windows
-                if self._waits(job, pend, expected, now) and not crowded:
+                if self._waits(job, w, pend, expected, now) and not crowded:
                     break                      # windows merge in order: a later one waits for this one
                 out.append((job, self._merge(job, w, expected)))
         return out

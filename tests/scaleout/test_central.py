@@ -31,12 +31,30 @@ def test_silent_node_reported_missing_after_lateness():
     m = WindowMerger(CFG, clock)
     w = sorted(parts)[1]
     m.add("j", parts[w][0])
-    clock.t = 1.9
-    assert m.due() == []
     clock.t = 2.0
+    assert m.due() == []                # past the lateness, but nothing later arrived: the bus may be stalled
+    m.add("j", parts[w + 1][0])         # node0 delivers the next window: the bus is flowing
+    clock.t = 2.1
     (_, wf), = m.due()
     assert wf.counters["missing_nodes"] == ["node1"] and m.counters["nodes_missing"] == 1
     assert set(wf.ranks["host"].to_list()) == {"node0"}
+
+
+def test_a_stalled_bus_delays_a_window_up_to_max_lateness():
+    parts = partials(events())
+    clock = Clock()
+    m = WindowMerger(CFG, clock)
+    w = sorted(parts)[1]
+    m.add("j", parts[w][0])
+    clock.t = CFG.max_lateness_s - 0.1
+    assert m.due() == []
+    m.add("j", parts[w][1])             # the stalled partial arrives: complete, nothing missing
+    (_, wf), = m.due()
+    assert wf.counters["nodes_missing"] == 0
+    m.add("j", parts[w + 1][0])
+    clock.t += CFG.max_lateness_s       # a job's last window: merged after max_lateness_s
+    (_, wf), = m.due()
+    assert wf.counters["missing_nodes"] == ["node1"]
 
 
 def test_unknown_job_and_node_counted():
@@ -110,13 +128,13 @@ def test_a_window_waits_while_the_bus_still_holds_the_jobs_partials():
     m = WindowMerger(MergerConfig({"j": frozenset({"node0", "node1"})}, lateness_s=2.0, max_lateness_s=10.0), clock)
     w = sorted(parts)[1]
     m.add("j", parts[w][0])
+    m.add("j", parts[w + 1][0])
     m.set_backlog("j", 300)             # node1's partial may be among the 300 not yet read
     clock.t = 3.0
     assert m.due() == []
     m.set_backlog("j", 0)               # read everything: node1 is missing
     (_, wf), = m.due()
     assert wf.counters["missing_nodes"] == ["node1"]
-    m.add("j", parts[w + 1][0])
     m.set_backlog("j", 5)
     clock.t = 13.0                      # past max_lateness_s whatever the backlog
     (_, wf), = m.due()

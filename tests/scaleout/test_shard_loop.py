@@ -75,6 +75,8 @@ def _shard(ev, silent_from=None):
         shard.poll()
         clock.t += 1.5                        # past the lateness: a window without node1 merges
         shard.poll()
+    clock.t += cfg.max_lateness_s             # the last window: nothing later comes
+    shard.poll()
     return changes, shard
 
 
