@@ -43,7 +43,7 @@ class CentralShard:
         self._make_loop = make_loop
         self.loops: dict[str, Any] = {}
         self.counters = {"received": 0, "not_owned": 0, "malformed": 0, "windows_run": 0,
-                         "windows_skipped": 0, "changes": 0}
+                         "windows_skipped": 0, "already_run": 0, "changes": 0}
 
     def handle(self, msg: Message) -> str:
         """File one message: "filed", or why not: "malformed", "not_owned" (the transport gives it back
@@ -54,6 +54,9 @@ class CentralShard:
             if not self.table.owns(self.name, head["job"]):
                 self.counters["not_owned"] += 1
                 return "not_owned"
+            if head["window"] <= self.checkpoints.get(head["job"], -1 << 62):
+                self.counters["already_run"] += 1   # redelivered after a failover: its window ran
+                return "refused"
             reason = self.merger.refusal(head["job"], head["node"], head["window"])
             if reason is not None:                  # duplicate or late: settled without inflating it
                 self.merger.refuse(reason)
