@@ -15,7 +15,7 @@ import numpy as np
 
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
-from dynamiccl.scaleout.node_agg import PARTIAL_FIELDS
+from dynamiccl.scaleout.node_agg import compact
 from dynamiccl.scaleout.partials import node_partial
 from dynamiccl.scaleout.wire import encode_partial
 
@@ -70,11 +70,12 @@ class NodeCollector:
         if not len(ev):
             return
         lo, hi = int(w.min()), int(w.max())
-        if lo == hi:                               # the usual batch: one window, kept without a copy
-            self._open[lo].append(ev)
+        if lo == hi:                               # the usual batch: one window
+            self._open[lo].append(compact(ev, t))
         else:
             for win in np.unique(w).tolist():
-                self._open[win].append(ev[w == win])
+                m = w == win
+                self._open[win].append(compact(ev[m], t[m]))
         self._buffered += len(ev)
         self._newest_ns = max(self._newest_ns, int(t.max()))
 
@@ -95,8 +96,7 @@ class NodeCollector:
 
     def _close(self, win: int) -> None:
         pieces = self._open.pop(win)
-        # only the fields the partial reads, each concatenated once (not the whole 128-byte records)
-        ev = {f: np.concatenate([x[f] for x in pieces]) for f in PARTIAL_FIELDS}
+        ev = {f: np.concatenate([x[f] for x in pieces]) for f in pieces[0]}
         n = len(ev["rank"])
         self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)

@@ -14,11 +14,12 @@ import polars as pl
 from dynamiccl.collector.records import event_time_ns, size_bucket
 from dynamiccl.collector.wire_format import TimingSource
 
-__all__ = ["aggregate", "duration_bucket", "PARTIAL_FIELDS"]
+__all__ = ["aggregate", "compact", "duration_bucket", "KEPT_FIELDS"]
 
-#: the record fields a partial reads (``aggregate`` takes the records or a dict of these columns)
-PARTIAL_FIELDS = ("timing_source", "gpu_start_ns", "gpu_end_ns", "cpu_end_ns", "enqueue_ns", "comm_hash", "func",
-                  "algo", "proto", "bytes", "seq_number", "rank", "nranks", "nnodes", "tuner_config_version")
+#: the record fields a partial reads as they are (``compact`` adds each record's duration and whether
+#: it is timed, from the timestamps)
+KEPT_FIELDS = ("comm_hash", "func", "algo", "proto", "bytes", "seq_number", "rank", "nranks", "nnodes",
+               "tuner_config_version")
 
 _M40 = (1 << 40) - 1
 _NONE = np.iinfo(np.int64).max      # an untimed record's duration in a minimum
@@ -55,16 +56,25 @@ def _groups(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, s, starts
 
 
-def _columns(ev: np.ndarray, bounds_ns: np.ndarray, sub: int) -> dict:
+def compact(ev: np.ndarray, t: np.ndarray | None = None) -> dict:
+    """The columns a partial reads, out of the 128-byte records (``t``: their event times, when the
+    caller has them): the node collector takes them as a batch arrives, while it is in cache, and
+    keeps these (about 60 bytes a record) instead of the records."""
     ts = ev["timing_source"]
     gpu = ts == TimingSource.KERNEL_GPU
-    t = event_time_ns(ev)
+    t = event_time_ns(ev) if t is None else t
     dns = np.where(gpu, ev["gpu_end_ns"], ev["cpu_end_ns"]).view(np.int64) - t
     timed = (gpu | (ts == TimingSource.KERNEL_CPU)) & (dns >= 0)
-    bucket = np.full(len(t), _UNTIMED_BUCKET, np.int64)
-    bucket[timed] = duration_bucket(dns[timed], bounds_ns, sub)
-    return {"timed": timed, "dur": np.where(timed, dns, 0), "bucket": bucket,
-            "sb": size_bucket(ev["bytes"]).astype(np.int64)}
+    out = {f: ev[f] for f in KEPT_FIELDS}
+    out.update(timed=timed, dur=np.where(timed, dns, 0))
+    return out
+
+
+def _columns(c: dict, bounds_ns: np.ndarray, sub: int) -> dict:
+    timed, dur = c["timed"], c["dur"]
+    bucket = np.full(len(dur), _UNTIMED_BUCKET, np.int64)
+    bucket[timed] = duration_bucket(dur[timed], bounds_ns, sub)
+    return {"timed": timed, "dur": dur, "bucket": bucket, "sb": size_bucket(c["bytes"]).astype(np.int64)}
 
 
 def _split_key(k: np.ndarray, comms: np.ndarray, job_id: str) -> dict:
@@ -150,8 +160,11 @@ def _ranks(ev, c, cid, comms, job_id, host) -> pl.DataFrame:
         "timed": g["t"], "dur_sum_ns": g["d"], "host": pl.Series([host] * len(k), dtype=pl.String)})
 
 
-def aggregate(ev: np.ndarray, *, job_id: str, host: str, bounds_ns: np.ndarray, sub: int) -> dict:
-    """The frames ``keys``, ``hist``, ``inst``, ``ranks`` of one node's records of one window."""
+def aggregate(ev, *, job_id: str, host: str, bounds_ns: np.ndarray, sub: int) -> dict:
+    """The frames ``keys``, ``hist``, ``inst``, ``ranks`` of one node's records of one window (the
+    records, or their :func:`compact` columns)."""
+    if isinstance(ev, np.ndarray):
+        ev = compact(ev)
     if not len(ev["rank"]):
         raise ValueError("node partial: no records")
     c = _columns(ev, bounds_ns, sub)
