@@ -25,12 +25,17 @@ def test_merged_when_all_reported_duplicates_change_nothing():
     assert not m.add("j", a) and m.counters["late"] == 1
 
 
-def test_silent_node_reported_missing_after_lateness():
-    parts = partials(events())
-    clock = Clock()
+def _node0_filed():
+    """A merger holding node0's partial of a window (node1's still out): parts, clock, merger, window."""
+    parts, clock = partials(events()), Clock()
     m = WindowMerger(CFG, clock)
     w = sorted(parts)[1]
     m.add("j", parts[w][0])
+    return parts, clock, m, w
+
+
+def test_silent_node_reported_missing_after_lateness():
+    parts, clock, m, w = _node0_filed()
     clock.t = 2.0
     assert m.due() == []                # past the lateness, but nothing later arrived: the bus may be stalled
     m.add("j", parts[w + 1][0])         # node0 delivers the next window: the bus is flowing
@@ -41,11 +46,7 @@ def test_silent_node_reported_missing_after_lateness():
 
 
 def test_a_stalled_bus_delays_a_window_up_to_max_lateness():
-    parts = partials(events())
-    clock = Clock()
-    m = WindowMerger(CFG, clock)
-    w = sorted(parts)[1]
-    m.add("j", parts[w][0])
+    parts, clock, m, w = _node0_filed()
     clock.t = CFG.max_lateness_s - 0.1
     assert m.due() == []
     m.add("j", parts[w][1])             # the stalled partial arrives: complete, nothing missing
