@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
 import os
+import queue
 import sys
 import tempfile
 import time
@@ -35,9 +37,10 @@ from dynamiccl.harness.collector_testing import synthetic_events  # noqa: E402
 from dynamiccl.scaleout.bus import InProcessBus, Message, Outbox, msg_id, subject  # noqa: E402
 from dynamiccl.scaleout.central import CentralShard  # noqa: E402
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, owner  # noqa: E402
-from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, loopback_cluster, publish  # noqa: E402
+from dynamiccl.scaleout.nats_bus import ensure_stream, loopback_cluster, publish  # noqa: E402
 from dynamiccl.scaleout.node import NodeCollector, NodeConfig  # noqa: E402
 from dynamiccl.scaleout.partials import node_partial  # noqa: E402
+from dynamiccl.scaleout.service import ShardRunner  # noqa: E402
 from dynamiccl.scaleout.wire import encode_partial  # noqa: E402
 
 RANKS, RATE = 8, 550.0
@@ -105,88 +108,91 @@ class Recorder:
         return S()
 
 
-async def shard_task(name, shard, js, alive, acks):
-    """A shard: fetch its jobs' partials, run due windows, ack a partial once its window ran; held
-    partials get their ack deadline extended (in_progress) while their window waits, so a short
-    ack_wait redelivers a dead shard's partials to the next owner before it starts merging."""
-    consumers, last_extend = {}, 0.0
-    while alive[name]:
-        if time.monotonic() - last_extend > 0.3:
-            last_extend = time.monotonic()
-            for (s, _), held in list(acks.items()):
-                if s == name:
-                    await asyncio.gather(*(m.in_progress() for _, m in held))
-        shard.poll()
-        for job in list(shard.merger.config.expected_nodes):
-            if not shard.table.owns(name, job):
-                continue
-            if job not in consumers:
-                consumers[job] = await JobConsumer(js, job, ack_wait_s=1.0).bind()
-            for m in await consumers[job].fetch(2000, 0.2):
-                status = shard.handle(Message(m.subject, m.data, m.headers.get("Nats-Msg-Id", "")))
-                w = int(m.headers["Nats-Msg-Id"].rsplit("/", 1)[1])
-                if status == "filed":
-                    acks.setdefault((name, job), []).append((w, m))
-                elif status == "not_owned":
-                    await m.nak()                                # the job's owner takes it
-                else:
-                    await m.ack()                                # refused (duplicate, late, malformed): settled
-        steps = shard.poll()
-        for job in {j for j, _ in steps}:
-            done = shard.checkpoints.get(job, -1)
-            keep = []
-            for w, m in acks.get((name, job), []):
-                if w <= done:
-                    await m.ack()
-                else:
-                    keep.append((w, m))
-            acks[(name, job)] = keep
+async def _publish_all(urls, msgs_by_window, go, published):
+    nc = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    js = nc.jetstream()
+    while not go.is_set():
         await asyncio.sleep(0.05)
+    for i, (w, msgs) in enumerate(sorted(msgs_by_window.items())):
+        t0 = time.monotonic()
+        for k in range(0, len(msgs), 250):
+            await asyncio.gather(*(publish(js, m, 10.0) for m in msgs[k:k + 250]))
+        published.put((i, w, len(msgs)))
+        await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))   # one window per second
+    await nc.close()
 
 
-async def central(args, msgs_by_window, jobs, nodes_of, root):
+def _publisher(urls, msgs_by_window, go, published):
+    """The nodes: their own process (the nodes are other machines; their publishing must not take
+    the central shards' event loop), one window of every node's partial per second."""
+    asyncio.run(_publish_all(urls, msgs_by_window, go, published))
+
+
+async def _next_published(q, proc):
+    while True:
+        try:
+            return q.get_nowait()
+        except queue.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"publisher exited ({proc.exitcode})") from None
+            await asyncio.sleep(0.02)
+
+
+async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
+    nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    js = nc.jetstream()
+    await ensure_stream(js, replicas=3)
+    table, ckpt, log, alive = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}
+    cfg = MergerConfig({j: frozenset(nodes_of[j]) for j in jobs}, lateness_s=args.lateness)
+    shards = {s: CentralShard(s, cfg, table, ckpt, lambda job: Recorder(log, job), time.monotonic)
+              for s in SHARDS}
+    # ack_wait 1 s: a dead shard's held partials are redelivered to the next owner 1 s after their
+    # deadline was last extended
+    tasks = {s: asyncio.create_task(ShardRunner(shards[s], js, ack_wait_s=1.0).run(lambda s=s: alive[s]))
+             for s in SHARDS}
+    while table.live() != sorted(SHARDS):                 # both shards up before the first partial
+        await asyncio.sleep(0.05)
+    go.set()
+    victim = owner(jobs[0], list(SHARDS))
+    t_kill_shard = None
+    sent = 0
+    for _ in range(nwin):
+        i, w, n = await _next_published(published, pub)
+        sent += n
+        if i == args.kill_server_after:
+            cluster.kill(1)
+        if i == args.kill_shard_after:
+            until = time.monotonic() + 15
+            while not any(j == jobs[0] and lw == w for j, lw, *_ in log) and time.monotonic() < until:
+                await asyncio.sleep(0.05)
+                for s, t in tasks.items():
+                    if t.done() and t.exception():
+                        raise RuntimeError(f"shard {s} failed") from t.exception()
+            alive[victim] = False
+            t_kill_shard = time.monotonic()
+    deadline = time.monotonic() + cfg.max_lateness_s + 15   # the silent node's last window waits max_lateness_s
+    want = nwin * len(jobs)
+    while len({(j, w) for j, w, *_ in log}) < want and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    for s in SHARDS:
+        alive[s] = False
+    await asyncio.gather(*tasks.values(), return_exceptions=True)
+    await nc.close()
+    return log, shards, sent, victim, t_kill_shard
+
+
+def run_central(args, msgs_by_window, jobs, nodes_of, root):
     cluster = loopback_cluster(root, 3)
+    ctx = mp.get_context("fork")                # the child inherits the prepared partials, no pickling
+    go, published = ctx.Event(), ctx.Queue()
+    pub = ctx.Process(target=_publisher, args=(cluster.urls, msgs_by_window, go, published), daemon=True)
+    pub.start()
     try:
-        nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
-        js = nc.jetstream()
-        await ensure_stream(js, replicas=3)
-        table, ckpt, log, alive, acks = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}, {}
-        cfg = MergerConfig({j: frozenset(nodes_of[j]) for j in jobs}, lateness_s=args.lateness)
-        shards = {s: CentralShard(s, cfg, table, ckpt, lambda job: Recorder(log, job), time.monotonic)
-                  for s in SHARDS}
-        tasks = {s: asyncio.create_task(shard_task(s, shards[s], js, alive, acks)) for s in SHARDS}
-        while table.live() != sorted(SHARDS):                 # both shards up before the first partial
-            await asyncio.sleep(0.05)
-        victim = owner(jobs[0], list(SHARDS))
-        t_kill_shard = None
-        sent = 0
-        for i, (w, msgs) in enumerate(sorted(msgs_by_window.items())):
-            t0 = time.monotonic()
-            for k in range(0, len(msgs), 250):
-                await asyncio.gather(*(publish(js, m, 10.0) for m in msgs[k:k + 250]))
-            sent += len(msgs)
-            if i == args.kill_server_after:
-                cluster.kill(1)
-            if i == args.kill_shard_after:
-                until = time.monotonic() + 15
-                while not any(j == jobs[0] and lw == w for j, lw, *_ in log) and time.monotonic() < until:
-                    await asyncio.sleep(0.05)
-                    for s, t in tasks.items():
-                        if t.done() and t.exception():
-                            raise RuntimeError(f"shard {s} failed") from t.exception()
-                alive[victim] = False
-                t_kill_shard = time.monotonic()
-            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))   # one window per second
-        deadline = time.monotonic() + 30
-        want = len(msgs_by_window) * len(jobs)
-        while len({(j, w) for j, w, *_ in log}) < want and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        for s in SHARDS:
-            alive[s] = False
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-        await nc.close()
-        return log, shards, sent, victim, t_kill_shard
+        return asyncio.run(central(args, len(msgs_by_window), jobs, nodes_of, cluster, pub, go, published))
     finally:
+        pub.join(timeout=10)
+        if pub.is_alive():
+            pub.kill()
         cluster.stop()
 
 
@@ -223,7 +229,7 @@ def main() -> int:
             msgs[win].append(Message(subject(job, f"n{n}"), encode_partial(p, job), msg_id(job, f"n{n}", win)))
     print(f"prepared {sum(map(len, msgs.values()))} partials in {time.process_time() - t0:.1f} cpu s", flush=True)
     with tempfile.TemporaryDirectory() as d:
-        log, shards, sent, victim, t_kill = asyncio.run(central(args, msgs, jobs, nodes_of, Path(d)))
+        log, shards, sent, victim, t_kill = run_central(args, msgs, jobs, nodes_of, Path(d))
     runs = [(j, w) for j, w, *_ in log]
     if os.environ.get("FANIN_DEBUG"):
         print(sorted(log), wins, jobs, {s: (v.counters, v.merger.counters) for s, v in shards.items()})

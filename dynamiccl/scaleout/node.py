@@ -15,6 +15,7 @@ import numpy as np
 
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
+from dynamiccl.scaleout.node_agg import compact
 from dynamiccl.scaleout.partials import node_partial
 from dynamiccl.scaleout.wire import encode_partial
 
@@ -68,28 +69,42 @@ class NodeCollector:
             ev, t, w = ev[:room], t[:room], w[:room]
         if not len(ev):
             return
-        for win in np.unique(w).tolist():
-            self._open[win].append(ev[w == win])
+        lo, hi = int(w.min()), int(w.max())
+        if lo == hi:                               # the usual batch: one window
+            self._open[lo].append(compact(ev, t))
+        else:
+            for win in np.unique(w).tolist():
+                m = w == win
+                self._open[win].append(compact(ev[m], t[m]))
         self._buffered += len(ev)
         self._newest_ns = max(self._newest_ns, int(t.max()))
 
     def tick(self, *, flush_all: bool = False) -> int:
         """Close the ready windows (all with ``flush_all``), queue their partials, flush the outbox."""
+        self.close_ready(flush_all=flush_all)
+        return self.outbox.flush()
+
+    def close_ready(self, *, flush_all: bool = False) -> int:
+        """Close the ready windows and queue their partials (the service flushes the outbox itself)."""
+        closed = 0
         for win in sorted(self._open):
             if not flush_all and (win + 1) * self._win_ns + self._late_ns > self._newest_ns:
                 break
             self._close(win)
-        return self.outbox.flush()
+            closed += 1
+        return closed
 
     def _close(self, win: int) -> None:
-        ev = np.concatenate(self._open.pop(win))
-        self._buffered -= len(ev)
+        pieces = self._open.pop(win)
+        ev = {f: np.concatenate([x[f] for x in pieces]) for f in pieces[0]}
+        n = len(ev["rank"])
+        self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)
         cfg = self.config
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self.outbox.offer(Message(subject(cfg.job_id, cfg.node), encode_partial(p, cfg.job_id),
                                   msg_id(cfg.job_id, cfg.node, win)))
-        self.counters["aggregated"] += len(ev)
+        self.counters["aggregated"] += n
         self.counters["windows"] += 1
 
 

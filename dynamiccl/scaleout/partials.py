@@ -18,63 +18,25 @@ import numpy as np
 import polars as pl
 
 from dynamiccl.collector.metrics import DURATION_BUCKETS_S
-from dynamiccl.collector.records import event_time_ns, size_bucket
-from dynamiccl.collector.wire_format import TimingSource
+from dynamiccl.scaleout.node_agg import aggregate
 
-__all__ = ["KEY_COLS", "INST_COLS", "node_partial", "merge_partials", "NodePartial"]
+__all__ = ["KEY_COLS", "INST_COLS", "BOUNDS_S", "SUB_BUCKETS", "node_partial", "merge_partials", "NodePartial"]
 
 KEY_COLS = ["job_id", "comm_hash", "func", "algo", "proto", "size_bucket"]
 INST_COLS = ["job_id", "comm_hash", "func", "seq"]
-_BOUNDS_NS = np.round(np.asarray(DURATION_BUCKETS_S) * 1e9)
-_M40 = (1 << 40) - 1
+#: buckets per factor 2 of the partials' duration histogram: a quantile read back from it is within
+#: (2^(1/8) - 1) / 2 ≈ 4.5 % of the exact one, close enough that the detector decides as on exact quantiles
+#: (tests/scaleout/test_shard_loop.py); the collector's /metrics keep their factor-2 buckets
+SUB_BUCKETS = 8
+BOUNDS_S = DURATION_BUCKETS_S[0] * 2.0 ** (np.arange((len(DURATION_BUCKETS_S) - 1) * SUB_BUCKETS + 1) / SUB_BUCKETS)
+_BOUNDS_NS = np.round(BOUNDS_S * 1e9)
 NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"}; the frames are polars
-
-
-def _record_frame(ev: np.ndarray, job_id: str, host: str, window_start_ns: int) -> pl.DataFrame:
-    ts = ev["timing_source"]
-    gpu = ts == TimingSource.KERNEL_GPU
-    t = event_time_ns(ev)
-    end = np.where(gpu, ev["gpu_end_ns"], ev["cpu_end_ns"]).view(np.int64)
-    dns = end - t
-    timed = (gpu | (ts == TimingSource.KERNEL_CPU)) & (dns >= 0)
-    return pl.DataFrame({
-        "job_id": pl.Series([job_id] * len(ev), dtype=pl.String),
-        "comm_hash": ev["comm_hash"], "func": ev["func"].astype(np.int32),
-        "algo": ev["algo"].astype(np.int32), "proto": ev["proto"].astype(np.int32),
-        "size_bucket": size_bucket(ev["bytes"]), "seq": (ev["seq_number"] & _M40).astype(np.int64),
-        "rank": ev["rank"].astype(np.int32), "nranks": ev["nranks"].astype(np.int32),
-        "nnodes": ev["nnodes"].astype(np.int32), "bytes": ev["bytes"].astype(np.int64),
-        "tcv": ev["tuner_config_version"].astype(np.int64), "timed": timed,
-        "dur_ns": pl.Series(np.where(timed, dns, 0)).cast(pl.Int64),
-        "dur_or_null": pl.Series(np.where(timed, dns, -1)).cast(pl.Int64).replace(-1, None),
-        "bucket": np.searchsorted(_BOUNDS_NS, dns, side="left").astype(np.int32),
-        "start_ns": t - window_start_ns, "host": pl.Series([host] * len(ev), dtype=pl.String),
-    })
 
 
 def node_partial(ev: np.ndarray, *, node: str, job_id: str, window: int, window_s: float) -> NodePartial:
     """The partial of one node's records (``wire_format.EVENT_DTYPE``) of window ``window``."""
-    window_start_ns = int(round(window * window_s * 1e9))
-    df = _record_frame(ev, job_id, node, window_start_ns)
-    keys = df.group_by(KEY_COLS).agg(
-        pl.len().alias("records"), pl.col("bytes").sum().alias("bytes_sum"),
-        pl.col("timed").sum().cast(pl.Int64).alias("timed"), pl.col("dur_ns").sum().alias("dur_sum_ns"),
-        pl.col("dur_or_null").max().alias("dur_max_ns"), pl.col("tcv").max().alias("tcv"),
-        pl.col("nranks").first(), pl.col("nnodes").first())
-    hist = (df.filter(pl.col("timed")).group_by(KEY_COLS + ["bucket"]).agg(pl.len().alias("count")))
-    dmin = pl.col("dur_or_null").min()
-    inst = df.group_by(INST_COLS).agg(
-        pl.col("algo").min(), pl.col("proto").min(), pl.col("size_bucket").min(), pl.col("nranks").max(),
-        pl.len().alias("n"), pl.col("timed").sum().cast(pl.Int64).alias("n_t"),
-        dmin.alias("dmin_ns"),
-        pl.col("dur_or_null").max().alias("dmax_ns"),
-        (pl.col("dur_or_null") == dmin).sum().cast(pl.Int64).alias("n_at_min"),
-        pl.col("rank").filter(pl.col("dur_or_null") == dmin).first().alias("min_rank"))
-    ranks = df.group_by(["job_id", "comm_hash", "rank"]).agg(
-        pl.len().alias("records"), pl.col("timed").sum().cast(pl.Int64).alias("timed"),
-        pl.col("dur_ns").sum().alias("dur_sum_ns"), pl.col("host").first())
-    return {"node": node, "window": int(window), "window_s": float(window_s),
-            "keys": keys, "hist": hist, "inst": inst, "ranks": ranks}
+    frames = aggregate(ev, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS, sub=SUB_BUCKETS)
+    return {"node": node, "window": int(window), "window_s": float(window_s), **frames}
 
 
 def _merge_inst(inst: pl.DataFrame) -> pl.DataFrame:

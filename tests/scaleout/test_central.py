@@ -25,18 +25,37 @@ def test_merged_when_all_reported_duplicates_change_nothing():
     assert not m.add("j", a) and m.counters["late"] == 1
 
 
-def test_silent_node_reported_missing_after_lateness():
-    parts = partials(events())
-    clock = Clock()
+def _node0_filed():
+    """A merger holding node0's partial of a window (node1's still out): parts, clock, merger, window."""
+    parts, clock = partials(events()), Clock()
     m = WindowMerger(CFG, clock)
     w = sorted(parts)[1]
     m.add("j", parts[w][0])
-    clock.t = 1.9
-    assert m.due() == []
+    return parts, clock, m, w
+
+
+def test_silent_node_reported_missing_after_lateness():
+    parts, clock, m, w = _node0_filed()
     clock.t = 2.0
+    assert m.due() == []                # past the lateness, but nothing later arrived: the bus may be stalled
+    m.add("j", parts[w + 1][0])         # node0 delivers the next window: the bus is flowing
+    clock.t = 2.1
     (_, wf), = m.due()
     assert wf.counters["missing_nodes"] == ["node1"] and m.counters["nodes_missing"] == 1
     assert set(wf.ranks["host"].to_list()) == {"node0"}
+
+
+def test_a_stalled_bus_delays_a_window_up_to_max_lateness():
+    parts, clock, m, w = _node0_filed()
+    clock.t = CFG.max_lateness_s - 0.1
+    assert m.due() == []
+    m.add("j", parts[w][1])             # the stalled partial arrives: complete, nothing missing
+    (_, wf), = m.due()
+    assert wf.counters["nodes_missing"] == 0
+    m.add("j", parts[w + 1][0])
+    clock.t += CFG.max_lateness_s       # a job's last window: merged after max_lateness_s
+    (_, wf), = m.due()
+    assert wf.counters["missing_nodes"] == ["node1"]
 
 
 def test_unknown_job_and_node_counted():
@@ -79,11 +98,46 @@ def test_failover_moves_job_and_runs_no_window_twice():
         assert first.handle(m) == "filed" and other.handle(m) == "not_owned"   # only the owner takes it
     first.poll()
     assert runs == [float(w0)]
-    clock.t = 1.0
-    other.poll()                                             # first stops beating: it died
-    clock.t = 2.0
+    for t in (0.5, 1.0, 1.5, 2.0):                           # first stops beating: it died
+        clock.t = t
+        other.poll()
     assert table.live() == [other.name]
     for m in _msgs(parts, w0) + _msgs(parts, w1):            # redelivered after the failover
         other.handle(m)
     other.poll()
-    assert runs == [float(w0), float(w1)] and other.counters["windows_skipped"] == 1
+    assert runs == [float(w0), float(w1)] and other.counters["already_run"] == 2   # w0's two partials
+    assert other.merger.counters["nodes_missing"] == 0       # nothing merged again, so none counted missing
+
+
+def test_a_stalled_observer_does_not_declare_its_peers_dead():
+    clock = Clock()
+    table = ShardTable(ttl_s=1.5, clock=clock)
+    table.beat("s0")
+    table.beat("s1")
+    clock.t = 5.0                       # the whole process stalled 5 s (nobody could beat)
+    table.beat("s0")
+    assert table.live() == ["s0", "s1"] and table.pauses == 1
+    for t in (5.5, 6.0, 6.5, 7.0):      # now looking regularly: s1's silence counts
+        clock.t = t
+        table.beat("s0")
+        table.live()
+    assert table.live() == ["s0"]
+
+
+def test_a_window_waits_while_the_bus_still_holds_the_jobs_partials():
+    parts = partials(events())
+    clock = Clock()
+    m = WindowMerger(MergerConfig({"j": frozenset({"node0", "node1"})}, lateness_s=2.0, max_lateness_s=10.0), clock)
+    w = sorted(parts)[1]
+    m.add("j", parts[w][0])
+    m.add("j", parts[w + 1][0])
+    m.set_backlog("j", 300)             # node1's partial may be among the 300 not yet read
+    clock.t = 3.0
+    assert m.due() == []
+    m.set_backlog("j", 0)               # read everything: node1 is missing
+    (_, wf), = m.due()
+    assert wf.counters["missing_nodes"] == ["node1"]
+    m.set_backlog("j", 5)
+    clock.t = 13.0                      # past max_lateness_s whatever the backlog
+    (_, wf), = m.due()
+    assert wf.counters["missing_nodes"] == ["node1"]

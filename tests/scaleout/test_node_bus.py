@@ -77,3 +77,18 @@ def test_wire_round_trip_and_refusals():
 def test_bad_subject_tokens_refused():
     with pytest.raises(ValueError, match="subject token"):
         NodeConfig("node.0", "j").validate()
+
+
+def test_a_window_framed_from_wire_partials_merges_as_the_decoded_ones():
+    from dynamiccl.scaleout.features import window_features
+    from dynamiccl.scaleout.partials import merge_partials
+    from dynamiccl.scaleout.wire import decode_partial, encode_partial, frames_of, read_partial
+    from tests.scaleout.helpers import events, partials
+
+    parts = partials(events())
+    w = sorted(parts)[1]
+    data = [encode_partial(p, "j") for p in parts[w]]
+    decoded = window_features(merge_partials([decode_partial(d)[1] for d in data]))
+    batched = window_features(merge_partials([frames_of([read_partial(d) for d in data])]))
+    assert decoded.keys.equals(batched.keys) and decoded.ranks.equals(batched.ranks)
+    assert sorted(batched.ranks["host"].unique().to_list()) == ["node0", "node1"]

@@ -1,0 +1,185 @@
+"""``dynamiccl node`` (node collector: the plugin's Unix socket in, partials to NATS JetStream out) and
+``dynamiccl central`` (a shard: partials from NATS, merged windows through the detector loop,
+/metrics). Configuration is validated at start-up: a bad value prints one line naming it and exits 2.
+docs/scale-out.md has a two-node example on loopback.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+
+__all__ = ["register", "node_config", "central_config", "main_node", "main_central"]
+
+log = logging.getLogger("scaleout")
+_OFF = ("off", "none", "")
+
+
+def _nats_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats", action="append", default=None, metavar="URL",
+                   help="NATS server (repeat for a cluster; default nats://127.0.0.1:4222)")
+    p.add_argument("--replicas", type=int, default=1, help="partials stream replicas (3 on a 3-server cluster)")
+    p.add_argument("--metrics", default="off", metavar="HOST:PORT", help="/metrics address ('off': none)")
+
+
+def register(subparsers) -> None:
+    n = subparsers.add_parser("node", help="node collector: the node's ranks (Unix socket) → partials → NATS",
+                              description=__doc__.splitlines()[0])
+    n.add_argument("--node", required=True, help="this node's name (a NATS subject token)")
+    n.add_argument("--job", required=True, help="the job id the node's ranks report")
+    n.add_argument("--listen", action="append", default=None, metavar="ADDR",
+                   help="plugin socket, unix:PATH (repeatable; default the collector's)")
+    n.add_argument("--window", type=float, default=1.0, help="window length, s")
+    n.add_argument("--lateness", type=float, default=2.0, help="event-time lateness before a window closes, s")
+    _nats_args(n)
+    n.set_defaults(func=main_node)
+    c = subparsers.add_parser("central", help="central shard: partials from NATS → merged windows → detector",
+                              description=__doc__.splitlines()[0])
+    c.add_argument("--shard", required=True, help="this shard's name")
+    c.add_argument("--job", action="append", required=True, metavar="JOB=NODE,NODE,...",
+                   help="a job and the nodes that report it (repeatable)")
+    c.add_argument("--lateness", type=float, default=2.0, help="s a window waits for its last node")
+    c.add_argument("--warmup", type=int, default=60, help="the detector's baseline windows per stream")
+    c.add_argument("--changes", default=None, metavar="PATH", help="append each regime change as a JSON line")
+    c.add_argument("--ack-wait", type=float, default=3.0, help="s before a dead shard's partials are redelivered")
+    _nats_args(c)
+    c.set_defaults(func=main_central)
+
+
+def _off(v):
+    return None if v is None or v.lower() in _OFF else v
+
+
+def node_config(args):
+    from dynamiccl.collector.config import ReceiverConfig
+    from dynamiccl.scaleout.config import NodeServiceConfig
+    from dynamiccl.scaleout.node import NodeConfig
+    receiver = ReceiverConfig(listen=tuple(args.listen)) if args.listen else ReceiverConfig()
+    return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness),
+                             receiver=receiver, nats=_nats(args), metrics=_off(args.metrics)).validate()
+
+
+def central_config(args):
+    from dynamiccl.scaleout.config import CentralServiceConfig, parse_jobs
+    from dynamiccl.scaleout.merger import MergerConfig
+    return CentralServiceConfig(args.shard, MergerConfig(parse_jobs(args.job), lateness_s=args.lateness),
+                                nats=_nats(args), metrics=_off(args.metrics), changes_path=args.changes,
+                                warmup=args.warmup).validate()
+
+
+def _nats(args):
+    from dynamiccl.scaleout.config import NatsConfig
+    servers = tuple(args.nats) if args.nats else NatsConfig().servers
+    return NatsConfig(servers=servers, replicas=args.replicas, ack_wait_s=getattr(args, "ack_wait", 3.0))
+
+
+def _serve_metrics(addr: str | None, registry) -> None:
+    if addr is None:
+        return
+    from prometheus_client import start_http_server
+    host, _, port = addr.rpartition(":")
+    start_http_server(int(port), addr=host, registry=registry)
+
+
+def _run(coro_of_stop) -> int:
+    async def main():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for s in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(s, stop.set)
+        await coro_of_stop(stop)
+    asyncio.run(main())
+    return 0
+
+
+def _refuse(exc: Exception) -> int:
+    print(f"dynamiccl: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def main_node(args) -> int:
+    try:
+        cfg = node_config(args)
+    except ValueError as e:
+        return _refuse(e)
+    from dynamiccl.scaleout.node import registry
+    from dynamiccl.scaleout.service import run_node
+
+    def ready(node, addresses):
+        _serve_metrics(cfg.metrics, registry(node))
+        log.info("node %s (job %s) listening on %s, publishing to %s", cfg.node.node, cfg.node.job_id,
+                 ", ".join(addresses), ", ".join(cfg.nats.servers))
+    try:
+        return _run(lambda stop: run_node(cfg, stop, ready=ready))
+    except OSError as e:
+        return _refuse(e)
+
+
+def central_registry(shard):
+    """The shard's counters (received, merged, missing, late, changes) for /metrics."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import CounterMetricFamily
+
+    class _Shard:
+        def collect(self):
+            fam = CounterMetricFamily("dynamiccl_central_events", "shard and merger counters", labels=["what"])
+            for k, v in {**shard.counters, **shard.merger.counters}.items():
+                fam.add_metric([k], v)
+            yield fam
+
+    reg = CollectorRegistry()
+    reg.register(_Shard())
+    return reg
+
+
+async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
+    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.scaleout.central import CentralShard, detector_loop
+    from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
+    from dynamiccl.scaleout.merger import ShardTable
+    from dynamiccl.scaleout.service import ShardRunner, connect
+
+    out = open(cfg.changes_path, "a") if cfg.changes_path else None
+
+    def sinks(job):
+        def record(c):
+            log.info("job %s: regime change %s at %.0f (onset %.0f) ranks %s", job, c.kind, c.detected_s, c.start_s,
+                     list(c.ranks)[:4])
+            if out is not None:
+                out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
+                out.flush()
+        return [record]
+    table, checkpoints = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}
+    shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
+                         detector_loop(DetectorConfig(warmup=cfg.warmup, autoencoder=False).validate(), sinks=sinks),
+                         time.monotonic)
+    live = Liveness(table, checkpoints, cfg.node_ttl_s, time.monotonic)
+    _serve_metrics(cfg.metrics, central_registry(shard))
+    if on_shard is not None:
+        on_shard(shard)
+    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
+    kv = await live_bucket(js, replicas=cfg.nats.replicas)
+    watcher = asyncio.create_task(watch(kv, live, stop.is_set))
+    log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
+    try:
+        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live).run(lambda: not stop.is_set())
+    finally:
+        await watcher
+        await nc.close()
+        if out is not None:
+            out.close()
+
+
+def main_central(args) -> int:
+    try:
+        cfg = central_config(args)
+    except ValueError as e:
+        return _refuse(e)
+    try:
+        return _run(lambda stop: run_central(cfg, stop))
+    except OSError as e:
+        return _refuse(e)

@@ -1,0 +1,98 @@
+"""Nested typed configuration of the ``dynamiccl node`` and ``dynamiccl central`` services, validated
+at start-up (``validate()`` raises ``ValueError`` naming the field)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dynamiccl.collector.config import ReceiverConfig
+from dynamiccl.scaleout.bus import subject
+from dynamiccl.scaleout.merger import MergerConfig
+from dynamiccl.scaleout.node import NodeConfig
+
+__all__ = ["NatsConfig", "NodeServiceConfig", "CentralServiceConfig", "parse_jobs"]
+
+
+@dataclass(frozen=True)
+class NatsConfig:
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    replicas: int = 1                    # the partials stream's replication (3 on a 3-server cluster)
+    publish_timeout_s: float = 5.0
+    ack_wait_s: float = 3.0              # a dead shard's unacknowledged partials come back after this
+
+    def validate(self) -> None:
+        if not self.servers or not all(s.startswith(("nats://", "tls://")) for s in self.servers):
+            raise ValueError(f"nats.servers: nats://HOST:PORT or tls://HOST:PORT each (got {self.servers!r})")
+        if not 1 <= self.replicas <= 5 or not self.publish_timeout_s > 0 or not self.ack_wait_s > 0:
+            raise ValueError(f"nats: replicas in 1..5, publish_timeout_s > 0, ack_wait_s > 0 (got {self.replicas}, "
+                             f"{self.publish_timeout_s}, {self.ack_wait_s})")
+
+
+@dataclass(frozen=True)
+class NodeServiceConfig:
+    node: NodeConfig
+    receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
+    nats: NatsConfig = field(default_factory=NatsConfig)
+    metrics: str | None = None           # HOST:PORT of /metrics, None: off
+    max_queued_records: int = 1 << 20    # between the socket and the aggregation (dropped and counted past it)
+    outbox_messages: int = 64            # partials kept while the bus is unreachable (oldest dropped, counted)
+
+    def validate(self) -> "NodeServiceConfig":
+        self.node.validate()
+        self.receiver.validate()
+        self.nats.validate()
+        _address(self.metrics)
+        if self.max_queued_records < 1 or self.outbox_messages < 1:
+            raise ValueError("node: max_queued_records and outbox_messages must be >= 1")
+        return self
+
+
+@dataclass(frozen=True)
+class CentralServiceConfig:
+    shard: str
+    merger: MergerConfig
+    nats: NatsConfig = field(default_factory=NatsConfig)
+    metrics: str | None = None
+    changes_path: str | None = None      # regime changes, one JSON line each (None: log only)
+    warmup: int = 60                     # the detector's baseline windows per stream
+    heartbeat_ttl_s: float = 1.5         # a shard silent this long loses its jobs (takeover)
+    node_ttl_s: float = 5.0              # a node silent this long: its windows stop waiting for it
+
+    def validate(self) -> "CentralServiceConfig":
+        subject(self.shard, "x")         # a subject token
+        self.merger.validate()
+        self.nats.validate()
+        _address(self.metrics)
+        if not self.merger.expected_nodes:
+            raise ValueError("central: no job (--job JOB=NODE,NODE,...)")
+        for job, nodes in self.merger.expected_nodes.items():
+            for n in nodes:
+                subject(job, n)
+        if self.warmup < 1 or not self.heartbeat_ttl_s > 0 or not self.node_ttl_s > 0:
+            raise ValueError("central: warmup >= 1, heartbeat_ttl_s > 0 and node_ttl_s > 0")
+        return self
+
+
+def _address(addr: str | None) -> None:
+    if addr is None:
+        return
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"metrics address {addr!r}: HOST:PORT")
+
+
+def parse_jobs(specs: list[str]) -> dict[str, frozenset[str]]:
+    """``["j1=n0,n1", "j2=n2"]`` → {job: nodes}.
+
+    >>> sorted(parse_jobs(["j1=n0,n1"])["j1"])
+    ['n0', 'n1']
+    """
+    out: dict[str, frozenset[str]] = {}
+    for spec in specs:
+        job, sep, nodes = spec.partition("=")
+        names = frozenset(n for n in nodes.split(",") if n)
+        if not sep or not job or not names:
+            raise ValueError(f"--job {spec!r}: JOB=NODE[,NODE...]")
+        if job in out:
+            raise ValueError(f"--job {job!r} given twice")
+        out[job] = names
+    return out

@@ -1,0 +1,100 @@
+"""Heartbeats and checkpoints in a JetStream key-value bucket (``DYNAMICCL_LIVE``).
+
+Keys: ``shard.<name>`` (each shard, every TTL/3), ``node.<job>.<node>`` (each node collector, every
+second), ``ckpt.<job>`` (the last window the job's owner ran). A watcher hands every update to
+:class:`Liveness`, which times it on the *observer's* clock (no clock is compared across machines):
+a shard heard from feeds the :class:`~.merger.ShardTable` (so shards in different processes share
+ownership), a node not heard from for ``node_ttl_s`` is silent (its windows do not wait for it: it is
+reported missing at once, never as a change), a checkpoint moves the shared checkpoints forward.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, MutableMapping
+
+from dynamiccl.scaleout.merger import ShardTable
+
+__all__ = ["LIVE_BUCKET", "Liveness", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key"]
+
+LIVE_BUCKET = "DYNAMICCL_LIVE"
+log = logging.getLogger(__name__)
+
+
+def shard_key(shard: str) -> str:
+    return f"shard.{shard}"
+
+
+def node_key(job: str, node: str) -> str:
+    return f"node.{job}.{node}"
+
+
+def ckpt_key(job: str) -> str:
+    return f"ckpt.{job}"
+
+
+class Liveness:
+    def __init__(self, table: ShardTable, checkpoints: MutableMapping[str, int], node_ttl_s: float,
+                 clock: Callable[[], float]):
+        if not node_ttl_s > 0:
+            raise ValueError("node_ttl_s must be > 0")
+        self.table, self.checkpoints, self.node_ttl_s, self.clock = table, checkpoints, node_ttl_s, clock
+        self._nodes: dict[tuple[str, str], float] = {}
+        self.counters = {"heard": 0, "malformed": 0}
+
+    def heard(self, key: str, value: bytes = b"") -> None:
+        """One bucket update (put); anything else under the bucket is counted malformed and ignored."""
+        kind, _, rest = key.partition(".")
+        try:
+            if kind == "shard" and rest:
+                self.table.beat(rest)
+            elif kind == "node" and rest.count(".") == 1:
+                self._nodes[tuple(rest.split("."))] = self.clock()
+            elif kind == "ckpt" and rest:
+                w = int(value)
+                self.checkpoints[rest] = max(w, self.checkpoints.get(rest, w))
+            else:
+                raise ValueError(key)
+        except ValueError:
+            self.counters["malformed"] += 1
+            return
+        self.counters["heard"] += 1
+
+    def silent(self, job: str, nodes) -> frozenset[str]:
+        """The nodes of ``job`` not heard from within ``node_ttl_s`` (never heard: not silent yet, a
+        node that has not started is waited for as before)."""
+        now = self.clock()
+        return frozenset(n for n in nodes if now - self._nodes.get((job, n), now) > self.node_ttl_s)
+
+
+async def live_bucket(js, replicas: int = 1, ttl_s: float = 60.0):
+    """The bucket (created when absent; its entries expire after ``ttl_s``)."""
+    from nats.js.api import KeyValueConfig
+    for attempt in range(40):                  # retried, bounded, while the cluster elects a leader
+        try:
+            return await js.create_key_value(KeyValueConfig(bucket=LIVE_BUCKET, ttl=ttl_s, history=1,
+                                                            replicas=replicas))
+        except Exception:  # noqa: BLE001 - exists with another config, or no leader yet
+            try:
+                return await js.key_value(LIVE_BUCKET)
+            except Exception:  # noqa: BLE001
+                if attempt == 39:
+                    raise
+                await asyncio.sleep(0.5)
+
+
+async def watch(kv, live: Liveness, stop: Callable[[], bool]) -> None:
+    """Feed every put of the bucket to ``live`` until ``stop()``."""
+    watcher = await kv.watchall()
+    while not stop():
+        try:
+            e = await watcher.updates(timeout=0.5)
+        except asyncio.TimeoutError:
+            continue
+        except Exception as ex:  # noqa: BLE001 - the watcher's server went away: keep trying
+            log.warning("liveness watcher: %s", ex)
+            await asyncio.sleep(0.5)
+            continue
+        if e is not None and e.operation is None and e.key:
+            live.heard(e.key, e.value or b"")
+    await watcher.stop()

@@ -1,0 +1,206 @@
+"""The two scale-out services' run loops (``dynamiccl node`` / ``dynamiccl central``; docs/scale-out.md).
+
+Node: the collector's socket receiver → a bounded queue (drops counted) → one worker thread that files
+records and closes windows (``NodeCollector``) → the bounded outbox → NATS JetStream, flushed from the
+event loop; an unreachable bus never blocks ingest (the outbox drops its oldest, counted).
+
+Central: :class:`ShardRunner` binds the durable consumer of every job its shard owns, files partials,
+tells the merger how much the bus still holds for the job (``set_backlog``), runs the due windows
+through the shard's loop and acknowledges a partial only after its window ran; held partials get
+their ack deadline extended, so a shard that dies leaves them to be redelivered to the next owner.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from dynamiccl.collector.component import QueuedConsumer, RecordBatch
+from dynamiccl.collector.metrics import SelfMetrics
+from dynamiccl.collector.receivers.stream import StreamReceiver
+from dynamiccl.scaleout.bus import Message, Outbox
+from dynamiccl.scaleout.config import NodeServiceConfig
+from dynamiccl.scaleout.liveness import Liveness, ckpt_key, live_bucket, node_key, shard_key
+from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
+from dynamiccl.scaleout.node import NodeCollector
+
+__all__ = ["NodeIngest", "run_node", "ShardRunner", "connect"]
+
+log = logging.getLogger(__name__)
+
+
+class NodeIngest:
+    """The receiver's batches into the node collector (in the queue's worker thread); records of
+    another job are dropped and counted (``wrong_job``): a node collector speaks for one job."""
+
+    def __init__(self, node: NodeCollector):
+        self.node = node
+        node.counters.setdefault("dropped_wrong_job", 0)
+        node.counters.setdefault("dropped_queue_full", 0)
+
+    def consume(self, batch: RecordBatch) -> None:
+        if batch.job_id != self.node.config.job_id:
+            self.node.counters["dropped_wrong_job"] += len(batch)
+            return
+        self.node.consume(batch.events)
+
+    def tick(self, _now: float) -> None:
+        self.node.close_ready()
+
+    def dropped(self, batch: RecordBatch) -> None:
+        self.node.counters["dropped_queue_full"] += len(batch)
+
+
+async def connect(servers, *, replicas: int):
+    """A JetStream context on ``servers`` with the partials stream in place (retried by the client)."""
+    import nats
+    nc = await nats.connect(servers=list(servers), max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                            connect_timeout=2)
+    js = nc.jetstream()
+    await ensure_stream(js, replicas=replicas)
+    return nc, js
+
+
+async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callable[[NodeCollector, list], None] | None = None,
+                   flush_s: float = 0.1) -> NodeCollector:
+    """Serve until ``stop``; returns the node collector (its counters) after the last flush."""
+    node = NodeCollector(cfg.node, Outbox(None, max_messages=cfg.outbox_messages))
+    ingest = NodeIngest(node)
+    queue = QueuedConsumer(ingest, max_items=cfg.max_queued_records, name="node", weight=len,
+                           on_drop=ingest.dropped, tick_s=0.1)
+    receiver = StreamReceiver(cfg.receiver, next_consumer=queue, metrics=SelfMetrics())
+    queue.start()
+    receiver.start()
+    nc = js = kv = None
+    beat_at = -1e300
+    try:
+        if ready is not None:
+            ready(node, receiver.addresses)
+        while not stop.is_set():
+            if js is None:
+                try:
+                    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
+                    kv = await live_bucket(js, replicas=cfg.nats.replicas)
+                except Exception as e:  # noqa: BLE001 - bus unreachable: ingest goes on, the outbox bounds
+                    log.warning("node %s: NATS not reachable (%s); retrying", cfg.node.node, e)
+            if js is not None:
+                await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=1))
+            if kv is not None and time.monotonic() - beat_at >= 1.0:     # liveness: every second
+                beat_at = time.monotonic()
+                try:
+                    await kv.put(node_key(cfg.node.job_id, cfg.node.node), b"")
+                except Exception as e:  # noqa: BLE001 - counted by the outbox's next failure too
+                    node.counters["heartbeat_errors"] = node.counters.get("heartbeat_errors", 0) + 1
+                    log.debug("node %s: heartbeat: %s", cfg.node.node, e)
+            try:
+                await asyncio.wait_for(stop.wait(), flush_s)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        receiver.shutdown()
+        queue.shutdown()
+        node.close_ready(flush_all=True)
+        if js is not None:
+            await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=3))
+            await nc.close()
+    return node
+
+
+class ShardRunner:
+    """One shard's fetch → file → merge → loop → ack rounds over NATS JetStream."""
+
+    def __init__(self, shard: Any, js, *, ack_wait_s: float = 3.0, fetch_batch: int = 2000,
+                 fetch_timeout_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
+                 kv=None, live: Liveness | None = None):
+        self.shard, self.js, self.kv, self.live = shard, js, kv, live
+        self._beat_at = -1e300
+        self.ack_wait_s, self.fetch_batch, self.fetch_timeout_s = ack_wait_s, fetch_batch, fetch_timeout_s
+        self.clock = clock
+        self.consumers: dict[str, JobConsumer] = {}
+        self.held: dict[str, list[tuple[int, Any]]] = {}
+        self._extended = clock()
+        self.errors = 0
+
+    async def _extend(self) -> None:
+        """Push back the ack deadline of the partials waiting for their window (every ack_wait / 3)."""
+        if self.clock() - self._extended < self.ack_wait_s / 3:
+            return
+        self._extended = self.clock()
+        await asyncio.gather(*(m.in_progress() for held in self.held.values() for _, m in held),
+                             return_exceptions=True)
+
+    async def _settle(self, m, status: str, job: str, window: int) -> None:
+        if status == "filed":
+            self.held.setdefault(job, []).append((window, m))
+        elif status == "not_owned":
+            await m.nak()                       # the job's owner takes it
+        else:
+            await m.ack()                       # refused (duplicate, late) or malformed: settled
+
+    async def _pull(self, job: str) -> None:
+        if job not in self.consumers:
+            self.consumers[job] = await JobConsumer(self.js, job, ack_wait_s=self.ack_wait_s).bind()
+        msgs = await self.consumers[job].fetch(self.fetch_batch, self.fetch_timeout_s)
+        for m in msgs:
+            mid = (m.headers or {}).get("Nats-Msg-Id", "")
+            status = self.shard.handle(Message(m.subject, m.data, mid))
+            try:
+                window = int(mid.rsplit("/", 1)[1])
+            except (IndexError, ValueError):
+                window = -1                     # malformed id: handle() refused it already
+            await self._settle(m, status, job, window)
+        held = len(self.held.get(job, []))
+        backlog = self.fetch_batch if len(msgs) >= self.fetch_batch else await self.consumers[job].backlog(held)
+        self.shard.merger.set_backlog(job, backlog)
+
+    async def _ack_done(self, jobs) -> None:
+        for job in jobs:
+            done = self.shard.checkpoints.get(job, -1 << 62)
+            keep = []
+            for w, m in self.held.get(job, []):
+                if w <= done:
+                    await m.ack()
+                else:
+                    keep.append((w, m))
+            self.held[job] = keep
+
+    async def _share(self, steps: list) -> None:
+        """Heartbeat (every TTL / 3) and checkpoints of the jobs just run, in the bucket."""
+        if self.kv is None:
+            return
+        try:
+            if self.clock() - self._beat_at >= self.shard.table.ttl_s / 3:
+                self._beat_at = self.clock()
+                await self.kv.put(shard_key(self.shard.name), b"")
+            for job in {j for j, _ in steps}:
+                await self.kv.put(ckpt_key(job), str(self.shard.checkpoints[job]).encode())
+        except Exception as e:  # noqa: BLE001 - bucket unreachable: counted; local state goes on
+            self.errors += 1
+            log.warning("shard %s: liveness bucket: %s", self.shard.name, e)
+
+    async def step(self) -> list:
+        """One round; returns the loop steps run (job, step)."""
+        await self._extend()
+        await self._share([])
+        self.shard.poll()
+        if self.live is not None:
+            for job, nodes in self.shard.merger.config.expected_nodes.items():
+                self.shard.merger.set_silent(job, self.live.silent(job, nodes))
+        for job in list(self.shard.merger.config.expected_nodes):
+            if self.shard.table.owns(self.shard.name, job):
+                await self._pull(job)
+            elif self.held.get(job):            # moved away: hand its partials back now
+                await asyncio.gather(*(m.nak() for _, m in self.held.pop(job)), return_exceptions=True)
+        steps = self.shard.poll()
+        await self._share(steps)
+        await self._ack_done({j for j, _ in steps})
+        return steps
+
+    async def run(self, alive: Callable[[], bool], on_steps: Callable[[list], None] | None = None,
+                  pause_s: float = 0.05) -> None:
+        while alive():
+            steps = await self.step()
+            if on_steps is not None and steps:
+                on_steps(steps)
+            await asyncio.sleep(pause_s)
