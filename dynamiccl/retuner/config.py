@@ -66,6 +66,10 @@ class PolicyConfig:
     regime_prune_ratio: float = 3.0     # after a regime change (looser: NCCL's model misjudges regimes more)
     probe_parallel: int = 1             # unmeasured candidates started at once (best predicted first; their
                                         # results prune the others before they cost a step)
+    regime_default_probe: bool = True   # after a regime change, NCCL's default is always one of the probes, so the
+                                        # retuner never keeps a config measured slower than NCCL's own choice
+    regime_family_probes: int = 2       # ... and the best cell of up to this many protocols/algorithms the round
+                                        # lacks (not pruned by the model: its refit can rank the right cell away)
     start_cells: int = 7                # cells explored at start-up (no urgency: learn the model's per-cell bias)
     ranker: str = "model"               # who ranks round-1 candidates: "model" (NCCL's refitted model) | "learned"
     learned_weights: str | None = None  # ranker "learned": weights file (None = the shipped retuner/learned/policy.npz)
@@ -121,7 +125,7 @@ class PolicyConfig:
         _num(self, "recognize_cooldown_s", 0.0, where=where)
         for n, lo in (("max_cells", 1), ("start_cells", 1), ("channel_rounds", 0), ("min_samples", 2), ("max_samples", 2),
                       ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1),
-                      ("probe_parallel", 1), ("max_republish", 0), ("recognize_obs", 1)):
+                      ("probe_parallel", 1), ("max_republish", 0), ("recognize_obs", 1), ("regime_family_probes", 0)):
             _int(self, n, lo, where=where)
         if self.ranker not in ("model", "learned"):
             raise ValueError(f"{where}ranker must be 'model' or 'learned', got {self.ranker!r}")
@@ -129,7 +133,7 @@ class PolicyConfig:
             raise ValueError(f"{where}learned_weights must be a path")
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
-        for n in ("tune_at_start", "recognize"):
+        for n in ("tune_at_start", "recognize", "regime_default_probe"):
             if not isinstance(getattr(self, n), bool):
                 raise ValueError(f"{where}{n} must be true or false")
         return self

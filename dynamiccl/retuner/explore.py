@@ -65,6 +65,7 @@ class Exploration:
         self.outcome: str | None = None
         self.fit: Fit = NO_FIT                          # the refit round 1 was planned with
         self.inc_cell: tuple[str, str] | None = None    # (algo, proto) the incumbent runs
+        self.default_cell: tuple[str, str] | None = None    # (algo, proto) NCCL's own choice runs
         self.best_before: Candidate | None = None       # best before the current round (channel descent)
         self.pred_us: dict[Candidate, float] = {}       # calibrated-by-bias model prediction per candidate
         self.inc_pred_us: float | None = None

@@ -43,7 +43,7 @@ class ExploringMixin:
             for c in cands:
                 sc = x.stats_until(c, cutoff)
                 if sc.n >= pol.min_samples and inc.n >= 2 and slower_p(inc, sc, margin=pol.min_gain) < pol.alpha:
-                    good.append((sc.mean, c.name, c, sc))
+                    good.append((sc.mean, _n(c), c, sc))
             if good:
                 _, _, b, sb = min(good)
                 kind, comms, mag = x.fingerprint
@@ -130,8 +130,12 @@ class ExploringMixin:
                 unapplicable=unapp,
                 max_cells=(self.policy.start_cells if x.trigger == "start" else self.policy.max_cells) + 2,
                 inc_measured_us=x.inc_stats.mean * 1e6 if x.inc_stats.n >= 2 else None)
+        if x.trigger != "start":
+            plan.candidates += [c for c in self._regime_probes(ts, x, plan, inc_cell, unapp)
+                                if c not in plan.candidates]
         x.fit = plan.fit
         x.inc_cell = inc_cell
+        x.default_cell = self.planner.cell_of(ts.target, None, None) if x.incumbent is not None else inc_cell
         x.pred_us = dict(plan.predicted_us)
         x.inc_pred_us = plan.inc_pred_us
         x.prune_ratio = self.policy.prune_ratio if x.trigger == "start" else self.policy.regime_prune_ratio
@@ -146,6 +150,13 @@ class ExploringMixin:
         self._decide("probe", None, exploration=x.id, target=_tname(x.members[0]),
                      **x.start_round(plan.candidates, info).details)
 
+    def _regime_probes(self, ts: TargetState, x: Exploration, plan, inc_cell, unapp: set) -> list[Candidate | None]:
+        """NCCL's default and a few cells of other families, whatever the ranker thinks of them (planner.diverse)."""
+        pol = self.policy
+        probes = self.planner.diverse(ts.target, plan, incumbent=x.incumbent, inc_cell=inc_cell,
+                                      unapplicable=unapp, max_families=pol.regime_family_probes)
+        return [c for c in probes if c is not None or pol.regime_default_probe]
+
     def _update_bias(self, x: Exploration) -> None:
         m = self.planner.model(x.members[0])
         if m is None:
@@ -155,7 +166,7 @@ class ExploringMixin:
             if s.n < self.policy.min_samples:
                 continue
             if c is None:
-                cell = x.inc_cell
+                cell = x.default_cell
             elif c.n_channels == 0:
                 cell = (c.algo, c.proto)
             else:
@@ -175,10 +186,10 @@ class ExploringMixin:
         ts = self.targets[x.members[0].key]
         obs_ch = None
         if best is None:                  # NCCL's own choice won: vary its channels
-            if x.inc_cell is None:
+            if x.default_cell is None:
                 return False
             obs_ch = ts.observed_channels
-            best_c = Candidate(x.inc_cell[0], x.inc_cell[1], 0)
+            best_c = Candidate(x.default_cell[0], x.default_cell[1], 0)
         else:
             best_c = best
         if x.round_no == 1:
