@@ -129,14 +129,17 @@ class Planner:
         return plan
 
     def diverse(self, t: Target, plan: Plan, *, incumbent: Candidate | None, inc_cell: tuple[str, str] | None,
-                unapplicable: set[Candidate], max_families: int) -> list[Candidate | None]:
+                unapplicable: set[Candidate], max_families: int,
+                inc_measured_us: float | None = None) -> list[Candidate | None]:
         """Probes the refitted model cannot veto after a regime change: NCCL's default, then the best-ranked cell of
         each protocol and each algorithm that neither the plan nor the incumbent covers (at most ``max_families``).
 
         The refit is one scalar fitted to one cell's slowdown; when the regime hits cells unequally it can rank
         every other cell far behind a config that is now slower than NCCL's own choice. These probes are not
         predicted, so nothing prunes them before they are measured; the sequential test stops a slow one after
-        ``min_samples`` collectives.
+        ``min_samples`` collectives. Only a physical bound rules a family cell out: its in-flight window alone
+        (:meth:`~dynamiccl.retuner.model.CommModel.window_floor_us`) already ``max_pred_ratio`` x slower than the
+        incumbent's measured time.
         """
         m = self.model(t)
         out: list[Candidate | None] = []
@@ -156,6 +159,9 @@ class Planner:
                 cand = Candidate(cell[0], cell[1], 0)
                 if cell[part] in covered or cell in cells or cand in unapplicable or \
                         not self.cfg.permitted(cell[0], cell[1], 0):
+                    continue
+                if m is not None and inc_measured_us and m.window_floor_us(t.func, t.nbytes(), cell, 0, plan.fit) > \
+                        self.cfg.policy.max_pred_ratio * inc_measured_us:
                     continue
                 out.append(cand)
                 cells.add(cell)

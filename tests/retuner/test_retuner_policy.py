@@ -423,7 +423,7 @@ def _committed_slower_than_default_job(tmp_path):
 
 
 @pytest.mark.parametrize("default_probe,families,back_to_default",
-                         [(True, 2, True), (True, 0, True), (False, 0, False)])
+                         [(True, 2, True), (True, 0, True), (False, 0, False), (False, 2, False)])
 def test_after_a_regime_change_nccls_default_is_probed_and_a_slower_config_is_not_kept(
         tmp_path, default_probe, families, back_to_default):
     pol = PolicyConfig(max_cells=1, channel_rounds=0, regime_default_probe=default_probe,
@@ -456,3 +456,25 @@ def test_regime_probes_cover_the_protocols_and_algorithms_the_round_lacks(tmp_pa
     assert probes == [None, Candidate("TREE", "SIMPLE", 0), Candidate("RING", "LL", 0)]
     assert Planner(cfg).diverse(target(), plan, incumbent=None, inc_cell=("TREE", "LL128"), unapplicable=set(),
                                 max_families=0) == []
+
+
+def test_misjudged_names_a_cell_that_ran_much_faster_than_the_refitted_model_said():
+    from dynamiccl.retuner.explore import Exploration
+    from dynamiccl.retuner.stats import Running
+    from dynamiccl.retuner.types import Candidate
+    pol = PolicyConfig(min_samples=4)
+    inc = Candidate("TREE", "LL128", 0)
+    x = Exploration("x1", trigger="rc-1", kind="latency", members=[target()], incumbent=inc, policy=pol,
+                    fingerprint=("latency", ("0x1f",), 2.0), t_start=0.0)
+    x.default_cell = ("RING", "LL128")
+    x.model_ranked = [(("TREE", "LL128"), 1000.0), (("RING", "LL128"), 1830.0), (("RING", "SIMPLE"), 4450.0)]
+    x.model_inc_pred_us = 1000.0
+    x.stats[inc] = Running(n=64, mean=1e-3, m2=0.0)
+    x.stats[Candidate("RING", "SIMPLE", 0)] = Running(n=64, mean=4e-3, m2=0.0)   # 0.9x its prediction: fine
+    x.stats[Candidate("RING", "SIMPLE", 8)] = Running(n=64, mean=1e-4, m2=0.0)   # a channel variant: no prediction
+    assert x.misjudged(1.5) is None
+    x.stats[None] = Running(n=2, mean=0.68e-3, m2=0.0)                           # too few samples yet
+    assert x.misjudged(1.5) is None
+    x.stats[None] = Running(n=64, mean=0.68e-3, m2=0.0)                          # NCCL's default: 0.37x predicted
+    assert x.misjudged(1.5) == "NCCL-default measured 0.37x its predicted time"
+    assert x.misjudged(3.0) is None
