@@ -66,8 +66,18 @@ class PolicyConfig:
     regime_prune_ratio: float = 3.0     # after a regime change (looser: NCCL's model misjudges regimes more)
     probe_parallel: int = 1             # unmeasured candidates started at once (best predicted first; their
                                         # results prune the others before they cost a step)
+    regime_default_probe: bool = True   # after a regime change, NCCL's default is always one of the probes, so the
+                                        # retuner never keeps a config measured slower than NCCL's own choice
+    regime_family_probes: int = 2       # ... and the best cell of up to this many protocols/algorithms the round
+                                        # lacks (not pruned by the model: its refit can rank the right cell away)
     start_cells: int = 7                # cells explored at start-up (no urgency: learn the model's per-cell bias)
     ranker: str = "model"               # who ranks round-1 candidates: "model" (NCCL's refitted model) | "learned"
+    learned_extra_cells: int = 0        # ranker "learned": round 1 holds this many candidates more than the model's
+    learned_cell_variants: bool = False  # ranker "learned": round 1 may hold one cell at several channel counts (else
+                                        # its best-valued count only; the channel rounds refine the winner)
+    learned_prune_ratio: float | None = 1.2    # ranker "learned": drop unrun candidates it predicts this much slower
+                                        # than the best measured (None = prune_ratio / regime_prune_ratio, as the model;
+                                        # its predictions are closer than the refit's: 0.7 % vs 13 % on validation)
     learned_weights: str | None = None  # ranker "learned": weights file (None = the shipped retuner/learned/policy.npz)
     channel_rounds: int = 2             # channel coordinate-descent rounds (x2 / ÷2) on the winning cell
     min_samples: int = 24               # collectives per candidate before any test
@@ -121,15 +131,18 @@ class PolicyConfig:
         _num(self, "recognize_cooldown_s", 0.0, where=where)
         for n, lo in (("max_cells", 1), ("start_cells", 1), ("channel_rounds", 0), ("min_samples", 2), ("max_samples", 2),
                       ("verify_samples", 2), ("max_targets", 1), ("max_not_applied", 1), ("memory_max", 1),
-                      ("probe_parallel", 1), ("max_republish", 0), ("recognize_obs", 1)):
+                      ("probe_parallel", 1), ("max_republish", 0), ("recognize_obs", 1), ("regime_family_probes", 0),
+                      ("learned_extra_cells", 0)):
             _int(self, n, lo, where=where)
         if self.ranker not in ("model", "learned"):
             raise ValueError(f"{where}ranker must be 'model' or 'learned', got {self.ranker!r}")
         if self.learned_weights is not None and not isinstance(self.learned_weights, str):
             raise ValueError(f"{where}learned_weights must be a path")
+        if self.learned_prune_ratio is not None:
+            _num(self, "learned_prune_ratio", 1.0, where=where)
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
-        for n in ("tune_at_start", "recognize"):
+        for n in ("tune_at_start", "recognize", "regime_default_probe", "learned_cell_variants"):
             if not isinstance(getattr(self, n), bool):
                 raise ValueError(f"{where}{n} must be true or false")
         return self

@@ -65,6 +65,11 @@ class Exploration:
         self.outcome: str | None = None
         self.fit: Fit = NO_FIT                          # the refit round 1 was planned with
         self.inc_cell: tuple[str, str] | None = None    # (algo, proto) the incumbent runs
+        self.default_cell: tuple[str, str] | None = None    # (algo, proto) NCCL's own choice runs
+        self.model_ranked: list[tuple[tuple[str, str], float]] = []  # the refitted model's cells (µs, calibrated)
+        self.model_inc_pred_us: float | None = None     # ... and the incumbent's cell on the same scale
+        self.families_done = False                      # the family round (regime changes) was considered
+        self.channel_rounds_done = 0
         self.best_before: Candidate | None = None       # best before the current round (channel descent)
         self.pred_us: dict[Candidate, float] = {}       # calibrated-by-bias model prediction per candidate
         self.inc_pred_us: float | None = None
@@ -269,6 +274,30 @@ class Exploration:
         self.outcome = "confirmed"
         return Event("confirmed", {"candidate": _n(self.committed), "mean_s": self.verify.mean,
                                    "reference_mean_s": ref.mean, "gain": gain})
+
+    def is_default(self, c: Candidate | None) -> bool:
+        """``c`` is NCCL's own choice: no rule, or a rule naming NCCL's default cell at NCCL's channel count."""
+        return c is None or (c.n_channels == 0 and (c.algo, c.proto) == self.default_cell)
+
+    def misjudged(self, ratio: float) -> str | None:
+        """The first measured cell that ran ``ratio`` x faster (relative to the incumbent) than the refitted model
+        predicted, as 'CELL measured/predicted', else None. Channel variants carry no cell prediction."""
+        pol = self.policy
+        inc = self.inc_clean if self.inc_clean.n >= pol.min_samples else self.inc_stats
+        pred = {c: us for c, us in self.model_ranked if math.isfinite(us) and us > 0}
+        if inc.n < 2 or not self.model_inc_pred_us:
+            return None
+        for c, s in self.stats.items():
+            if c == self.incumbent or s.n < pol.min_samples:
+                continue
+            cell = self.default_cell if c is None else ((c.algo, c.proto) if c.n_channels == 0 else None)
+            p = pred.get(cell)
+            if p is None:
+                continue
+            err = (s.mean / inc.mean) / (p / self.model_inc_pred_us)
+            if err < 1.0 / ratio:
+                return f"{_n(c)} measured {err:.2f}x its predicted time"
+        return None
 
     def stats_until(self, cand: Candidate | None, t: float) -> Running:
         """``cand``'s samples from intervals that ended by ``t`` (e.g. before the next regime's onset)."""

@@ -6,6 +6,7 @@ import math
 
 from dynamiccl.retuner.explore import Event, Exploration, _n
 from dynamiccl.retuner.learned.hook import learned_plan
+from dynamiccl.retuner.planner import Plan
 from dynamiccl.retuner.state import (
     TargetState,
     _labels,
@@ -43,7 +44,7 @@ class ExploringMixin:
             for c in cands:
                 sc = x.stats_until(c, cutoff)
                 if sc.n >= pol.min_samples and inc.n >= 2 and slower_p(inc, sc, margin=pol.min_gain) < pol.alpha:
-                    good.append((sc.mean, c.name, c, sc))
+                    good.append((sc.mean, _n(c), c, sc))
             if good:
                 _, _, b, sb = min(good)
                 kind, comms, mag = x.fingerprint
@@ -123,18 +124,28 @@ class ExploringMixin:
                                   max_cells=self.policy.start_cells if x.trigger == "start" else None,
                                   inc_measured_us=x.inc_stats.mean * 1e6 if x.inc_stats.n >= 2 else None)
         plan.candidates += [c for c in extra if c not in plan.candidates]     # model-ranked cells first
+        model_plan = plan
         learned_info = None
         if self.learned is not None:        # ---- Policy seam: the learned policy re-ranks round 1 ----
             plan, learned_info = learned_plan(
                 self.learned, self.planner, self.cfg, ts, x, plan, ratio=ratio, inc_cell=inc_cell, rc=rc,
                 unapplicable=unapp,
-                max_cells=(self.policy.start_cells if x.trigger == "start" else self.policy.max_cells) + 2,
+                max_cells=(self.policy.start_cells if x.trigger == "start" else self.policy.max_cells) +
+                self.policy.learned_extra_cells,
                 inc_measured_us=x.inc_stats.mean * 1e6 if x.inc_stats.n >= 2 else None)
+        x.default_cell = self.planner.cell_of(ts.target, None, None) if x.incumbent is not None else inc_cell
+        if x.trigger != "start" and self.policy.regime_default_probe and \
+                not any(x.is_default(c) for c in plan.candidates + [x.incumbent]):
+            plan.candidates.append(None)     # NCCL's own choice: a config measured slower than it is never kept
+        x.model_ranked = list(model_plan.ranked)
+        x.model_inc_pred_us = model_plan.inc_pred_us
         x.fit = plan.fit
         x.inc_cell = inc_cell
         x.pred_us = dict(plan.predicted_us)
         x.inc_pred_us = plan.inc_pred_us
         x.prune_ratio = self.policy.prune_ratio if x.trigger == "start" else self.policy.regime_prune_ratio
+        if learned_info is not None and self.policy.learned_prune_ratio is not None:
+            x.prune_ratio = self.policy.learned_prune_ratio
         info = {"fit": {"dlat_us": round(plan.fit.dlat_us, 2), "beta": round(plan.fit.beta, 4)},
                 "measured_ratio": ratio, "predicted_us": {c.name: round(v, 2) for c, v in plan.predicted_us.items()},
                 "incumbent_predicted_us": plan.inc_pred_us, "skipped": plan.skipped}
@@ -146,6 +157,33 @@ class ExploringMixin:
         self._decide("probe", None, exploration=x.id, target=_tname(x.members[0]),
                      **x.start_round(plan.candidates, info).details)
 
+    def _family_round(self, x: Exploration) -> bool:
+        """After round 1 of a regime change, once: when nothing ranked beat NCCL's default or the incumbent and a
+        measured cell ran ``max_pred_ratio`` x faster than the refitted model predicted (so its vetoes cannot be
+        trusted either), the best cell of each protocol/algorithm not measured yet is probed
+        (:meth:`~dynamiccl.retuner.planner.Planner.diverse`)."""
+        pol = self.policy
+        if x.trigger == "start" or x.families_done or pol.regime_family_probes <= 0:
+            return False
+        x.families_done = True
+        if not x.is_default(x.best()) and x.best() != x.incumbent:
+            return False                 # a ranked cell beat both NCCL's choice and the incumbent: the ranking works
+        why = x.misjudged(pol.max_pred_ratio)
+        if why is None:
+            return False
+        ts = self.targets[x.members[0].key]
+        unapp = set().union(*(self.targets[m.key].unapplicable for m in x.members))
+        seen = Plan([c for c in x.stats if c is not None], fit=x.fit, ranked=x.model_ranked)
+        cands = [c for c in self.planner.diverse(ts.target, seen, incumbent=None, inc_cell=x.inc_cell,
+                                                 unapplicable=unapp, max_families=pol.regime_family_probes,
+                                                 inc_measured_us=x.inc_stats.mean * 1e6)
+                 if c is not None and c not in x.stats]
+        if not cands:
+            return False
+        self._decide("probe", None, exploration=x.id, target=_tname(x.members[0]),
+                     **x.start_round(cands, {"families": why}).details)
+        return True
+
     def _update_bias(self, x: Exploration) -> None:
         m = self.planner.model(x.members[0])
         if m is None:
@@ -155,7 +193,7 @@ class ExploringMixin:
             if s.n < self.policy.min_samples:
                 continue
             if c is None:
-                cell = x.inc_cell
+                cell = x.default_cell
             elif c.n_channels == 0:
                 cell = (c.algo, c.proto)
             else:
@@ -169,19 +207,21 @@ class ExploringMixin:
 
     def _next_round(self, x: Exploration) -> bool:
         pol = self.policy
-        if x.round_no > pol.channel_rounds:
+        if self._family_round(x):
+            return True
+        if x.channel_rounds_done >= pol.channel_rounds:
             return False
         best = x.best()
         ts = self.targets[x.members[0].key]
         obs_ch = None
         if best is None:                  # NCCL's own choice won: vary its channels
-            if x.inc_cell is None:
+            if x.default_cell is None:
                 return False
             obs_ch = ts.observed_channels
-            best_c = Candidate(x.inc_cell[0], x.inc_cell[1], 0)
+            best_c = Candidate(x.default_cell[0], x.default_cell[1], 0)
         else:
             best_c = best
-        if x.round_no == 1:
+        if x.channel_rounds_done == 0:
             factors = (0.5, 2.0)
         else:
             prev = x.best_before
@@ -198,6 +238,7 @@ class ExploringMixin:
         if not cands:
             return False
         x.best_before = best_c
+        x.channel_rounds_done += 1
         self._decide("probe", None, exploration=x.id, target=_tname(x.members[0]),
                      **x.start_round(cands, {"channels_of": _n(best)}).details)
         return True

@@ -35,6 +35,7 @@ class Plan:
     predicted_us: dict[Candidate, float] = field(default_factory=dict)   # refitted model µs x measured bias
     inc_pred_us: float | None = None                                    # the same for the incumbent's cell
     skipped: dict[str, str] = field(default_factory=dict)               # candidate/cell -> why
+    ranked: list[tuple[tuple[str, str], float]] = field(default_factory=list)  # every cell, calibrated, best first
 
 
 class Planner:
@@ -88,6 +89,7 @@ class Planner:
             scored.append((cell, us * b if math.isfinite(us) else math.nan))
         if m is not None:
             scored.sort(key=lambda x: x[1])
+        plan.ranked = list(scored)
         inc_pred = next((p for c, p in scored if c == inc_cell), math.nan)
         plan.inc_pred_us = inc_pred if math.isfinite(inc_pred) else None
         seen = {incumbent}
@@ -125,6 +127,48 @@ class Planner:
             if math.isfinite(pred):
                 plan.predicted_us[cand] = pred
         return plan
+
+    def diverse(self, t: Target, plan: Plan, *, incumbent: Candidate | None, inc_cell: tuple[str, str] | None,
+                unapplicable: set[Candidate], max_families: int,
+                inc_measured_us: float | None = None) -> list[Candidate | None]:
+        """Probes the refitted model cannot veto after a regime change: NCCL's default, then the best-ranked cell of
+        each protocol and each algorithm that neither the plan nor the incumbent covers (at most ``max_families``).
+
+        The refit is one scalar fitted to one cell's slowdown; when the regime hits cells unequally it can rank
+        every other cell far behind a config that is now slower than NCCL's own choice. These probes are not
+        predicted, so nothing prunes them before they are measured; the sequential test stops a slow one after
+        ``min_samples`` collectives. Only a physical bound rules a family cell out: its in-flight window alone
+        (:meth:`~dynamiccl.retuner.model.CommModel.window_floor_us`) already ``max_pred_ratio`` x slower than the
+        incumbent's measured time.
+        """
+        m = self.model(t)
+        out: list[Candidate | None] = []
+        default_cell = m.default_cell(t.func, t.nbytes()) if m is not None else None
+        if incumbent is not None:
+            out.append(None)                             # NCCL's own choice: what a slower config is judged against
+        cells = {(c.algo, c.proto) for c in plan.candidates if c is not None}
+        cells |= {c for c in (inc_cell, default_cell) if c is not None}
+        protos = {p for _, p in cells}
+        algos = {a for a, _ in cells}
+        ranked = [c for c, _ in plan.ranked] if m is not None else list(_FALLBACK_CELLS)
+        added = 0
+        for covered, part in ((protos, 1), (algos, 0)):
+            for cell in ranked:
+                if added >= max_families:
+                    return out
+                cand = Candidate(cell[0], cell[1], 0)
+                if cell[part] in covered or cell in cells or cand in unapplicable or \
+                        not self.cfg.permitted(cell[0], cell[1], 0):
+                    continue
+                if m is not None and inc_measured_us and m.window_floor_us(t.func, t.nbytes(), cell, 0, plan.fit) > \
+                        self.cfg.policy.max_pred_ratio * inc_measured_us:
+                    continue
+                out.append(cand)
+                cells.add(cell)
+                protos.add(cell[1])
+                algos.add(cell[0])
+                added += 1
+        return out
 
     def channels_of(self, t: Target, cand: Candidate | None, observed_channels: int | None = None) -> int | None:
         """The channel count ``cand`` runs with: its own, else what was observed, else NCCL's (model)."""

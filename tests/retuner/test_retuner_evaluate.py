@@ -89,3 +89,18 @@ def test_cli_evaluate_policy_override_is_validated_before_running():
         out = subprocess.run([sys.executable, "-m", "dynamiccl", "retuner", "evaluate", "--policy", arg], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and msg in out.stderr, (arg, out.stderr)
+
+
+@pytest.mark.slow
+def test_a_regime_the_refitted_model_misjudges_does_not_keep_a_config_slower_than_nccls_default():
+    """a100 4-NIC, +90 µs: start-up commits TREE/LL128; the refit then ranks every other cell >= 1.5x slower than it,
+    although NCCL's default (RING/LL128) is now 1.5x faster. Without the default probe the retuner kept TREE/LL128
+    (ours/default 1.070, captured -0.36)."""
+    from dynamiccl.retuner.learned.families import HELDOUT_DIR
+    r = evaluate_one(str(HELDOUT_DIR / "ddp-a100-4nic-2x8.yaml"), str(HELDOUT_DIR / "latency-90.yaml"),
+                     seed=101, tuner_mode="python")
+    assert r.coll("ours") < r.coll("default") and r.captured > 0.5
+    probes = [a for a in r.runs["ours"].audit if a["action"] == "probe" and a.get("round") == 1
+              and a["candidates"][0].startswith("TREE/LL128")]
+    assert probes and "NCCL-default" in probes[0]["candidates"]
+    assert any(a["action"] == "probe" and a.get("families") for a in r.runs["ours"].audit)

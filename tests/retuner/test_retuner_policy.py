@@ -409,3 +409,72 @@ def test_a_wrong_recognition_is_undone_at_once_and_an_unknown_regime_or_recogniz
     _regime_cycle(off, job2)
     run(off, job2, 10, {0: "base"})
     assert _recognised(off) == [] and running(job2, 1) == [("TREE", "LL128")]
+
+
+def _committed_slower_than_default_job(tmp_path):
+    """Start-up commits TREE/LL128 (1.3x faster than NCCL's RING/SIMPLE); the regime then makes it 1.5x slower than
+    NCCL's choice and every other cell 1.15x slower. RING/SIMPLE is denied, so only NCCL's default gets it back."""
+    def cost(regime, algo, proto, nch):
+        if (algo, proto) == ("TREE", "LL128"):
+            return 1e-3 / 1.3 if regime == "base" else 2e-3 * 1.5
+        f = 1e-3 if regime == "base" else 2e-3
+        return f if (algo, proto) == DEFAULT_CELL else f * 1.15
+    return FakeJob(str(tmp_path / "tuner.conf"), [target()], cost)
+
+
+@pytest.mark.parametrize("default_probe,families,back_to_default",
+                         [(True, 2, True), (True, 0, True), (False, 0, False), (False, 2, False)])
+def test_after_a_regime_change_nccls_default_is_probed_and_a_slower_config_is_not_kept(
+        tmp_path, default_probe, families, back_to_default):
+    pol = PolicyConfig(max_cells=1, channel_rounds=0, regime_default_probe=default_probe,
+                       regime_family_probes=families)
+    rt = make(tmp_path, policy=pol, deny=("RING/SIMPLE",))
+    job = _committed_slower_than_default_job(tmp_path)
+    run(rt, job, 40)
+    assert running(job) == [("TREE", "LL128")]                  # the start-up round committed it
+    job.regime = "slow"
+    run(rt, job, 4)
+    rt.on_change(rc("rc-1", "latency", job.t))
+    run(rt, job, 80)
+    probes = [a for a in rt.audit.recent if a["action"] == "probe" and a.get("round") == 1]
+    assert ("NCCL-default" in probes[-1]["candidates"]) is default_probe
+    assert (running(job, 5) == [DEFAULT_CELL] * 5) is back_to_default
+    if back_to_default:
+        assert read_configs(tmp_path / "tuner.conf")[-1].rules == ()
+
+
+def test_regime_probes_cover_the_protocols_and_algorithms_the_round_lacks(tmp_path):
+    from dynamiccl.retuner.planner import Plan, Planner
+    from dynamiccl.retuner.types import Candidate
+    cfg = RetunerConfig(deny=("TREE/LL",))
+    inc = Candidate("TREE", "LL128", 4)
+    plan = Plan([Candidate("TREE", "LL128", 2)])
+    probes = Planner(cfg).diverse(target(), plan, incumbent=inc, inc_cell=("TREE", "LL128"),
+                                  unapplicable={Candidate("RING", "SIMPLE", 0)}, max_families=3)
+    # NCCL's default first; then one cell per missing protocol (LL: TREE/LL denied; SIMPLE: RING/SIMPLE cannot apply),
+    # then the missing algorithm is covered already (RING) and the cap is not reached
+    assert probes == [None, Candidate("TREE", "SIMPLE", 0), Candidate("RING", "LL", 0)]
+    assert Planner(cfg).diverse(target(), plan, incumbent=None, inc_cell=("TREE", "LL128"), unapplicable=set(),
+                                max_families=0) == []
+
+
+def test_misjudged_names_a_cell_that_ran_much_faster_than_the_refitted_model_said():
+    from dynamiccl.retuner.explore import Exploration
+    from dynamiccl.retuner.stats import Running
+    from dynamiccl.retuner.types import Candidate
+    pol = PolicyConfig(min_samples=4)
+    inc = Candidate("TREE", "LL128", 0)
+    x = Exploration("x1", trigger="rc-1", kind="latency", members=[target()], incumbent=inc, policy=pol,
+                    fingerprint=("latency", ("0x1f",), 2.0), t_start=0.0)
+    x.default_cell = ("RING", "LL128")
+    x.model_ranked = [(("TREE", "LL128"), 1000.0), (("RING", "LL128"), 1830.0), (("RING", "SIMPLE"), 4450.0)]
+    x.model_inc_pred_us = 1000.0
+    x.stats[inc] = Running(n=64, mean=1e-3, m2=0.0)
+    x.stats[Candidate("RING", "SIMPLE", 0)] = Running(n=64, mean=4e-3, m2=0.0)   # 0.9x its prediction: fine
+    x.stats[Candidate("RING", "SIMPLE", 8)] = Running(n=64, mean=1e-4, m2=0.0)   # a channel variant: no prediction
+    assert x.misjudged(1.5) is None
+    x.stats[None] = Running(n=2, mean=0.68e-3, m2=0.0)                           # too few samples yet
+    assert x.misjudged(1.5) is None
+    x.stats[None] = Running(n=64, mean=0.68e-3, m2=0.0)                          # NCCL's default: 0.37x predicted
+    assert x.misjudged(1.5) == "NCCL-default measured 0.37x its predicted time"
+    assert x.misjudged(3.0) is None

@@ -63,6 +63,8 @@ def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: flo
         c = Candidate(r.cell[0], r.cell[1], ch)
         if c in seen or c in unapplicable or not cfg.permitted(c.algo, c.proto, c.n_channels):
             continue
+        if not cfg.policy.learned_cell_variants and any((o.algo, o.proto) == r.cell for o in out.candidates):
+            continue
         if r.rel_time > cfg.policy.max_pred_ratio:
             out.skipped[c.name] = f"learned: predicted {r.rel_time:.2f}x the incumbent"
             continue
