@@ -97,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
     pacer = WindowPacer(lag_s=pacing_lag_s(cfg.window.window_s, cfg.window.allowed_lateness_s),
                         window_s=cfg.window.window_s)
     if args.fast:
-        # A paced job is silent while it waits for the pipeline (the detector's first windows take seconds);
-        # the idle flush must not take that for the end of the job, or it closes a window the job's next step
-        # still has records for (dropped as late). The job's end closes every window anyway (shutdown).
-        cfg = cfg.replace(window={"idle_flush_s": max(cfg.window.idle_flush_s, 2 * pacer.max_wait_s)})
+        # A paced job is silent while it waits for the pipeline (on a loaded machine, for as long as the pipeline
+        # needs); the idle flush must not take that for the end of the job, or it closes a window the job's next
+        # step still has records for (dropped as late). The job's end closes every window anyway (shutdown).
+        cfg = cfg.replace(window={"idle_flush_s": max(cfg.window.idle_flush_s, 2 * pacer.max_stall_s)})
     pipeline = Pipeline(cfg).start()
     # Room for every window of the run (drops are counted, never silent).
     sub = pipeline.subscribe(max_queue=4096)
@@ -184,7 +184,9 @@ def run(args: argparse.Namespace) -> int:
         retuner.close()
         tuner.close()
     report = analyse(args, truth, state, history, out, job.engine.duration_s)
-    report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts}
+    report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts,
+                        "longest_wait_s": pacer.longest_wait_s, "max_step_s": pacer.max_step_s,
+                        "promise_s": pacer.promise_s, "load_average": _load_average()}
     report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": _autoencoder_available(args),
                      "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
                      "wall_s": result.wall_seconds, "windows": state.windows,
@@ -193,6 +195,16 @@ def run(args: argparse.Namespace) -> int:
     _write_json(out / "summary.json", report)
     print_summary(args, report, result, pipeline, out, pacer)
     return 0
+
+
+def _load_average() -> list[float] | None:
+    """The host's 1/5/15-minute load averages at the end of the run (wall times depend on them)."""
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _autoencoder_available(args) -> bool:

@@ -68,8 +68,8 @@ def problems(s: dict) -> list[str]:
     if s["run"]["fast"] and s["pacing"]["timeouts"]:
         out.append(f"pacing gave up {s['pacing']['timeouts']} times")
     # --fast: every version written before the job's last seconds reaches the job within the pacing lag + one
-    # step (real time: whatever the pipeline's wall-clock delay is; reported in the row, not a promise)
-    limit = s["pacing"]["lag_s"] + 0.5
+    # step (the pacer's promise; real time: whatever the pipeline's wall-clock delay is, reported, not a promise)
+    limit = s["pacing"]["promise_s"] + 1e-3
     late = [(t, v, d) for t, v, d in s["push_to_records_s"]
             if t < s["run"]["sim_s"] - limit and (d is None or d > limit)]
     if late and s["run"]["fast"]:
@@ -91,7 +91,8 @@ def row(s: dict) -> str:
             f"gain={g.get('measured_gain') or 0:.3f} oracle={g.get('oracle_gain') or 0:.3f} "
             f"captured={g.get('captured') or 0:.2f} reverted={g.get('reverted_at_s')} "
             f"inconsistent={s['consistency']['inconsistent']} paced_waits={s['pacing']['waits']} "
-            f"timeouts={s['pacing']['timeouts']} "
+            f"timeouts={s['pacing']['timeouts']} longest_wait={s['pacing']['longest_wait_s']:.1f}s "
+            f"promise={s['pacing']['promise_s']:.2f}s load={s['pacing']['load_average']} "
             f"push->records={min(lags, default=0):.2f}-{max(lags, default=0):.2f}s problems={problems(s)}")
 
 

@@ -21,7 +21,7 @@ EPOCH = 1_000.0
 
 # ---- pacing -------------------------------------------------------------------------------------------
 def test_the_job_waits_until_the_pipeline_has_handled_the_windows_it_runs_ahead_of():
-    p = WindowPacer(lag_s=3.5, window_s=1.0, max_wait_s=5.0)
+    p = WindowPacer(lag_s=3.5, window_s=1.0, max_stall_s=5.0)
     p(0.0, 3.4)                                   # within the lag of the job's start: no wait
     assert p.waits == 0
     released = []
@@ -39,7 +39,7 @@ def test_the_job_waits_until_the_pipeline_has_handled_the_windows_it_runs_ahead_
 
 def test_windows_without_records_do_not_hold_the_job():
     # a checkpoint pause from 12 s to 15 s: no window is ever emitted for 12..14
-    p = WindowPacer(lag_s=pacing_lag_s(1.0, 2.0), window_s=1.0, max_wait_s=0.05, epoch_s=EPOCH)
+    p = WindowPacer(lag_s=pacing_lag_s(1.0, 2.0), window_s=1.0, max_stall_s=0.05, epoch_s=EPOCH)
     p(11.7, 12.0)
     p.handled(13.0)                               # the window holding the last records before the pause
     for span in ((15.0, 16.7), (16.7, 17.0), (17.0, 18.4)):
@@ -49,8 +49,39 @@ def test_windows_without_records_do_not_hold_the_job():
     assert p.timeouts == 1
 
 
+def test_a_slow_pipeline_that_keeps_handling_windows_is_waited_for_past_the_stall_limit():
+    # a loaded machine: every window takes 2/3 of the stall limit (on the injected clock), the wait 6x the limit
+    now, waiting = [0.0], threading.Event()
+
+    def clock() -> float:
+        waiting.set()                             # the pacer reads the clock once it starts waiting
+        return now[0]
+
+    p = WindowPacer(lag_s=1.0, window_s=1.0, max_stall_s=0.15, clock=clock)
+
+    def pipeline():
+        waiting.wait(5.0)
+        for w in range(1, 10):
+            now[0] += 0.1
+            p.handled(w * 0.5)
+
+    t = threading.Thread(target=pipeline)
+    t.start()
+    p(0.0, 5.0)                                   # needs windows up to 4.0 s: the 8th handled() call
+    t.join()
+    assert (p.waits, p.timeouts) == (1, 0) and p.covered_s >= 4.0
+    assert p.longest_wait_s >= 0.8 > p.max_stall_s
+
+
+def test_the_promise_is_the_lag_plus_the_longest_step():
+    p = WindowPacer(lag_s=3.5, window_s=1.0)
+    for span in ((0.0, 0.4), (0.4, 1.2), (1.2, 1.6)):
+        p(*span)
+    assert p.promise_s == pytest.approx(3.5 + 0.8)
+
+
 def test_a_stuck_pipeline_never_wedges_the_job_and_close_releases_it():
-    p = WindowPacer(lag_s=1.0, window_s=1.0, max_wait_s=0.02)
+    p = WindowPacer(lag_s=1.0, window_s=1.0, max_stall_s=0.02)
     p(0.0, 10.0)
     assert p.timeouts == 1
     p.close()
