@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     def handle(wf) -> None:
         state.windows += 1
+        if not args.fast:       # real time: how far behind the job's clock the pipeline handles each window
+            state.handling_lag_s.append(time.time() - (wf.window_start + wf.window_s))
         history.add(wf)
         for v in loop.step(wf).versions:
             state.versions.append((wf.window_start - state.epoch_s, v))
@@ -191,10 +193,20 @@ def run(args: argparse.Namespace) -> int:
                      "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
                      "wall_s": result.wall_seconds, "windows": state.windows,
                      "dropped": sum(pipeline.metrics.dropped.values()),
-                     "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v}}
+                     "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v},
+                     "handling_lag_s": _spread(state.handling_lag_s)}
     _write_json(out / "summary.json", report)
     print_summary(args, report, result, pipeline, out, pacer)
     return 0
+
+
+def _spread(xs: list[float]) -> dict | None:
+    """Median, 90th percentile and maximum of ``xs`` (None when empty)."""
+    if not xs:
+        return None
+    q = sorted(xs)
+    return {"p50": round(q[len(q) // 2], 3), "p90": round(q[int(0.9 * (len(q) - 1))], 3), "max": round(q[-1], 3),
+            "n": len(q)}
 
 
 def _load_average() -> list[float] | None:
@@ -251,6 +263,7 @@ class _State:
     windows: int = 0
     changes: list = field(default_factory=list)
     versions: list = field(default_factory=list)     # (t, tuner config version written)
+    handling_lag_s: list = field(default_factory=list)   # real time: wall time from a window's end to its handling
 
 
 class _nullcontext:
