@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 
     out = _prepare_out(Path(args.out))
+    # torch is imported now, before the job starts: imported by the detector's first window instead, it held that
+    # window (and, in real time, every window after it) for 28-43 s on a loaded 2-core machine (load ~25-30)
+    autoencoder = _autoencoder_available(args)
     sock_dir = tempfile.mkdtemp(prefix="dynamiccl-demo-")
     listen = f"unix:{sock_dir}/collector.sock"
     metrics = _free_metrics_address(args.metrics)
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     # Room for every window of the run (drops are counted, never silent).
     sub = pipeline.subscribe(max_queue=4096)
     # A 90 s demo cannot afford the production warm-up (60 windows): 20 windows of baseline.
-    detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=not args.no_autoencoder))
+    detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=autoencoder))
     topo = load_workload(args.workload).topology.name
     # In --fast mode the job never runs more than `lag` ahead of the windows the detector and retuner have
     # handled (the pacer; in real time the wall clock keeps it about there), so a push reaches the job at most
@@ -144,8 +147,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.fast:       # real time: how far behind the job's clock the pipeline handles each window
             state.handling_lag_s.append(time.time() - (wf.window_start + wf.window_s))
         history.add(wf)
+        t0 = time.perf_counter()
         for v in loop.step(wf).versions:
             state.versions.append((wf.window_start - state.epoch_s, v))
+        spent = time.perf_counter() - t0
+        if spent > state.slowest_window[0]:
+            state.slowest_window = (spent, wf.window_start - state.epoch_s)
         pacer.handled(wf.window_start - state.epoch_s + wf.window_s)
 
     try:
@@ -189,12 +196,13 @@ def run(args: argparse.Namespace) -> int:
     report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts,
                         "longest_wait_s": pacer.longest_wait_s, "max_step_s": pacer.max_step_s,
                         "promise_s": pacer.promise_s, "load_average": _load_average()}
-    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": _autoencoder_available(args),
+    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": autoencoder,
                      "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
                      "wall_s": result.wall_seconds, "windows": state.windows,
                      "dropped": sum(pipeline.metrics.dropped.values()),
                      "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v},
-                     "handling_lag_s": _spread(state.handling_lag_s)}
+                     "handling_lag_s": _spread(state.handling_lag_s),
+                     "slowest_window": {"wall_s": round(state.slowest_window[0], 3), "t": state.slowest_window[1]}}
     _write_json(out / "summary.json", report)
     print_summary(args, report, result, pipeline, out, pacer)
     return 0
@@ -264,6 +272,7 @@ class _State:
     changes: list = field(default_factory=list)
     versions: list = field(default_factory=list)     # (t, tuner config version written)
     handling_lag_s: list = field(default_factory=list)   # real time: wall time from a window's end to its handling
+    slowest_window: tuple = (0.0, None)                   # (wall s in detector + retuner, window start s)
 
 
 class _nullcontext:
