@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 
     out = _prepare_out(Path(args.out))
-    # torch is imported now, before the job starts: imported by the detector's first window instead, it held that
-    # window (and, in real time, every window after it) for 28-43 s on a loaded 2-core machine (load ~25-30)
+    # torch's one-off costs are paid now, before the job starts: paid by the detector's first window instead, they
+    # held that window (and, in real time, every window after it) for 20-43 s on a loaded 2-core machine
     autoencoder = _autoencoder_available(args)
     sock_dir = tempfile.mkdtemp(prefix="dynamiccl-demo-")
     listen = f"unix:{sock_dir}/collector.sock"
@@ -228,13 +228,22 @@ def _load_average() -> list[float] | None:
 
 
 def _autoencoder_available(args) -> bool:
-    """Whether the detector could run its autoencoder stream (asked for, and torch importable)."""
+    """Whether the detector can run its autoencoder stream (asked for, and torch importable). Also pays torch's
+    one-off costs before the job's clock starts: the import (4 s at load 18) and the first training step of a
+    model (5.3 s: lazy initialisation of autograd and the optimiser), which the detector's first window paid
+    otherwise (the job waited 20-28 s for that window at load 23-25)."""
     if args.no_autoencoder:
         return False
     try:
         import torch  # noqa: F401
     except ImportError:
         return False
+    from dynamiccl.detector.autoencoder import Autoencoder
+
+    x = {"a": 0.0, "b": 1.0, "c": 2.0}
+    warm = Autoencoder(grace_period=1, window_size=8, seed=0)
+    warm.score_one(x)
+    warm.learn_one(x)
     return True
 
 
