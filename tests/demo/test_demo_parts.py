@@ -264,3 +264,34 @@ def test_a_later_alarm_of_the_true_kind_inside_a_true_event_is_late_not_unmatche
     got = _late_alarms([change("w", "latency", 57.0), change("r", "recovery", 80.0, "w"),
                         change("b", "bandwidth", 57.0), change("x", "latency", 85.0)], truth, EPOCH)
     assert got == {"w": "latency@50s", "r": "latency@50s"}
+
+
+# ---- start-up -----------------------------------------------------------------------------------------
+def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypatch):
+    # paid by the detector's first window instead, they held the paced job 20-28 s (load ~24) and put a real-time
+    # run 43 s behind its clock
+    import argparse
+
+    import dynamiccl.demo as demo
+    from dynamiccl.harness.simulator import driver
+
+    order = []
+
+    class Job:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start(self):
+            order.append("job starts")
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(demo, "_autoencoder_available", lambda args: order.append("torch warmed") or False)
+    monkeypatch.setattr(demo, "_plugin_tuner", lambda conf: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(driver, "SimulatedJob", Job)
+    parser = argparse.ArgumentParser()
+    demo.register(parser.add_subparsers())
+    args = parser.parse_args(["demo", "--fast", "--no-live", "--out", str(tmp_path / "run"), "--metrics",
+                              "127.0.0.1:0"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        demo.run(args)
+    assert order == ["torch warmed", "job starts"]
