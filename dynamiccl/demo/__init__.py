@@ -33,7 +33,7 @@ DEFAULT_METRICS = "127.0.0.1:9464"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a simulated job through the real plugins, live")
-    p.add_argument("--scenario", default="demo", help="scenario preset or YAML path (default: demo, ~100 s)")
+    p.add_argument("--scenario", default="demo", help="scenario preset or YAML path (default: demo, ~110 s)")
     p.add_argument("--workload", default="llama7b-tp8-dp2", help="workload preset or YAML path")
     p.add_argument("--duration", type=float, default=None, help="simulated seconds (default: the scenario's)")
     p.add_argument("--fast", action="store_true", help="run as fast as the pipeline keeps up (paced to its windows) instead of in real time")

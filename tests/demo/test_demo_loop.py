@@ -1,7 +1,7 @@
 """`dynamiccl demo --fast` end to end: the same events detected, a kept config with a measured gain in the
 latency regime, its revert, no unmatched change, every rank on the same config (tests/demo/demo_runs.py). One run
 (~10 s) in the default tier; three seeds with and without torch in the e2e tier, in --fast mode and in real time
-(100 s each; real time needs a machine where the pipeline keeps up with the job's clock, which the failure names)."""
+(110 s each; real time needs a machine where the pipeline keeps up with the job's clock, which the failure names)."""
 from __future__ import annotations
 
 import pytest

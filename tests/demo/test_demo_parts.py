@@ -134,8 +134,8 @@ def test_history_keeps_per_stream_points_and_config_switches():
 def test_the_demo_scenario_has_a_regime_where_the_oracle_beats_nccls_default():
     from dynamiccl.harness.simulator.scenario import preset
 
-    truth = preset("demo").truth(duration_s=100)
-    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 100, truth)
+    truth = preset("demo").truth(duration_s=110)
+    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 110, truth)
     better = [r for r in regimes if r["better"]]
     assert [(r["kind"], tuple(r["stream"]), r["default"], r["best"]) for r in better] == [
         ("latency", ("dp", "AllReduce", 24), "RING/SIMPLE", "RING/LL128")]
@@ -198,16 +198,16 @@ def _records(tmp_path, algo: int, proto: int, channels: int, t_s: float):
 def test_a_change_our_config_explains_is_not_unmatched_and_anything_else_is(tmp_path):
     from dynamiccl.demo.explain import explain_by_config
 
-    # Ring/LL128 with 2 channels runs on dp0 at 82 s, after the latency regime ended: by the model 1.088x the time
+    # Ring/LL128 with 2 channels runs on dp0 at 92 s, after the latency regime ended: by the model 1.088x the time
     # of NCCL's Ring/Simple on the idle network
-    _records(tmp_path, algo=1, proto=1, channels=2, t_s=82.0)
-    _records(tmp_path, algo=1, proto=2, channels=4, t_s=90.0)        # NCCL's default again
+    _records(tmp_path, algo=1, proto=1, channels=2, t_s=92.0)
+    _records(tmp_path, algo=1, proto=2, channels=4, t_s=100.0)        # NCCL's default again
     def change(i, t, m, kind="bandwidth", recovers=None):
         return SimpleNamespace(id=f"c{i}", kind=kind, start_s=EPOCH + t, comm_names=["dp0"], size_buckets=[24],
                                magnitude=m, recovers=recovers)
-    got = explain_by_config([change(1, 82.0, 1.087), change(2, 85.0, 0.94, "recovery", "c1"),
-                             change(3, 82.0, 1.30), change(4, 90.0, 1.087)],
-                            tmp_path / "parquet", "llama7b-tp8-dp2", "demo", 96, EPOCH)
+    got = explain_by_config([change(1, 92.0, 1.087), change(2, 95.0, 0.94, "recovery", "c1"),
+                             change(3, 92.0, 1.30), change(4, 100.0, 1.087)],
+                            tmp_path / "parquet", "llama7b-tp8-dp2", "demo", 110, EPOCH)
     assert set(got) == {"c1", "c2"}
     assert got["c1"]["config"] == "RING/LL128/2" and got["c1"]["model_ratio"] == pytest.approx(1.088, abs=0.005)
 
