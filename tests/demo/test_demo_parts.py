@@ -279,13 +279,17 @@ def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypat
 
     class Job:
         def __init__(self, *args, **kwargs):
-            pass
+            order.append("job built")
 
         def start(self):
             order.append("job starts")
             raise RuntimeError("stop here")
 
-    monkeypatch.setattr(demo, "_autoencoder_available", lambda args: order.append("torch warmed") or False)
+    def warm(args):
+        order.append("torch warmed")
+        raise RuntimeError("stop here")          # nothing else need start to show the order
+
+    monkeypatch.setattr(demo, "_autoencoder_available", warm)
     monkeypatch.setattr(demo, "_plugin_tuner", lambda conf: SimpleNamespace(close=lambda: None))
     monkeypatch.setattr(driver, "SimulatedJob", Job)
     parser = argparse.ArgumentParser()
@@ -294,4 +298,4 @@ def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypat
                               "127.0.0.1:0"])
     with pytest.raises(RuntimeError, match="stop here"):
         demo.run(args)
-    assert order == ["torch warmed", "job starts"]
+    assert order == ["torch warmed"]
