@@ -111,12 +111,15 @@ def run(args: argparse.Namespace) -> int:
     detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=autoencoder))
     topo = load_workload(args.workload).topology.name
     # In --fast mode the job never runs more than `lag` ahead of the windows the detector and retuner have
-    # handled (the pacer; in real time the wall clock keeps it about there), so a push reaches the job at most
-    # `lag` + one step after the window it answers. The retuner gives a push that long to show up in the
-    # records before it counts it as not applied (the demo tunes on detected changes only: no start-up
-    # exploration, which would itself move the latencies the detector is learning).
+    # handled (the pacer), so a push reaches the job at most `lag` + one step after the window it answers. In
+    # real time the job does not wait: the pipeline's own delay adds to that (a window handled 2-5 s after its
+    # end at p90 on a loaded 2-core machine, pushes in the records 3.7-8.1 s after their window), so it gets
+    # another `lag`. The retuner gives a push that long to show up in the records before it counts it as not
+    # applied, and takes a change that long after its own push for one it may have caused (otherwise its own
+    # probe, landing late, opened a "new regime" that aborted the exploration). The demo tunes on detected changes
+    # only: no start-up exploration, which would itself move the latencies the detector is learning.
     lag = pacer.lag_s
-    grace = lag + 0.5
+    grace = lag + 0.5 + (0.0 if args.fast else lag)
     policy = PolicyConfig(tune_at_start=False, apply_grace_s=grace, republish_after_s=grace)
     retuner = Retuner(RetunerConfig(dry_run=args.dry_run, tuner_config_path=str(out / "tuner.conf"),
                                     audit_path=str(out / "retuner-audit.jsonl"), topology=topo, seed=args.seed,

@@ -39,9 +39,9 @@ _MAX_GAPS = 64
 
 def pacing_lag_s(window_s: float, lateness_s: float, step_s: float = 0.5) -> float:
     """How far the job may run ahead of the handled windows: a window closes ``window_s + lateness_s`` after its
-    start at the earliest, and every node's newest record handed to the workers starts less than ``step_s``
-    before the step's end (the demo's workloads end each step with their data-parallel all-reduces). Less than
-    this can hold the job waiting for a window that only its next step would close."""
+    start at the earliest, and the newest record handed to the workers may start up to one step before the
+    step's end (``step_s`` bounds that gap in the demo's workloads). Less than this can hold the job
+    waiting for a window that only its next step would close."""
     return window_s + lateness_s + step_s
 
 
