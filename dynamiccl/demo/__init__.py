@@ -33,7 +33,7 @@ DEFAULT_METRICS = "127.0.0.1:9464"
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a simulated job through the real plugins, live")
-    p.add_argument("--scenario", default="demo", help="scenario preset or YAML path (default: demo, ~100 s)")
+    p.add_argument("--scenario", default="demo", help="scenario preset or YAML path (default: demo, ~110 s)")
     p.add_argument("--workload", default="llama7b-tp8-dp2", help="workload preset or YAML path")
     p.add_argument("--duration", type=float, default=None, help="simulated seconds (default: the scenario's)")
     p.add_argument("--fast", action="store_true", help="run as fast as the pipeline keeps up (paced to its windows) instead of in real time")
@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 
     out = _prepare_out(Path(args.out))
+    # torch's one-off costs are paid now, before the job starts: paid by the detector's first window instead, they
+    # held that window (and, in real time, every window after it) for 20-43 s on a loaded 2-core machine
+    autoencoder = _autoencoder_available(args)
     sock_dir = tempfile.mkdtemp(prefix="dynamiccl-demo-")
     listen = f"unix:{sock_dir}/collector.sock"
     metrics = _free_metrics_address(args.metrics)
@@ -97,23 +100,26 @@ def run(args: argparse.Namespace) -> int:
     pacer = WindowPacer(lag_s=pacing_lag_s(cfg.window.window_s, cfg.window.allowed_lateness_s),
                         window_s=cfg.window.window_s)
     if args.fast:
-        # A paced job is silent while it waits for the pipeline (the detector's first windows take seconds);
-        # the idle flush must not take that for the end of the job, or it closes a window the job's next step
-        # still has records for (dropped as late). The job's end closes every window anyway (shutdown).
-        cfg = cfg.replace(window={"idle_flush_s": max(cfg.window.idle_flush_s, 2 * pacer.max_wait_s)})
+        # A paced job is silent while it waits for the pipeline (on a loaded machine, for as long as the pipeline
+        # needs); the idle flush must not take that for the end of the job, or it closes a window the job's next
+        # step still has records for (dropped as late). The job's end closes every window anyway (shutdown).
+        cfg = cfg.replace(window={"idle_flush_s": max(cfg.window.idle_flush_s, 2 * pacer.max_stall_s)})
     pipeline = Pipeline(cfg).start()
     # Room for every window of the run (drops are counted, never silent).
     sub = pipeline.subscribe(max_queue=4096)
     # A 90 s demo cannot afford the production warm-up (60 windows): 20 windows of baseline.
-    detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=not args.no_autoencoder))
+    detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=autoencoder))
     topo = load_workload(args.workload).topology.name
     # In --fast mode the job never runs more than `lag` ahead of the windows the detector and retuner have
-    # handled (the pacer; in real time the wall clock keeps it about there), so a push reaches the job at most
-    # `lag` + one step after the window it answers. The retuner gives a push that long to show up in the
-    # records before it counts it as not applied (the demo tunes on detected changes only: no start-up
-    # exploration, which would itself move the latencies the detector is learning).
+    # handled (the pacer), so a push reaches the job at most `lag` + one step after the window it answers. In
+    # real time the job does not wait: the pipeline's own delay adds to that (a window handled 2-5 s after its
+    # end at p90 on a loaded 2-core machine, pushes in the records 3.7-8.1 s after their window), so it gets
+    # another `lag`. The retuner gives a push that long to show up in the records before it counts it as not
+    # applied, and takes a change that long after its own push for one it may have caused (otherwise its own
+    # probe, landing late, opened a "new regime" that aborted the exploration). The demo tunes on detected changes
+    # only: no start-up exploration, which would itself move the latencies the detector is learning.
     lag = pacer.lag_s
-    grace = lag + 0.5
+    grace = lag + 0.5 + (0.0 if args.fast else lag)
     policy = PolicyConfig(tune_at_start=False, apply_grace_s=grace, republish_after_s=grace)
     retuner = Retuner(RetunerConfig(dry_run=args.dry_run, tuner_config_path=str(out / "tuner.conf"),
                                     audit_path=str(out / "retuner-audit.jsonl"), topology=topo, seed=args.seed,
@@ -141,9 +147,15 @@ def run(args: argparse.Namespace) -> int:
 
     def handle(wf) -> None:
         state.windows += 1
+        if not args.fast:       # real time: how far behind the job's clock the pipeline handles each window
+            state.handling_lag_s.append(time.time() - (wf.window_start + wf.window_s))
         history.add(wf)
+        t0 = time.perf_counter()
         for v in loop.step(wf).versions:
             state.versions.append((wf.window_start - state.epoch_s, v))
+        spent = time.perf_counter() - t0
+        if spent > state.slowest_window[0]:
+            state.slowest_window = (spent, wf.window_start - state.epoch_s)
         pacer.handled(wf.window_start - state.epoch_s + wf.window_s)
 
     try:
@@ -184,25 +196,57 @@ def run(args: argparse.Namespace) -> int:
         retuner.close()
         tuner.close()
     report = analyse(args, truth, state, history, out, job.engine.duration_s)
-    report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts}
-    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": _autoencoder_available(args),
+    report["pacing"] = {"lag_s": lag, "waits": pacer.waits, "waited_s": pacer.waited_s, "timeouts": pacer.timeouts,
+                        "longest_wait_s": pacer.longest_wait_s, "max_step_s": pacer.max_step_s,
+                        "promise_s": pacer.promise_s, "load_average": _load_average()}
+    report["run"] = {"fast": args.fast, "seed": args.seed, "autoencoder_available": autoencoder,
                      "scenario": args.scenario, "workload": args.workload, "sim_s": result.sim_seconds,
                      "wall_s": result.wall_seconds, "windows": state.windows,
                      "dropped": sum(pipeline.metrics.dropped.values()),
-                     "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v}}
+                     "dropped_by_reason": {k: v for k, v in pipeline.metrics.dropped.items() if v},
+                     "handling_lag_s": _spread(state.handling_lag_s),
+                     "slowest_window": {"wall_s": round(state.slowest_window[0], 3), "t": state.slowest_window[1]}}
     _write_json(out / "summary.json", report)
     print_summary(args, report, result, pipeline, out, pacer)
     return 0
 
 
+def _spread(xs: list[float]) -> dict | None:
+    """Median, 90th percentile and maximum of ``xs`` (None when empty)."""
+    if not xs:
+        return None
+    q = sorted(xs)
+    return {"p50": round(q[len(q) // 2], 3), "p90": round(q[int(0.9 * (len(q) - 1))], 3), "max": round(q[-1], 3),
+            "n": len(q)}
+
+
+def _load_average() -> list[float] | None:
+    """The host's 1/5/15-minute load averages at the end of the run (wall times depend on them)."""
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _autoencoder_available(args) -> bool:
-    """Whether the detector could run its autoencoder stream (asked for, and torch importable)."""
+    """Whether the detector can run its autoencoder stream (asked for, and torch importable). Also pays torch's
+    one-off costs before the job's clock starts: the import (4 s at load 18) and the first training step of a
+    model (5.3 s: lazy initialisation of autograd and the optimiser), which the detector's first window paid
+    otherwise (the job waited 20-28 s for that window at load 23-25)."""
     if args.no_autoencoder:
         return False
     try:
         import torch  # noqa: F401
     except ImportError:
         return False
+    from dynamiccl.detector.autoencoder import Autoencoder
+
+    x = {"a": 0.0, "b": 1.0, "c": 2.0}
+    warm = Autoencoder(grace_period=1, window_size=8, seed=0)
+    warm.score_one(x)
+    warm.learn_one(x)
     return True
 
 
@@ -239,6 +283,8 @@ class _State:
     windows: int = 0
     changes: list = field(default_factory=list)
     versions: list = field(default_factory=list)     # (t, tuner config version written)
+    handling_lag_s: list = field(default_factory=list)   # real time: wall time from a window's end to its handling
+    slowest_window: tuple = (0.0, None)                   # (wall s in detector + retuner, window start s)
 
 
 class _nullcontext:

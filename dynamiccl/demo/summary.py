@@ -168,8 +168,8 @@ def print_summary(args, report: dict, result, pipeline, out: Path, pacer=None) -
                       _s(None if d is None else d - e["t_start"]), e["change_kind"] or "-", e["where"] or "-")
     console.print(table)
     dropped = dict(pipeline.metrics.dropped)
-    paced = (f"; paced to the pipeline: {pacer.waits} steps waited {pacer.waited_s:.1f} s, {pacer.timeouts} timed "
-             f"out" if pacer is not None and args.fast else "")
+    paced = (f"; paced to the pipeline: {pacer.waits} steps waited {pacer.waited_s:.1f} s (longest "
+             f"{pacer.longest_wait_s:.1f} s), {pacer.timeouts} given up" if pacer is not None and args.fast else "")
     console.print(
         f"simulated {result.sim_seconds:.0f} s in {result.wall_seconds:.0f} s wall; "
         f"records sent by the plugin: {result.totals().get('records_sent', 0):,}; "

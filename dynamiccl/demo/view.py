@@ -101,7 +101,8 @@ class LiveView:
         now = (wf.window_start - epoch_s) if wf is not None else 0.0
         regime = [e for e in self.truth if e["t_start"] <= now < e["t_end"] and not e.get("benign")]
         version = state.versions[-1][1] if state.versions else 0
-        paced = f"   paced: {pacer.waits} waits" if pacer is not None and self.args.fast else ""
+        paced = (f"   paced: {pacer.waits} waits, {pacer.timeouts} given up" if pacer is not None and self.args.fast
+                 else "")
         header = (f"[b]DynamICCL demo[/b]  t={now:5.0f} s  scenario={self.args.scenario}  "
                   f"workload={self.args.workload}  /metrics: http://{self.metrics}/metrics\n"
                   f"true regime: [yellow]{', '.join(e['kind'] for e in regime) or 'baseline'}[/yellow]   "

@@ -219,9 +219,17 @@ def adopt_recognized(rt, c: Triage) -> bool:
     return c.adopted is True
 
 
+def _ends(rc) -> set:
+    """Every change a recovery ends: the detector tracks changes on the same streams as one incident, whose
+    recovery names the newest in ``recovers`` and all of them in ``evidence["ends"]``."""
+    ends = set((getattr(rc, "evidence", None) or {}).get("ends") or ())
+    return ends | {rc.recovers} if rc.recovers is not None else ends
+
+
 def recovery_of_self_induced(rt, c: Triage) -> bool:
+    """A recovery of changes that were all our own is ignored too; one that also ends a real regime is not."""
     rc = c.rc
-    if rc.kind == "recovery" and rc.recovers is not None and rc.recovers in rt._self_induced:
+    if rc.kind == "recovery" and rc.recovers is not None and _ends(rc) <= rt._self_induced.keys():
         rt._decide("ignore", None, **c.base, self_induced=True, recovers=rc.recovers,
                    reason="recovery of a change that was ignored as self-induced")
         return True
@@ -250,7 +258,8 @@ def recovery(rt, c: Triage) -> bool:
     rc = c.rc
     if rc.kind != "recovery":
         return False
-    tss = [ts for ts in rt.targets.values() if rc.recovers is not None and ts.regime == rc.recovers]
+    ends = _ends(rc)
+    tss = [ts for ts in rt.targets.values() if ts.regime is not None and ts.regime in ends]
     g = rt.policy.apply_grace_s
     if not tss:       # (targets that recognised a change of their own since this onset are not its)
         tss = [ts for ts in rt._targets_for(rc) if ts.regime is not None and ts.recog_onset < rc.start_s - g]

@@ -21,7 +21,7 @@ EPOCH = 1_000.0
 
 # ---- pacing -------------------------------------------------------------------------------------------
 def test_the_job_waits_until_the_pipeline_has_handled_the_windows_it_runs_ahead_of():
-    p = WindowPacer(lag_s=3.5, window_s=1.0, max_wait_s=5.0)
+    p = WindowPacer(lag_s=3.5, window_s=1.0, max_stall_s=5.0)
     p(0.0, 3.4)                                   # within the lag of the job's start: no wait
     assert p.waits == 0
     released = []
@@ -39,7 +39,7 @@ def test_the_job_waits_until_the_pipeline_has_handled_the_windows_it_runs_ahead_
 
 def test_windows_without_records_do_not_hold_the_job():
     # a checkpoint pause from 12 s to 15 s: no window is ever emitted for 12..14
-    p = WindowPacer(lag_s=pacing_lag_s(1.0, 2.0), window_s=1.0, max_wait_s=0.05, epoch_s=EPOCH)
+    p = WindowPacer(lag_s=pacing_lag_s(1.0, 2.0), window_s=1.0, max_stall_s=0.05, epoch_s=EPOCH)
     p(11.7, 12.0)
     p.handled(13.0)                               # the window holding the last records before the pause
     for span in ((15.0, 16.7), (16.7, 17.0), (17.0, 18.4)):
@@ -49,8 +49,39 @@ def test_windows_without_records_do_not_hold_the_job():
     assert p.timeouts == 1
 
 
+def test_a_slow_pipeline_that_keeps_handling_windows_is_waited_for_past_the_stall_limit():
+    # a loaded machine: every window takes 2/3 of the stall limit (on the injected clock), the wait 6x the limit
+    now, waiting = [0.0], threading.Event()
+
+    def clock() -> float:
+        waiting.set()                             # the pacer reads the clock once it starts waiting
+        return now[0]
+
+    p = WindowPacer(lag_s=1.0, window_s=1.0, max_stall_s=0.15, clock=clock)
+
+    def pipeline():
+        waiting.wait(5.0)
+        for w in range(1, 10):
+            now[0] += 0.1
+            p.handled(w * 0.5)
+
+    t = threading.Thread(target=pipeline)
+    t.start()
+    p(0.0, 5.0)                                   # needs windows up to 4.0 s: the 8th handled() call
+    t.join()
+    assert (p.waits, p.timeouts) == (1, 0) and p.covered_s >= 4.0
+    assert p.longest_wait_s >= 0.8 > p.max_stall_s
+
+
+def test_the_promise_is_the_lag_plus_the_longest_step():
+    p = WindowPacer(lag_s=3.5, window_s=1.0)
+    for span in ((0.0, 0.4), (0.4, 1.2), (1.2, 1.6)):
+        p(*span)
+    assert p.promise_s == pytest.approx(3.5 + 0.8)
+
+
 def test_a_stuck_pipeline_never_wedges_the_job_and_close_releases_it():
-    p = WindowPacer(lag_s=1.0, window_s=1.0, max_wait_s=0.02)
+    p = WindowPacer(lag_s=1.0, window_s=1.0, max_stall_s=0.02)
     p(0.0, 10.0)
     assert p.timeouts == 1
     p.close()
@@ -103,8 +134,8 @@ def test_history_keeps_per_stream_points_and_config_switches():
 def test_the_demo_scenario_has_a_regime_where_the_oracle_beats_nccls_default():
     from dynamiccl.harness.simulator.scenario import preset
 
-    truth = preset("demo").truth(duration_s=100)
-    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 100, truth)
+    truth = preset("demo").truth(duration_s=110)
+    regimes = oracle_regimes("llama7b-tp8-dp2", "demo", 110, truth)
     better = [r for r in regimes if r["better"]]
     assert [(r["kind"], tuple(r["stream"]), r["default"], r["best"]) for r in better] == [
         ("latency", ("dp", "AllReduce", 24), "RING/SIMPLE", "RING/LL128")]
@@ -167,16 +198,16 @@ def _records(tmp_path, algo: int, proto: int, channels: int, t_s: float):
 def test_a_change_our_config_explains_is_not_unmatched_and_anything_else_is(tmp_path):
     from dynamiccl.demo.explain import explain_by_config
 
-    # Ring/LL128 with 2 channels runs on dp0 at 82 s, after the latency regime ended: by the model 1.088x the time
+    # Ring/LL128 with 2 channels runs on dp0 at 92 s, after the latency regime ended: by the model 1.088x the time
     # of NCCL's Ring/Simple on the idle network
-    _records(tmp_path, algo=1, proto=1, channels=2, t_s=82.0)
-    _records(tmp_path, algo=1, proto=2, channels=4, t_s=90.0)        # NCCL's default again
+    _records(tmp_path, algo=1, proto=1, channels=2, t_s=92.0)
+    _records(tmp_path, algo=1, proto=2, channels=4, t_s=100.0)        # NCCL's default again
     def change(i, t, m, kind="bandwidth", recovers=None):
         return SimpleNamespace(id=f"c{i}", kind=kind, start_s=EPOCH + t, comm_names=["dp0"], size_buckets=[24],
                                magnitude=m, recovers=recovers)
-    got = explain_by_config([change(1, 82.0, 1.087), change(2, 85.0, 0.94, "recovery", "c1"),
-                             change(3, 82.0, 1.30), change(4, 90.0, 1.087)],
-                            tmp_path / "parquet", "llama7b-tp8-dp2", "demo", 96, EPOCH)
+    got = explain_by_config([change(1, 92.0, 1.087), change(2, 95.0, 0.94, "recovery", "c1"),
+                             change(3, 92.0, 1.30), change(4, 100.0, 1.087)],
+                            tmp_path / "parquet", "llama7b-tp8-dp2", "demo", 110, EPOCH)
     assert set(got) == {"c1", "c2"}
     assert got["c1"]["config"] == "RING/LL128/2" and got["c1"]["model_ratio"] == pytest.approx(1.088, abs=0.005)
 
@@ -233,3 +264,38 @@ def test_a_later_alarm_of_the_true_kind_inside_a_true_event_is_late_not_unmatche
     got = _late_alarms([change("w", "latency", 57.0), change("r", "recovery", 80.0, "w"),
                         change("b", "bandwidth", 57.0), change("x", "latency", 85.0)], truth, EPOCH)
     assert got == {"w": "latency@50s", "r": "latency@50s"}
+
+
+# ---- start-up -----------------------------------------------------------------------------------------
+def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypatch):
+    # paid by the detector's first window instead, they held the paced job 20-28 s (load ~24) and put a real-time
+    # run 43 s behind its clock
+    import argparse
+
+    import dynamiccl.demo as demo
+    from dynamiccl.harness.simulator import driver
+
+    order = []
+
+    class Job:
+        def __init__(self, *args, **kwargs):
+            order.append("job built")
+
+        def start(self):
+            order.append("job starts")
+            raise RuntimeError("stop here")
+
+    def warm(args):
+        order.append("torch warmed")
+        raise RuntimeError("stop here")          # nothing else need start to show the order
+
+    monkeypatch.setattr(demo, "_autoencoder_available", warm)
+    monkeypatch.setattr(demo, "_plugin_tuner", lambda conf: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(driver, "SimulatedJob", Job)
+    parser = argparse.ArgumentParser()
+    demo.register(parser.add_subparsers())
+    args = parser.parse_args(["demo", "--fast", "--no-live", "--out", str(tmp_path / "run"), "--metrics",
+                              "127.0.0.1:0"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        demo.run(args)
+    assert order == ["torch warmed"]

@@ -242,6 +242,27 @@ def test_a_change_caused_by_our_own_push_is_ignored(tmp_path):
     assert running(job, 3) == [("TREE", "LL128")] * 3
 
 
+def test_a_recovery_that_also_ends_the_regime_under_our_own_change_reverts(tmp_path):
+    """The detector tracks our own change (the commit's speed-up) and the regime it came in as one incident: at the
+    regime's end its recovery names the newest change (ours) in ``recovers`` and both in ``evidence["ends"]``. That
+    is the regime's end, so the kept config is reverted (the demo kept Ring/LL128 after the latency regime before)."""
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    t_push = _run_until_commit(rt, job)
+    run(rt, job, 8)
+    from dynamiccl.detector.events import RegimeChange
+    own = RegimeChange(id="own", kind="bandwidth", job_id="job", start_s=t_push, detected_s=job.t,
+                       magnitude=1 / 1.3, comms=["0x1f"])
+    rt.on_change(own)
+    assert rt.audit.recent[-1]["self_induced"] is True
+    end = rc("end", "recovery", job.t + 1, magnitude=0.5, recovers="own")
+    end.evidence["ends"] = ["rc-1", "own"]
+    rt.on_change(end)
+    reverts = [a for a in rt.audit.recent if a["action"] == "revert"]
+    assert reverts and reverts[-1]["recovers"] == "own" and reverts[-1]["regime"] == "end"
+    assert reverts[-1]["was"].startswith("TREE/LL128") and reverts[-1]["now"] == "NCCL-default"
+
+
 def test_a_real_change_at_the_moment_of_our_push_is_not_ignored(tmp_path):
     """The network slows down (×1.5 for every config) exactly when the commit is applied: a config measured
     before and after the onset shows it, so the change is genuine and handled (here: cooldown after the

@@ -104,18 +104,18 @@ def test_validate_against_topology():
 
 def test_presets_and_truth_file(tmp_path):
     demo = S.preset("demo")
-    assert 80 <= demo.duration_s <= 100
+    assert 80 <= demo.duration_s <= 120
     regimes = [e for e in demo.events if not e.benign]
     assert 2 <= len(regimes) <= 5 and any(e.benign for e in demo.events)
     assert S.preset("stationary").events == ()
     assert {e.kind for e in S.preset("tour").events} == set(S.KINDS)
-    p = S.write_truth(tmp_path / "truth.jsonl", demo, duration_s=100, epoch_ns=10**18)
+    p = S.write_truth(tmp_path / "truth.jsonl", demo, duration_s=110, epoch_ns=10**18)
     rows = [json.loads(line) for line in p.read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["pause", "bw_drop", "recovery", "latency", "straggler"]
     bw = rows[1]
     assert (bw["t_start"], bw["t_end"], bw["where"], bw["benign"]) == (27.0, 41.0, {"nodes": "all"}, False)
     assert bw["t_start_ns"] == 10**18 + 27 * 10**9
-    assert (rows[3]["t_start"], rows[3]["t_end"], rows[3]["magnitude"]) == (50.0, 80.0, 100.0)
-    assert rows[0]["benign"] and rows[4]["where"] == {"ranks": [5]} and rows[4]["t_end"] == 96.0
+    assert (rows[3]["t_start"], rows[3]["t_end"], rows[3]["magnitude"]) == (50.0, 90.0, 100.0)
+    assert rows[0]["benign"] and rows[4]["where"] == {"ranks": [5]} and rows[4]["t_end"] == 106.0
     for r in rows:
         assert set(r) >= {"t_start", "t_end", "kind", "magnitude", "where", "benign"}
