@@ -77,9 +77,14 @@ class DetectorConfig:
     step_ratio: float = 1.1                  # an incident's level moving again by this (deeper or
                                              # softer) is a change of its own (`dynamiccl.detector.steps`)
     recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
-    recovery_windows: int = 3                # ... for this many consecutive windows
+    recovery_windows: int = 2                # ... for this many consecutive windows
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
-    flap_window_s: float = 30.0              # ... within this span (also: re-onset after a recovery)
+    flap_window_s: float = 10.0              # ... within this span (also: re-onset after a recovery);
+                                             # a flapping incident recovers after half of it quiet.
+                                             # Longer spans called separate regimes 10-30 s apart
+                                             # (a throttle, its release, the next throttle) one
+                                             # flapping change whose release came 15 s late
+                                             # (docs/evaluation/2026-11-27-detection.md)
     workload_change: float = 0.08            # |log| change of bytes per record that marks a new mix
     coverage_change: float = 0.04            # |log| change of ranks reporting per instance
     workload_settle: int = 5                 # windows after a job's workload change whose alarms are part of it

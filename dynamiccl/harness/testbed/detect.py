@@ -1,6 +1,6 @@
 """The detector the test bed runs live: ``dynamiccl.detector.service.Detector`` (CUSUM banks + fusion).
 
-Six settings differ from ``DetectorConfig()`` (chosen on the test bed's windows, replayed
+Five settings differ from ``DetectorConfig()`` (chosen on the test bed's windows, replayed
 offline with ``python -m dynamiccl.harness.testbed.analyse RUN_DIR --set name=value``):
 
 * ``coverage_change`` 5.0 (default 0.04), i.e. that check is off: the test bed's 0.5 s windows
@@ -9,13 +9,10 @@ offline with ``python -m dynamiccl.harness.testbed.analyse RUN_DIR --set name=va
   to 1.6x — exactly when a throttle starts. With the default (and even with 0.5) the detector
   takes that for "a rank stopped reporting" and re-baselines the stream (a new 60-window warm-up)
   at the onset it should report. No rank of the test bed stops reporting during a run.
-* ``flap_window_s`` 3 (default 30): the scenarios congest the same streams again 7 s after a
+* ``flap_window_s`` 3 (default 10): the scenarios congest the same streams again 7 s after a
   release, and unscripted 1–2 s slowdowns of the shared machine come and go; with a long window
   the fusion calls the next episode "flapping", whose recovery needs a quiet spell of half the
   window. Each scripted change is a separate event here.
-* ``recovery_windows`` 2 (default 3): a release is back to the old level in the first window
-  after it (the p50 moves 2–3x; a throttled window within 30 % of the old level is not seen in
-  the runs), so the third confirming window only added 0.5 s to every recovery.
 * ``min_ratio`` 1.25 (default 1.03): the smallest latency ratio that counts as a change. The
   scripted changes are >= 30 % of link capacity (>= 1.8x on the test bed's operations); on a
   shared 2-core machine CPU contention alone moves a window's p50 by 5-20 % now and then, which
@@ -53,7 +50,7 @@ __all__ = ["LiveDetector", "detector_config"]
 
 def detector_config(window_s: float, **overrides):
     from dynamiccl.detector.config import DetectorConfig
-    values = dict(coverage_change=5.0, flap_window_s=3.0, recovery_windows=2, min_ratio=1.25, scale_floor=0.1,
+    values = dict(coverage_change=5.0, flap_window_s=3.0, min_ratio=1.25, scale_floor=0.1,
                   autoencoder=False)
     values.update(overrides)
     return DetectorConfig().replace(**values)
