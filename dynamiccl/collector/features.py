@@ -136,10 +136,6 @@ def subscribe(address: str, *, timeout: float | None = None,
 
 
 def _lines(sock: socket.socket) -> Iterator[WindowFeatures]:
-    try:
-        with sock.makefile("rb") as stream:
-            for line in stream:
-                if line.strip():
-                    yield decode_line(line)
-    finally:
-        sock.close()
+    from dynamiccl.contracts.lines import client_lines
+    for line in client_lines(sock):
+        yield decode_line(line)

@@ -9,7 +9,7 @@ import stat
 from dynamiccl.collector.config import parse_address
 from dynamiccl.contracts.runtime_paths import UnsafeDirectory, ensure_private_dir, runtime_dir
 
-__all__ = ["listen", "display"]
+__all__ = ["listen", "close_listener", "display"]
 
 
 def display(kind: str, target) -> str:
@@ -89,3 +89,16 @@ def listen(address: str, *, key: str, backlog: int = 128) -> tuple[socket.socket
         raise OSError(exc.errno, f"{key} {address}: cannot listen: {exc.strerror or exc}") from exc
     except socket.gaierror as exc:  # pragma: no cover - subclass of OSError on 3.11
         raise OSError(errno.EINVAL, f"{key} {address}: {exc}") from exc
+
+
+def close_listener(listener: socket.socket | None, kind: str | None, address: str | None) -> None:
+    """Close a socket from :func:`listen` and remove its Unix socket file (the pair every server's
+    shutdown needs)."""
+    if listener is None:
+        return
+    listener.close()
+    if kind == "unix" and address:
+        try:
+            os.unlink(address[5:])
+        except OSError:
+            pass

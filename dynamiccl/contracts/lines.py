@@ -6,7 +6,8 @@ however many chunks it came in (appending to one ``bytes`` and re-splitting it c
 longer than ``max_line_bytes`` is discarded up to its newline and counted in ``oversized``; the buffer never
 holds more than ``max_line_bytes`` plus one chunk.
 
-:func:`socket_lines` reads one connection; :func:`follow` reconnects with exponential backoff.
+:func:`socket_lines` reads one connection for a service; :func:`client_lines` for a client (its timeout
+raises); :func:`follow` reconnects with exponential backoff.
 
 >>> s = LineSplitter(max_line_bytes=8)
 >>> s.feed(b'{"a":1}\\n{"b"'), s.feed(b':2}\\n\\n'), s.feed(b"0123456789\\nok\\n"), s.oversized
@@ -19,7 +20,7 @@ import socket
 import threading
 from typing import Callable, Iterator
 
-__all__ = ["LineSplitter", "socket_lines", "follow"]
+__all__ = ["LineSplitter", "socket_lines", "client_lines", "follow"]
 
 log = logging.getLogger("dynamiccl.lines")
 
@@ -103,6 +104,18 @@ def socket_lines(sock: socket.socket, stop: threading.Event, *, max_line_bytes: 
             seen += 1
             on_oversized()
         yield from lines
+
+
+def client_lines(sock: socket.socket, *, max_line_bytes: int = 64 << 20,
+                 chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """A client's lines from one connection until the server closes it; the socket's timeout (if
+    any) raises ``TimeoutError`` while waiting for data. The socket is closed when the iterator ends."""
+    splitter = LineSplitter(max_line_bytes)
+    try:
+        while chunk := sock.recv(chunk_bytes):
+            yield from splitter.feed(chunk)
+    finally:
+        sock.close()
 
 
 def follow(connect: Callable[[], socket.socket], stop: threading.Event, *, name: str = "stream",

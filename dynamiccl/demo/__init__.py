@@ -270,11 +270,9 @@ def _prepare_out(out: Path) -> Path:
 
 def _write_json(path: Path, data: dict) -> None:
     import json
-    import os
 
-    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    from dynamiccl.contracts.atomic import atomic_write
+    atomic_write(path, json.dumps(data, indent=1, default=str), fsync=False)
 
 
 @dataclass

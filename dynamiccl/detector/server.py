@@ -9,10 +9,9 @@ regime; ids are unique, so a client can ignore ones it has seen.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, Iterable
 
-from dynamiccl.collector.net import listen
+from dynamiccl.collector.net import close_listener, listen
 from dynamiccl.contracts.broadcast import LineBroadcaster
 
 from .events import RegimeChange
@@ -59,14 +58,8 @@ class ChangeServer:
         if self._server is not None:
             self._server.shutdown(timeout=5)
             self._server = None
-        if self._listener is not None:
-            self._listener.close()
-            if self._kind == "unix":
-                try:
-                    os.unlink(self.address[5:])
-                except OSError:
-                    pass
-            self._listener = None
+        close_listener(self._listener, self._kind, self.address)
+        self._listener = None
 
     @property
     def n_clients(self) -> int:
@@ -98,12 +91,5 @@ def subscribe_changes(address: str, *, timeout: float | None = None, connect_tim
     sock = connect(address, timeout=connect_timeout)
     sock.settimeout(timeout)
 
-    def lines():
-        try:
-            with sock.makefile("rb") as f:
-                for line in f:
-                    if line.strip():
-                        yield RegimeChange.from_json(line)
-        finally:
-            sock.close()
-    return lines()
+    from dynamiccl.contracts.lines import client_lines
+    return (RegimeChange.from_json(line) for line in client_lines(sock))

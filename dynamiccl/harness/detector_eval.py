@@ -42,7 +42,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import statistics
 import sys
 import time
@@ -69,6 +68,7 @@ from dynamiccl.harness.detector_suite import (  # noqa: F401
     realism,
 )
 from dynamiccl.loop import Loop
+from dynamiccl.contracts.atomic import atomic_write
 
 log = logging.getLogger("dynamiccl.harness.detector_eval")
 
@@ -353,13 +353,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp.{os.getpid()}")
-        tmp.write_text(json.dumps(rep, indent=1, default=str))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(rep, indent=1, default=str), fsync=False)
         raw = path.with_name(path.stem + ".runs.json")     # every run's changes, for re-scoring
-        tmp = raw.with_name(raw.name + f".tmp.{os.getpid()}")
-        tmp.write_text(json.dumps(results, default=str))
-        os.replace(tmp, raw)
+        atomic_write(raw, json.dumps(results, default=str), fsync=False)
     print(f"precision={rep['precision']:.3f} recall={rep['recall']:.3f} "
           f"delay_ratio_median={_fmt(rep['delay_ratio_median'], 2)} "
           f"false_alarms_per_day={_fmt(rep['false_alarms_per_day'], 2)} "

@@ -10,7 +10,6 @@ unread for ``stall_timeout_s``, else it is refused and counted).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import deque
 
@@ -18,7 +17,7 @@ from dynamiccl.collector.component import WindowResult
 from dynamiccl.collector.config import FeaturesConfig
 from dynamiccl.collector.features import WindowFeatures, encode_line
 from dynamiccl.collector.metrics import SelfMetrics
-from dynamiccl.collector.net import listen
+from dynamiccl.collector.net import close_listener, listen
 from dynamiccl.collector.ratelog import RateLimitedLog
 from dynamiccl.contracts.broadcast import LineBroadcaster
 
@@ -143,9 +142,4 @@ class FeatureStream:
             return
         self._server.shutdown()
         self._server = None
-        self._listener.close()
-        if self._kind == "unix":
-            try:
-                os.unlink(self.address[5:])
-            except OSError:
-                pass
+        close_listener(self._listener, self._kind, self.address)

@@ -8,7 +8,6 @@ read it live).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import threading
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from dynamiccl.harness.testbed.scenario import Action, Scenario
+from dynamiccl.contracts.atomic import atomic_write
 
 __all__ = ["TruthEvent", "Controller", "BulkClient", "write_json_atomic"]
 
@@ -24,9 +24,7 @@ __all__ = ["TruthEvent", "Controller", "BulkClient", "write_json_atomic"]
 def write_json_atomic(path: Path, data) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1), fsync=False)
 
 
 @dataclass

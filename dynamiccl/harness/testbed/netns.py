@@ -31,6 +31,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from dynamiccl.contracts.atomic import atomic_write
 
 __all__ = ["Topology", "TestbedUnavailable", "check_available", "cleanup", "list_runs",
            "new_prefix", "STATE_DIR", "PREFIX_RE"]
@@ -84,9 +85,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _write_atomic(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1), fsync=False)
 
 
 @dataclass
