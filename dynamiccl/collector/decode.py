@@ -18,7 +18,7 @@ from dynamiccl.collector.wire_format import (
     RECORD_SIZE, STATS_DTYPE, VERSION, Kind,
 )
 
-__all__ = ["StreamDecoder", "split_frames", "ProtocolError", "DecodeResult", "GapTracker", "decode_str"]
+__all__ = ["StreamDecoder", "split_frames", "read_frames", "ProtocolError", "DecodeResult", "GapTracker", "decode_str"]
 
 _HEADER = struct.Struct("<IHHII")
 HEADER_SIZE = HEADER_DTYPE.itemsize
@@ -115,6 +115,24 @@ def split_frames(buf: memoryview | bytes, max_records: int = MAX_RECORDS_PER_FRA
         off, cnt = spans[0]
         return np.frombuffer(buf, EVENT_DTYPE, cnt, off).copy(), pos
     return np.concatenate([np.frombuffer(buf, EVENT_DTYPE, cnt, off) for off, cnt in spans]), pos
+
+
+def read_frames(conn, chunk_bytes: int = 1 << 20):
+    """``(records, used)`` per received chunk of a blocking socket, as :func:`split_frames` gives them
+    (None when the chunk finished no record), until the peer closes or the socket fails. A bad header
+    raises ProtocolError. For test and harness sinks; the collector's receivers bound their buffers."""
+    buf = bytearray()
+    while True:
+        try:
+            chunk = conn.recv(chunk_bytes)
+        except OSError:
+            return
+        if not chunk:
+            return
+        buf += chunk
+        rec, used = split_frames(buf)
+        del buf[:used]
+        yield rec, used
 
 
 class StreamDecoder:

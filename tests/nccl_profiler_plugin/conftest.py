@@ -21,7 +21,7 @@ BUILD = PLUGIN_DIR / "test" / "build"
 sys.path.insert(0, str(REPO))
 
 from dynamiccl.collector import wire_format as wf  # noqa: E402
-from dynamiccl.collector.decode import HEADER_SIZE, ProtocolError, split_frames  # noqa: E402
+from dynamiccl.collector.decode import HEADER_SIZE, ProtocolError, read_frames  # noqa: E402
 
 KIND_DTYPES = {wf.Kind.COLL: wf.EVENT_DTYPE, wf.Kind.P2P: wf.EVENT_DTYPE, wf.Kind.COMM: wf.COMM_DTYPE,
                wf.Kind.PROCESS: wf.PROCESS_DTYPE, wf.Kind.STATS: wf.STATS_DTYPE, wf.Kind.PEER: wf.PEER_DTYPE}
@@ -111,30 +111,19 @@ class FakeCollector:
             time.sleep(0.005)
 
     def _read(self, conn: socket.socket, recs: list) -> None:
-        buf = bytearray()
-        while True:
-            try:
-                chunk = conn.recv(1 << 20)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            try:
-                rows, used = split_frames(buf)
-            except ProtocolError:
-                self.bad_frames += 1
-                return
-            n = 0 if rows is None else len(rows)
-            # split_frames accepts 0-record frames; the plugin never sends one. The frames in `used`
-            # bytes number (used - 128 * records) / 16: more frames than records is counted bad.
-            frames = (used - n * wf.RECORD_SIZE) // HEADER_SIZE
-            with self._lock:
-                self.frames += frames
-                self.bad_frames += max(0, frames - n)
-                for row in ([] if rows is None else rows):
-                    recs.append(row.view(KIND_DTYPES.get(int(row["kind"]), wf.EVENT_DTYPE)).copy())
-            del buf[:used]
+        try:
+            for rows, used in read_frames(conn):
+                n = 0 if rows is None else len(rows)
+                # split_frames accepts 0-record frames; the plugin never sends one. The frames in `used`
+                # bytes number (used - 128 * records) / 16: more frames than records is counted bad.
+                frames = (used - n * wf.RECORD_SIZE) // HEADER_SIZE
+                with self._lock:
+                    self.frames += frames
+                    self.bad_frames += max(0, frames - n)
+                    for row in ([] if rows is None else rows):
+                        recs.append(row.view(KIND_DTYPES.get(int(row["kind"]), wf.EVENT_DTYPE)).copy())
+        except ProtocolError:
+            self.bad_frames += 1
 
     def records(self, kind: int | None = None, conn: int | None = None) -> list[np.void]:
         with self._lock:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from dynamiccl.collector import wire_format as wf
-from dynamiccl.collector.decode import ProtocolError, split_frames
+from dynamiccl.collector.decode import ProtocolError, read_frames
 from dynamiccl.collector.net import listen
 
 __all__ = ["WireSink"]
@@ -58,31 +58,23 @@ class WireSink:
             self._threads.append(t)
 
     def _read(self, conn: Any) -> None:
-        buf = bytearray()
-        while True:
-            try:
-                chunk = conn.recv(1 << 20)
-            except OSError:
-                return
-            if not chunk:
-                return
-            buf += chunk
-            try:
-                rec, used = split_frames(buf)
-            except ProtocolError:
-                with self._lock:
-                    self.bad_frames += 1
-                return
-            if rec is not None:
-                raw = rec.view(np.uint8).reshape(len(rec), wf.RECORD_SIZE)
-                kinds = raw[:, 0]
-                n_ev = int(np.count_nonzero((kinds == wf.Kind.COLL) | (kinds == wf.Kind.P2P)))
-                with self._lock:
-                    self.reads += 1
-                    self.count += n_ev
-                    if self.keep or n_ev < len(rec):
-                        self._raw.append(raw if self.keep else raw[(kinds != wf.Kind.COLL) & (kinds != wf.Kind.P2P)])
-            del buf[:used]
+        try:
+            for rec, _used in read_frames(conn):
+                if rec is not None:
+                    self._keep(rec)
+        except ProtocolError:
+            with self._lock:
+                self.bad_frames += 1
+
+    def _keep(self, rec: np.ndarray) -> None:
+        raw = rec.view(np.uint8).reshape(len(rec), wf.RECORD_SIZE)
+        kinds = raw[:, 0]
+        n_ev = int(np.count_nonzero((kinds == wf.Kind.COLL) | (kinds == wf.Kind.P2P)))
+        with self._lock:
+            self.reads += 1
+            self.count += n_ev
+            if self.keep or n_ev < len(rec):
+                self._raw.append(raw if self.keep else raw[(kinds != wf.Kind.COLL) & (kinds != wf.Kind.P2P)])
 
     def _all(self) -> np.ndarray:
         with self._lock:
