@@ -25,6 +25,7 @@ import pytest
 
 from dynamiccl.nccl_tuner_plugin import sync
 from dynamiccl.nccl_tuner_plugin.config import ALGOS, MAX_VERSIONS, PROTOS, Rule, TunerConfig, format_configs
+from dynamiccl.harness.retuner_eval.sim_tuner import distribute
 from dynamiccl.harness.simulator.engine import Engine
 from dynamiccl.harness.simulator.tuner_abi import RankTuners
 from dynamiccl.harness.simulator.workload import preset
@@ -68,16 +69,8 @@ class Scenario:
         snap = self.tmp / f"v{self.history[-1].version:06d}.conf"
         snap.write_text(format_configs(self.history))     # a snapshot for the distributor (no fsync needed)
         # 2. the distributor: a random rank's copy is delayed or dropped
-        faulty = self.rng.randrange(rt.n_ranks) if self.rng.random() < self.p_fault else None
-        for r in range(rt.n_ranks):
-            if r == faulty:
-                if self.rng.random() < self.p_drop:
-                    self.faults["dropped"] += 1
-                    continue
-                self.faults["delayed"] += 1
-                self.pending.append((step + self.rng.randint(1, 6), r, snap))
-            else:
-                self.pending.append((step, r, snap))
+        self.pending += distribute(self.rng, rt.n_ranks, step, snap, p_fault=self.p_fault, p_drop=self.p_drop,
+                                   max_delay=6, faults=self.faults)
         due = sorted((p for p in self.pending if p[0] <= step), key=lambda p: p[0])
         self.pending = [p for p in self.pending if p[0] > step]
         for _, r, path in due:      # in due order: a late old copy can land after a newer one

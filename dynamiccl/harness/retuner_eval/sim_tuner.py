@@ -19,10 +19,29 @@ import numpy as np
 
 from dynamiccl.nccl_tuner_plugin.config import TunerConfig, apply_rule, read_configs
 
-__all__ = ["FileTuner", "RuleTuner", "make_file_tuner"]
+__all__ = ["FileTuner", "RuleTuner", "make_file_tuner", "distribute"]
 
 log = logging.getLogger(__name__)
 
+
+
+def distribute(rng, n_ranks: int, step: int, snap, *, p_fault: float, p_drop: float, max_delay: int,
+               faults: dict) -> list[tuple]:
+    """``(due step, rank, snapshot)`` for every rank's copy of a pushed config: with probability
+    ``p_fault`` one random rank's copy is dropped (``p_drop``) or delayed 1..``max_delay`` steps,
+    counted in ``faults["dropped"]`` / ``faults["delayed"]`` (a distributor that loses or reorders)."""
+    faulty = rng.randrange(n_ranks) if rng.random() < p_fault else None
+    out = []
+    for r in range(n_ranks):
+        if r == faulty:
+            if rng.random() < p_drop:
+                faults["dropped"] += 1
+                continue
+            faults["delayed"] += 1
+            out.append((step + rng.randint(1, max_delay), r, snap))
+        else:
+            out.append((step, r, snap))
+    return out
 
 class RuleTuner:
     kind = "python-rules"
@@ -133,16 +152,8 @@ class LossyDelivery:
                 self.newest_version = cfgs[-1].version if cfgs else 0
             except (ValueError, OSError):
                 pass
-            faulty = self.rng.randrange(rt.n_ranks) if self.rng.random() < self.p_fault else None
-            for r in range(rt.n_ranks):
-                if r == faulty:
-                    if self.rng.random() < self.p_drop:
-                        self.faults["dropped"] += 1
-                        continue
-                    self.faults["delayed"] += 1
-                    self.pending.append((step + self.rng.randint(1, self.max_delay), r, snap))
-                else:
-                    self.pending.append((step, r, snap))
+            self.pending += distribute(self.rng, rt.n_ranks, step, snap, p_fault=self.p_fault,
+                                       p_drop=self.p_drop, max_delay=self.max_delay, faults=self.faults)
         due = sorted((p for p in self.pending if p[0] <= step), key=lambda p: p[0])
         self.pending = [p for p in self.pending if p[0] > step]
         if self.newest is not None and self.resync_steps and step % self.resync_steps == 0:
