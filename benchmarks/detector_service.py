@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures, decode_line, encode_line  # noqa: E402
 from dynamiccl.detector.feature_decode import decode  # noqa: E402
-from dynamiccl.detector.config import DetectorConfig  # noqa: E402
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig  # noqa: E402
 from dynamiccl.detector.cusum_bank import CUSUMBank  # noqa: E402
 from dynamiccl.detector.service import Detector  # noqa: E402
 
@@ -91,18 +91,19 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     keys, ranks, base = build(args.nodes, args.keys, rng)
     n = len(base)
-    cfg = DetectorConfig(autoencoder=not args.no_autoencoder)
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=not args.no_autoencoder))
     det = Detector(cfg)
     # a handful of pre-encoded lines (encoding is the collector's cost, not the detector's)
     lines = [encode_line(window(keys, ranks, base, i, rng)) for i in range(4)]
     slow = np.where(np.asarray(keys["nnodes"]) > 1, 1.5, 1.0)
     lines_slow = [encode_line(window(keys, ranks, base, i, rng, slow)) for i in range(2)]
-    total = cfg.warmup + args.windows
+    warmup = cfg.baseline.warmup
+    total = warmup + args.windows
     dec_cpu = np.zeros(total)
     proc_cpu = np.zeros(total)
     changes = []
     for t in range(total):
-        congested = cfg.warmup + args.windows // 2 <= t < cfg.warmup + args.windows // 2 + 20
+        congested = warmup + args.windows // 2 <= t < warmup + args.windows // 2 + 20
         line = lines_slow[t % 2] if congested else lines[t % 4]
         c0 = time.process_time()
         decode(line)                          # what the service pays per window (pre-encoded lines)
@@ -113,18 +114,18 @@ def main(argv=None) -> int:
         changes += [f"{c.kind}@{t}" for c in det.process(wf)]
         c3 = time.process_time()
         dec_cpu[t], proc_cpu[t] = c1 - c0, c3 - c2
-    warm = slice(0, cfg.warmup)
-    mon = slice(cfg.warmup, total)
+    warm = slice(0, warmup)
+    mon = slice(warmup, total)
     # baseline: the banks alone
-    bank = CUSUMBank(n_streams=n, warmup=cfg.warmup, min_value=None)
+    bank = CUSUMBank(n_streams=n, warmup=warmup, min_value=None)
     x = np.log(base)[None, :] + rng.normal(0, 0.01, (8, n))
-    for i in range(cfg.warmup + 1):
+    for i in range(warmup + 1):
         bank.update_many(x[i % 8])
     c0 = time.process_time()
     reps = 20
     for i in range(reps):
         bank.update_many(x[i % 8])
-    bank_ms = (time.process_time() - c0) / reps * 1e3 * len(cfg.deltas)
+    bank_ms = (time.process_time() - c0) / reps * 1e3 * len(cfg.cusum.deltas)
     c0 = time.process_time()
     decode_line(lines[0])
     ref_decode_ms = (time.process_time() - c0) * 1e3
@@ -132,12 +133,12 @@ def main(argv=None) -> int:
     proc_ms = proc_cpu[mon].mean() * 1e3
     per_window = dec_ms + proc_ms
     print(f"{args.nodes} nodes x {args.keys} keys = {n} streams, line {len(lines[0]) / 1e6:.1f} MB, "
-          f"autoencoder {'on' if cfg.autoencoder else 'off'}; changes {changes} "
-          f"(one congestion event, windows {cfg.warmup + args.windows // 2}-{cfg.warmup + args.windows // 2 + 19})")
+          f"autoencoder {'on' if cfg.autoencoder.enabled else 'off'}; changes {changes} "
+          f"(one congestion event, windows {warmup + args.windows // 2}-{warmup + args.windows // 2 + 19})")
     print(f"warm-up windows:    decode {dec_cpu[warm].mean() * 1e3:7.1f} ms  process {proc_cpu[warm].mean() * 1e3:7.1f} ms CPU")
     print(f"monitoring windows: decode {dec_ms:7.1f} ms  process {proc_ms:7.1f} ms CPU "
           f"(p95 process {np.percentile(proc_cpu[mon], 95) * 1e3:.1f} ms, max {proc_cpu[mon].max() * 1e3:.1f} ms)")
-    print(f"baseline: CUSUMBank.update_many x{len(cfg.deltas)} banks on {n} streams: {bank_ms:.1f} ms "
+    print(f"baseline: CUSUMBank.update_many x{len(cfg.cusum.deltas)} banks on {n} streams: {bank_ms:.1f} ms "
           f"(process/baseline = {proc_ms / bank_ms:.1f}x)")
     print(f"decode: dynamiccl.detector.feature_decode {dec_ms:.0f} ms vs dynamiccl.collector.features.decode_line {ref_decode_ms:.0f} ms")
     print(f"at one window per second: {per_window / 10:.1f} % of one core (target < 50 %)")

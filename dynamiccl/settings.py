@@ -7,11 +7,12 @@ One precedence, highest first: **command line > environment > config file > buil
   ``--log-level`` is ``DYNAMICCL_LOG_LEVEL``. Repeatable flags take a comma-separated list; on/off flags
   take ``1/true/yes/on`` or ``0/false/no/off``.
 * Config file: ``--config-file PATH`` or ``DYNAMICCL_CONFIG_FILE``: YAML, commands and subcommands as
-  nested mappings, flags by their long name (dashes or underscores)::
+  nested mappings, flags by their long name (dashes or underscores); a repeatable KEY=VALUE flag (``--set``) also takes a
+nested mapping, read as dotted keys::
 
       log-format: json
       collector: {metrics: "0.0.0.0:9464", listen: ["unix:/run/dynamiccl/collector.sock"]}
-      detector: {run: {features: "tcp:collector:9465"}}
+      detector: {run: {features: "tcp:collector:9465", set: {baseline: {warmup: 30}}}}
 
 A value that does not parse, a flag or command the file names that does not exist, or a choice that is
 not allowed is an error naming the variable or key. Values are converted by the flag's own type.
@@ -84,10 +85,23 @@ def _convert(action: argparse.Action, raw: Any, where: str) -> Any:
             raise ValueError(f"{where}={raw!r}: expected one of {'/'.join(_TRUE + _FALSE)}")
         return action.const if text in _TRUE else action.default
     if isinstance(action, argparse._AppendAction):
+        if isinstance(raw, dict):
+            raw = list(_dotted(raw))
         items = raw if isinstance(raw, list) else [x for x in str(raw).split(",") if x.strip()]
         conv = [_one(action, x, where) for x in items]
         return _FromSettings(conv, len(conv))
     return _one(action, raw, where)
+
+
+def _dotted(mapping: dict, prefix: str = ""):
+    """A nested mapping given to a repeatable KEY=VALUE flag (``set: {baseline: {warmup: 30}}``) as
+    ``baseline.warmup=30`` items; lists join with commas, booleans as true/false."""
+    for k, v in mapping.items():
+        if isinstance(v, dict):
+            yield from _dotted(v, f"{prefix}{k}.")
+        else:
+            text = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v).lower() if isinstance(v, bool) else v
+            yield f"{prefix}{k}={text}"
 
 
 def _one(action: argparse.Action, raw: Any, where: str) -> Any:

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from dynamiccl.demo.pacing import WindowPacer, pacing_lag_s
     from dynamiccl.demo.summary import analyse, print_summary
     from dynamiccl.demo.view import LiveView
-    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
     from dynamiccl.detector.service import Detector
     from dynamiccl.harness.simulator.driver import SimulatedJob
     from dynamiccl.harness.simulator.workload import load as load_workload
@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     # Room for every window of the run (drops are counted, never silent).
     sub = pipeline.subscribe(max_queue=4096)
     # A 90 s demo cannot afford the production warm-up (60 windows): 20 windows of baseline.
-    detector = Detector(DetectorConfig(warmup=args.warmup, autoencoder=autoencoder))
+    detector = Detector(DetectorConfig(baseline=BaselineConfig(warmup=args.warmup),
+                                       autoencoder=AutoencoderConfig(enabled=autoencoder)))
     topo = load_workload(args.workload).topology.name
     # In --fast mode the job never runs more than `lag` ahead of the windows the detector and retuner have
     # handled (the pacer), so a push reaches the job at most `lag` + one step after the window it answers. In

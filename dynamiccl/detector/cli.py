@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-__all__ = ["register"]
+__all__ = ["register", "detector_config_from_args"]
 
 log = logging.getLogger("detector")
 _OFF = ("off", "none", "")
@@ -37,6 +37,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--arl0", type=float, default=None, help="windows between false alarms per stream (default 1e5)")
     r.add_argument("--warmup", type=int, default=None, help="baseline windows per stream (default 60)")
     r.add_argument("--no-autoencoder", action="store_true", help="run without the torch autoencoder")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any detector setting by dotted key (repeatable), e.g. --set baseline.warmup=30; "
+                        "in a config file a nested mapping: detector: {run: {set: {baseline: {warmup: 30}}}}")
     r.set_defaults(func=run)
     e = sub.add_parser("evaluate", help="score the detector on simulated scenarios (ground truth)")
     from dynamiccl.harness.detector_eval import add_arguments
@@ -69,20 +72,25 @@ def annotation_sink(url: str | None, token: str | None):
         return None
 
 
+def detector_config_from_args(args: argparse.Namespace):
+    """``--set`` items, then the named flags (``--arl0``, ``--warmup``, ``--no-autoencoder``) over them; validated."""
+    from .config import DetectorConfig, parse_overrides
+    overrides = parse_overrides(args.set)
+    if args.arl0 is not None:
+        overrides["cusum.arl0"] = args.arl0
+    if args.warmup is not None:
+        overrides["baseline.warmup"] = args.warmup
+    if args.no_autoencoder:
+        overrides["autoencoder.enabled"] = False
+    return DetectorConfig().with_overrides(overrides)
+
+
 def run(args: argparse.Namespace) -> int:
     from dynamiccl.contracts.lifecycle import ServiceRun, run_service
 
-    from .config import DetectorConfig
     from .runner import DetectorService, ServiceConfig
     off = lambda v: None if v is None or v.lower() in _OFF else v  # noqa: E731
-    dcfg = {}
-    if args.arl0 is not None:
-        dcfg["arl0"] = args.arl0
-    if args.warmup is not None:
-        dcfg["warmup"] = args.warmup
-    if args.no_autoencoder:
-        dcfg["autoencoder"] = False
-    detector_config = DetectorConfig(**dcfg).validate()
+    detector_config = detector_config_from_args(args)
     cfg = ServiceConfig(features=args.features, metrics=off(args.metrics), serve=off(args.serve)).validate()
     annotate = annotation_sink(args.grafana_url or None, args.grafana_token or None)
 

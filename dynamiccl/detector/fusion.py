@@ -101,7 +101,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
             # straddling the window's end), which changes no one's timing
             resized = ws.rebased if ws.resized is None else ws.resized
             for j in set(self.table.job[resized].tolist()):
-                if self._time_share(j, resized) >= self.config.workload_settle_share:
+                if self._time_share(j, resized) >= self.config.workload.settle_share:
                     self._rebased_at[j] = ws.t
         groups = self._confirm_pending(ws)
         self._step_fresh = []
@@ -150,7 +150,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
             ok = np.isfinite(cur)
             if ok.any():
                 z = (cur[ok] - p.med[ok]) / p.scale[ok] * p.direction
-                if np.median(z) >= self.config.confirm_z:
+                if np.median(z) >= self.config.fusion.confirm_z:
                     g = groups.setdefault((p.job, p.direction), new_group())
                     extend_group(g, p.idx, p.med, p.scale, p.start, confirmed=True)
                     g["peak"] = g.get("peak", False) or p.peak
@@ -160,13 +160,13 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
             # sparse stream between samples, `dynamiccl.detector.sparse`) is no try, up to MAX_SILENT;
             # a dense stream's silence is a pause, and its alarm is judged as before
             with np.errstate(invalid="ignore"):
-                sparse = bool((self.table.instances_ref[p.idx] < self.config.min_instances).all())
+                sparse = bool((self.table.instances_ref[p.idx] < self.config.streams.min_instances).all())
             if not ok.any() and sparse and p.silent < MAX_SILENT:
                 p.silent += 1
                 keep.append(p)
                 continue
             p.tries += 1
-            if p.tries < self.config.confirm_windows:
+            if p.tries < self.config.fusion.confirm_windows:
                 keep.append(p)
             else:
                 self.table.restore_baseline(p.idx, p.med, p.scale)
@@ -259,7 +259,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
     def _recent_episode(self, job, idx, direction, t) -> Incident | None:
         """A closed incident of the same job and direction, on mostly the same streams, that
         lasted and ended within ``flap_window_s / 2``."""
-        half = 0.5 * self.config.flap_window_s / self._window_s
+        half = 0.5 * self.config.incidents.flap_window_s / self._window_s
         for old in reversed(self.closed.get(job, ())):
             if old.direction != direction or old.closed_step is None:
                 continue

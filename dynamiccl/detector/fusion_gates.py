@@ -71,7 +71,7 @@ class FusionGates:
             # a big alarm held back one window for the straggler decision (`rank_waits`): a
             # bursty regime (incast, a flapping link) may be in an off phase by now; judge it
             # on the farthest window since its alarm, as it would have been judged at once
-            peak = self._peak(idx, med, direction, ws.t - cfg.confirm_windows)
+            peak = self._peak(idx, med, direction, ws.t - cfg.fusion.confirm_windows)
             level = np.where(np.isfinite(peak) & ((peak - med) * direction > (level - med) * direction),
                              peak, level)
         onset_step = self._refine_onset(idx, med, level, cusum_step, ws.t)
@@ -85,7 +85,7 @@ class FusionGates:
         comms_new = set(tab.comm_hash[a.idx].tolist())
         for old in self.closed.get(a.job, ()):
             if (old.direction == -a.direction and old.closed_step is not None
-                    and (ws.t - old.closed_step) * self._window_s <= self.config.merge_s
+                    and (ws.t - old.closed_step) * self._window_s <= self.config.incidents.merge_s
                     and comms_new & set(tab.comm_hash[old.streams].tolist())):
                 self.counters["alarms_absorbed"] += len(a.idx)
                 tab.rebase(a.idx)
@@ -108,8 +108,8 @@ class FusionGates:
                 new_lr = float(np.nanmedian(a.level - a.med))
             similar = (math.isfinite(inc_lr) and math.isfinite(new_lr) and inc_lr != 0.0
                        and abs(new_lr - inc_lr) <= 0.5 * abs(inc_lr)
-                       and (ws.t - inc.onset_step) * self._window_s <= cfg.merge_similar_s)
-            if near <= cfg.merge_s or shared or similar:
+                       and (ws.t - inc.onset_step) * self._window_s <= cfg.incidents.merge_similar_s)
+            if near <= cfg.incidents.merge_s or shared or similar:
                 inc.add(a.idx, a.med, a.scale, a.level)
                 for i in a.idx.tolist():
                     self.stream_incident[i] = inc
@@ -121,9 +121,9 @@ class FusionGates:
         """Shifts below ``min_ratio`` are not regime changes. With ``small_shift_wait`` an
         unconfirmed one waits: its alarm window may still be half the old regime."""
         cfg = self.config
-        if np.nanmax(np.abs(a.lr), initial=0.0) >= math.log(cfg.min_ratio):
+        if np.nanmax(np.abs(a.lr), initial=0.0) >= math.log(cfg.fusion.min_ratio):
             return None
-        if cfg.small_shift_wait and not a.confirmed and len(self.pending) < MAX_PENDING:
+        if cfg.fusion.small_shift_wait and not a.confirmed and len(self.pending) < MAX_PENDING:
             self.counters["small_waits"] += 1
             self.pending.append(a.pending(ws.t))
             return "small_waits"
@@ -140,15 +140,15 @@ class FusionGates:
             moved = np.abs(np.log(tab.bytes_per_record[idx] / tab.bytes_ref[idx]))
             covm = np.abs(np.log(tab.coverage[idx] / tab.coverage_ref[idx]))
         explained = (np.isfinite(moved) & (moved >= 0.5 * np.abs(lr)) & (moved >= 0.01)) | (
-            np.isfinite(covm) & (covm >= 0.5 * cfg.coverage_change) & tab.rank_set_changed[idx])
+            np.isfinite(covm) & (covm >= 0.5 * cfg.workload.coverage_change) & tab.rank_set_changed[idx])
         own = explained.sum() * 2 > len(idx)
-        recent_rebase = (ws.t - self._rebased_at.get(a.job, -(1 << 40)) <= cfg.workload_settle
-                         and np.nanmax(np.abs(lr), initial=0.0) < math.log(cfg.workload_settle_ratio))
+        recent_rebase = (ws.t - self._rebased_at.get(a.job, -(1 << 40)) <= cfg.workload.settle_windows
+                         and np.nanmax(np.abs(lr), initial=0.0) < math.log(cfg.workload.settle_ratio))
         if not (own or recent_rebase):
             return None
         self.counters["workload_changes"] += 1
         tab.rebase(idx)
-        if own or cfg.workload_settle_chain:
+        if own or cfg.workload.settle_chain:
             # a size change of its own; or (``workload_settle_chain``) a side effect, which
             # extends the settling time (one workload change can then blind every stream in turn)
             self._rebased_at[a.job] = ws.t
@@ -163,15 +163,15 @@ class FusionGates:
         # partial windows (a pause starting, the job's last) and the first windows after a gap
         # are no evidence on their own: their value waits for the next window
         with np.errstate(invalid="ignore", divide="ignore"):
-            partial = (tab.instances[idx] < cfg.partial_window * tab.instances_ref[idx]) | (
+            partial = (tab.instances[idx] < cfg.fusion.partial_window * tab.instances_ref[idx]) | (
                 ws.t - tab.gap_step[idx] <= 1)
         full = int((~partial).sum())
         # a one-window job-wide hiccup (GC, OS jitter) moves many streams by a few per cent at
         # once: below ``persist_ratio`` a shift must persist one more window, however many
         # streams (or the autoencoder, which flags hiccups as readily as onsets) agree
-        big = np.nanmax(np.abs(a.lr), initial=0.0) >= math.log(cfg.persist_ratio)
-        ok = (a.confirmed and full >= 1) or (big and full >= cfg.corroborate)
-        if not ok and full >= cfg.corroborate and self._network_only(a.job, idx[~partial], a.direction):
+        big = np.nanmax(np.abs(a.lr), initial=0.0) >= math.log(cfg.fusion.persist_ratio)
+        ok = (a.confirmed and full >= 1) or (big and full >= cfg.fusion.corroborate)
+        if not ok and full >= cfg.fusion.corroborate and self._network_only(a.job, idx[~partial], a.direction):
             # a job-wide hiccup moves the intra-node streams too; a network event leaves them alone
             ok = True
             self.counters["network_only"] += 1
@@ -199,9 +199,9 @@ class FusionGates:
             stragglers = stragglers or self._stragglers(a.job, a.idx, a.onset_step, rel=True)
             if not stragglers and self._forming(a.job, a.idx, a.onset_step):
                 wait = "rank_waits"
-        if wait is None and cfg.straggler_recheck and not a.peak:
+        if wait is None and cfg.straggler.recheck and not a.peak:
             stragglers = stragglers or self._stragglers(a.job, a.idx, a.onset_step, rel=True)
-            thin = bool(stragglers) and stragglers[0].instances < 2 * cfg.straggler_min_instances
+            thin = bool(stragglers) and stragglers[0].instances < 2 * cfg.straggler.min_instances
             long_colls = np.nanmax(a.med, initial=-np.inf) >= math.log(RECHECK_LATENCY_SHARE * self._window_s)
             if stragglers and (thin or long_colls):
                 # a rank named from the onset window alone, on few instances or on collectives
@@ -209,7 +209,8 @@ class FusionGates:
                 # began: the shortest rank of such an instance is not the straggler) is named
                 # again on the next window, which must confirm the shift
                 wait = "rank_rechecks"
-        if wait is None and cfg.onset_wait and not a.confirmed and not a.peak and self._mixed(a.idx, a.med, a.level):
+        if (wait is None and cfg.fusion.onset_wait and not a.confirmed and not a.peak
+                and self._mixed(a.idx, a.med, a.level)):
             # the alarm window holds the onset part-way through (p90 at the new level, p50 barely
             # moved): neither kind nor magnitude would be the event's; judged on the next window
             wait = "onset_waits"

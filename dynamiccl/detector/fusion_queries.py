@@ -20,7 +20,7 @@ class FusionQueries:
         """Per stream, its value farthest from ``med`` in ``direction`` from ``since_step`` to
         now (NaN without values)."""
         tab = self.table
-        H = self.config.history
+        H = self.config.streams.history
         steps = np.arange(max(since_step, tab.t - H + 1), tab.t + 1) % H
         vals = tab.hist[steps][:, idx]
         dev = np.where(np.isfinite(vals), (vals - med) * direction, -np.inf)
@@ -47,26 +47,26 @@ class FusionQueries:
         (≥ ``corroborate`` of them, with a value this window) sit within ``quiet_z`` of their
         baseline (median, in the alarm's direction)."""
         tab, cfg = self.table, self.config
-        if cfg.quiet_z <= 0 or idx.size == 0 or not (tab.nnodes[idx] > 1).all():
+        if cfg.fusion.quiet_z <= 0 or idx.size == 0 or not (tab.nnodes[idx] > 1).all():
             return False
         code = tab.jobs.get(job, -2)
         n = tab.n
         ref = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code) & (tab.nnodes[:n] == 1))
-        if ref.size < cfg.corroborate:
+        if ref.size < cfg.fusion.corroborate:
             return False
         med, scale = tab.baseline(ref)
         cur = tab.current(ref)
         ok = np.isfinite(cur) & np.isfinite(med) & (scale > 0)
-        if ok.sum() < cfg.corroborate:
+        if ok.sum() < cfg.fusion.corroborate:
             return False
         z = (cur[ok] - med[ok]) / scale[ok] * direction
-        return float(np.median(z)) < cfg.quiet_z
+        return float(np.median(z)) < cfg.fusion.quiet_z
 
     def _refine_onset(self, idx, med, level, cusum_step: int, t: int) -> int:
         """The CUSUM's last reset point, moved forward to the first window of the excursion
         already half-way to the new level (noise can start an excursion early)."""
         tab = self.table
-        H = self.config.history
+        H = self.config.streams.history
         lo = max(cusum_step, t - H + 1)
         if lo >= t:
             return max(cusum_step, lo)
@@ -84,8 +84,8 @@ class FusionQueries:
         the latency streams already justify (one rank stalling for one window is no event)."""
         comms = {int(c) for c in self.table.comm_hash[idx].tolist()}
         return find_stragglers(self.ranks, job, comms, onset_step=onset_step,
-                               share=self.config.straggler_share,
-                               min_instances=self.config.straggler_min_instances,
+                               share=self.config.straggler.share,
+                               min_instances=self.config.straggler.min_instances,
                                rel_z=STRAGGLER_REL_Z if rel else None)
 
     def _mixed(self, idx, med, level) -> bool:
@@ -124,8 +124,8 @@ class FusionQueries:
         all_med = np.concatenate(meds)
         all_scale = np.concatenate(scales)
         lvl = tab.recent(all_idx, onset_step)
-        n_post = max(1, min(self.table.t - onset_step + 1, self.config.history))
-        sigma = all_scale * math.sqrt(1.0 / n_post + 1.0 / self.config.warmup)
+        n_post = max(1, min(self.table.t - onset_step + 1, self.config.streams.history))
+        sigma = all_scale * math.sqrt(1.0 / n_post + 1.0 / self.config.baseline.warmup)
         # sizes are compared within one collective of one communicator (same ranks, links and
         # algorithm family); across collectives only when no communicator has two sizes
         group = [f"{c:x}:{f}" for c, f in zip(tab.comm_hash[all_idx].tolist(), tab.func[all_idx].tolist())]

@@ -25,7 +25,7 @@ class RankTrigger:
         latency rose (≥ ``min_ratio``, median z ≥ 1). Rank shares are overwhelming long before
         a small slowdown (5 % on a 64-rank job) is significant in the latency streams."""
         cfg, tab = self.config, self.table
-        if cfg.straggler_trigger_z <= 0 or not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
+        if cfg.straggler.trigger_z <= 0 or not self.ranks.frames or self.ranks.frames[-1][0] != ws.t:
             return []
         f = self.ranks.frames[-1][1]
         if "shortest_count" not in f.columns or f.height == 0:
@@ -33,14 +33,14 @@ class RankTrigger:
         agg = f.group_by("job_id", "comm_hash").agg(pl.col("shortest_count").sum().alias("total"),
                                                       pl.col("shortest_count").max().alias("top"),
                                                       pl.len().alias("n"))
-        agg = agg.filter((pl.col("n") >= 2) & (pl.col("total") >= cfg.straggler_min_instances)
-                         & (pl.col("top") >= cfg.straggler_share * pl.col("total")))
+        agg = agg.filter((pl.col("n") >= 2) & (pl.col("total") >= cfg.straggler.min_instances)
+                         & (pl.col("top") >= cfg.straggler.share * pl.col("total")))
         if agg.height == 0:
             return []
         out = []
         for job, comm, total, top, n in agg.iter_rows():
             p0 = 1.0 / n
-            if (top - total * p0) / math.sqrt(total * p0 * (1.0 - p0)) < 0.5 * cfg.straggler_trigger_z:
+            if (top - total * p0) / math.sqrt(total * p0 * (1.0 - p0)) < 0.5 * cfg.straggler.trigger_z:
                 continue
             if any(inc.direction > 0 and int(comm) in set(tab.comm_hash[inc.streams].tolist())
                    for inc in self.active.get(job, [])):
@@ -59,18 +59,18 @@ class RankTrigger:
                 continue
             idx, med, scale, level = idx[ok], med[ok], scale[ok], level[ok]
             lr = level - med
-            if not (np.max(lr) >= math.log(cfg.min_ratio) and np.median(lr / scale) >= 1.0):
+            if not (np.max(lr) >= math.log(cfg.fusion.min_ratio) and np.median(lr / scale) >= 1.0):
                 continue
             cands = find_stragglers(self.ranks, job, {int(comm)}, onset_step=ws.t - 1,
-                                    share=cfg.straggler_share, min_instances=2 * cfg.straggler_min_instances,
+                                    share=cfg.straggler.share, min_instances=2 * cfg.straggler.min_instances,
                                     later_alone=False)
             best = None
             for c in cands:
-                if not (c.share_before == c.share_before and c.share_before < 0.5 * cfg.straggler_share):
+                if not (c.share_before == c.share_before and c.share_before < 0.5 * cfg.straggler.share):
                     continue                      # dominant before, or nothing known before
                 p0 = 1.0 / n
                 z = (c.share - p0) * c.instances / math.sqrt(c.instances * p0 * (1.0 - p0))
-                if z >= cfg.straggler_trigger_z:
+                if z >= cfg.straggler.trigger_z:
                     best = c
                     break
             if best is None:
@@ -78,7 +78,7 @@ class RankTrigger:
             # the same straggler seen in another of its communicators, or just after another
             # change of this job: part of that change
             same = [inc for inc in self.active.get(job, []) if inc.direction > 0 and (
-                (ws.t - inc.detected_step) * self._window_s <= cfg.merge_s
+                (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s
                 or (inc.kind == "straggler" and best.host in inc.change.hosts))]
             if same:
                 same[0].add(idx, med, scale, level)

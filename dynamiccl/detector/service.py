@@ -1,8 +1,8 @@
 """The detector in process: `Detector.process(window) -> list[RegimeChange]`.
 
 >>> from dynamiccl.detector.service import Detector
->>> from dynamiccl.detector.config import DetectorConfig
->>> det = Detector(DetectorConfig(autoencoder=False))
+>>> from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
+>>> det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
 >>> det.process("not a window")
 []
 >>> det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="malformed")
@@ -62,14 +62,14 @@ class Detector:
         self.config = (config or DetectorConfig()).validate()
         self.metrics = DetectorMetrics(registry)
         self.table = StreamTable(self.config)
-        self.ranks = RankHistory(self.config.history)
+        self.ranks = RankHistory(self.config.streams.history)
         self.fusion = Fusion(self.config, self.table, self.ranks)
         self._clock = clock
         self._last_start: float | None = None
         self._ooo = 0
         self._errors = 0
         self._ae: dict[str, object] = {}
-        self._ae_ok = self.config.autoencoder
+        self._ae_ok = self.config.autoencoder.enabled
         self._ae_scores: dict[str, tuple[float, float]] = {}
         self._regimes = ActiveRegimes(self.metrics.regime_active, self.metrics.regime_magnitude)
         self._stat_labels: dict[str, set] = {}
@@ -202,8 +202,8 @@ class Detector:
                         # one small model per window: thread pools only add contention (35x
                         # slower learn_one on a busy 2-core machine)
                         torch.set_num_threads(1)
-                    ae = self._ae[job] = Autoencoder(grace_period=cfg.autoencoder_grace, window_size=500,
-                                                     seed=cfg.seed)
+                    ae = self._ae[job] = Autoencoder(grace_period=cfg.autoencoder.grace, window_size=500,
+                                                     seed=cfg.autoencoder.seed)
                 except ImportError as exc:
                     log.warning("autoencoder disabled: %s", exc)
                     self._ae_ok = False
@@ -212,7 +212,7 @@ class Detector:
             ae.learn_one(vec)
             thr = ae.threshold
             self.metrics.autoencoder_score.labels(job_id=job).set(score)
-            if ae.n_learned >= cfg.autoencoder_grace and math.isfinite(thr):
+            if ae.n_learned >= cfg.autoencoder.grace and math.isfinite(thr):
                 out[job] = (score, thr)
         self._ae_scores = out
         return out
@@ -226,7 +226,7 @@ class Detector:
         live = np.flatnonzero(tab.active[:n] & np.isfinite(stat))
         if live.size == 0:
             return
-        K = self.config.top_statistics
+        K = self.config.outputs.top_statistics
         codes = tab.job_code[live]
         new: dict[str, set] = {}
         order = np.argsort(codes, kind="stable")

@@ -87,7 +87,7 @@ class StepRule:
             cur = tab.current(c.idx)
             ok = np.isfinite(cur)
             z = (cur[ok] - c.med[ok]) / c.scale[ok] * c.direction
-            if ok.any() and float(np.median(z)) >= cfg.confirm_z:
+            if ok.any() and float(np.median(z)) >= cfg.fusion.confirm_z:
                 ch = self._judge(ws, window_s, c, cur)
                 if ch is not None:
                     changes.append(ch)
@@ -98,7 +98,7 @@ class StepRule:
             if c.inc.kind == "flapping" or c.inc.flapping_id is not None:
                 continue
             cur = tab.current(c.idx)
-            if c.idx.size >= cfg.corroborate:
+            if c.idx.size >= cfg.fusion.corroborate:
                 ch = self._judge(ws, window_s, c, cur)
                 if ch is not None:
                     changes.append(ch)
@@ -112,7 +112,7 @@ class StepRule:
         if not ok.any():
             return None
         step_lr = float(np.median(cur[ok] - c.med[ok]))
-        if abs(step_lr) < math.log(cfg.step_ratio):
+        if abs(step_lr) < math.log(cfg.incidents.step_ratio):
             self.counters["steps_small"] += 1
             return None
         pos = _positions(inc.streams, c.idx)
@@ -122,12 +122,12 @@ class StepRule:
         with np.errstate(invalid="ignore", divide="ignore"):
             where = (cur - base) / shift
         good = ok & have & np.isfinite(where) & (shift != 0)
-        if good.any() and float(np.median(where[good])) <= cfg.recovery_fraction:
+        if good.any() and float(np.median(where[good])) <= cfg.incidents.recovery_fraction:
             return None          # back to the pre-incident regime: the recovery rule's call
         inc.level[pos[good]] = cur[good]
         deeper = step_lr * inc.direction > 0
         last = self._last.get(id(inc))
-        if last is not None and last[1] == deeper and (ws.t - last[0]) * window_s <= cfg.merge_s:
+        if last is not None and last[1] == deeper and (ws.t - last[0]) * window_s <= cfg.incidents.merge_s:
             self.counters["steps_merged"] += 1     # a lagging stream of the step just reported
             return None
         self._last[id(inc)] = (ws.t, deeper)

@@ -34,7 +34,7 @@ class StreamBaselines:
         idx = np.atleast_1d(np.asarray(idx, np.int64))
         if idx.size:
             same = self.saved_med[idx] == np.asarray(median, np.float64)
-            n = np.maximum(np.where(same, self.saved_n[idx], 0), self.config.warmup)
+            n = np.maximum(np.where(same, self.saved_n[idx], 0), self.config.baseline.warmup)
             self._adopt(idx, median, scale, n)
             self.monitor_since[idx] = self.t
             self.rebase_warm[idx] = False
@@ -52,14 +52,14 @@ class StreamBaselines:
         self.prev_cov[idx] = self.old_cov[idx]
         self.prev_med[idx] = np.broadcast_to(np.asarray(median, np.float64), m.shape)[m]
         self.prev_scale[idx] = np.broadcast_to(np.asarray(scale, np.float64), m.shape)[m]
-        self.prev_n[idx] = self.config.warmup
+        self.prev_n[idx] = self.config.baseline.warmup
         self.old_unknown[idx] = False
 
     def _adopt(self, idx, median, scale, n) -> None:
         """Streams ``idx`` are monitored from now on against (median, scale) learned from ``n``
         samples (statistics cleared; the scale floored at ``scale_floor``)."""
         for bank in self.banks:
-            bank.set_baseline(idx, median, np.maximum(scale, self.config.scale_floor))
+            bank.set_baseline(idx, median, np.maximum(scale, self.config.baseline.scale_floor))
         self.ss.start(idx, median, scale, n)
         self.carry_n[idx] = 0
 
@@ -68,7 +68,7 @@ class StreamBaselines:
         """Replace the values of monitored streams by baseline + scale x u, u their self-starting
         standardised value (`dynamiccl.detector.self_start`), so the banks' known-baseline thresholds hold
         whatever the baseline's sample count. Returns u per ``i_ok`` (NaN: warming up)."""
-        if i_ok.size == 0 or not self.config.self_start:
+        if i_ok.size == 0 or not self.config.baseline.self_start:
             return None
         mon = ~warming[i_ok]
         u = np.full(i_ok.size, np.nan)
@@ -89,7 +89,7 @@ class StreamBaselines:
         learned = self.ss.learn(i_ok, x_valid, np.where(np.isfinite(u), u, np.inf), quiet)
         j = i_ok[learned]
         if j.size:
-            scale = np.maximum(np.sqrt(self.ss.var[j]), self.config.scale_floor)
+            scale = np.maximum(np.sqrt(self.ss.var[j]), self.config.baseline.scale_floor)
             for bank in self.banks:
                 bank.move_baseline(j, self.ss.mean[j], scale)
             self.n_refined += int(j.size)
@@ -100,7 +100,7 @@ class StreamBaselines:
         further). Changed only in factors of 2, so thresholds rarely move."""
         cfg = self.config
         per_day = 86400.0 / getattr(self, "_window_s", 1.0)
-        want = max(cfg.arl0, self.n_active * per_day / cfg.stream_false_alarms_per_day)
+        want = max(cfg.cusum.arl0, self.n_active * per_day / cfg.cusum.stream_false_alarms_per_day)
         if want > 2.0 * self.arl0 or want < 0.5 * self.arl0:
             self.arl0 = want
             self._set_thresholds()
@@ -112,7 +112,7 @@ class StreamBaselines:
         correction explodes: h = 1,600 sigma at 20 samples)."""
         from .arl import cusum_threshold_correlated
         cfg = self.config
-        n = KNOWN_BASELINE if cfg.self_start else max(cfg.warmup, FIXED_BASELINE_MIN)
+        n = KNOWN_BASELINE if cfg.baseline.self_start else max(cfg.baseline.warmup, FIXED_BASELINE_MIN)
         for bank in self.banks:
             bank.set_threshold(cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, n,
-                                                          cfg.long_run_variance, True, cfg.baseline_estimator))
+                                                          cfg.cusum.long_run_variance, True, cfg.baseline.estimator))

@@ -67,7 +67,7 @@ class StreamIndex:
     def _allocate(self) -> int:
         if self._free:
             return self._free.pop()
-        if self.n >= self.config.max_streams:
+        if self.n >= self.config.streams.max_streams:
             return -1
         if self.n >= self.capacity:
             self._grow(self.n + 1)
@@ -75,7 +75,7 @@ class StreamIndex:
         return self.n - 1
 
     def _evict(self, now: float) -> None:
-        idle = np.flatnonzero(self.active & (self.last_seen < now - self.config.stream_idle_s))
+        idle = np.flatnonzero(self.active & (self.last_seen < now - self.config.streams.idle_s))
         if idle.size == 0:
             return
         self._prev_lookup = None

@@ -68,9 +68,9 @@ class StreamTable(StreamBaselines, StreamIndex):
 
     def __init__(self, config: DetectorConfig | None = None):
         self.config = cfg = (config or DetectorConfig()).validate()
-        self.banks = [CUSUMBank(n_streams=_GROW, delta=float(d), arl0=cfg.arl0, warmup=cfg.warmup,
+        self.banks = [CUSUMBank(n_streams=_GROW, delta=float(d), arl0=cfg.cusum.arl0, warmup=cfg.baseline.warmup,
                                 mode="both", min_value=None, z_clip=1e9,
-                                estimator=cfg.baseline_estimator) for d in cfg.deltas]
+                                estimator=cfg.baseline.estimator) for d in cfg.cusum.deltas]
         self.capacity = _GROW
         self.n = 0                                   # slots ever used (high-water mark)
         self._free: list[int] = []
@@ -81,17 +81,17 @@ class StreamTable(StreamBaselines, StreamIndex):
         self.jobs: dict[str, int] = {}               # job_id -> code (job_code array)
         self._alloc_arrays(_GROW)
         self.t = -1                                  # bank step of the last window
-        self.window_starts = np.full(cfg.history, np.nan)
-        self.hist = np.full((cfg.history, _GROW), np.nan)   # (window slot, stream)
-        self.inst_hist = np.zeros((cfg.history, _GROW), np.int64)   # instances per window
+        self.window_starts = np.full(cfg.streams.history, np.nan)
+        self.hist = np.full((cfg.streams.history, _GROW), np.nan)   # (window slot, stream)
+        self.inst_hist = np.zeros((cfg.streams.history, _GROW), np.int64)   # instances per window
         self.n_dropped_streams = 0
         self.n_rebased = 0
         self.n_restored = 0
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)
-        self.ss = SelfStart(_GROW, memory=cfg.baseline_memory, long_run_variance=cfg.long_run_variance)
+        self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         self.last_rebased = np.zeros(0, np.int64)
-        self.arl0 = cfg.arl0
+        self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
 
     # ------------------------------------------------------------------ storage
@@ -119,7 +119,7 @@ class StreamTable(StreamBaselines, StreamIndex):
         """Window start (event time) of bank steps (vectorised; steps older than the history are
         extrapolated from the window length)."""
         step = np.asarray(step, dtype=np.int64)
-        H = self.config.history
+        H = self.config.streams.history
         ws = self.window_starts[step % H]
         old = (self.t - step) >= H
         if old.any():
@@ -133,7 +133,7 @@ class StreamTable(StreamBaselines, StreamIndex):
         self.t += 1
         t = self.t
         self.last_rebased = np.zeros(0, np.int64)
-        H = cfg.history
+        H = cfg.streams.history
         self._window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
         self.window_starts[t % H] = wf.window_start
         invalid: dict[str, int] = {}
@@ -155,13 +155,13 @@ class StreamTable(StreamBaselines, StreamIndex):
         with np.errstate(invalid="ignore", divide="ignore"):
             nan = ~np.isfinite(lat)
             nonpos = ~nan & (lat <= 0)
-            absurd = ~nan & (lat > cfg.max_latency_s)
-            sparse = ~(nan | nonpos | absurd) & (inst < cfg.min_instances)
+            absurd = ~nan & (lat > cfg.streams.max_latency_s)
+            sparse = ~(nan | nonpos | absurd) & (inst < cfg.streams.min_instances)
         if (sparse & keep).any():
             # too few instances for a statistic: pooled with the stream's next windows until
             # there are enough (`dynamiccl.detector.sparse`); the window completing a pool carries it
             rows = np.flatnonzero(sparse & keep)
-            done, pooled = self.pool.add(idx[rows], np.log(lat[rows]), inst[rows], cfg.min_instances)
+            done, pooled = self.pool.add(idx[rows], np.log(lat[rows]), inst[rows], cfg.streams.min_instances)
             lat, lat90, sparse = lat.copy(), lat90.copy(), sparse.copy()
             lat[rows[done]] = pooled
             lat90[rows[done]] = np.nan
@@ -171,14 +171,14 @@ class StreamTable(StreamBaselines, StreamIndex):
             if c:
                 invalid[name] = c
         ok = keep & ~(nan | nonpos | absurd | sparse)
-        self.pool.clear(idx[ok & (inst >= cfg.min_instances)])   # a whole window needs no pool
+        self.pool.clear(idx[ok & (inst >= cfg.streams.min_instances)])   # a whole window needs no pool
         idx_all = idx[keep]
         prev = self.last_seen[idx_all]
         # first data after a gap in a stream (a checkpoint pause, a restart; a silence longer
         # than 1.5x its usual interval): its next windows are settling, and the fusion stage
         # wants them confirmed
         with np.errstate(invalid="ignore"):
-            thin = self.instances_ref[idx_all] < cfg.min_instances
+            thin = self.instances_ref[idx_all] < cfg.streams.min_instances
         gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s, thin)
         self.gap_step[idx_all[gap]] = t
         self.last_seen[idx_all] = wf.window_start
@@ -197,9 +197,9 @@ class StreamTable(StreamBaselines, StreamIndex):
         first = np.isnan(ref)
         cref = self.coverage_ref[i_ok]
         with np.errstate(invalid="ignore", divide="ignore"):
-            moved = ~first & (np.abs(np.log(bpr / ref)) > cfg.workload_change)
+            moved = ~first & (np.abs(np.log(bpr / ref)) > cfg.workload.mix_change)
             # a rank or a host stopped (or started) reporting: the stream's make-up changed
-            lost = ~first & (np.abs(np.log(cov / cref)) > cfg.coverage_change)
+            lost = ~first & (np.abs(np.log(cov / cref)) > cfg.workload.coverage_change)
         # ... but only if ranks stopped or started reporting: with every rank still there, fewer
         # records per instance are instances straddling the window's edge, which a slowdown
         # makes more frequent (a throttled test-bed rank reset its streams 40-66 times a run
@@ -228,8 +228,8 @@ class StreamTable(StreamBaselines, StreamIndex):
             j = i_ok[back]
             with np.errstate(invalid="ignore", divide="ignore"):
                 match = (np.isfinite(self.prev_scale[j])
-                         & (np.abs(np.log(bpr[back] / self.prev_bpr[j])) <= 0.5 * cfg.workload_change)
-                         & (np.abs(np.log(cov[back] / self.prev_cov[j])) <= 0.5 * cfg.coverage_change))
+                         & (np.abs(np.log(bpr[back] / self.prev_bpr[j])) <= 0.5 * cfg.workload.mix_change)
+                         & (np.abs(np.log(cov[back] / self.prev_cov[j])) <= 0.5 * cfg.workload.coverage_change))
             j = j[match]
             if j.size:
                 self._adopt(j, self.prev_med[j], self.prev_scale[j], np.maximum(self.prev_n[j], 1))
@@ -252,14 +252,14 @@ class StreamTable(StreamBaselines, StreamIndex):
         x = np.full(self.capacity, np.nan)
         x[i_ok] = x_valid
         self._learnable = np.ones(i_ok.size, bool)
-        if cfg.instance_weight > 0 and i_ok.size:
+        if cfg.baseline.instance_weight > 0 and i_ok.size:
             # the median of a window with far fewer instances than usual is noisier (its
             # sampling variance grows like 1 / instances) and often a phase's edge: its deviation
             # from the baseline enters the CUSUM shrunk by sqrt(instances / (instance_weight x
             # typical)) (history and fusion keep the raw value)
             mon = ~self.banks[0].warming_up[i_ok] & ~rebase
             with np.errstate(invalid="ignore", divide="ignore"):
-                w = np.sqrt(inst[ok] / (cfg.instance_weight * iref))
+                w = np.sqrt(inst[ok] / (cfg.baseline.instance_weight * iref))
             mon &= np.isfinite(w) & (w < 1.0)
             if mon.any():
                 j = i_ok[mon]
@@ -278,15 +278,16 @@ class StreamTable(StreamBaselines, StreamIndex):
         self.monitor_since[done] = t
         if done.size:
             med, scale = self.banks[0].baseline
-            sc, nv = scale[done], np.full(done.size, cfg.warmup, np.int64)
-            if cfg.self_start:
-                sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], sc, cfg.warmup)
-            self.ss.start(done, med[done], sc, cfg.warmup, nv)
+            sc, nv = scale[done], np.full(done.size, cfg.baseline.warmup, np.int64)
+            if cfg.baseline.self_start:
+                sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], sc, cfg.baseline.warmup)
+            self.ss.start(done, med[done], sc, cfg.baseline.warmup, nv)
             self.carry_n[done] = 0
-            moved = done[(sc != scale[done]) | (sc < cfg.scale_floor)]
+            moved = done[(sc != scale[done]) | (sc < cfg.baseline.scale_floor)]
             if moved.size:
                 for bank in self.banks:
-                    bank.set_baseline(moved, med[moved], np.maximum(np.sqrt(self.ss.var[moved]), cfg.scale_floor))
+                    bank.set_baseline(moved, med[moved],
+                                      np.maximum(np.sqrt(self.ss.var[moved]), cfg.baseline.scale_floor))
             self.rebase_warm[done] = False
         fired_any = self.banks[0].drift_detected.copy()
         for bank in self.banks[1:]:
@@ -338,8 +339,8 @@ class StreamTable(StreamBaselines, StreamIndex):
         pb, pc = self.prev_bpr[idx], self.prev_cov[idx]
         with np.errstate(invalid="ignore", divide="ignore"):
             match = (np.isfinite(pb) & np.isfinite(self.prev_scale[idx])
-                     & (np.abs(np.log(new_bpr / pb)) <= 0.5 * cfg.workload_change)
-                     & (np.abs(np.log(new_cov / pc)) <= 0.5 * cfg.coverage_change))
+                     & (np.abs(np.log(new_bpr / pb)) <= 0.5 * cfg.workload.mix_change)
+                     & (np.abs(np.log(new_cov / pc)) <= 0.5 * cfg.workload.coverage_change))
         r_idx, r_med, r_scale = idx[match], self.prev_med[idx[match]], self.prev_scale[idx[match]]
         r_n = self.prev_n[idx[match]].copy()
         known = np.isfinite(cur_scale)
@@ -367,7 +368,7 @@ class StreamTable(StreamBaselines, StreamIndex):
 
     def recent(self, idx, since_step: int) -> np.ndarray:
         """Mean of the valid values of streams ``idx`` from bank step ``since_step`` to now."""
-        H = self.config.history
+        H = self.config.streams.history
         lo = max(since_step, self.t - H + 1)
         steps = np.arange(lo, self.t + 1) % H
         if steps.size == 0:
@@ -379,7 +380,7 @@ class StreamTable(StreamBaselines, StreamIndex):
     def instances_since(self, idx, since_step: int) -> int:
         """Instances of streams ``idx`` (the most of any one) from bank step ``since_step`` to
         now, within the history: a delay in instances (sparse jobs count steps, not seconds)."""
-        H = self.config.history
+        H = self.config.streams.history
         lo = max(since_step, self.t - H + 1)
         steps = np.arange(lo, self.t + 1) % H
         if steps.size == 0 or len(idx) == 0:
@@ -387,4 +388,4 @@ class StreamTable(StreamBaselines, StreamIndex):
         return int(self.inst_hist[steps][:, np.asarray(idx, np.int64)].sum(axis=0).max())
 
     def current(self, idx) -> np.ndarray:
-        return self.hist[self.t % self.config.history, np.asarray(idx, np.int64)]
+        return self.hist[self.t % self.config.streams.history, np.asarray(idx, np.int64)]

@@ -47,13 +47,13 @@ class Tracking:
             return None
         p = (cur[ok] - inc.base_med[ok]) / shift[ok]
         score = float(np.median(p))
-        if score <= cfg.recovery_fraction:
+        if score <= cfg.incidents.recovery_fraction:
             inc.off_count += 1
             inc.on = False
-            need = cfg.recovery_windows
+            need = cfg.incidents.recovery_windows
             if inc.kind == "flapping" or inc.flapping_id is not None:
                 # a flapping link is back only after a quiet spell longer than its off phases
-                need = max(need, int(math.ceil(0.5 * cfg.flap_window_s / self._window_s)))
+                need = max(need, int(math.ceil(0.5 * cfg.incidents.flap_window_s / self._window_s)))
             if inc.off_count >= need:
                 return self._recover(ws, inc, cur)
             return None
@@ -65,9 +65,9 @@ class Tracking:
             upd = ok.copy()
             upd[ok] = p >= 0.5
             inc.level[upd] = 0.8 * inc.level[upd] + 0.2 * cur[upd]
-            horizon = cfg.flap_window_s / self._window_s
+            horizon = cfg.incidents.flap_window_s / self._window_s
             recent = [s for s in inc.onsets if ws.t - s <= horizon]
-            if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.flap_transitions:
+            if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.incidents.flap_transitions:
                 return self._flapping(ws, inc)
         else:
             inc.off_count = 0
@@ -84,14 +84,14 @@ class Tracking:
         comm, rank = inc.rank_of
         sel = f.filter((pl.col("job_id") == inc.job) & (pl.col("comm_hash") == comm))
         total = int(sel.get_column("shortest_count").sum() or 0) if sel.height else 0
-        if total < cfg.straggler_min_instances:
+        if total < cfg.straggler.min_instances:
             return None
         mine = int(sel.filter(pl.col("rank") == rank).get_column("shortest_count").sum() or 0)
-        if mine >= 0.5 * cfg.straggler_share * total:
+        if mine >= 0.5 * cfg.straggler.share * total:
             inc.off_count = 0
             return None
         inc.off_count += 1
-        if inc.off_count >= cfg.recovery_windows:
+        if inc.off_count >= cfg.incidents.recovery_windows:
             return self._recover(ws, inc, cur)
         return None
 

@@ -156,7 +156,7 @@ def score(results: list[dict], config=None) -> dict:
                 delta = max(abs(v) for v in z) if z else float("nan")
                 ev["delta_sigma"] = delta
                 align = math.ceil(e["t_start"]) - e["t_start"]
-                arl0 = float(first["evidence"].get("arl0", cfg.arl0))
+                arl0 = float(first["evidence"].get("arl0", cfg.cusum.arl0))
                 dstar = cusum_delay_bound(2 * arl0, delta) if delta == delta and delta > 0 else float("nan")
                 opt = align + max(1.0, dstar if dstar == dstar else 1.0)
                 ev["optimum_s"] = opt
@@ -174,7 +174,7 @@ def score(results: list[dict], config=None) -> dict:
             if m.get("selected", True):     # a subset run (--kinds/--magnitudes) scores only its selection
                 events.append(ev)
             # recovery recall: a recovery within 5 s of the end
-            late = cfg.flap_window_s if e["kind"] in BURSTY else DETECT_WITHIN_S
+            late = cfg.incidents.flap_window_s if e["kind"] in BURSTY else DETECT_WITHIN_S
             ev["recovered_within_5s"] = any(c["kind"] == "recovery" and -1.0 <= c["t_det"] - e["t_end"] <= DETECT_WITHIN_S
                                             for c in changes)
             if m.get("selected", True):
@@ -282,7 +282,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--magnitudes", default=None, metavar="M[,M...]",
                    help="subset: only event runs holding these magnitudes (e.g. 1.05,1.1), scored on them")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a DetectorConfig field for this evaluation (repeatable), e.g. persist_ratio=1.5")
+                   help="override a detector setting by dotted key for this evaluation (repeatable), "
+                        "e.g. fusion.persist_ratio=1.5")
     p.add_argument("--out", default=None, help="write the full report (JSON) here, and every run's changes "
                                                   "next to it (NAME.runs.json)")
 
@@ -292,22 +293,15 @@ def _fmt(v, nd=3):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.config import DetectorConfig, parse_overrides
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if getattr(args, "suite", "simulated") == "testbed":
         return _run_testbed(args)
     cfg = DetectorConfig()
-    overrides = {}
-    for item in getattr(args, "set", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not hasattr(cfg, key):
-            raise ValueError(f"--set: expected KEY=VALUE with KEY a DetectorConfig field, got {item!r}")
-        current = getattr(cfg, key)
-        overrides[key] = type(current)(float(value)) if isinstance(current, (int, float)) and not isinstance(
-            current, bool) else (value.lower() in ("1", "true", "yes") if isinstance(current, bool) else value)
+    overrides = parse_overrides(getattr(args, "set", None) or [])
     if overrides:
-        cfg = cfg.replace(**overrides)
+        cfg = cfg.with_overrides(overrides)
         print(f"config overrides: {overrides}", flush=True)
     hours = None
     if args.stationary_hours is not None:

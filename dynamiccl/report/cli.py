@@ -1,7 +1,7 @@
 """``dynamiccl report`` (HTML report of a recorded run) and ``dynamiccl replay`` (what-if detection).
 
     dynamiccl report runs/demo/parquet [-o report.html] [--bin 10]
-    dynamiccl replay runs/demo/parquet [--window 1] [--warmup 20] [--arl0 1e4] [--set NAME=VALUE]
+    dynamiccl replay runs/demo/parquet [--window 1] [--warmup 20] [--arl0 1e4] [--set GROUP.NAME=VALUE]
                      [--out RUN/changes.jsonl] [--audit-out RUN/retuner-audit.jsonl] [--no-retuner]
 
 Both print a last line of ``key=value`` pairs. Exit status 2 on unusable input (clear message on

@@ -10,7 +10,6 @@ report's ``changes.jsonl``), and scored against the ground truth when a ``truth.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import heapq
 import json
 import logging
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dynamiccl.contracts.atomic import atomic_write
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import DetectorConfig, parse_overrides
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.loop import Loop
 
@@ -235,49 +234,21 @@ def add_detector_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--warmup", type=int, default=None, help="windows of baseline before monitoring")
     d.add_argument("--deltas", default=None, metavar="D[,D…]", help="CUSUM shift sizes in sigma, e.g. 2,6")
     d.add_argument("--merge", type=float, default=None, metavar="S", help="alarms this close join one change")
-    d.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="any other DetectorConfig field (repeatable), e.g. --set autoencoder=false")
-
-
-def _convert(name: str, value: str, default):
-    try:
-        if isinstance(default, bool):
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        if isinstance(default, int):
-            return int(value)
-        if isinstance(default, float):
-            return float(value)
-        if isinstance(default, tuple):
-            return tuple(float(x) for x in value.split(",") if x.strip())
-        return value
-    except ValueError:
-        raise ValueError(f"--set {name}: cannot read {value!r} as {type(default).__name__}") from None
+    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other detector setting by dotted key (repeatable), e.g. --set autoencoder.enabled=false")
 
 
 def detector_config_from_args(args: argparse.Namespace) -> DetectorConfig:
-    fields = {f.name: f for f in dataclasses.fields(DetectorConfig)}
-    base = DetectorConfig()
-    changes: dict = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        name = name.strip().replace("-", "_")
-        if not sep or name not in fields:
-            known = ", ".join(sorted(fields))
-            raise ValueError(f"--set {item!r}: expected NAME=VALUE with NAME one of {known}")
-        changes[name] = _convert(name, value.strip(), getattr(base, name))
+    changes = parse_overrides(args.set)
     if args.arl0 is not None:
-        changes["arl0"] = args.arl0
+        changes["cusum.arl0"] = args.arl0
     if args.warmup is not None:
-        changes["warmup"] = args.warmup
+        changes["baseline.warmup"] = args.warmup
     if args.merge is not None:
-        changes["merge_s"] = args.merge
+        changes["incidents.merge_s"] = args.merge
     if args.deltas is not None:
-        changes["deltas"] = _convert("deltas", args.deltas, base.deltas)
-    return dataclasses.replace(base, **changes).validate()
+        changes.update(parse_overrides([f"cusum.deltas={args.deltas}"], flag="--deltas"))
+    return DetectorConfig().with_overrides(changes)
 
 
 def _write_jsonl(path: str, changes: list[RegimeChange]) -> None:
@@ -313,7 +284,7 @@ def replay_main(args: argparse.Namespace) -> int:
         print(f"dynamiccl replay: warning: {p}", file=sys.stderr)
     print(f"detector: {res.detector}" + (f"; {res.retuner}" if res.retuner else ""))
     print(f"settings: window={args.window:g}s lateness={args.lateness:g}s " + " ".join(
-        f"{k}={v}" for k, v in dataclasses.asdict(dcfg).items() if v != getattr(DetectorConfig(), k)) or "(defaults)")
+        f"{k}={v}" for k, v in dcfg.overrides().items()) or "(defaults)")
     t0 = None
     if truth:
         t0 = min(e.get("t_start_ns", 0) for e in truth) / 1e9 - min(e.get("t_start", 0) for e in truth)

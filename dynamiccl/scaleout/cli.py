@@ -137,7 +137,7 @@ def central_registry(shard):
 
 
 async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
-    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
     from dynamiccl.scaleout.central import CentralShard, detector_loop
     from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
     from dynamiccl.scaleout.merger import ShardTable
@@ -155,7 +155,9 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
         return [record]
     table, checkpoints = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}
     shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
-                         detector_loop(DetectorConfig(warmup=cfg.warmup, autoencoder=False).validate(), sinks=sinks),
+                         detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
+                                                      autoencoder=AutoencoderConfig(enabled=False)).validate(),
+                                       sinks=sinks),
                          time.monotonic)
     live = Liveness(table, checkpoints, cfg.node_ttl_s, time.monotonic)
     _serve_metrics(cfg.metrics, central_registry(shard))

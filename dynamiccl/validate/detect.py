@@ -23,10 +23,10 @@ def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]
     from dynamiccl.collector.config import WindowConfig
     from dynamiccl.collector.processors.window_agg import WindowAggregator
     from dynamiccl.collector.records import event_time_ns, valid_mask
-    from dynamiccl.detector.config import DetectorConfig
+    from dynamiccl.detector.config import BaselineConfig, DetectorConfig
     from dynamiccl.detector.service import Detector
 
-    det = Detector(DetectorConfig(warmup=WARMUP_WINDOWS))
+    det = Detector(DetectorConfig(baseline=BaselineConfig(warmup=WARMUP_WINDOWS)))
     changes: list = []
     loop = Loop(det, sinks=[changes.append])
     agg = WindowAggregator(WindowConfig(window_s=WINDOW_S, allowed_lateness_s=30.0),

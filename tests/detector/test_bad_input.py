@@ -7,16 +7,16 @@ import numpy as np
 import polars as pl
 
 from dynamiccl.collector.features import WindowFeatures
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig, IncidentConfig, StragglerConfig
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import Regime, SyntheticJob
 
 WARM = 70
 
 
-def warm(seed=0, **cfg):
+def warm(seed=0, overrides=None):
     job = SyntheticJob(seed=seed)
-    det = Detector(DetectorConfig(autoencoder=False, **cfg))
+    det = Detector(DetectorConfig().with_overrides({"autoencoder.enabled": False, **(overrides or {})}))
     for t in range(WARM):
         assert det.process(job.window(t)) == []
     return job, det
@@ -93,21 +93,21 @@ def test_internal_error_is_contained(monkeypatch):
 
 def test_config_validation_names_the_field():
     import pytest
-    with pytest.raises(ValueError, match="warmup"):
-        DetectorConfig(warmup=0).validate()
-    with pytest.raises(ValueError, match="recovery_fraction"):
-        DetectorConfig(recovery_fraction=1.5).validate()
+    with pytest.raises(ValueError, match="baseline.warmup"):
+        DetectorConfig(baseline=BaselineConfig(warmup=0)).validate()
+    with pytest.raises(ValueError, match="incidents.recovery_fraction"):
+        DetectorConfig(incidents=IncidentConfig(recovery_fraction=1.5)).validate()
     # switches must be booleans ("yes" or 1 from a YAML/--set typo is not silently truthy)
-    with pytest.raises(ValueError, match="straggler_recheck must be true or false"):
-        DetectorConfig(straggler_recheck="yes").validate()
-    with pytest.raises(ValueError, match="autoencoder"):
-        DetectorConfig(autoencoder=1).validate()
+    with pytest.raises(ValueError, match="straggler.recheck must be true or false"):
+        DetectorConfig(straggler=StragglerConfig(recheck="yes")).validate()
+    with pytest.raises(ValueError, match="autoencoder.enabled"):
+        DetectorConfig(autoencoder=AutoencoderConfig(enabled=1)).validate()
 
 
 def test_pending_alarm_on_a_stream_rebased_next_window():
     """A lone alarm waits for confirmation; if its stream is re-baselined meanwhile (a new size
     mix), nothing breaks (regression: a pending entry kept stale arrays)."""
-    job, det = warm(6, quiet_z=0.0)     # (quiet_z=0: the intra-node streams cannot vouch for it)
+    job, det = warm(6, {"fusion.quiet_z": 0.0})     # (quiet_z=0: the intra-node streams cannot vouch for it)
     small = Regime(mult={i: 1.12 for i in (2, 3, 4, 5)})   # +12 %: must persist one more window
     assert det.process(job.window(WARM, small)) == []
     assert det.fusion.pending and det.fusion.pending[0].idx.size >= 2

@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import (AutoencoderConfig, BaselineConfig, CusumConfig, DetectorConfig, FusionConfig,
+                                      StragglerConfig)
+
 from dynamiccl.detector.events import KINDS
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob, bandwidth_regime, latency_regime
@@ -14,7 +16,7 @@ WARM = 70  # windows before any event (warm-up is 60)
 
 def run(job, regimes, n, cfg=None):
     """Feed n windows; ``regimes(t)`` returns the Regime of window t (or None). Returns changes."""
-    det = Detector(cfg or DetectorConfig(autoencoder=False))
+    det = Detector(cfg or DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     out = []
     for t in range(n):
         out += det.process(job.window(t, regimes(t)))
@@ -103,7 +105,7 @@ def test_benign_size_mix_and_pause_are_not_changes():
             return mix
         return None
 
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     ch = []
     for t in range(WARM + 120):
         if WARM + 60 <= t < WARM + 70:
@@ -115,7 +117,7 @@ def test_benign_size_mix_and_pause_are_not_changes():
 
 def test_partial_last_window_is_not_a_change():
     job = SyntheticJob(seed=9)
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     for t in range(WARM + 20):
         assert det.process(job.window(t)) == []
     # the job's last window: few instances and an odd mix
@@ -125,7 +127,7 @@ def test_partial_last_window_is_not_a_change():
 
 def test_single_window_spike_is_suppressed_and_baseline_restored():
     job = SyntheticJob(seed=10)
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     for t in range(WARM):
         det.process(job.window(t))
     spike = Regime(mult={2: 3.0})                      # one stream, one window
@@ -151,7 +153,7 @@ def test_with_the_autoencoder():
     job = SyntheticJob(seed=12)
     reg = bandwidth_regime(job, 1.8)
     det, ch = run(job, lambda t: reg if WARM + 10 <= t < WARM + 30 else None, WARM + 50,
-                  DetectorConfig(autoencoder=True, autoencoder_grace=30))
+                  DetectorConfig(autoencoder=AutoencoderConfig(enabled=True, grace=30)))
     assert [c.kind for c in ch] == ["bandwidth", "recovery"]
     assert "autoencoder_score" in ch[0].evidence
     assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="error") == 0
@@ -163,7 +165,8 @@ def test_short_warmup_still_detects_fast():
     bounds the baseline error), so a 1.6x drop is still seen within two windows."""
     job = SyntheticJob(seed=13)
     reg = bandwidth_regime(job, 1.6)
-    det, ch = run(job, lambda t: reg if t >= 25 else None, 40, DetectorConfig(warmup=15, autoencoder=False))
+    det, ch = run(job, lambda t: reg if t >= 25 else None, 40,
+                  DetectorConfig(baseline=BaselineConfig(warmup=15), autoencoder=AutoencoderConfig(enabled=False)))
     assert [c.kind for c in ch] == ["bandwidth"]
     assert ch[0].detected_s - (EPOCH + 25) <= 2.0
     assert np.max(det.table.banks[1].threshold) < 10   # delta=6 bank; ~6,700 sigma with the 15-sample correction
@@ -179,7 +182,7 @@ def test_small_network_shift_needs_no_second_window_when_intra_node_streams_are_
     assert ch and ch[0].kind in ("bandwidth", "latency") and ch[0].detected_s - (EPOCH + WARM) == 1.0
     assert det.fusion.counters["network_only"] == 1
     _, ch0 = run(SyntheticJob(seed=21), lambda t: net if t >= WARM else None, WARM + 4,
-                 DetectorConfig(autoencoder=False, quiet_z=0.0))
+                 DetectorConfig(autoencoder=AutoencoderConfig(enabled=False), fusion=FusionConfig(quiet_z=0.0)))
     assert ch0 and ch0[0].detected_s - (EPOCH + WARM) >= 2.0
     job = SyntheticJob(seed=21)
     everywhere = Regime(mult={i: 1.10 for i in range(len(job.streams))})
@@ -206,8 +209,9 @@ def test_small_straggler_found_from_rank_evidence_alone():
     # window of the 64 KiB dp stream (seed 22: it does), but it is not what opened the change
     # above (trigger "ranks")
     _, ch0 = run(SyntheticJob(seed=22), lambda t: reg if WARM <= t < WARM + 20 else None, WARM + 3,
-                 DetectorConfig(autoencoder=False, straggler_trigger_z=0.0, baseline_estimator="mad",
-                                long_run_variance=1.0, instance_weight=0.0))
+                 DetectorConfig(autoencoder=AutoencoderConfig(enabled=False), straggler=StragglerConfig(trigger_z=0.0),
+                                baseline=BaselineConfig(estimator="mad", instance_weight=0.0),
+                                cusum=CusumConfig(long_run_variance=1.0)))
     assert ch0 == []
 
 
@@ -258,10 +262,11 @@ def test_small_first_window_is_judged_on_the_next(seed):
 
     def regimes(t):
         return then if t > WARM else (first if t == WARM else None)
-    cfg = DetectorConfig(autoencoder=False, min_ratio=1.05, small_shift_wait=True)   # option, off by default
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                         fusion=FusionConfig(min_ratio=1.05, small_shift_wait=True))   # option, off by default
     det, ch = run(job, regimes, WARM + 8, cfg)
     assert det.fusion.counters["small_waits"] == 1
     assert [c.kind for c in ch] == ["bandwidth"] and ch[0].detected_s - (EPOCH + WARM) <= 2.0
     _, old = run(job.__class__(seed=seed, sigma=0.003), regimes, WARM + 8,
-                 cfg.replace(small_shift_wait=False))
+                 cfg.replace(fusion={"small_shift_wait": False}))
     assert old == []                                      # the old behaviour: blind

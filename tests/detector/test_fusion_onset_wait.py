@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig, FusionConfig
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.simfeed import SimFeed
 from dynamiccl.harness.simulator import scenario, workload
@@ -19,7 +19,8 @@ def _first_change(at_s: float, onset_wait: bool):
         {"at_s": at_s, "kind": "bw_drop", "magnitude": 0.6, "nodes": "all"}]})
     wl = dataclasses.replace(workload.load("small"), step_gap_us=20_000)     # fewer records: a quick test
     feed = SimFeed(wl, sc, seed=0, duration_s=32, job_id="j")
-    det = Detector(DetectorConfig(warmup=15, autoencoder=False, onset_wait=onset_wait))
+    det = Detector(DetectorConfig(baseline=BaselineConfig(warmup=15), autoencoder=AutoencoderConfig(enabled=False),
+                                  fusion=FusionConfig(onset_wait=onset_wait)))
     changes = [c for wf in feed.windows() for c in det.process(wf)]
     first = next(c for c in changes if c.kind != "recovery")
     return first, first.detected_s - feed.epoch_s, det.fusion.counters["onset_waits"]
@@ -54,7 +55,7 @@ def test_windows_without_p90_are_processed_and_never_seen_as_mixed():
     """``lat_p90_s`` is optional in a keys frame: without it no window is judged mixed."""
     from dynamiccl.harness.detector_testing import SyntheticJob
     job = SyntheticJob(seed=1)
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     for t in range(70):
         wf = job.window(t, None)
         det.process(dataclasses.replace(wf, keys=wf.keys.drop("lat_p90_s")))

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig, StragglerConfig
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 
@@ -18,7 +18,8 @@ def _straggler(recheck: bool, per_window: int | None, window_s: float = 1.0):
     if per_window is not None:   # few instances per window, as on the test bed (4 per communicator)
         job.streams = [dataclasses.replace(s, per_window=per_window) for s in job.streams]
     reg = Regime(straggler=6, straggler_delay_s=40e-6)        # global rank 6 = node-1, tp1 rank 2
-    det = Detector(DetectorConfig(autoencoder=False, straggler_recheck=recheck))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                                  straggler=StragglerConfig(recheck=recheck)))
     ch = []
     for t in range(WARM + 40):
         ch += det.process(job.window(t, reg if WARM + 10 <= t < WARM + 30 else None))

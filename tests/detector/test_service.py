@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from dynamiccl.collector.features import encode_line
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.detector.runner import DetectorService, ServiceConfig
 from dynamiccl.detector.server import ChangeServer, subscribe_changes
@@ -74,7 +74,7 @@ def test_service_end_to_end_over_tcp():
     out = io.StringIO()
     cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics="127.0.0.1:0", serve="tcp:127.0.0.1:0",
                         reconnect_min_s=0.05, reconnect_max_s=0.2)
-    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=out).start()
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)), out=out).start()
     try:
         col.wait_client()
         job = SyntheticJob(seed=1)
@@ -141,7 +141,7 @@ def test_an_oversized_line_is_counted_and_the_stream_goes_on():
     col = FakeCollector()
     cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None, max_line_bytes=16384,
                         reconnect_min_s=60.0, reconnect_max_s=60.0)   # a reconnect would stall the test
-    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO()).start()
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)), out=io.StringIO()).start()
     try:
         col.wait_client()
         job = SyntheticJob(seed=3)
@@ -166,7 +166,8 @@ def test_unreachable_grafana_is_one_log_line_and_a_counter(caplog):
         dead = s.getsockname()[1]
     cfg = ServiceConfig(features=f"tcp:127.0.0.1:{col.port}", metrics=None, serve=None)
     annotate = annotation_sink(f"http://127.0.0.1:{dead}", "glsa_test")   # what `detector run --grafana-url` builds
-    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO(), annotate=annotate).start()
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)), out=io.StringIO(),
+                          annotate=annotate).start()
     try:
         col.wait_client()
         job = SyntheticJob(seed=2)
@@ -196,7 +197,7 @@ def test_service_config_errors_are_clear():
 def test_in_process_service_without_a_feature_stream():
     """What `dynamiccl demo` does: feed windows itself, serve the change stream."""
     cfg = ServiceConfig(features=None, metrics=None, serve="tcp:127.0.0.1:0")
-    svc = DetectorService(cfg, DetectorConfig(autoencoder=False), out=io.StringIO()).start()
+    svc = DetectorService(cfg, DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)), out=io.StringIO()).start()
     try:
         client = subscribe_changes(svc.addresses["serve"], timeout=20)
         assert _wait(lambda: svc.server.n_clients == 1)

@@ -4,7 +4,7 @@ windows in five hold nothing and the fifth one instance. Streams pool windows un
 from __future__ import annotations
 
 from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 
@@ -12,7 +12,7 @@ STEP = 5          # windows per training step
 
 
 def _feed(job, steps, slow_from=None, mult=1.5):
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     out = []
     for t in range(steps * STEP):
         if t % STEP == 0:

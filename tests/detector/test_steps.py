@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 
 
-SHORT = DetectorConfig(autoencoder=False, self_start=True, warmup=5)
+SHORT = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False), baseline=BaselineConfig(self_start=True, warmup=5))
 
 
 def _net(job, m):
@@ -36,7 +36,8 @@ def test_first_alarm_after_a_short_warm_up():
     _, ch = _run(job, [(10, 1.5)], 20)
     assert ch and ch[0].kind in ("bandwidth", "latency")
     assert 0 < ch[0].detected_s - (EPOCH + 10) <= 2.0, [(c.kind, c.detected_s - EPOCH) for c in ch]
-    assert _run(SyntheticJob(seed=3), [(10, 1.5)], 20, DetectorConfig(autoencoder=False))[1] == []
+    assert _run(SyntheticJob(seed=3), [(10, 1.5)], 20,
+                DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))[1] == []
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -85,7 +86,7 @@ def test_a_slowdown_with_straddling_instances_alarms_instead_of_re_baselining():
     instance (long collectives straddling the window's edge) with every rank still reporting:
     a change, not a silent re-baseline (before: the coverage check reset the streams)."""
     job = SyntheticJob(seed=3)
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     dp = {s.comm for s in job.streams if s.nnodes > 1}
     out = []
     for t in range(80):
@@ -93,7 +94,7 @@ def test_a_slowdown_with_straddling_instances_alarms_instead_of_re_baselining():
         out += det.process(_straddling(wf, dp, 0.9) if t >= 70 else wf)
     assert out and out[0].detected_s - (EPOCH + 70) <= 3.0, [(c.kind, c.detected_s - EPOCH) for c in out]
     # a rank that stops reporting is still a coverage change: re-baselined, no regime change
-    det2 = Detector(DetectorConfig(autoencoder=False))
+    det2 = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     job2 = SyntheticJob(seed=3)
     ch = []
     for t in range(90):

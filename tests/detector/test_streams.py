@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import (AutoencoderConfig, BaselineConfig, CusumConfig, DetectorConfig,
+                                      StreamsConfig)
 from dynamiccl.detector.cusum_bank import CUSUMBank
 from dynamiccl.detector.streams import StreamTable
 from dynamiccl.harness.detector_testing import Regime, SyntheticJob
@@ -49,12 +50,12 @@ def test_set_arl0_raises_the_threshold():
 
 
 def test_table_scales_arl0_with_streams_and_reuses_slots():
-    cfg = DetectorConfig(autoencoder=False, stream_idle_s=10.0)
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False), streams=StreamsConfig(idle_s=10.0))
     tab = StreamTable(cfg)
     job = SyntheticJob(seed=0)
     ws = tab.update(job.window(0))
     assert tab.n_active == 16 and ws.idx.size == 16
-    assert tab.arl0 >= 16 * 86400 / cfg.stream_false_alarms_per_day / 2
+    assert tab.arl0 >= 16 * 86400 / cfg.cusum.stream_false_alarms_per_day / 2
     # same keys again: same slots
     ws2 = tab.update(job.window(1))
     assert np.array_equal(np.sort(ws.idx), np.sort(ws2.idx))
@@ -91,20 +92,21 @@ def test_baseline_keeps_learning_after_a_short_warm_up():
     one (the self-starting standardisation carries the estimation error)."""
     from dynamiccl.detector.arl import cusum_threshold_correlated
     from dynamiccl.detector.streams import KNOWN_BASELINE
-    cfg = DetectorConfig(autoencoder=False, self_start=True, warmup=5)
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                         baseline=BaselineConfig(self_start=True, warmup=5))
     job = SyntheticJob(seed=5)
     tab = StreamTable(cfg)
-    for t in range(cfg.warmup + 1):
+    for t in range(cfg.baseline.warmup + 1):
         tab.update(job.window(t))
     live = np.flatnonzero(tab.active[:tab.n])
     assert not tab.banks[0].warming_up[live].any()
-    for t in range(cfg.warmup + 1, 250):
+    for t in range(cfg.baseline.warmup + 1, 250):
         tab.update(job.window(t))
     assert (tab.ss.n[live] >= 200).mean() > 0.9, tab.ss.n[live]
     assert tab.banks[0].threshold == pytest.approx(cusum_threshold_correlated(
-        tab.arl0, 1.0, KNOWN_BASELINE, cfg.long_run_variance, estimator=cfg.baseline_estimator))
+        tab.arl0, 1.0, KNOWN_BASELINE, cfg.cusum.long_run_variance, estimator=cfg.baseline.estimator))
     med, scale = tab.baseline(live)
-    assert np.all(np.abs(med - tab.ss.mean[live]) == 0) and np.all(scale >= cfg.scale_floor)
+    assert np.all(np.abs(med - tab.ss.mean[live]) == 0) and np.all(scale >= cfg.baseline.scale_floor)
 
 
 def test_self_starting_chart_holds_its_false_alarm_rate_from_a_5_sample_baseline():
@@ -155,7 +157,7 @@ def test_mix_return_restores_the_previous_baseline():
     no match, no new change after it) still gets its old baseline back once the original
     sizes are seen again: no 60-window blind spell."""
     job = SyntheticJob(seed=6)
-    tab = StreamTable(DetectorConfig(autoencoder=False))
+    tab = StreamTable(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     i = job.large()[0]
     for t in range(70):
         tab.update(job.window(t))
@@ -176,16 +178,18 @@ def test_a_window_with_few_instances_counts_less():
     starting) has a far noisier median: its 8-sigma deviation alarms the large-shift chart
     unweighted, and not once shrunk by sqrt(instances / (instance_weight x typical))."""
     fired = {}
-    for w in (0.0, DetectorConfig().instance_weight):     # off, and the default (0.5)
+    for w in (0.0, DetectorConfig().baseline.instance_weight):     # off, and the default (0.5)
         job = SyntheticJob(seed=3, sigma=0.01)
-        tab = StreamTable(DetectorConfig(autoencoder=False, instance_weight=w))
+        tab = StreamTable(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                                         baseline=BaselineConfig(instance_weight=w)))
         for t in range(80):
             assert tab.update(job.window(t)).fired.size == 0
         ws = tab.update(job.window(80, Regime(mult={0: float(np.exp(0.08))}, instances_frac=0.1)))
         fired[w] = sorted(tab.comm_name[i] for i in ws.fired)
         # a whole window with the same deviation alarms either way
         job2 = SyntheticJob(seed=3, sigma=0.01)
-        tab2 = StreamTable(DetectorConfig(autoencoder=False, instance_weight=w))
+        tab2 = StreamTable(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                                          baseline=BaselineConfig(instance_weight=w)))
         for t in range(80):
             tab2.update(job2.window(t))
         ws2 = tab2.update(job2.window(80, Regime(mult={0: float(np.exp(0.08))})))
@@ -199,15 +203,15 @@ def test_small_shift_threshold_is_set_for_correlated_noise():
     which one window can fire, keeps the threshold for independent noise."""
     from dynamiccl.detector.arl import cusum_threshold_correlated, cusum_threshold_estimated
     K = 60                       # the default: a fixed baseline from 60 windows
-    cfg = DetectorConfig(autoencoder=False)
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False))
     tab = StreamTable(cfg)
     small, large = tab.banks
-    assert cfg.baseline_estimator == "winsorized" and cfg.long_run_variance == 2.0
+    assert cfg.baseline.estimator == "winsorized" and cfg.cusum.long_run_variance == 2.0
     assert small.threshold == pytest.approx(cusum_threshold_correlated(tab.arl0, 1.0, K, 2.0,
                                                                         estimator="winsorized"))
     assert small.threshold > 2 * cusum_threshold_estimated(tab.arl0, 1.0, K, estimator="winsorized")
     assert large.threshold == pytest.approx(cusum_threshold_estimated(tab.arl0, 3.0, K, estimator="winsorized"))
     with pytest.raises(ValueError, match="long_run_variance"):
-        DetectorConfig(long_run_variance=0.5).validate()
+        DetectorConfig(cusum=CusumConfig(long_run_variance=0.5)).validate()
     with pytest.raises(ValueError, match="instance_weight"):
-        DetectorConfig(instance_weight=2.0).validate()
+        DetectorConfig(baseline=BaselineConfig(instance_weight=2.0)).validate()

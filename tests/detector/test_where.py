@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from dynamiccl.collector.features import RANKS_OPTIONAL, RANKS_SCHEMA, WindowFeatures, decode_line, empty_keys, encode_line
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.detector.feature_decode import _fast as fast_decode
 from dynamiccl.detector.service import Detector
@@ -66,7 +66,7 @@ def _change(kind: str, ranks: list[int]) -> RegimeChange:
 
 @pytest.mark.parametrize("kind,before,after", [("bandwidth", [], [2]), ("straggler", [1], [1]), ("recovery", [], [])])
 def test_detector_puts_the_verdict_first(kind, before, after):
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     det.ranks = _history(25, 30, {2: (0.030, 0.028)})
     out = det._locate(_change(kind, before), step=29, window_start=1029.0, window_s=1.0)
     assert out.ranks[:1] == after[:1]
@@ -74,7 +74,7 @@ def test_detector_puts_the_verdict_first(kind, before, after):
 
 
 def test_a_straggler_keeps_its_rank_against_a_link_verdict():
-    det = Detector(DetectorConfig(autoencoder=False))
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     det.ranks = _history(25, 30, {1: (0.0, 0.040)})
     out = det._locate(_change("straggler", [3]), step=29, window_start=1029.0, window_s=1.0)
     assert out.ranks == [3] and out.evidence["where"]["kind"] == "link"

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.cli import main
 from dynamiccl.report.replay import replay
@@ -103,7 +103,7 @@ def test_replay_gives_the_live_changes(tmp_path):
     from dynamiccl.detector.service import Detector
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
-    cfg = DetectorConfig(warmup=20, autoencoder=False)
+    cfg = DetectorConfig(baseline=BaselineConfig(warmup=20), autoencoder=AutoencoderConfig(enabled=False))
     replayed = replay(d, cfg, retuner=False).changes
     det, live = Detector(cfg), []
     agg = WindowAggregator(WindowConfig(window_s=1.0, allowed_lateness_s=2.0),
@@ -144,7 +144,7 @@ def test_replay_cli_detects_and_feeds_the_report(run, tmp_path, capsys):
 
 def test_replay_runs_the_service_detector_without_the_retuner(run, tmp_path, capsys):
     out = tmp_path / "changes.jsonl"
-    rc = main(["replay", run[1], "--warmup", "20", "--set", "autoencoder=false",
+    rc = main(["replay", run[1], "--warmup", "20", "--set", "autoencoder.enabled=false",
                "--no-retuner", "--out", str(out)])
     text = capsys.readouterr().out
     assert rc == 0 and "detector: dynamiccl.detector.service.Detector\n" in text
@@ -156,11 +156,13 @@ def test_replay_runs_the_service_detector_without_the_retuner(run, tmp_path, cap
 def test_replay_settings_errors(run, capsys):
     assert main(["replay", run[1], "--set", "no_such_field=1"]) == 2
     err = capsys.readouterr().err
-    assert "no_such_field" in err and "arl0" in err  # names the known fields
-    assert main(["replay", run[1], "--set", "warmup=lots"]) == 2
+    assert "no_such_field" in err and "cusum.arl0" in err  # names the known fields
+    assert main(["replay", run[1], "--set", "warmup=30"]) == 2     # a flat key names its dotted one
+    assert "'warmup' is now 'baseline.warmup'" in capsys.readouterr().err
+    assert main(["replay", run[1], "--set", "baseline.warmup=lots"]) == 2
     assert "cannot read 'lots' as int" in capsys.readouterr().err
     assert main(["replay", run[1], "--warmup", "1"]) == 2
-    assert "warmup must be >= 2" in capsys.readouterr().err
+    assert "baseline.warmup must be >= 2" in capsys.readouterr().err
 
 
 def test_replay_empty_directory(tmp_path, capsys):
@@ -183,7 +185,7 @@ def test_replay_live_and_the_split_services_make_the_same_decisions(tmp_path):
     from dynamiccl.retuner.config import RetunerConfig
 
     d = make_run(tmp_path, records=120_000, rate_per_s=1000.0, chunk_records=40_000, flush_rows=40_000)
-    cfg = DetectorConfig(warmup=20, autoencoder=False)
+    cfg = DetectorConfig(baseline=BaselineConfig(warmup=20), autoencoder=AutoencoderConfig(enabled=False))
     rep = replay(d, cfg, retuner=True)
 
     # live: the collector's aggregation fed per host every 100 ms of event time, through the one loop

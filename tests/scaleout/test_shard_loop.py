@@ -9,7 +9,7 @@ from dynamiccl.collector.component import FuncConsumer, RecordBatch
 from dynamiccl.collector.config import WindowConfig
 from dynamiccl.collector.processors.window_agg import WindowAggregator
 from dynamiccl.collector.records import event_time_ns
-from dynamiccl.detector.config import DetectorConfig
+from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
 from dynamiccl.harness.collector_testing import synthetic_events
 from dynamiccl.loop import Loop
 from dynamiccl.scaleout.bus import Message, msg_id, subject
@@ -45,7 +45,7 @@ def _key(c):
 
 
 def _config():
-    return DetectorConfig(warmup=20, autoencoder=False)
+    return DetectorConfig(baseline=BaselineConfig(warmup=20), autoencoder=AutoencoderConfig(enabled=False))
 
 
 def _single_collector(ev):

@@ -108,7 +108,7 @@ class Loop:
         from dynamiccl.collector.pipeline import Pipeline
         from dynamiccl.collector.telemetry.fake_nvml import FakeNvml
         from dynamiccl.collector.telemetry.gpu import GpuTelemetry
-        from dynamiccl.detector.config import DetectorConfig
+        from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
         from dynamiccl.detector.service import Detector
         from dynamiccl.stack import AlertWebhook, render_alertmanager, render_prometheus
         from dynamiccl.harness.simulator import scenario
@@ -134,7 +134,8 @@ class Loop:
         self.gpu.start()
         # detector in process, fed by the collector's feature stream, /metrics on its own port
         dreg = CollectorRegistry()
-        self.detector = Detector(DetectorConfig(warmup=15, autoencoder=True, autoencoder_grace=10), registry=dreg)
+        self.detector = Detector(DetectorConfig(baseline=BaselineConfig(warmup=15),
+                                                autoencoder=AutoencoderConfig(enabled=True, grace=10)), registry=dreg)
         self._dhttp, _ = start_http_server(p["detector"], addr="127.0.0.1", registry=dreg)
         self.sub = self.pipeline.subscribe()
         # retuner in process (dry run: recommends, writes nothing), fed by the same windows and changes

@@ -20,7 +20,7 @@ settings and scores it as if live (a detection's wall time = when its window had
 live detector) — for choosing the test bed's detector settings without a new run; the result
 depends on the detector code at replay time.
 
-``python -m dynamiccl.harness.testbed.analyse RUN_DIR [--set name=value ...]`` prints both.
+``python -m dynamiccl.harness.testbed.analyse RUN_DIR [--set group.name=value ...]`` prints both.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import math
 import sys
 from pathlib import Path
 
+from dynamiccl.detector.config import parse_overrides
 from dynamiccl.loop import Loop
 
 __all__ = ["load_windows", "decompose", "replay", "machine_noise", "main"]
@@ -210,21 +211,13 @@ def replay(run_dir: Path, **overrides):
     return score(_truth(Path(run_dir)), detections)
 
 
-def _value(text: str):
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="detector setting for the replay (repeatable)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="detector setting by dotted key for the replay (repeatable), e.g. fusion.min_ratio=1.1")
     args = ap.parse_args(argv)
+    overrides = parse_overrides(args.set)
     cols = ("first_affected_start_s", "first_affected_end_s", "its_window_end_s", "its_window_closed_s",
             "detector_window_end_s", "detector_window_closed_s", "delay_s")  # column titles: minus "_s"
     print("seconds after the onset (see the module docstring):")
@@ -232,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in decompose(args.run_dir):
         print(f"{row['description']:<36} {row.get('kind', 'MISSED'):<10} "
               + " ".join(f"{row.get(c) if row.get(c) is not None else '-':>14}" for c in cols))
-    overrides = dict(kv.split("=", 1) for kv in args.set)
-    sc = replay(args.run_dir, **{k: _value(v) for k, v in overrides.items()})
+    sc = replay(args.run_dir, **overrides)
     print(f"replay {overrides or '(test bed settings)'}: {sc.line()}")
     return 0
 

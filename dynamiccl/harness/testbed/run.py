@@ -248,7 +248,7 @@ class Run:
                    "qdisc_drops": {"before_first_change": getattr(self, "_drops_at_start", {}), "end": drops},
                    "collector": {k: v for k, v in m.items() if isinstance(v, (int, float))},
                    "collector_dropped": dict(m.get("records_dropped_total") or {}),  # reason → records
-                   "detector_config": {k: v for k, v in vars(self.detector.config).items()}
+                   "detector_config": self.detector.config.flat()
                    if self.detector else {},
                    "workers": worker_lines}
         write_json_atomic(self.out_dir / "summary.json", summary)
