@@ -145,3 +145,17 @@ def test_the_groups_are_frozen_and_typed():
         cfg.fusion.min_ratio = 2.0                                           # type: ignore[misc]
     assert isinstance(cfg.fusion, FusionConfig)
     assert {f.name for f in dataclasses.fields(DetectorConfig)} == set(GROUPS)
+
+
+def test_readme_settings_table_lists_every_key_with_its_default():
+    import ast
+    import re
+    from pathlib import Path
+
+    from dynamiccl import detector
+    text = Path(detector.__file__).with_name("README.md").read_text()
+    section = text.split("## Settings (`DetectorConfig`)", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if re.match(r"^\| `\w+\.\w+` \|", line)]
+    table = {key.strip().strip("`"): ast.literal_eval(default.strip().strip("`")) for key, default, *_ in rows}
+    assert list(table) == list(DetectorConfig().flat())
+    assert table == DetectorConfig().flat()
