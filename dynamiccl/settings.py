@@ -7,8 +7,8 @@ One precedence, highest first: **command line > environment > config file > buil
   ``--log-level`` is ``DYNAMICCL_LOG_LEVEL``. Repeatable flags take a comma-separated list; on/off flags
   take ``1/true/yes/on`` or ``0/false/no/off``.
 * Config file: ``--config-file PATH`` or ``DYNAMICCL_CONFIG_FILE``: YAML, commands and subcommands as
-  nested mappings, flags by their long name (dashes or underscores); a repeatable KEY=VALUE flag (``--set``) also takes a
-nested mapping, read as dotted keys::
+  nested mappings, flags by their long name (dashes or underscores); a repeatable KEY=VALUE flag
+  (``--set``) also takes a nested mapping, read as dotted keys::
 
       log-format: json
       collector: {metrics: "0.0.0.0:9464", listen: ["unix:/run/dynamiccl/collector.sock"]}
