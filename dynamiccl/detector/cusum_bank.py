@@ -355,16 +355,7 @@ class CUSUMBank(StreamManagement, base.Base):
         self._median[idx] = 0.0
         self._scale[idx] = np.nan
         self._inv_scale[idx] = 0.0
-        self._s_up[idx] = 0.0
-        self._s_down[idx] = 0.0
-        self._run_up[idx] = 0
-        self._run_down[idx] = 0
-        self._start_up[idx] = -1
-        self._start_down[idx] = -1
-        self._pending[idx] = 0.0
-        self._pending_index[idx] = -1
-        self._n_pending = int(np.count_nonzero(self._pending))
-        self._detected[idx] = False
+        self._clear_statistics(idx)
         self._any_detected = False
 
     @classmethod
