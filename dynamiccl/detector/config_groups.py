@@ -90,6 +90,11 @@ class BaselineConfig(_Group):
                                              # max(warmup, 60) samples of a fixed baseline (the
                                              # simulated suite's recall fell 0.954 -> 0.884 with it
                                              # on: see docs/evaluation/2026-11-26-detection-real-jobs.md)
+    self_start_until: int = 60               # with ``self_start``: a baseline that has learnt this many
+                                             # windows stops learning and is judged from then on
+                                             # against the fixed-baseline threshold for that many
+                                             # samples (the long-run chart of ``self_start=False``);
+                                             # 0: it learns for ever
     estimator: str = "winsorized"            # "winsorized" (mean/sd of the warm-up clipped at
                                              # median +- 3 MAD-sigma: h = 2.2 instead of 4.1 for
                                              # delta = 6 at 60 windows) or "mad" (median / 1.4826
@@ -110,6 +115,9 @@ class BaselineConfig(_Group):
             self._fail("warmup", ">= 2")
         if self.memory < self.warmup:
             self._fail("memory", f">= {self.KEY}.warmup ({self.warmup})")
+        if not (isinstance(self.self_start_until, int) and not isinstance(self.self_start_until, bool)
+                and (self.self_start_until == 0 or self.self_start_until >= self.warmup)):
+            self._fail("self_start_until", f"0 or an int >= {self.KEY}.warmup ({self.warmup})")
         if self.estimator not in BASELINE_METHODS:
             self._fail("estimator", f"one of {BASELINE_METHODS}")
         self._within("instance_weight", 0, 1)

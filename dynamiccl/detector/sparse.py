@@ -9,13 +9,15 @@ baseline and the job was not monitored at all.
 
 Its cadence is learned too: the interval between its windows with data (an EWMA), so that the
 first value after a *gap* (a checkpoint pause) means a silence longer than 1.5x its usual
-interval, not 1.5 windows, which every value of a sparse stream would be.
+interval, not 1.5 windows, which every value of a sparse stream would be. A stream with enough
+instances per window is judged against its job's cadence (`JobCadence`): every window for a
+dense job, the step for a job whose collectives all come once per 2-10 s step.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["InstancePool"]
+__all__ = ["InstancePool", "JobCadence"]
 
 _EWMA = 0.1
 
@@ -54,14 +56,18 @@ class InstancePool:
         self.n_pooled += int(j.size)
         return done, lat
 
-    def gap(self, idx: np.ndarray, dt: np.ndarray, window_s: float, sparse: np.ndarray) -> np.ndarray:
+    def gap(self, idx: np.ndarray, dt: np.ndarray, window_s: float, sparse: np.ndarray,
+            job_usual: np.ndarray | None = None) -> np.ndarray:
         """Which of ``idx`` (seconds ``dt`` since their last data, NaN: first) come back after a
         gap; learns their interval. Only ``sparse`` streams (fewer instances per window than a
         statistic needs) are judged against their interval; the others against 1.5 windows:
         an intermittent stream of a dense job (a mix's size bucket) must not stretch the gap
-        that marks a checkpoint pause (the stationary suite's false changes otherwise)."""
+        that marks a checkpoint pause (the stationary suite's false changes otherwise), but
+        against their job's cadence ``job_usual`` (seconds between the job's windows with data):
+        in a job that reports once per 2.5 s step every value would otherwise follow a gap."""
         known = np.isfinite(self.interval[idx]) | ~sparse
-        usual = np.where(sparse & np.isfinite(self.interval[idx]), self.interval[idx], window_s)
+        dense_usual = window_s if job_usual is None else np.where(np.isfinite(job_usual), job_usual, window_s)
+        usual = np.where(sparse & np.isfinite(self.interval[idx]), self.interval[idx], dense_usual)
         # a sparse stream's first interval is learnt, not judged (it is its step)
         out = known & np.isfinite(dt) & (dt > 1.5 * np.maximum(window_s, usual))
         learn = np.isfinite(dt) & ~out
@@ -69,3 +75,28 @@ class InstancePool:
         old = self.interval[j]
         self.interval[j] = np.where(np.isfinite(old), (1 - _EWMA) * old + _EWMA * dt[learn], dt[learn])
         return out
+
+
+class JobCadence:
+    """Per job: the EWMA of seconds between its windows with data (any stream), learnt from the
+    intervals that were not a gap (longer than 1.5x the usual one: a pause is not a cadence)."""
+
+    def __init__(self):
+        self.last: dict[int, float] = {}
+        self.interval: dict[int, float] = {}
+
+    def observe(self, job_codes: np.ndarray, window_start: float, window_s: float) -> None:
+        for j in np.unique(job_codes).tolist():
+            prev = self.last.get(j)
+            self.last[j] = window_start
+            if prev is None:
+                continue
+            dt = window_start - prev
+            old = self.interval.get(j)
+            if old is None:
+                self.interval[j] = max(dt, window_s)
+            elif dt <= 1.5 * max(old, window_s):
+                self.interval[j] = (1 - _EWMA) * old + _EWMA * max(dt, window_s)
+
+    def usual(self, job_codes: np.ndarray) -> np.ndarray:
+        return np.array([self.interval.get(j, np.nan) for j in job_codes.tolist()], np.float64)

@@ -68,9 +68,12 @@ class StreamBaselines:
         """Replace the values of monitored streams by baseline + scale x u, u their self-starting
         standardised value (`dynamiccl.detector.self_start`), so the banks' known-baseline thresholds hold
         whatever the baseline's sample count. Returns u per ``i_ok`` (NaN: warming up)."""
-        if i_ok.size == 0 or not self.config.baseline.self_start:
+        if not self.config.baseline.self_start:
             return None
-        mon = ~warming[i_ok]
+        self._apply_thresholds()
+        if i_ok.size == 0:
+            return None
+        mon = ~warming[i_ok] & ~self._frozen()[i_ok]
         u = np.full(i_ok.size, np.nan)
         if mon.any():
             j = i_ok[mon]
@@ -85,7 +88,8 @@ class StreamBaselines:
         baselines. Windows are not held back while a chart is in an excursion: learning only the
         values below it biases the baseline low and doubled the false-alarm rate (measured,
         `tests/detector/test_streams.py`); a real shift is absorbed at 1/n per window only."""
-        quiet = np.isfinite(u) & self._learnable & ~fired[i_ok] & (self.monitor_since[i_ok] < self.t)
+        quiet = (np.isfinite(u) & self._learnable & ~fired[i_ok] & (self.monitor_since[i_ok] < self.t)
+                 & ~self._frozen()[i_ok])
         learned = self.ss.learn(i_ok, x_valid, np.where(np.isfinite(u), u, np.inf), quiet)
         j = i_ok[learned]
         if j.size:
@@ -105,6 +109,24 @@ class StreamBaselines:
             self.arl0 = want
             self._set_thresholds()
 
+    def _frozen(self) -> np.ndarray:
+        """Self-starting baselines that have learnt ``self_start_until`` windows: fixed from then on."""
+        until = self.config.baseline.self_start_until
+        if not until:
+            return np.zeros(self.capacity, bool)
+        return self.ss.n[: self.capacity] >= until
+
+    def _apply_thresholds(self) -> None:
+        """Per stream: the known-baseline threshold while a self-starting baseline learns, the
+        fixed-baseline one once it is frozen."""
+        frozen = self._frozen()
+        if not frozen.any() and not getattr(self, "_any_frozen", False):
+            return
+        self._any_frozen = bool(frozen.any())
+        every = np.arange(self.capacity)
+        for bank, hk, hf in zip(self.banks, self._h_known, self._h_fixed):
+            bank.set_threshold(np.where(frozen, hf, hk), every)
+
     def _set_thresholds(self) -> None:
         """h for the per-stream ARL0: with ``self_start``, the known-baseline one (the
         standardisation accounts for the baseline's estimation error, `dynamiccl.detector.self_start`);
@@ -112,7 +134,13 @@ class StreamBaselines:
         correction explodes: h = 1,600 sigma at 20 samples)."""
         from .arl import cusum_threshold_correlated
         cfg = self.config
-        n = KNOWN_BASELINE if cfg.baseline.self_start else max(cfg.baseline.warmup, FIXED_BASELINE_MIN)
-        for bank in self.banks:
-            bank.set_threshold(cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, n,
-                                                          cfg.cusum.long_run_variance, True, cfg.baseline.estimator))
+        def h(bank, n):
+            return cusum_threshold_correlated(float(self.arl0), bank.delta / 2.0, n,
+                                              cfg.cusum.long_run_variance, True, cfg.baseline.estimator)
+        fixed_n = max(cfg.baseline.self_start_until or cfg.baseline.warmup, cfg.baseline.warmup, FIXED_BASELINE_MIN)
+        self._h_fixed = [h(bank, fixed_n) for bank in self.banks]
+        self._h_known = ([h(bank, KNOWN_BASELINE) for bank in self.banks] if cfg.baseline.self_start
+                         else self._h_fixed)
+        for bank, hk in zip(self.banks, self._h_known):
+            bank.set_threshold(hk)
+        self._any_frozen = True   # per-stream thresholds are re-applied at the next window

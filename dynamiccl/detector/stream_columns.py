@@ -39,6 +39,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("reporting", np.int64, -1),
     Column("reporting_ref", np.int64, -1, True),
     Column("rank_set_changed", bool, False),
+    Column("lost_prev", bool, False, True, "the stream's last window with data showed a rank-set change"),
     Column("instances_ref", np.float64, np.nan, True, "EWMA of instances per window"),
     Column("instances", np.float64, 0.0),
     # log(p90 / p50) of the latest window and of the one before: a window holding a regime

@@ -34,7 +34,7 @@ from dynamiccl.collector.features import WindowFeatures
 from .config import DetectorConfig
 from .cusum_bank import CUSUMBank
 from .self_start import SelfStart
-from .sparse import InstancePool
+from .sparse import InstancePool, JobCadence
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
 from .stream_group import STREAM_KEY, group_streams, reporting
@@ -89,6 +89,7 @@ class StreamTable(StreamBaselines, StreamIndex):
         self.n_restored = 0
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)
+        self.cadence = JobCadence()
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
@@ -179,7 +180,9 @@ class StreamTable(StreamBaselines, StreamIndex):
         # wants them confirmed
         with np.errstate(invalid="ignore"):
             thin = self.instances_ref[idx_all] < cfg.streams.min_instances
-        gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s, thin)
+        codes = self.job_code[idx_all].astype(np.int64)
+        self.cadence.observe(codes, wf.window_start, self._window_s)
+        gap = self.pool.gap(idx_all, wf.window_start - prev, self._window_s, thin, self.cadence.usual(codes))
         self.gap_step[idx_all[gap]] = t
         self.last_seen[idx_all] = wf.window_start
         # ---- benign workload / configuration changes -------------------------------------
@@ -207,6 +210,12 @@ class StreamTable(StreamBaselines, StreamIndex):
         rref = self.reporting_ref[i_ok]
         same_ranks = (rref >= 0) & (rep_ok >= 0) & (rep_ok == rref)
         lost &= ~same_ranks
+        # ... in two successive windows with data: a step-paced job's instance straddling a
+        # window's edge leaves one rank out of that window only (its streams were re-learning
+        # for ever instead of being monitored)
+        lost_now = lost.copy()
+        lost &= self.lost_prev[i_ok]
+        self.lost_prev[i_ok] = lost_now & ~lost
         self.rank_set_changed[:] = False
         self.rank_set_changed[i_ok] = ~first & ~same_ranks
         b_ok = bits[ok]

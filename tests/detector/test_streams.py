@@ -93,7 +93,7 @@ def test_baseline_keeps_learning_after_a_short_warm_up():
     from dynamiccl.detector.arl import cusum_threshold_correlated
     from dynamiccl.detector.streams import KNOWN_BASELINE
     cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
-                         baseline=BaselineConfig(self_start=True, warmup=5))
+                         baseline=BaselineConfig(self_start=True, warmup=5, self_start_until=0))
     job = SyntheticJob(seed=5)
     tab = StreamTable(cfg)
     for t in range(cfg.baseline.warmup + 1):
@@ -107,6 +107,35 @@ def test_baseline_keeps_learning_after_a_short_warm_up():
         tab.arl0, 1.0, KNOWN_BASELINE, cfg.cusum.long_run_variance, estimator=cfg.baseline.estimator))
     med, scale = tab.baseline(live)
     assert np.all(np.abs(med - tab.ss.mean[live]) == 0) and np.all(scale >= cfg.baseline.scale_floor)
+
+
+def test_self_starting_baseline_hands_over_to_the_fixed_chart():
+    """With ``self_start_until`` (60) a self-starting baseline learns until it rests on 60
+    windows, then stops learning and is judged against the fixed-baseline threshold for 60
+    samples (the long-run chart of ``self_start=False``)."""
+    from dynamiccl.detector.arl import cusum_threshold_correlated
+    from dynamiccl.detector.streams import KNOWN_BASELINE
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                         baseline=BaselineConfig(self_start=True, warmup=10, self_start_until=60))
+    job = SyntheticJob(seed=5)
+    tab = StreamTable(cfg)
+    for t in range(30):
+        tab.update(job.window(t))
+    live = np.flatnonzero(tab.active[:tab.n])
+
+    def h(n):
+        return cusum_threshold_correlated(tab.arl0, 1.0, n, cfg.cusum.long_run_variance, estimator=cfg.baseline.estimator)
+    learning = tab.ss.n[live] < 60
+    assert learning.all()
+    assert np.allclose(np.asarray(tab.banks[0].threshold)[live] if np.ndim(tab.banks[0].threshold)
+                       else tab.banks[0].threshold, h(KNOWN_BASELINE))
+    for t in range(30, 200):
+        tab.update(job.window(t))
+    frozen = tab.ss.n[live] >= 60
+    assert frozen.mean() > 0.9, tab.ss.n[live]
+    assert (tab.ss.n[live] <= 60).all()                      # learning stopped at 60
+    hs = np.asarray(tab.banks[0].threshold)[live]
+    assert np.allclose(hs[frozen], h(60)) and h(60) > h(KNOWN_BASELINE)
 
 
 def test_self_starting_chart_holds_its_false_alarm_rate_from_a_5_sample_baseline():
