@@ -23,9 +23,12 @@ import threading
 import time
 from typing import Callable
 
+import numpy as np
 
 from dynamiccl.collector.auth import NeedMore, TokenTable, parse_preamble
 from dynamiccl.collector.component import RecordBatch
+from dynamiccl.collector.processors.peers import PeerBatch
+from dynamiccl.collector.wire_format import PEER_DTYPE
 from dynamiccl.collector.config import ReceiverConfig
 from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
@@ -70,9 +73,10 @@ class StreamReceiver:
     """Receiver for ``unix:PATH`` and ``tcp:HOST:PORT`` listeners (``config.listen``)."""
 
     def __init__(self, config: ReceiverConfig, *, next_consumer, metrics: SelfMetrics,
-                 plugin_stats: PluginStats | None = None,
+                 plugin_stats: PluginStats | None = None, peer_consumer=None,
                  clock: Callable[[], float] = time.monotonic):
         config.validate()
+        self.peer_consumer = peer_consumer  # PEER records (processors/peers.py); None: counted as invalid
         if next_consumer is None:
             raise ValueError("next_consumer must not be None")
         self.config = config
@@ -360,6 +364,11 @@ class StreamReceiver:
             self._unconfirmed(dec, st)
         if res.events is not None and len(res.events):
             self.next_consumer.consume(RecordBatch(res.events, dec.host, dec.job_id, dec.comm_names))
+        if res.peers:
+            if self.peer_consumer is None:
+                m.drop("invalid", len(res.peers))
+            else:
+                self.peer_consumer.consume(PeerBatch(np.array(res.peers, PEER_DTYPE), dec.host, dec.job_id))
 
     def _unconfirmed(self, dec, st) -> None:
         n = self.restarts.observe(dec.process_key + (int(st["pid"]),), int(st["reserved"][0]),
