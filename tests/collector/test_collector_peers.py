@@ -103,6 +103,15 @@ def test_prometheus_top_k_rows_the_rest_counted_and_gauges_expire():
     assert "dynamiccl_peer_bytes{" not in text and "dynamiccl_collector_peer_records_total 5.0" in text
 
 
+def test_one_series_per_label_set_even_from_two_hosts():
+    s, _, _, reg = stage()
+    s.consume(PeerBatch(peers(1), "h0", "j"))
+    s.consume(PeerBatch(peers(2), "forged-host", "j"))  # same job, comm, rank, peer, direction
+    s.shutdown()
+    rows = [ln for ln in generate_latest(reg).decode().splitlines() if ln.startswith("dynamiccl_peer_bytes{")]
+    assert len(rows) == 1 and float(rows[0].rsplit(" ", 1)[1]) == 3 * 4096
+
+
 def test_idle_flush_closes_open_windows():
     s, _, clock, _ = stage()
     out = closed(s)

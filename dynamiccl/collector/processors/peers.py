@@ -202,7 +202,11 @@ class PeerMetrics:
         self._at: float | None = None
 
     def update(self, start_s: float, frame: pl.DataFrame) -> None:
-        top = _busy_first(frame, ("state0_s", "state1_s", "state2_s"), (*KEY[:-1], "direction"))
+        # one series per label set: rows of the same (job, comm, rank, peer, direction) from two hosts
+        # (a forged or restarted process) are summed, never exported twice (a scrape would fail)
+        labels = ("job_id", "comm_hash", "rank", "peer", "direction")
+        frame = frame.group_by(labels).agg(pl.col("bytes", "state0_s", "state1_s", "state2_s").sum())
+        top = _busy_first(frame, ("state0_s", "state1_s", "state2_s"), labels)
         self.metrics.add("peer_series_dropped", max(0, frame.height - self.config.top_k))
         rows = [(r["job_id"], self._comm_name(r["comm_hash"]), str(r["rank"]), str(r["peer"]), r["direction"],
                  r["bytes"], (r["state0_s"], r["state1_s"], r["state2_s"]))
