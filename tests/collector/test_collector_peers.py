@@ -95,7 +95,7 @@ def test_prometheus_top_k_rows_the_rest_counted_and_gauges_expire():
     rows = [ln for ln in text.splitlines() if ln.startswith("dynamiccl_peer_state_seconds{")]
     assert len(rows) == 2 * 3 and all('peer="4"' in r or 'peer="3"' in r for r in rows)
     net = [float(r.rsplit(" ", 1)[1]) for r in rows if 'peer="4"' in r and 'state="net_wait"' in r]
-    assert net == [pytest.approx(500e-9)] and 'comm="00000000000000c0",direction="send"' in rows[0]
+    assert net == [pytest.approx(500e-9)] and 'comm="00000000000000c0",direction="send"' in rows[0]  # no name: hex
     assert "dynamiccl_collector_peer_series_dropped_total 3.0" in text
     assert "dynamiccl_collector_peer_records_total 5.0" in text
     clock.t += 16.0  # past prometheus.gauge_ttl_s without a closed window
@@ -110,6 +110,16 @@ def test_one_series_per_label_set_even_from_two_hosts():
     s.shutdown()
     rows = [ln for ln in generate_latest(reg).decode().splitlines() if ln.startswith("dynamiccl_peer_bytes{")]
     assert len(rows) == 1 and float(rows[0].rsplit(" ", 1)[1]) == 3 * 4096
+
+
+def test_comm_label_is_the_name_when_known():
+    s, _, _, reg = stage()
+    out = closed(s)
+    s.consume(PeerBatch(peers(1, comm=0xC0), "h0", "j", {0xC0: "world"}))
+    s.consume(PeerBatch(peers(1, comm=0xC1), "h0", "j"))
+    s.shutdown()
+    assert sorted(out[0][1]["comm"].to_list()) == ["00000000000000c1", "world"]
+    assert 'comm="world"' in generate_latest(reg).decode()
 
 
 def test_idle_flush_closes_open_windows():

@@ -29,8 +29,9 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import numpy as np
 import polars as pl
@@ -53,10 +54,12 @@ SUMS = ("records", "proxy_ops", "steps", "bytes", "s0_ns", "s1_ns", "s2_ns")
 
 @dataclass(slots=True)
 class PeerBatch:
-    """PEER records (``wire_format.PEER_DTYPE``) of one plugin process."""
+    """PEER records (``wire_format.PEER_DTYPE``) of one plugin process; ``comm_names``: comm_hash → name
+    as known for this process so far (as in RecordBatch)."""
     peers: np.ndarray
     host: str
     job_id: str
+    comm_names: Mapping[int, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.peers)
@@ -99,7 +102,7 @@ class PeerWindows:
     """Consumer of :class:`PeerBatch` (run behind a QueuedConsumer: one thread calls consume/tick).
 
     ``on_window(window_start_s, frame)`` gets every closed window: columns ``window_start_s``, job_id,
-    host, comm_hash, rank, peer, direction and the sums (records, proxy_ops, steps, bytes,
+    host, comm_hash, comm (its name, else the hex hash), rank, peer, direction and the sums (records, proxy_ops, steps, bytes,
     state0_s..state2_s)."""
 
     def __init__(self, config: PeerConfig, window: WindowConfig, *, metrics: SelfMetrics,
@@ -115,6 +118,9 @@ class PeerWindows:
         self._closed_below = -1  # every window < this is closed
         self._newest_ns = 0
         self._last_arrival: float | None = None
+        # (job_id, comm_hash) -> name, as the other collector metrics label `comm` (name, else the hex
+        # hash); the most recently seen peers.max_pairs communicators
+        self._names: OrderedDict[tuple[str, int], str] = OrderedDict()
 
     def start(self) -> None:
         pass
@@ -133,11 +139,24 @@ class PeerWindows:
         if not ok.any():
             return
         self._last_arrival = self._clock()
+        self._learn_names(batch.job_id, batch.comm_names, np.unique(p["comm_hash"][ok]))
         part = _partial(PeerBatch(p[ok], batch.host, batch.job_id), self._window_ns)
         for (w,), frame in part.partition_by("window", as_dict=True, include_key=False).items():
             self._add(int(w), frame)
         self._newest_ns = max(self._newest_ns, int(p["enqueue_ns"][ok].max()))
         self._close_ready()
+
+    def _learn_names(self, job_id: str, names: Mapping[int, str], hashes: np.ndarray) -> None:
+        for h in hashes.tolist():
+            name = names.get(h)
+            if name:
+                self._names[(job_id, h)] = name
+                self._names.move_to_end((job_id, h))
+        while len(self._names) > self.config.max_pairs:
+            self._names.popitem(last=False)
+
+    def _comm(self, job_id: str, comm_hash: int) -> str:
+        return self._names.get((job_id, comm_hash)) or f"{comm_hash:016x}"
 
     def _add(self, w: int, frame: pl.DataFrame) -> None:
         win = self._open.setdefault(w, _Window())
@@ -167,11 +186,12 @@ class PeerWindows:
         df = self._merge(win)
         self.metrics.add("peer_records", int(df["records"].sum()) if df.height else 0)
         start_s = w * self.window.window_s
-        out = (df.with_columns(window_start_s=pl.lit(start_s),
+        comm = [self._comm(j, h) for j, h in zip(df["job_id"].to_list(), df["comm_hash"].to_list())]
+        out = (df.with_columns(window_start_s=pl.lit(start_s), comm=pl.Series(comm, dtype=pl.String),
                                direction=pl.when(pl.col("is_send") == 1).then(pl.lit("send")).otherwise(pl.lit("recv")),
                                state0_s=pl.col("s0_ns") * 1e-9, state1_s=pl.col("s1_ns") * 1e-9,
                                state2_s=pl.col("s2_ns") * 1e-9)
-               .select("window_start_s", "job_id", "host", "comm_hash", "rank", "peer", "direction", "records",
+               .select("window_start_s", "job_id", "host", "comm_hash", "comm", "rank", "peer", "direction", "records",
                        "proxy_ops", "steps", "bytes", "state0_s", "state1_s", "state2_s"))
         for fn in self.on_window:
             fn(start_s, out)
@@ -191,11 +211,9 @@ class PeerMetrics:
     """prometheus_client collector: the top_k rows of the last closed window, and the counters."""
 
     def __init__(self, config: PeerConfig, metrics: SelfMetrics, *, gauge_ttl_s: float,
-                 comm_names: Callable[[int], str] = lambda h: f"{h:016x}",
                  clock: Callable[[], float] = time.monotonic):
         self.config, self.metrics = config, metrics
         self.gauge_ttl_s = gauge_ttl_s
-        self._comm_name = comm_names
         self._clock = clock
         self._lock = threading.Lock()
         self._rows: list[tuple] = []
@@ -204,11 +222,11 @@ class PeerMetrics:
     def update(self, start_s: float, frame: pl.DataFrame) -> None:
         # one series per label set: rows of the same (job, comm, rank, peer, direction) from two hosts
         # (a forged or restarted process) are summed, never exported twice (a scrape would fail)
-        labels = ("job_id", "comm_hash", "rank", "peer", "direction")
+        labels = ("job_id", "comm", "rank", "peer", "direction")
         frame = frame.group_by(labels).agg(pl.col("bytes", "state0_s", "state1_s", "state2_s").sum())
         top = _busy_first(frame, ("state0_s", "state1_s", "state2_s"), labels)
         self.metrics.add("peer_series_dropped", max(0, frame.height - self.config.top_k))
-        rows = [(r["job_id"], self._comm_name(r["comm_hash"]), str(r["rank"]), str(r["peer"]), r["direction"],
+        rows = [(r["job_id"], r["comm"], str(r["rank"]), str(r["peer"]), r["direction"],
                  r["bytes"], (r["state0_s"], r["state1_s"], r["state2_s"]))
                 for r in top.head(self.config.top_k).iter_rows(named=True)]
         with self._lock:

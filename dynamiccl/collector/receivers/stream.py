@@ -368,7 +368,8 @@ class StreamReceiver:
             if self.peer_consumer is None:
                 m.drop("invalid", len(res.peers))
             else:
-                self.peer_consumer.consume(PeerBatch(np.array(res.peers, PEER_DTYPE), dec.host, dec.job_id))
+                self.peer_consumer.consume(PeerBatch(np.array(res.peers, PEER_DTYPE), dec.host, dec.job_id,
+                                                     dec.comm_names))
 
     def _unconfirmed(self, dec, st) -> None:
         n = self.restarts.observe(dec.process_key + (int(st["pid"]),), int(st["reserved"][0]),
