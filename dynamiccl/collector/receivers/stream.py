@@ -27,15 +27,14 @@ import numpy as np
 
 from dynamiccl.collector.auth import NeedMore, TokenTable, parse_preamble
 from dynamiccl.collector.component import RecordBatch
-from dynamiccl.collector.processors.peers import PeerBatch
-from dynamiccl.collector.wire_format import PEER_DTYPE
 from dynamiccl.collector.config import ReceiverConfig
 from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
 from dynamiccl.collector.net import listen
+from dynamiccl.collector.processors.peers import PeerBatch
 from dynamiccl.collector.ratelog import RateLimitedLog
 from dynamiccl.collector.receivers.continuity import RestartLedger
-from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME, RECORD_SIZE
+from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME, PEER_DTYPE, RECORD_SIZE
 
 __all__ = ["StreamReceiver"]
 
