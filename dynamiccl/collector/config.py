@@ -15,7 +15,7 @@ from dynamiccl.contracts.addresses import COLLECTOR_LISTEN
 
 __all__ = [
     "ReceiverConfig", "WindowConfig", "ParquetConfig", "PrometheusConfig", "FeaturesConfig",
-    "TelemetryConfig", "CollectorConfig", "default_config", "parse_address", "parse_host_port", "flatten",
+    "TelemetryConfig", "PeerConfig", "CollectorConfig", "default_config", "parse_address", "parse_host_port", "flatten",
 ]
 
 DEFAULT_LISTEN = COLLECTOR_LISTEN   # per-user, per-job socket (dynamiccl/contracts/runtime_paths.py)
@@ -211,6 +211,23 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class PeerConfig:
+    """Per-peer network timing (PEER records; dynamiccl/collector/processors/peers.py). Windows follow
+    ``window.window_s`` / ``allowed_lateness_s`` / ``idle_flush_s``."""
+    top_k: int = 32                  # Prometheus series per window: the (comm, rank, peer, direction) rows
+    #                                  with the most proxy-state time; the rest counted in series_dropped
+    max_pairs: int = 65536           # rows one open window holds; the least busy beyond it are dropped, counted
+    queue_max_records: int = 1_000_000  # PEER records waiting for the aggregation; overflow dropped
+    parquet_flush_s: float = 60.0    # the peers table is written (per job) at least this often
+
+    def validate(self) -> None:
+        _positive(self, "top_k", "max_pairs", "queue_max_records", "parquet_flush_s")
+        for name in ("top_k", "max_pairs", "queue_max_records"):
+            if not isinstance(getattr(self, name), numbers.Integral):
+                raise ValueError(f"peers.{name} must be an integer, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
 class CollectorConfig:
     receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
     window: WindowConfig = field(default_factory=WindowConfig)
@@ -218,6 +235,7 @@ class CollectorConfig:
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    peers: PeerConfig = field(default_factory=PeerConfig)
     replay: tuple[str, ...] = ()  # parquet files/directories replayed into the pipeline at start
 
     def validate(self) -> "CollectorConfig":
@@ -227,6 +245,7 @@ class CollectorConfig:
         self.prometheus.validate()
         self.features.validate()
         self.telemetry.validate()
+        self.peers.validate()
         return self
 
     def replace(self, **sections) -> "CollectorConfig":

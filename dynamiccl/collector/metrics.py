@@ -33,7 +33,9 @@ DURATION_BUCKETS_S = tuple(1e-5 * 2 ** k for k in range(21))
 
 #: why records were dropped after they were received (pre-initialised at 0)
 DROP_REASONS = ("late", "too_early", "queue_full", "parquet_queue_full", "invalid", "flood",
-                "aggregation_error", "window_full", "parquet_write_failed", "clock_range", "shutdown")
+                "aggregation_error", "window_full", "parquet_write_failed", "clock_range", "shutdown",
+                # PEER records (processors/peers.py)
+                "peer_late", "peer_invalid", "peer_pairs_full", "peer_queue_full", "peer_clock_range")
 #: why a frame / connection was rejected (pre-initialised at 0)
 MALFORMED_REASONS = ("bad_magic", "bad_version", "bad_record_size", "too_many_records",
                      "truncated", "no_process", "flood", "internal_error", "process_changed")
@@ -130,6 +132,19 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_collective_spread_seconds", "gauge",
                "Max over instances of (max - min) duration across ranks, last window.",
                _COLL + ("size_bucket",)),
+    # --- per-peer network timing (PEER records, plugin opt-in; processors/peers.py) -----------
+    MetricSpec("dynamiccl_peer_bytes", "gauge",
+               "Bytes a rank's proxy moved to (send) or from (recv) one peer, last closed window; the "
+               "peers.top_k (comm, rank, peer, direction) rows with the most proxy-state time.",
+               ("job_id", "comm", "rank", "peer", "direction")),
+    MetricSpec("dynamiccl_peer_state_seconds", "gauge",
+               "Proxy-step time in one state (send: gpu_wait, peer_wait, net_wait; recv: net_wait, "
+               "flush_wait, gpu_wait) toward one peer, summed over steps and channels, last closed window.",
+               ("job_id", "comm", "rank", "peer", "direction", "state")),
+    MetricSpec("dynamiccl_collector_peer_records_total", "counter",
+               "PEER records that made it into a closed peer window."),
+    MetricSpec("dynamiccl_collector_peer_series_dropped_total", "counter",
+               "Rows of closed peer windows not exported to Prometheus (beyond peers.top_k; still in parquet)."),
     MetricSpec("dynamiccl_rank_skew_seconds", "gauge",
                "Mean arrival (start) time of this rank minus the instance median, last window.",
                ("job_id", "comm", "rank")),
@@ -186,6 +201,8 @@ class SelfMetrics:
         self.feature_windows_dropped = 0
         self.records_unconfirmed = 0
         self.series_dropped = 0
+        self.peer_records = 0          # PEER records in closed peer windows (processors/peers.py)
+        self.peer_series_dropped = 0   # peer rows beyond peers.top_k, not exported to Prometheus
         self.last_window_end_s = 0.0
         self.inputs_authenticated = 0  # 1: every network peer had to present a token
 

@@ -36,6 +36,7 @@ from dynamiccl.collector.config import CollectorConfig, default_config
 from dynamiccl.collector.exporters.feature_stream import FeatureStream, Subscription
 from dynamiccl.collector.exporters.prometheus import PrometheusExporter
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
+from dynamiccl.collector.processors.peers import PeerStage
 from dynamiccl.collector.processors.time_gate import EventTimeGate
 from dynamiccl.collector.processors.window_agg import WindowAggregator
 from dynamiccl.collector.receivers.replay import ReplayReceiver
@@ -93,6 +94,12 @@ class Pipeline:
         self.queues["aggregator"] = QueuedConsumer(
             self.aggregator, max_items=cfg.window.queue_max_records, name="aggregator", weight=len,
             on_drop=lambda b: self.metrics.drop("queue_full", len(b)), tick_s=0.1, clock=clock)
+        # per-peer network timing (PEER records): its own windows, Prometheus rows and parquet table
+        self.peers = PeerStage(cfg.peers, cfg.window, metrics=self.metrics, gauge_ttl_s=cfg.prometheus.gauge_ttl_s,
+                               parquet_dir=cfg.parquet.directory, registry=self.registry, clock=clock)
+        self.queues["peers"] = QueuedConsumer(
+            self.peers, max_items=cfg.peers.queue_max_records, name="peers", weight=len,
+            on_drop=lambda b: self.metrics.drop("peer_queue_full", len(b)), tick_s=0.5, clock=clock)
         # receivers
         self.time_gate = EventTimeGate(cfg.window.max_event_spread_s,
                                        max_hosts=cfg.receiver.gap_tracker_max_processes, clock=clock)
@@ -101,7 +108,7 @@ class Pipeline:
         if cfg.receiver.listen:
             self.stream = StreamReceiver(cfg.receiver, next_consumer=_StreamIngest(self),
                                          metrics=self.metrics, plugin_stats=self.plugin_stats,
-                                         clock=clock)
+                                         peer_consumer=self.queues["peers"], clock=clock)
         self.replay = None
         if cfg.replay:
             self.replay = ReplayReceiver(cfg.replay, ingest=self._ingest_replay)
@@ -196,6 +203,9 @@ class Pipeline:
         step("aggregator_queue", lambda: (aq.flush(max(0.0, left() - timeout / 2)),
                                           aq.shutdown(deadline=start + timeout / 2, on_late=late)))
         step("windows", self.aggregator.shutdown, deadline=start + timeout / 2)  # → prometheus, features
+        peers = self.queues["peers"]
+        step("peers", lambda: (peers.flush(max(0.0, left() - timeout / 2)),
+                               peers.shutdown(deadline=start + timeout / 2, on_late=late), self.peers.shutdown()))
         pq = self.queues.get("parquet")
         if pq is not None:
             step("parquet_queue", lambda: (pq.flush(max(0.0, left() - timeout / 4)),

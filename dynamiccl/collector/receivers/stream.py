@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Callable
 
+import numpy as np
 
 from dynamiccl.collector.auth import NeedMore, TokenTable, parse_preamble
 from dynamiccl.collector.component import RecordBatch
@@ -30,9 +31,10 @@ from dynamiccl.collector.config import ReceiverConfig
 from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
 from dynamiccl.collector.net import listen
+from dynamiccl.collector.processors.peers import PeerBatch
 from dynamiccl.collector.ratelog import RateLimitedLog
 from dynamiccl.collector.receivers.continuity import RestartLedger
-from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME, RECORD_SIZE
+from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME, PEER_DTYPE, RECORD_SIZE
 
 __all__ = ["StreamReceiver"]
 
@@ -70,9 +72,10 @@ class StreamReceiver:
     """Receiver for ``unix:PATH`` and ``tcp:HOST:PORT`` listeners (``config.listen``)."""
 
     def __init__(self, config: ReceiverConfig, *, next_consumer, metrics: SelfMetrics,
-                 plugin_stats: PluginStats | None = None,
+                 plugin_stats: PluginStats | None = None, peer_consumer=None,
                  clock: Callable[[], float] = time.monotonic):
         config.validate()
+        self.peer_consumer = peer_consumer  # PEER records (processors/peers.py); None: counted as invalid
         if next_consumer is None:
             raise ValueError("next_consumer must not be None")
         self.config = config
@@ -360,6 +363,12 @@ class StreamReceiver:
             self._unconfirmed(dec, st)
         if res.events is not None and len(res.events):
             self.next_consumer.consume(RecordBatch(res.events, dec.host, dec.job_id, dec.comm_names))
+        if res.peers:
+            if self.peer_consumer is None:
+                m.drop("invalid", len(res.peers))
+            else:
+                self.peer_consumer.consume(PeerBatch(np.array(res.peers, PEER_DTYPE), dec.host, dec.job_id,
+                                                     dec.comm_names))
 
     def _unconfirmed(self, dec, st) -> None:
         n = self.restarts.observe(dec.process_key + (int(st["pid"]),), int(st["reserved"][0]),

@@ -118,7 +118,7 @@ typedef struct dccl_slot {
   _Atomic uint64_t ctl;         /* (generation << 1) | finished */
   _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c started (its proxy thread only) */
   _Atomic uint64_t done;        /* DCCL_DONE_STOPPED | DCCL_DONE_KERNELS */
-  _Atomic uint64_t armed_ns;    /* CLOCK_MONOTONIC enqueue time once fully built, 0 when free (reaper) */
+  uint64_t pad_reap_;            /* keeps the slot's layout (the reaper's state is in dccl_ctx_t.reap) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
   struct dccl_net* net;         /* per-peer network timing of this slot (net.h), NULL unless opted in */
   uint32_t pad_;
@@ -177,6 +177,11 @@ typedef struct dccl_ctx {
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
   struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
   struct dccl_net* net;          /* [pool_size] per-peer network timing, NULL unless opted in (net.h) */
+  /* [pool_size], the reaper's only (registry lock): the ctl value it last saw in flight in slot i
+     and when (CLOCK_MONOTONIC). An operation's age counts from the reaper's first sight of it, so
+     the hot path reads no clock for it: it is reaped between stale_ms and stale_ms + one sender
+     period after its start. */
+  struct dccl_reap_seen { uint64_t ctl, ns; }* reap;
   uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
@@ -255,11 +260,10 @@ static inline uint64_t dccl_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Slot ages: a clock step never reaps. They only need to beat DYNAMICCL_STALE_MS (>= 1 ms), so the
-   coarse clock (a few ms of resolution, no TSC read) is enough and cheaper on the hot path. */
+/* Slot ages (the reaper, never the hot path): a clock step never reaps. */
 static inline uint64_t dccl_monotonic_ns(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -269,8 +273,9 @@ static inline uint64_t dccl_monotonic_ms(void) {
   return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
 }
 void dccl_stats_snapshot(dccl_stats_record_t* out);
-/* Reap slots armed more than stale_ns before mono_now_ns (stale_ns 0: every busy slot). Caller
-   holds the registry lock. */
+/* Reap slots the reaper has seen in flight (same generation) since more than stale_ns before
+   mono_now_ns (stale_ns 0: every busy slot, at once). A slot seen for the first time is only noted.
+   Caller holds the registry lock. */
 void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns);
 /* The sender's entry: ages are measured on CLOCK_MONOTONIC now; now_ns (a CLOCK_REALTIME reading
    in older callers) is ignored so an NTP step cannot reap operations in flight. */

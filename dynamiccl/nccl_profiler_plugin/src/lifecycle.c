@@ -29,10 +29,16 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) 
   for (uint32_t i = 0; i < ctx->pool_size; i++) {
     dccl_slot_t* s = &ctx->slots[i];
     uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-    if (c & 1) continue;
-    uint64_t armed = atomic_load_explicit(&s->armed_ns, memory_order_acquire);
-    if (armed == 0) continue;
-    if (stale_ns != 0 && (mono_now_ns < armed || mono_now_ns - armed < stale_ns)) continue;
+    if (c & 1) continue; /* finished, or allocated and not yet published */
+    if (stale_ns != 0) {
+      struct dccl_reap_seen* seen = &ctx->reap[i];
+      if (seen->ctl != c) { /* first sight of this operation */
+        seen->ctl = c;
+        seen->ns = mono_now_ns;
+        continue;
+      }
+      if (mono_now_ns < seen->ns || mono_now_ns - seen->ns < stale_ns) continue;
+    }
     /* Fails if the slot finished or was reused since `c` was read (generation in ctl). */
     if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed)) {
       atomic_fetch_add_explicit(&dccl_g.events_stale, 1, memory_order_relaxed);
@@ -105,6 +111,7 @@ static void ctx_free(dccl_ctx_t* ctx) {
   free(ctx->net);
   free(ctx->slots);
   free(ctx->p2p_seq);
+  free(ctx->reap);
   free(ctx);
 }
 
@@ -116,7 +123,8 @@ static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const c
   size_t bytes = (size_t)cfg->pool_size * sizeof(dccl_slot_t);
   ctx->slots = aligned_alloc(64, bytes);
   ctx->p2p_seq = calloc(2 * (size_t)(nranks > 0 ? nranks : 1), sizeof(uint64_t));
-  if (ctx->slots == NULL || ctx->p2p_seq == NULL) {
+  ctx->reap = calloc(cfg->pool_size, sizeof *ctx->reap);
+  if (ctx->slots == NULL || ctx->p2p_seq == NULL || ctx->reap == NULL) {
     ctx_free(ctx);
     return NULL;
   }

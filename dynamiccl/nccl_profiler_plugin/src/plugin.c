@@ -198,7 +198,6 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
   atomic_store_explicit(&s->ctl, next, memory_order_release);
-  atomic_store_explicit(&s->armed_ns, dccl_monotonic_ns(), memory_order_release);
   *eHandle = (void*)(uintptr_t)DCCL_H_MAKE(DCCL_H_TAG_SLOT, 0, ctx->index, idx, next >> 1);
 }
 

@@ -258,8 +258,12 @@ static int test_stale_reaper(void) {
   kch_stop(kch_start(ctx, h, 1, 111), 222); /* 1 of 4 channels, the rest lost */
   dccl_event_record_t out[4];
   TEST_ASSERT(ring_take(out, 4) == 0, "incomplete");
-  dccl_reap_ctx(ctx, dccl_now_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull); /* a realtime step */
+  uint64_t t0 = dccl_monotonic_ns();
+  /* a realtime step; also the reaper's first sight of the operation (its age counts from here) */
+  dccl_reap_ctx(ctx, dccl_now_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull);
   TEST_ASSERT(ring_take(out, 4) == 0, "young slots are not reaped, whatever CLOCK_REALTIME says");
+  dccl_reap_ctx_at(ctx, t0 + 9ull * 1000000000ull, 10ull * 1000000000ull);
+  TEST_ASSERT(ring_take(out, 4) == 0, "seen in flight for 9 s: not yet");
   dccl_reap_ctx_at(ctx, dccl_monotonic_ns() + 11ull * 1000000000ull, 10ull * 1000000000ull);
   TEST_ASSERT(ring_take(out, 4) == 1, "reaped");
   TEST_ASSERT(out[0].flags == DCCL_FLAG_STALE && out[0].timing_source == DCCL_TIMING_NONE, "stale flags");

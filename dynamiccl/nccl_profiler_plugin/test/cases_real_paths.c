@@ -89,6 +89,7 @@ static int test_late_child_after_reap(void) {
   ncclProfiler_v6.stopEvent(a);
   void* ka = kch_start(ctx, a, 0, 111);
   TEST_ASSERT(ka != NULL, "child of a");
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), 10ull * 1000000000ull); /* the reaper's first sight */
   dccl_reap_ctx_at(ctx, dccl_monotonic_ns() + 20ull * 1000000000ull, 10ull * 1000000000ull);
   dccl_event_record_t out[4];
   TEST_ASSERT(ring_take(out, 4) == 1 && (out[0].flags & DCCL_FLAG_STALE), "a reaped");
