@@ -40,7 +40,7 @@ from dynamiccl.collector.config import PeerConfig, WindowConfig
 from dynamiccl.collector.exporters.parquet import safe_partition_value
 from dynamiccl.collector.exporters.prom_text import Part, to_family
 from dynamiccl.collector.metrics import BY_NAME, SelfMetrics
-from dynamiccl.collector.wire_format import PEER_DTYPE, Kind
+from dynamiccl.collector.wire_format import Kind
 
 __all__ = ["PeerBatch", "PeerWindows", "PeerMetrics", "PeerParquet", "PeerStage", "STATE_NAMES", "peer_valid"]
 
