@@ -161,6 +161,8 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
             # a dense stream's silence is a pause, and its alarm is judged as before
             with np.errstate(invalid="ignore"):
                 sparse = bool((self.table.instances_ref[p.idx] < self.config.streams.min_instances).all())
+            # so is a window between the steps of a step-paced job (`dynamiccl.detector.sparse.JobCadence`)
+            sparse = sparse or self.table.cadence.paced(int(self.table.job_code[p.idx[0]]), self._window_s)
             if not ok.any() and sparse and p.silent < MAX_SILENT:
                 p.silent += 1
                 keep.append(p)

@@ -98,5 +98,9 @@ class JobCadence:
             elif dt <= 1.5 * max(old, window_s):
                 self.interval[j] = (1 - _EWMA) * old + _EWMA * max(dt, window_s)
 
+    def paced(self, job_code: int, window_s: float) -> bool:
+        """The job reports less often than every window (a step-paced job)."""
+        return self.interval.get(job_code, 0.0) > 1.5 * window_s
+
     def usual(self, job_codes: np.ndarray) -> np.ndarray:
         return np.array([self.interval.get(j, np.nan) for j in job_codes.tolist()], np.float64)

@@ -44,3 +44,42 @@ def test_sparse_job_stationary_hour_has_no_change():
     det, ch = _feed(job, 720)            # one hour
     assert ch == [], [(c.kind, (c.detected_s - EPOCH) / STEP) for c in ch]
     assert det.table.n_active > 0 and not det.table.banks[0].warming_up[:det.table.n].all()
+
+
+PACED = 3         # windows per step of a step-paced job whose windows with data are whole
+
+
+def _feed_paced(job, steps, slow_from, mult=1.5):
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    out = []
+    for t in range(steps * PACED):
+        if t % PACED == 0:
+            on = t >= slow_from * PACED
+            reg = Regime(mult={i: mult for i, s in enumerate(job.streams) if s.nnodes > 1}) if on else None
+            wf = job.window(t, reg)
+        else:
+            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
+        out += det.process(wf)
+    return det, out
+
+
+def test_step_paced_job_slowdown_found():
+    """Every collective comes once per 3 s step, with enough instances in its window (no pooling):
+    each value follows two empty windows. Judged against 1.5 windows, every value came after a
+    gap and no alarm could open a change; judged against the job's cadence it is found."""
+    job = SyntheticJob(seed=7, sigma=0.05)
+    det, ch = _feed_paced(job, 120, slow_from=100)
+    assert ch, det.fusion.counters
+    delay_steps = (ch[0].detected_s - (EPOCH + 100 * PACED)) / PACED
+    assert ch[0].kind in ("bandwidth", "latency") and 0 <= delay_steps <= 3, (delay_steps, ch)
+
+
+def test_step_paced_job_without_cadence_is_blind(monkeypatch):
+    """The same job with the job cadence switched off (each stream judged against 1.5 windows):
+    the slowdown is never reported — the defect the cadence fixes."""
+    import numpy as np
+    from dynamiccl.detector.sparse import JobCadence
+    monkeypatch.setattr(JobCadence, "usual", lambda self, codes: np.full(len(codes), np.nan))
+    job = SyntheticJob(seed=7, sigma=0.05)
+    det, ch = _feed_paced(job, 120, slow_from=100)
+    assert ch == []
