@@ -32,7 +32,6 @@ import json
 import math
 import os
 import sys
-from collections import deque
 from pathlib import Path
 
 import numpy as np
