@@ -5,9 +5,10 @@ import math
 import numpy as np
 from river import base
 
-from ._baseline import BASELINE_METHODS, robust_baseline
+from ._baseline import robust_baseline
+from ._cusum_params import _validate_and_derive, _validate_cap
 from ._serial import ar1_long_run_variance
-from .arl import cusum_threshold_correlated, cusum_threshold_estimated
+from .arl import cusum_threshold_correlated
 
 __all__ = ["CUSUM"]
 
@@ -40,19 +41,10 @@ class CUSUM(base.DriftDetector):
     false-alarm rate holds on them too.
 
     Heavy tails: every standardised value enters the statistics capped at $\pm$ ``z_cap``
-    ($\delta + 1$ by default, a Huber-type limit one sigma above the targeted shift, so its
-    post-change samples pass almost unchanged). A burst of two or three large values then adds
-    at most $2(\text{z\_cap} - k)$ per pair instead of reaching the threshold at once: on
-    Student-t noise with 2-3 degrees of freedom the false-alarm rate stays within about 3x the
-    target (20-30 alarms in 1e5 samples at ``arl0`` 1e4, against 130-220 uncapped;
-    tests/detector/test_cusum_properties.py). A large real shift costs ``ceil(h / (z_cap - k))``
-    samples (3 at the defaults).
-
-    Practical size: the baseline scale is at least ``min_rel_scale`` x |baseline level|. On a
-    ratio-scale series (latencies, bandwidths) whose noise is tiny next to its level (a 98 ms
-    ping path with 0.1 ms jitter), this keeps shifts below ``delta x min_rel_scale`` of the level
-    (1 % at the defaults) from raising alarms; the rule is scale-free (multiplying the input by
-    any factor changes nothing) and is a no-op on signed series centred near 0.
+    ($\delta + 1$), so a burst of tail values cannot cross the threshold at once (a large real
+    shift costs 3 samples at the defaults). Practical size: the baseline scale is at least
+    ``min_rel_scale`` x |level|, so shifts under 1 % of a latency's level raise no alarm
+    (scale-free; a no-op on series centred near 0).
 
     After an alarm the detector resets itself on the next `update` and re-learns the baseline
     from the following ``warmup`` valid samples (no alarm can be raised while warming up).
@@ -109,8 +101,7 @@ class CUSUM(base.DriftDetector):
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
     winsorised baseline; the serial correction; the cap at delta + 1; a 0.5 % scale floor; no
     lower bound) were chosen on the development half of public labelled data and scored on the
-    other half: docs/evaluation/2026-11-26-cusum-public.md and
-    docs/evaluation/2026-11-27-cusum-public.md.
+    other half: docs/evaluation/2026-11-27-cusum-public.md.
 
     Attributes
     ----------
@@ -423,35 +414,3 @@ class CUSUM(base.DriftDetector):
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
-
-
-def _validate_cap(z_cap, min_rel_scale, delta) -> float:
-    """Check the heavy-tail cap and the relative scale floor; return the cap (delta + 1 if None)."""
-    if z_cap is not None and not z_cap > 0:
-        raise ValueError(f"z_cap must be > 0 or None, got {z_cap!r}")
-    if not (isinstance(min_rel_scale, (int, float)) and 0.0 <= min_rel_scale < math.inf):
-        raise ValueError(f"min_rel_scale must be a finite number >= 0, got {min_rel_scale!r}")
-    return float(z_cap) if z_cap is not None else delta + 1.0
-
-
-def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip, valid_modes,
-                         estimator="mad"):
-    """Shared by `CUSUM` and `CUSUMBank`: check hyperparameters, return (k, h, clip)."""
-    if estimator not in BASELINE_METHODS:
-        raise ValueError(f"estimator must be one of {BASELINE_METHODS}, got {estimator!r}")
-    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 0):
-        raise ValueError(f"delta must be a finite number > 0, got {delta!r}")
-    if not (isinstance(arl0, (int, float)) and arl0 > 1 and math.isfinite(arl0)):
-        raise ValueError(f"arl0 must be a finite number > 1, got {arl0!r}")
-    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 2):
-        raise ValueError(f"warmup must be an int >= 2, got {warmup!r}")
-    if mode not in valid_modes:
-        raise ValueError(f"Invalid 'mode'. Valid values are: {valid_modes}")
-    if min_value is not None and max_value is not None and not min_value < max_value:
-        raise ValueError(f"min_value ({min_value!r}) must be < max_value ({max_value!r})")
-    if z_clip is not None and not z_clip > 0:
-        raise ValueError(f"z_clip must be > 0 or None, got {z_clip!r}")
-    k = delta / 2.0
-    h = cusum_threshold_estimated(float(arl0), k, warmup, mode == "both", estimator)
-    clip = float(z_clip) if z_clip is not None else delta + 4.0
-    return k, h, clip
