@@ -51,6 +51,11 @@ def split_of(name: str, seed: int) -> str:
     return "dev" if digest[0] % 2 == 0 else "eval"
 
 
+def in_split(items, prefix: str, split: str, seed: int) -> list:
+    """The (name, series, labels) items of one half, named `<prefix>/<name>` for the hash."""
+    return [item for item in items if split_of(f"{prefix}/{item[0]}", seed) == split]
+
+
 # ---------------------------------------------------------------- detectors
 def run_cusum(xs):
     det, out = CUSUM(), []
@@ -163,17 +168,15 @@ def load_tcpd(root: Path):
 
 def score_tcpd(root: Path, split: str, seed: int) -> dict:
     sums = {name: [0.0, 0.0] for name in DETECTORS}
-    count = 0
-    for name, xs, ann in load_tcpd(root):
-        if split_of("tcpd/" + name, seed) != split:
-            continue
-        count += 1
+    series = in_split(load_tcpd(root), "tcpd", split, seed)
+    for _, xs, ann in series:
         for det, fn in DETECTORS.items():
             # Change-point benchmarks score locations: use the detector's own estimate.
             locs = [start for _, start in fn(xs)]
             sums[det][0] += tcpd_f1(ann, locs, len(xs))
             sums[det][1] += tcpd_cover(ann, locs, len(xs))
-    return {det: (f / count, c / count) for det, (f, c) in sums.items()} | {"_n": count}
+    n = len(series)
+    return {det: (f / n, c / n) for det, (f, c) in sums.items()} | {"_n": n}
 
 
 # ---------------------------------------------------------------- NAB standard profile
@@ -235,16 +238,13 @@ def load_nab(root: Path):
 def score_nab(root: Path, split: str, seed: int) -> dict:
     raw = {name: 0.0 for name in DETECTORS}
     perfect = null = 0.0
-    count = 0
-    for rel, xs, spans in load_nab(root):
-        if split_of("nab/" + rel, seed) != split:
-            continue
-        count += 1
+    files = in_split(load_nab(root), "nab", split, seed)
+    for _, xs, spans in files:
         perfect += nab_raw_score([a for a, _ in spans], spans, len(xs))
         null += nab_raw_score([], spans, len(xs))
         for det, fn in DETECTORS.items():
             raw[det] += nab_raw_score([i for i, _ in fn(xs)], spans, len(xs))
-    return {det: 100.0 * (r - null) / (perfect - null) for det, r in raw.items()} | {"_n": count}
+    return {det: 100.0 * (r - null) / (perfect - null) for det, r in raw.items()} | {"_n": len(files)}
 
 
 # ---------------------------------------------------------------- RTT (Shao et al. 2017)
@@ -270,14 +270,11 @@ def f1_at_margin(truth: list[int], pred: list[int], margin: int = MARGIN) -> flo
 
 def score_rtt(root: Path, split: str, seed: int) -> dict:
     sums = {name: 0.0 for name in DETECTORS}
-    count = 0
-    for name, xs, cps in load_rtt(root):
-        if split_of("rtt/" + name, seed) != split:
-            continue
-        count += 1
+    traces = in_split(load_rtt(root), "rtt", split, seed)
+    for _, xs, cps in traces:
         for det, fn in DETECTORS.items():
             sums[det] += f1_at_margin(cps, [start for _, start in fn(xs)])
-    return {det: f / count for det, f in sums.items()} | {"_n": count}
+    return {det: f / len(traces) for det, f in sums.items()} | {"_n": len(traces)}
 
 
 # ---------------------------------------------------------------- main
