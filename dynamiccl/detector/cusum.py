@@ -7,7 +7,7 @@ from river import base
 
 from ._baseline import robust_baseline
 from ._cusum_params import _validate_and_derive, _validate_cap
-from ._serial import ar1_long_run_variance
+from ._serial import ar1_long_run_variance, capped_variance_ratio
 from .arl import cusum_threshold_correlated
 
 __all__ = ["CUSUM"]
@@ -37,8 +37,9 @@ class CUSUM(base.DriftDetector):
 
     Serially correlated series (most real latency and monitoring series) wander further than
     their per-sample scale says; with ``serial=True`` the threshold is re-solved at each learnt
-    baseline for the warm-up's AR(1) long-run variance (`dynamiccl.detector._serial`), so the
-    false-alarm rate holds on them too.
+    baseline for the warm-up's AR(1) long-run variance times the variance excess of its capped
+    values over Gaussian ones (`dynamiccl.detector._serial`), so the false-alarm rate holds on
+    correlated and on heavy-tailed series too.
 
     Heavy tails: every standardised value enters the statistics capped at $\pm$ ``z_cap``
     ($\delta + 1$), so a burst of tail values cannot cross the threshold at once (a large real
@@ -91,7 +92,8 @@ class CUSUM(base.DriftDetector):
         for the same `arl0`; see `dynamiccl.detector._baseline.robust_baseline`).
 
     serial
-        Correct the threshold for the warm-up's lag-1 autocorrelation (when significantly > 0).
+        Correct the threshold for the warm-up's lag-1 autocorrelation (when significantly > 0)
+        and for the excess variance of its capped values (heavy tails).
     z_cap
         Cap, in standard deviations, on every value entering the CUSUM. None means
         ``delta + 1``; ``math.inf`` disables the cap.
@@ -405,7 +407,9 @@ class CUSUM(base.DriftDetector):
         self._scale = max(float(scale), self.min_rel_scale * abs(self._median))
         self._inv_scale = 1.0 / self._scale
         if self.serial:
-            v = ar1_long_run_variance(np.asarray(self._buffer), self._median, self._scale)
+            buf = np.asarray(self._buffer)
+            v = ar1_long_run_variance(buf, self._median, self._scale)
+            v *= capped_variance_ratio(buf, self._median, self._scale, self._cap)
             self._h = cusum_threshold_correlated(float(self.arl0), self._k, self.warmup, v,
                                                  self.mode == "both", self.estimator)
         self._buffer = []
