@@ -14,9 +14,13 @@ that are committed; the others need its download scripts) and
 Every series is assigned once to `dev` or `eval` by a seeded hash of its name; report `eval`.
 Detectors: `CUSUM()` at defaults; never-fire; a plain two-sided CUSUM (k=0.5, h=5) on z-scores
 clipped to +/-3 against the mean/std of its first 30 samples, re-learnt after an alarm; a
-windowed Gaussian (mean/std of the last 6400 samples, alarm at |z| > 3.89, i.e. 1e-4 two-sided).
+windowed Gaussian (NAB's own windowedGaussian at its optimised threshold, see `run_windowed_gaussian`).
 
-Usage: python benchmarks/public_changepoint.py --tcpd PATH --nab PATH [--split eval] [--seed 0]
+- RTT (Shao et al. 2017, github.com/WenqinSHAO/rtt, MIT): 50 RIPE Atlas ping traces with 1047
+  hand-labelled changes (`dataset/real_trace_labelled`). Metric: mean per-trace F1 with margin 5,
+  the detector's own change-location estimate.
+
+Usage: python benchmarks/public_changepoint.py --tcpd PATH --nab PATH --rtt PATH [--split eval]
 The last line is key=value pairs; pass=1 only if CUSUM beats every baseline on every metric.
 """
 
@@ -28,7 +32,6 @@ import json
 import math
 import os
 import sys
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dynamiccl.detector import CUSUM  # noqa: E402
 
 MARGIN = 5
+SQRT2 = math.sqrt(2.0)
 
 
 # ---------------------------------------------------------------- split
@@ -45,6 +49,11 @@ def split_of(name: str, seed: int) -> str:
     """Seeded hash split: the same name always lands in the same half."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return "dev" if digest[0] % 2 == 0 else "eval"
+
+
+def in_split(items, prefix: str, split: str, seed: int) -> list:
+    """The (name, series, labels) items of one half, named `<prefix>/<name>` for the hash."""
+    return [item for item in items if split_of(f"{prefix}/{item[0]}", seed) == split]
 
 
 # ---------------------------------------------------------------- detectors
@@ -83,17 +92,25 @@ def run_plain_cusum(xs, warm=30, k=0.5, h=5.0, clip=3.0):
     return out
 
 
-def run_windowed_gaussian(xs, window=6400, zmax=3.89, min_n=30):
-    out, win = [], deque(maxlen=window)
-    for i, x in enumerate(xs):
-        if not math.isfinite(x):
+def run_windowed_gaussian(xs, window=6400, step=100):
+    """NAB's windowedGaussian detector at NAB's optimised standard-profile threshold (1.0):
+    mean/std of up to the last `window` values, refreshed every `step` values once full;
+    alarm when the score 1 - Q(|z|), written with 12 significant digits as NAB's result files
+    are, reads 1.0 (|z| above about 7.1)."""
+    v = np.asarray([x for x in xs if math.isfinite(x)], dtype=np.float64)
+    idx = [i for i, x in enumerate(xs) if math.isfinite(x)]
+    out, mean, std, lo, hi = [], 0.0, 1.0, 0, 0  # the window is v[lo:hi]
+    for j, x in enumerate(v):
+        if hi > 0 and float(f"{1.0 - 0.5 * math.erfc(abs(x - mean) / std / SQRT2):.12g}") >= 1.0:
+            out.append((idx[j], idx[j]))
+        if hi - lo < window:
+            hi = j + 1
+        elif j + 1 - hi == step:
+            lo, hi = lo + step, j + 1
+        else:
             continue
-        if len(win) >= min_n:
-            a = np.asarray(win)
-            sd = a.std()
-            if sd > 0 and abs(x - a.mean()) / sd > zmax:
-                out.append((i, i))
-        win.append(x)
+        w = v[lo:hi]
+        mean, std = float(w.mean()), float(w.std()) or 1e-6
     return out
 
 
@@ -151,17 +168,15 @@ def load_tcpd(root: Path):
 
 def score_tcpd(root: Path, split: str, seed: int) -> dict:
     sums = {name: [0.0, 0.0] for name in DETECTORS}
-    count = 0
-    for name, xs, ann in load_tcpd(root):
-        if split_of("tcpd/" + name, seed) != split:
-            continue
-        count += 1
+    series = in_split(load_tcpd(root), "tcpd", split, seed)
+    for _, xs, ann in series:
         for det, fn in DETECTORS.items():
             # Change-point benchmarks score locations: use the detector's own estimate.
             locs = [start for _, start in fn(xs)]
             sums[det][0] += tcpd_f1(ann, locs, len(xs))
             sums[det][1] += tcpd_cover(ann, locs, len(xs))
-    return {det: (f / count, c / count) for det, (f, c) in sums.items()} | {"_n": count}
+    n = len(series)
+    return {det: (f / n, c / n) for det, (f, c) in sums.items()} | {"_n": n}
 
 
 # ---------------------------------------------------------------- NAB standard profile
@@ -223,16 +238,43 @@ def load_nab(root: Path):
 def score_nab(root: Path, split: str, seed: int) -> dict:
     raw = {name: 0.0 for name in DETECTORS}
     perfect = null = 0.0
-    count = 0
-    for rel, xs, spans in load_nab(root):
-        if split_of("nab/" + rel, seed) != split:
-            continue
-        count += 1
+    files = in_split(load_nab(root), "nab", split, seed)
+    for _, xs, spans in files:
         perfect += nab_raw_score([a for a, _ in spans], spans, len(xs))
         null += nab_raw_score([], spans, len(xs))
         for det, fn in DETECTORS.items():
             raw[det] += nab_raw_score([i for i, _ in fn(xs)], spans, len(xs))
-    return {det: 100.0 * (r - null) / (perfect - null) for det, r in raw.items()} | {"_n": count}
+    return {det: 100.0 * (r - null) / (perfect - null) for det, r in raw.items()} | {"_n": len(files)}
+
+
+# ---------------------------------------------------------------- RTT (Shao et al. 2017)
+def load_rtt(root: Path):
+    """`dataset/real_trace_labelled/*.csv` of WenqinSHAO/rtt: `epoch;rtt;cp`, RTT in ms, failed
+    pings recorded as negative values (-3, -4), cp = 1 on the first sample of a new regime."""
+    import csv
+    for f in sorted(root.glob("*.csv")):
+        with f.open() as fh:
+            rows = list(csv.DictReader(fh, delimiter=";"))
+        xs = [float(r["rtt"]) for r in rows]
+        yield f.name, xs, [i for i, r in enumerate(rows) if r["cp"].strip() == "1"]
+
+
+def f1_at_margin(truth: list[int], pred: list[int], margin: int = MARGIN) -> float:
+    """F1 of one trace, each true change matched to at most one prediction within the margin."""
+    if not pred or not truth:
+        return float(not pred and not truth)
+    tp = _true_positives(truth, sorted(set(pred)), margin)
+    precision, recall = tp / len(set(pred)), tp / len(truth)
+    return 0.0 if tp == 0 else 2 * precision * recall / (precision + recall)
+
+
+def score_rtt(root: Path, split: str, seed: int) -> dict:
+    sums = {name: 0.0 for name in DETECTORS}
+    traces = in_split(load_rtt(root), "rtt", split, seed)
+    for _, xs, cps in traces:
+        for det, fn in DETECTORS.items():
+            sums[det] += f1_at_margin(cps, [start for _, start in fn(xs)])
+    return {det: f / len(traces) for det, f in sums.items()} | {"_n": len(traces)}
 
 
 # ---------------------------------------------------------------- main
@@ -240,24 +282,31 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tcpd", type=Path, default=os.environ.get("TCPD_DIR"))
     ap.add_argument("--nab", type=Path, default=os.environ.get("NAB_DIR"))
+    ap.add_argument("--rtt", type=Path, default=os.environ.get("RTT_DIR"),
+                    help="WenqinSHAO/rtt's dataset/real_trace_labelled folder")
     ap.add_argument("--split", choices=("dev", "eval"), default="eval")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.tcpd is None or args.nab is None:
-        ap.error("--tcpd and --nab (or TCPD_DIR / NAB_DIR) must point at the cloned datasets")
+    if args.tcpd is None or args.nab is None or args.rtt is None:
+        ap.error("--tcpd, --nab and --rtt (or TCPD_DIR / NAB_DIR / RTT_DIR) must point at the "
+                 "cloned datasets")
     print(f"split={args.split} seed={args.seed} loadavg={os.getloadavg()}")
-    kv, wins = {}, []
     t = score_tcpd(args.tcpd, args.split, args.seed)
     print(f"TCPD ({t['_n']} series): " + ", ".join(
         f"{d} F1={t[d][0]:.3f} cover={t[d][1]:.3f}" for d in DETECTORS))
     n = score_nab(args.nab, args.split, args.seed)
     print(f"NAB ({n['_n']} files) standard score: " + ", ".join(f"{d}={n[d]:.1f}" for d in DETECTORS))
+    r = score_rtt(args.rtt, args.split, args.seed)
+    print(f"RTT ({r['_n']} traces) F1 (+/-{MARGIN}): " + ", ".join(f"{d}={r[d]:.3f}" for d in DETECTORS))
+    kv, wins = {}, []
     for d in DETECTORS:
         kv[f"tcpd_f1_{d}"] = f"{t[d][0]:.3f}"
         kv[f"tcpd_cover_{d}"] = f"{t[d][1]:.3f}"
         kv[f"nab_{d}"] = f"{n[d]:.1f}"
+        kv[f"rtt_f1_{d}"] = f"{r[d]:.3f}"
         if d != "cusum":
-            wins += [t["cusum"][0] > t[d][0], t["cusum"][1] > t[d][1], n["cusum"] > n[d]]
+            wins += [t["cusum"][0] > t[d][0], t["cusum"][1] > t[d][1], n["cusum"] > n[d],
+                     r["cusum"] > r[d]]
     kv["split"] = args.split
     kv["pass"] = int(all(wins))
     print(" ".join(f"{k}={v}" for k, v in kv.items()))

@@ -5,9 +5,10 @@ import math
 import numpy as np
 from river import base
 
-from ._baseline import BASELINE_METHODS, robust_baseline
-from ._serial import ar1_long_run_variance
-from .arl import cusum_threshold_correlated, cusum_threshold_estimated
+from ._baseline import robust_baseline
+from ._cusum_params import _validate_and_derive, _validate_cap
+from ._serial import ar1_long_run_variance, capped_variance_ratio
+from .arl import cusum_threshold_correlated
 
 __all__ = ["CUSUM"]
 
@@ -36,8 +37,15 @@ class CUSUM(base.DriftDetector):
 
     Serially correlated series (most real latency and monitoring series) wander further than
     their per-sample scale says; with ``serial=True`` the threshold is re-solved at each learnt
-    baseline for the warm-up's AR(1) long-run variance (`dynamiccl.detector._serial`), so the
-    false-alarm rate holds on them too.
+    baseline for the warm-up's AR(1) long-run variance times the variance excess of its capped
+    values over Gaussian ones (`dynamiccl.detector._serial`), so the false-alarm rate holds on
+    correlated and on heavy-tailed series too.
+
+    Heavy tails: every standardised value enters the statistics capped at $\pm$ ``z_cap``
+    ($\delta + 1$), so a burst of tail values cannot cross the threshold at once (a large real
+    shift costs 3 samples at the defaults). Practical size: the baseline scale is at least
+    ``min_rel_scale`` x |level|, so shifts under 1 % of a latency's level raise no alarm
+    (scale-free; a no-op on series centred near 0).
 
     After an alarm the detector resets itself on the next `update` and re-learns the baseline
     from the following ``warmup`` valid samples (no alarm can be raised while warming up).
@@ -69,8 +77,9 @@ class CUSUM(base.DriftDetector):
         ``'both'`` (increases and decreases), ``'up'`` (increases only, e.g. latency going up)
         or ``'down'``.
     min_value
-        Inputs below this are invalid and skipped. The default 0.0 suits latencies and
-        bandwidths; use None for signed series (log-latencies, residuals).
+        Inputs below this are invalid and skipped. The default None accepts signed series
+        (residuals, log-latencies, differences); latency mode ``min_value=0.0`` counts negative
+        values (failed measurements recorded as -1) as invalid instead of as outliers.
     max_value
         Inputs above this are invalid and skipped. None means no upper bound.
     z_clip
@@ -83,11 +92,18 @@ class CUSUM(base.DriftDetector):
         for the same `arl0`; see `dynamiccl.detector._baseline.robust_baseline`).
 
     serial
-        Correct the threshold for the warm-up's lag-1 autocorrelation (when significantly > 0).
+        Correct the threshold for the warm-up's lag-1 autocorrelation (when significantly > 0)
+        and for the excess variance of its capped values (heavy tails).
+    z_cap
+        Cap, in standard deviations, on every value entering the CUSUM. None means
+        ``delta + 1``; ``math.inf`` disables the cap.
+    min_rel_scale
+        Floor of the baseline scale as a fraction of the baseline's absolute level (0 disables).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
-    winsorised baseline; the serial correction) were chosen on the development half of public
-    labelled data and scored on the other half: docs/evaluation/2026-11-26-cusum-public.md.
+    winsorised baseline; the serial correction; the cap at delta + 1; a 0.5 % scale floor; no
+    lower bound) were chosen on the development half of public labelled data and scored on the
+    other half: docs/evaluation/2026-11-27-cusum-public.md.
 
     Attributes
     ----------
@@ -104,7 +120,7 @@ class CUSUM(base.DriftDetector):
         ``'up'`` or ``'down'`` for the last alarm, None before any alarm.
     magnitude
         Estimated shift of the last alarm in baseline standard deviations (signed): the mean
-        of the winsorised $z$ over the alarming excursion.
+        of the capped $z$ over the alarming excursion (so at most ``z_cap``).
     shift
         `magnitude` in input units (``magnitude * baseline scale``).
 
@@ -125,11 +141,12 @@ class CUSUM(base.DriftDetector):
     ...     if cusum.drift_detected:
     ...         print(f"Change detected at index {i}, started at {cusum.change_start}, "
     ...               f"{cusum.direction} by {cusum.magnitude:.2f} sigma")
-    Change detected at index 1005, started at 1000, up by 2.26 sigma
+    Change detected at index 1005, started at 1000, up by 1.99 sigma
 
-    Invalid values are counted and skipped, and an isolated absurd value is dropped:
+    Invalid values are counted and skipped (here in latency mode, where a negative value is
+    invalid), and an isolated absurd value is dropped:
 
-    >>> cusum = CUSUM(warmup=50)
+    >>> cusum = CUSUM(warmup=50, min_value=0.0)
     >>> for x in [2e-3] * 25 + [2.1e-3] * 25 + [float("nan"), -1.0, 1e300, 2e-3]:
     ...     cusum.update(x)
     >>> cusum.drift_detected, cusum.n_invalid, cusum.n_outliers, cusum.statistic_up
@@ -152,11 +169,13 @@ class CUSUM(base.DriftDetector):
         arl0: float = 10_000.0,
         warmup: int = 100,
         mode: str = "both",
-        min_value: float | None = 0.0,
+        min_value: float | None = None,
         max_value: float | None = None,
         z_clip: float | None = None,
         estimator: str = "winsorized",
         serial: bool = True,
+        z_cap: float | None = None,
+        min_rel_scale: float = 0.005,
     ):
         super().__init__()
         self.delta = delta
@@ -168,10 +187,13 @@ class CUSUM(base.DriftDetector):
         self.z_clip = z_clip
         self.estimator = estimator
         self.serial = serial
+        self.z_cap = z_cap
+        self.min_rel_scale = min_rel_scale
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
         )
+        self._cap = _validate_cap(z_cap, min_rel_scale, delta)
         self._use_up = mode in ("both", "up")
         self._use_down = mode in ("both", "down")
         self._lo = -math.inf if min_value is None else float(min_value)
@@ -336,6 +358,8 @@ class CUSUM(base.DriftDetector):
         """One CUSUM step on the standardised value z of input index i; True on alarm."""
         k = self._k
         h = self._h
+        cap = self._cap
+        z = cap if z > cap else (-cap if z < -cap else z)
         fired_up = fired_down = False
         if self._use_up:
             s = self._s_up + z - k
@@ -380,10 +404,12 @@ class CUSUM(base.DriftDetector):
     def _learn_baseline(self) -> None:
         med, scale = robust_baseline(np.asarray(self._buffer, dtype=np.float64), self.estimator)
         self._median = float(med)
-        self._scale = float(scale)
+        self._scale = max(float(scale), self.min_rel_scale * abs(self._median))
         self._inv_scale = 1.0 / self._scale
         if self.serial:
-            v = ar1_long_run_variance(np.asarray(self._buffer), self._median, self._scale)
+            buf = np.asarray(self._buffer)
+            v = ar1_long_run_variance(buf, self._median, self._scale)
+            v *= capped_variance_ratio(buf, self._median, self._scale, self._cap)
             self._h = cusum_threshold_correlated(float(self.arl0), self._k, self.warmup, v,
                                                  self.mode == "both", self.estimator)
         self._buffer = []
@@ -392,26 +418,3 @@ class CUSUM(base.DriftDetector):
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
-
-
-def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip, valid_modes,
-                         estimator="mad"):
-    """Shared by `CUSUM` and `CUSUMBank`: check hyperparameters, return (k, h, clip)."""
-    if estimator not in BASELINE_METHODS:
-        raise ValueError(f"estimator must be one of {BASELINE_METHODS}, got {estimator!r}")
-    if not (isinstance(delta, (int, float)) and math.isfinite(delta) and delta > 0):
-        raise ValueError(f"delta must be a finite number > 0, got {delta!r}")
-    if not (isinstance(arl0, (int, float)) and arl0 > 1 and math.isfinite(arl0)):
-        raise ValueError(f"arl0 must be a finite number > 1, got {arl0!r}")
-    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 2):
-        raise ValueError(f"warmup must be an int >= 2, got {warmup!r}")
-    if mode not in valid_modes:
-        raise ValueError(f"Invalid 'mode'. Valid values are: {valid_modes}")
-    if min_value is not None and max_value is not None and not min_value < max_value:
-        raise ValueError(f"min_value ({min_value!r}) must be < max_value ({max_value!r})")
-    if z_clip is not None and not z_clip > 0:
-        raise ValueError(f"z_clip must be > 0 or None, got {z_clip!r}")
-    k = delta / 2.0
-    h = cusum_threshold_estimated(float(arl0), k, warmup, mode == "both", estimator)
-    clip = float(z_clip) if z_clip is not None else delta + 4.0
-    return k, h, clip
