@@ -8,15 +8,14 @@ bytes sent) are the node's own ``/metrics`` (:func:`registry`).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
-from dynamiccl.scaleout.node_agg import compact
 from dynamiccl.scaleout.partials import node_partial
+from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
 from dynamiccl.scaleout.wire import encode_partial
 
 __all__ = ["NodeConfig", "NodeCollector", "registry"]
@@ -43,7 +42,8 @@ class NodeCollector:
         self.config, self.outbox = config, outbox
         self._win_ns = int(round(config.window_s * 1e9))
         self._late_ns = int(round(config.allowed_lateness_s * 1e9))
-        self._open: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._open: dict[int, WindowColumns] = {}
+        self._pool = ColumnPool()
         self._buffered = 0
         self._newest_ns = -1
         self._closed_upto = -1 << 62
@@ -71,13 +71,19 @@ class NodeCollector:
             return
         lo, hi = int(w.min()), int(w.max())
         if lo == hi:                               # the usual batch: one window
-            self._open[lo].append(compact(ev, t))
+            self._store(lo).append(ev, t)
         else:
             for win in np.unique(w).tolist():
                 m = w == win
-                self._open[win].append(compact(ev[m], t[m]))
+                self._store(win).append(ev[m], t[m])
         self._buffered += len(ev)
         self._newest_ns = max(self._newest_ns, int(t.max()))
+
+    def _store(self, win: int) -> WindowColumns:
+        store = self._open.get(win)
+        if store is None:
+            store = self._open[win] = self._pool.take()
+        return store
 
     def tick(self, *, flush_all: bool = False) -> int:
         """Close the ready windows (all with ``flush_all``), queue their partials, flush the outbox."""
@@ -95,13 +101,13 @@ class NodeCollector:
         return closed
 
     def _close(self, win: int) -> None:
-        pieces = self._open.pop(win)
-        ev = {f: np.concatenate([x[f] for x in pieces]) for f in pieces[0]}
-        n = len(ev["rank"])
+        store = self._open.pop(win)
+        ev, n = store.columns(), store.n
         self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)
         cfg = self.config
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
+        self._pool.give(store)                     # the partial's frames hold copies, not these views
         self.outbox.offer(Message(subject(cfg.job_id, cfg.node), encode_partial(p, cfg.job_id),
                                   msg_id(cfg.job_id, cfg.node, win)))
         self.counters["aggregated"] += n
