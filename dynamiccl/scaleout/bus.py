@@ -32,8 +32,9 @@ def subject(job: str, node: str) -> str:
     return f"{SUBJECT_PREFIX}.{_token('job', job)}.{_token('node', node)}"
 
 
-def msg_id(job: str, node: str, window: int) -> str:
-    return f"{job}/{node}/{window}"
+def msg_id(job: str, node: str, window: int, part: int = 0, parts: int = 1) -> str:
+    """The stream's duplicate key: one per node-window, or per part of a partial sent in ``parts``."""
+    return f"{job}/{node}/{window}" if parts == 1 else f"{job}/{node}/{window}/{part}of{parts}"
 
 
 @dataclass(frozen=True)

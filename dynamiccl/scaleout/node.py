@@ -16,7 +16,7 @@ from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
 from dynamiccl.scaleout.partials import node_partial
 from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
-from dynamiccl.scaleout.wire import encode_partial
+from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages
 
 __all__ = ["NodeConfig", "NodeCollector", "registry"]
 
@@ -28,12 +28,16 @@ class NodeConfig:
     window_s: float = 1.0
     allowed_lateness_s: float = 2.0
     max_buffered_records: int = 4_000_000   # all open windows together (~8 ranks × 550/s × 3 s ≈ 13 k)
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # the bus's max payload: a larger partial goes in parts
 
     def validate(self) -> None:
         subject(self.job_id, self.node)        # both must be subject tokens
         if not self.window_s > 0 or self.allowed_lateness_s < 0 or self.max_buffered_records < 1:
             raise ValueError(f"node config: window_s > 0, allowed_lateness_s >= 0, max_buffered_records >= 1 "
                              f"(got {self.window_s}, {self.allowed_lateness_s}, {self.max_buffered_records})")
+        if not 4096 <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"node config: 4096 <= max_message_bytes <= {MAX_MESSAGE_BYTES} "
+                             f"(got {self.max_message_bytes})")
 
 
 class NodeCollector:
@@ -48,7 +52,8 @@ class NodeCollector:
         self._newest_ns = -1
         self._closed_upto = -1 << 62
         self.counters = {"received": 0, "aggregated": 0, "windows": 0, "dropped_invalid": 0,
-                         "dropped_late": 0, "dropped_buffer_full": 0}
+                         "dropped_late": 0, "dropped_buffer_full": 0, "dropped_unencodable": 0,
+                         "split_partials": 0}
 
     def consume(self, ev: np.ndarray) -> None:
         c = self.counters
@@ -108,8 +113,15 @@ class NodeCollector:
         cfg = self.config
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self._pool.give(store)                     # the partial's frames hold copies, not these views
-        self.outbox.offer(Message(subject(cfg.job_id, cfg.node), encode_partial(p, cfg.job_id),
-                                  msg_id(cfg.job_id, cfg.node, win)))
+        try:
+            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes)
+        except ValueError:       # over MAX_PARTS messages, or a value the wire cannot carry: lost, counted
+            self.counters["dropped_unencodable"] += n
+            return
+        for i, data in enumerate(msgs):
+            mid = msg_id(cfg.job_id, cfg.node, win, i, len(msgs))
+            self.outbox.offer(Message(subject(cfg.job_id, cfg.node), data, mid))
+        self.counters["split_partials"] += len(msgs) > 1
         self.counters["aggregated"] += n
         self.counters["windows"] += 1
 
@@ -123,10 +135,13 @@ def registry(node: NodeCollector):
         def collect(self):
             c = dict(node.counters)
             fam = CounterMetricFamily("dynamiccl_node_records", "records by outcome", labels=["outcome"])
-            for k in ("received", "aggregated", "dropped_invalid", "dropped_late", "dropped_buffer_full"):
+            for k in ("received", "aggregated", "dropped_invalid", "dropped_late", "dropped_buffer_full",
+                      "dropped_unencodable"):
                 fam.add_metric([k], c[k])
             yield fam
             yield CounterMetricFamily("dynamiccl_node_windows", "windows closed", value=c["windows"])
+            yield CounterMetricFamily("dynamiccl_node_split_partials", "partials sent in several messages",
+                                      value=c["split_partials"])
             out = CounterMetricFamily("dynamiccl_node_partials", "partials by outcome", labels=["outcome"])
             for k in ("emitted", "dropped", "send_errors"):
                 out.add_metric([k], node.outbox.counters[k])
