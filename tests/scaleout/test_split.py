@@ -123,3 +123,11 @@ def test_part_headers_are_checked_and_inconsistent_counts_refused():
     assert m.refusal("j", "node0", w, 0, len(d)) == "duplicates" and m.refusal("j", "node0", w, 1, len(d)) is None
     with pytest.raises(ValueError, match="do not fit"):
         encode_messages(parts[w][0], "j", 64)
+
+
+def test_the_runner_reads_a_parts_window_from_its_message_id():
+    """The shard runner acks a held message once its window ran, by the window in its id: a part's
+    id must give the window, not the part (else it is acked before its window ran and lost on failover)."""
+    from dynamiccl.scaleout.bus import msg_id, window_of
+    assert window_of(msg_id("j", "node0", 41, 2, 3)) == 41 == window_of(msg_id("j", "node0", 41))
+    assert window_of("j/node0") == -1 == window_of("j/node0/x/1of2")
