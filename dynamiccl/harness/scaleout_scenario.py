@@ -1,4 +1,4 @@
-"""The scale-out detection scenario: a bandwidth drop on every rank, then one straggler (records).
+"""The scale-out detection scenario: a bandwidth drop on every rank and one straggler (records).
 
 Used by tests/scaleout/test_shard_loop.py and benchmarks/fanin_detect.py to check that a central
 shard reports the regime changes the single collector reports on the same records.
@@ -28,6 +28,7 @@ class Scenario:
     straggler_at_s: float = 55.0     # this rank arrives straggler_delay_s late from here
     straggler: int = 11
     straggler_delay_s: float = 2e-3
+    straggler_until_s: float = float("inf")   # the straggler catches up here
 
 
 def drop_then_straggler(sc: Scenario, seed: int = 3) -> np.ndarray:
@@ -38,7 +39,7 @@ def drop_then_straggler(sc: Scenario, seed: int = 3) -> np.ndarray:
     ev = synthetic_events(n, seed=seed, **kw)
     late = synthetic_events(n, seed=seed, straggler_rank=sc.straggler, straggler_delay_s=sc.straggler_delay_s, **kw)
     t = (event_time_ns(ev) - START_NS) / 1e9
-    ev = np.where(t >= sc.straggler_at_s, late, ev)
+    ev = np.where((t >= sc.straggler_at_s) & (t < sc.straggler_until_s), late, ev)
     t = (event_time_ns(ev) - START_NS) / 1e9
     slow = t >= sc.drop_at_s
     for end, start in (("gpu_end_ns", "gpu_start_ns"), ("cpu_end_ns", "enqueue_ns")):
