@@ -18,9 +18,9 @@ a node's records whole or not at all).
 Shards: rendezvous hashing of jobs over the live shards (a shard is live while its heartbeat is
 younger than ``ttl_s``), so a dead shard's jobs move to the survivors within ``ttl_s`` and no other
 job moves. An observer that itself did not run for over ``ttl_s / 2`` (its process stalled) does not
-count that pause against the others (their heartbeats could not have been read either), up to
-``max_pause_s`` per shard: a dead shard's jobs move within ``ttl_s + max_pause_s`` of its last beat
-plus the observer's longest stall.
+count that pause against the others (their heartbeats could not have been read either), for at most
+two stalls per shard since its last beat: a dead shard's jobs move within ``ttl_s`` plus two of the
+observer's stalls.
 """
 from __future__ import annotations
 
@@ -206,27 +206,26 @@ class ShardTable:
 
     An observer that did not look for over ``ttl_s / 2`` (its process stalled: a long merge, a busy
     machine) does not count that pause against the others, whose heartbeats it could not read
-    either; but at most ``max_pause_s`` of pauses per shard since its last beat, so a shard that died
-    while its observer keeps stalling is still expired: at the first look after ``ttl_s +
-    max_pause_s`` of silence (an uncapped pardon let a survivor that stalls between every look never
-    take a dead shard's jobs)."""
+    either; but it pardons a shard's silence for at most ``max_pardons`` stalls since that shard's
+    last beat. A live shard beats between its observer's stalls (in the same process it runs between
+    them; in another its queued beats arrive), so it is never expired by stalls alone; a dead one is
+    expired at the first look after ``ttl_s`` of unpardoned silence, i.e. within ``ttl_s`` plus
+    ``max_pardons`` stalls. (Pardoning every stall let a survivor that stalls between every look,
+    busy merging, never take a dead shard's jobs.)"""
 
-    def __init__(self, ttl_s: float, clock: Callable[[], float], max_pause_s: float | None = None):
-        if ttl_s <= 0:
-            raise ValueError("ttl_s must be > 0")
-        self.ttl_s, self.clock = ttl_s, clock
-        self.max_pause_s = 4 * ttl_s if max_pause_s is None else max_pause_s
-        if self.max_pause_s < 0:
-            raise ValueError("max_pause_s must be >= 0")
+    def __init__(self, ttl_s: float, clock: Callable[[], float], max_pardons: int = 2):
+        if ttl_s <= 0 or max_pardons < 0:
+            raise ValueError(f"ttl_s must be > 0 and max_pardons >= 0 (got {ttl_s}, {max_pardons})")
+        self.ttl_s, self.clock, self.max_pardons = ttl_s, clock, max_pardons
         self._seen: dict[str, float] = {}
-        self._pardoned: dict[str, float] = {}
+        self._pardons: dict[str, int] = {}
         self._last_look = clock()
         self.pauses = 0
 
     def beat(self, shard: str) -> None:
         self._look(self.clock())          # a shard beating is its observer running
         self._seen[shard] = self.clock()
-        self._pardoned[shard] = 0.0
+        self._pardons[shard] = 0
 
     def _look(self, now: float) -> None:
         gap, self._last_look = now - self._last_look, now
@@ -234,16 +233,16 @@ class ShardTable:
             return
         self.pauses += 1                   # this observer stalled: the pause is nobody's death
         for s, t in self._seen.items():
-            pardon = min(gap, self.max_pause_s - self._pardoned[s])
-            self._pardoned[s] += pardon
-            self._seen[s] = min(now, t + pardon)
+            if self._pardons[s] < self.max_pardons:
+                self._pardons[s] += 1
+                self._seen[s] = min(now, t + gap)
 
     def live(self) -> list[str]:
         now = self.clock()
         self._look(now)
         for s in [s for s, t in self._seen.items() if now - t > self.ttl_s]:
             del self._seen[s]          # expire the dead
-            del self._pardoned[s]
+            del self._pardons[s]
         return sorted(self._seen)
 
     def owns(self, shard: str, job: str) -> bool:
