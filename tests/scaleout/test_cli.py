@@ -59,7 +59,7 @@ def test_two_nodes_and_a_central_shard_merge_windows(tmp_path):
     server = loopback_cluster(tmp_path / "nats", 1)
     url = server.urls[0]
     ev = events(n_instances=5000)           # 16 ranks on 2 nodes, 5 s of event time
-    common = dict(nats=[url], replicas=1, metrics="off", window=1.0, lateness=2.0, listen=None)
+    common = dict(nats=[url], replicas=1, metrics="off", window=1.0, lateness=2.0, listen=None, max_message=1 << 20)
 
     async def run():
         stop_nodes, stop_central = asyncio.Event(), asyncio.Event()
