@@ -16,7 +16,7 @@ from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
 from dynamiccl.scaleout.partials import node_partial
 from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
-from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages
+from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages, raw_size
 
 __all__ = ["NodeConfig", "NodeCollector", "registry"]
 
@@ -48,6 +48,7 @@ class NodeCollector:
         self._late_ns = int(round(config.allowed_lateness_s * 1e9))
         self._open: dict[int, WindowColumns] = {}
         self._pool = ColumnPool()
+        self._ratio: float | None = None           # compressed / raw bytes of the last partial
         self._buffered = 0
         self._newest_ns = -1
         self._closed_upto = -1 << 62
@@ -114,7 +115,7 @@ class NodeCollector:
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self._pool.give(store)                     # the partial's frames hold copies, not these views
         try:
-            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes)
+            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio)
         except ValueError:       # over MAX_PARTS messages, or a value the wire cannot carry: lost, counted
             self.counters["dropped_unencodable"] += n
             return
@@ -122,6 +123,7 @@ class NodeCollector:
             mid = msg_id(cfg.job_id, cfg.node, win, i, len(msgs))
             self.outbox.offer(Message(subject(cfg.job_id, cfg.node), data, mid))
         self.counters["split_partials"] += len(msgs) > 1
+        self._ratio = sum(map(len, msgs)) / max(raw_size(p), 1)   # the next window's guess of its parts
         self.counters["aggregated"] += n
         self.counters["windows"] += 1
 

@@ -21,7 +21,7 @@ import polars as pl
 
 from dynamiccl.scaleout.partials import NodePartial
 
-__all__ = ["encode_partial", "encode_messages", "decode_partial", "read_partial", "peek_header", "frames_of", "RawPartial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
+__all__ = ["encode_partial", "encode_messages", "raw_size", "decode_partial", "read_partial", "peek_header", "frames_of", "RawPartial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
 
 # frame -> (column, wire dtype, canonical polars dtype); job_id (and ranks.host) come from the header
 FRAMES: dict[str, list[tuple[str, str, pl.DataType]]] = {
@@ -85,20 +85,30 @@ def _slices(frames: dict[str, pl.DataFrame], k: int, i: int) -> dict[str, pl.Dat
     return {n: f.slice(len(f) * i // k, len(f) * (i + 1) // k - len(f) * i // k) for n, f in frames.items()}
 
 
-def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES) -> list[bytes]:
+def raw_size(p: NodePartial) -> int:
+    """The bytes of a partial's columns before compression."""
+    return sum(len(p[n]) * sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items())
+
+
+def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES,
+                    ratio: float | None = None) -> list[bytes]:
     """The partial as few messages of at most ``max_bytes`` each: one when it fits, else its rows
-    cut into ``parts`` slices (more slices until every part fits). ValueError past ``MAX_PARTS``."""
+    cut into ``parts`` slices (more slices until every part fits). ``ratio`` (compressed / raw bytes
+    of the sender's last partial) lets a partial that will not fit skip compressing it whole first;
+    a wrong ratio costs messages or a retry, never correctness. ValueError past ``MAX_PARTS``."""
     frames, head = _sorted_frames(p), _head(p, job_id)
-    whole = _body(frames, head)
-    if len(whole) <= max_bytes:
-        return [whole]
-    k = -(-len(whole) * 5 // (4 * max_bytes))          # a quarter to spare: compression varies by slice
+    k = 1 if ratio is None else -(-int(raw_size(p) * ratio * 5) // (4 * max_bytes))
+    if k <= 1:
+        whole = _body(frames, head)
+        if len(whole) <= max_bytes:
+            return [whole]
+        k = -(-len(whole) * 5 // (4 * max_bytes))      # a quarter to spare: compression varies by slice
     while k <= MAX_PARTS:
         out = [_body(_slices(frames, k, i), {**head, "part": i, "parts": k}) for i in range(k)]
         if max(map(len, out)) <= max_bytes:
             return out
         k *= 2
-    raise ValueError(f"partial: {len(whole)} bytes do not fit {MAX_PARTS} messages of {max_bytes} bytes")
+    raise ValueError(f"partial: {raw_size(p)} raw bytes do not fit {MAX_PARTS} messages of {max_bytes} bytes")
 
 
 def _header(data: bytes) -> tuple[dict, int]:

@@ -28,10 +28,11 @@ def _same(a, b):
         assert x.select(cols).sort(cols).equals(y.select(cols).sort(cols)), frame
 
 
-def test_split_parts_fit_the_limit_and_merge_to_the_whole_partial():
+@pytest.mark.parametrize("ratio", [None, 0.3, 0.01, 5.0])      # no hint, about right, far off both ways
+def test_split_parts_fit_the_limit_and_merge_to_the_whole_partial(ratio):
     parts = partials(events())
     w = sorted(parts)[1]
-    msgs = [encode_messages(p, "j", LIMIT) for p in parts[w]]
+    msgs = [encode_messages(p, "j", LIMIT, ratio) for p in parts[w]]
     assert all(len(ms) > 1 for ms in msgs) and all(len(d) <= LIMIT for ms in msgs for d in ms)
     split = [read_partial(d) for ms in msgs for d in ms]
     k = len(msgs[0])
