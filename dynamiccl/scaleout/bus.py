@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
-__all__ = ["subject", "msg_id", "Bus", "InProcessBus", "Outbox", "Message"]
+__all__ = ["subject", "msg_id", "window_of", "Bus", "InProcessBus", "Outbox", "Message"]
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SUBJECT_PREFIX = "dynamiccl.partials"
@@ -32,8 +32,22 @@ def subject(job: str, node: str) -> str:
     return f"{SUBJECT_PREFIX}.{_token('job', job)}.{_token('node', node)}"
 
 
-def msg_id(job: str, node: str, window: int) -> str:
-    return f"{job}/{node}/{window}"
+def msg_id(job: str, node: str, window: int, part: int = 0, parts: int = 1) -> str:
+    """The stream's duplicate key: one per node-window, or per part of a partial sent in ``parts``."""
+    return f"{job}/{node}/{window}" if parts == 1 else f"{job}/{node}/{window}/{part}of{parts}"
+
+
+def window_of(mid: str) -> int:
+    """The window a message id names (whole or one part); -1 when it names none.
+
+    >>> window_of("j/n0/17"), window_of("j/n0/17/2of3"), window_of("junk")
+    (17, 17, -1)
+    """
+    f = mid.split("/")
+    try:
+        return int(f[2]) if len(f) in (3, 4) else -1
+    except ValueError:
+        return -1
 
 
 @dataclass(frozen=True)

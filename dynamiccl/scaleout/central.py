@@ -57,7 +57,7 @@ class CentralShard:
             if head["window"] <= self.checkpoints.get(head["job"], -1 << 62):
                 self.counters["already_run"] += 1   # redelivered after a failover: its window ran
                 return "refused"
-            reason = self.merger.refusal(head["job"], head["node"], head["window"])
+            reason = self.merger.refusal(head["job"], head["node"], head["window"], head["part"], head["parts"])
             if reason is not None:                  # duplicate or late: settled without inflating it
                 self.merger.refuse(reason)
                 return "refused"

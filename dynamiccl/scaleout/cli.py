@@ -35,6 +35,8 @@ def register(subparsers) -> None:
                    help="plugin socket, unix:PATH (repeatable; default the collector's)")
     n.add_argument("--window", type=float, default=1.0, help="window length, s")
     n.add_argument("--lateness", type=float, default=2.0, help="event-time lateness before a window closes, s")
+    n.add_argument("--max-message", type=int, default=1 << 20, metavar="BYTES",
+                   help="the bus's max payload (NATS max_payload): a larger partial is sent in parts")
     _nats_args(n)
     n.set_defaults(func=main_node)
     c = subparsers.add_parser("central", help="central shard: partials from NATS → merged windows → detector",
@@ -59,7 +61,8 @@ def node_config(args):
     from dynamiccl.scaleout.config import NodeServiceConfig
     from dynamiccl.scaleout.node import NodeConfig
     receiver = ReceiverConfig(listen=tuple(args.listen)) if args.listen else ReceiverConfig()
-    return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness),
+    return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
+                                        max_message_bytes=args.max_message),
                              receiver=receiver, nats=_nats(args), metrics=_off(args.metrics)).validate()
 
 

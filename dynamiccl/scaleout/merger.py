@@ -9,13 +9,18 @@ arrived (the bus delivers past this window: a partial still missing is not stuck
 publisher, as while a NATS server fails over); or ``max_lateness_s`` after its first partial whatever
 the backlog (a shard that never catches up, or a job's last window, still merges). The nodes that had not reported are
 counted missing (and named in the window's counters), a partial arriving after its window was merged
-is counted late and dropped. Merges are keyed by (job, window, node): a second delivery of the same
-partial is counted as a duplicate and changes nothing.
+is counted late and dropped. Merges are keyed by (job, window, node, part): a second delivery of the
+same partial is counted as a duplicate and changes nothing. A node's partial sent in several parts
+(over the bus's message limit) counts as reported once all its parts arrived; a node whose parts are
+still incomplete when the window merges is counted missing and its parts are left out (a window holds
+a node's records whole or not at all).
 
 Shards: rendezvous hashing of jobs over the live shards (a shard is live while its heartbeat is
 younger than ``ttl_s``), so a dead shard's jobs move to the survivors within ``ttl_s`` and no other
 job moves. An observer that itself did not run for over ``ttl_s / 2`` (its process stalled) does not
-count that pause against the others: their heartbeats could not have been read either.
+count that pause against the others (their heartbeats could not have been read either), for at most
+two stalls per shard since its last beat: a dead shard's jobs move within ``ttl_s`` plus two of the
+observer's stalls.
 """
 from __future__ import annotations
 
@@ -47,10 +52,20 @@ class MergerConfig:
                 raise ValueError(f"merger config: job {job!r} expects no node")
 
 
+def _part(p) -> tuple[int, int]:
+    """(part, parts) of a partial: wire ones carry them, a decoded whole one is part 0 of 1."""
+    return p.get("part", 0), p.get("parts", 1)
+
+
 @dataclass
 class _Pending:
     first_seen: float
-    parts: dict[str, NodePartial] = field(default_factory=dict)
+    parts: dict[str, dict[int, NodePartial]] = field(default_factory=dict)   # node -> part -> partial
+    nparts: dict[str, int] = field(default_factory=dict)
+
+    def reported(self) -> set[str]:
+        """The nodes whose every part arrived."""
+        return {n for n, got in self.parts.items() if len(got) == self.nparts[n]}
 
 
 class WindowMerger:
@@ -63,9 +78,10 @@ class WindowMerger:
         self._silent: dict[str, frozenset[str]] = {}
         self._newest: dict[str, int] = {}
         self.counters = {"partials": 0, "duplicates": 0, "late": 0, "unknown_job": 0, "unknown_node": 0,
-                         "windows_merged": 0, "nodes_missing": 0}
+                         "windows_merged": 0, "nodes_missing": 0, "inconsistent_parts": 0, "incomplete_parts": 0,
+                         "windows_empty": 0}
 
-    def refusal(self, job: str, node: str, window: int) -> str | None:
+    def refusal(self, job: str, node: str, window: int, part: int = 0, parts: int = 1) -> str | None:
         """Why a partial of (job, node, window) would be refused (its counter's name), or None; read
         from the message header before the body is inflated, so a redelivery costs nothing."""
         nodes = self.config.expected_nodes.get(job)
@@ -76,7 +92,11 @@ class WindowMerger:
         if window <= self._merged_upto.get(job, -1 << 62):
             return "late"
         pend = self._pending.get((job, window))
-        return "duplicates" if pend is not None and node in pend.parts else None
+        if pend is None or node not in pend.parts:
+            return None
+        if pend.nparts[node] != parts:
+            return "inconsistent_parts"
+        return "duplicates" if part in pend.parts[node] else None
 
     def refuse(self, reason: str) -> bool:
         self.counters[reason] += 1
@@ -84,10 +104,13 @@ class WindowMerger:
 
     def add(self, job: str, p: NodePartial) -> bool:
         """File one partial; False (and counted) when it is a duplicate, late or unexpected."""
-        reason = self.refusal(job, p["node"], p["window"])
+        part, parts = _part(p)
+        reason = self.refusal(job, p["node"], p["window"], part, parts)
         if reason is not None:
             return self.refuse(reason)
-        self._pending.setdefault((job, p["window"]), _Pending(self.clock())).parts[p["node"]] = p
+        pend = self._pending.setdefault((job, p["window"]), _Pending(self.clock()))
+        pend.parts.setdefault(p["node"], {})[part] = p
+        pend.nparts[p["node"]] = parts
         self._newest[job] = max(p["window"], self._newest.get(job, p["window"]))
         self.counters["partials"] += 1
         return True
@@ -102,7 +125,7 @@ class WindowMerger:
         self._silent[job] = frozenset(nodes)
 
     def _waits(self, job: str, w: int, pend: _Pending, expected: frozenset[str], now: float) -> bool:
-        if expected - self._silent.get(job, frozenset()) <= pend.parts.keys():
+        if expected - self._silent.get(job, frozenset()) <= pend.reported():
             return False
         behind = self._backlog.get(job, 0) > 0 or self._newest.get(job, w) <= w
         return now - pend.first_seen < (self.config.max_lateness_s if behind else self.config.lateness_s)
@@ -136,17 +159,26 @@ class WindowMerger:
                 crowded = len(wins) - i > self.config.max_pending_windows
                 if self._waits(job, w, pend, expected, now) and not crowded:
                     break                      # windows merge in order: a later one waits for this one
-                out.append((job, self._merge(job, w, expected)))
+                wf = self._merge(job, w, expected)
+                if wf is not None:
+                    out.append((job, wf))
         return out
 
-    def _merge(self, job: str, w: int, expected: frozenset[str]) -> WindowFeatures:
+    def _merge(self, job: str, w: int, expected: frozenset[str]) -> WindowFeatures | None:
+        """The merged window; None (counted ``windows_empty``) when no node's partial is whole."""
         pend = self._pending.pop((job, w))
-        missing = sorted(expected - set(pend.parts))
+        whole = pend.reported()
+        missing = sorted(expected - whole)
         self._merged_upto[job] = w
         self.counters["windows_merged"] += 1
         self.counters["nodes_missing"] += len(missing)
-        return window_features(merge_partials(_batched(list(pend.parts.values()))),
-                               {"nodes_reported": len(pend.parts), "nodes_missing": len(missing),
+        self.counters["incomplete_parts"] += sum(len(pend.parts[n]) for n in pend.parts.keys() - whole)
+        parts = [p for n in sorted(whole) for p in pend.parts[n].values()]
+        if not parts:
+            self.counters["windows_empty"] += 1
+            return None
+        return window_features(merge_partials(_batched(parts)),
+                               {"nodes_reported": len(whole), "nodes_missing": len(missing),
                                 "missing_nodes": missing})
 
 
@@ -170,31 +202,47 @@ def owner(job: str, shards: list[str]) -> str | None:
 
 
 class ShardTable:
-    """Heartbeats of the shards; ``live`` are those heard from within ``ttl_s``."""
+    """Heartbeats of the shards; ``live`` are those heard from within ``ttl_s``.
 
-    def __init__(self, ttl_s: float, clock: Callable[[], float]):
-        if ttl_s <= 0:
-            raise ValueError("ttl_s must be > 0")
-        self.ttl_s, self.clock = ttl_s, clock
+    An observer that did not look for over ``ttl_s / 2`` (its process stalled: a long merge, a busy
+    machine) does not count that pause against the others, whose heartbeats it could not read
+    either; but it pardons a shard's silence for at most ``max_pardons`` stalls since that shard's
+    last beat. A live shard beats between its observer's stalls (in the same process it runs between
+    them; in another its queued beats arrive), so it is never expired by stalls alone; a dead one is
+    expired at the first look after ``ttl_s`` of unpardoned silence, i.e. within ``ttl_s`` plus
+    ``max_pardons`` stalls. (Pardoning every stall let a survivor that stalls between every look,
+    busy merging, never take a dead shard's jobs.)"""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float], max_pardons: int = 2):
+        if ttl_s <= 0 or max_pardons < 0:
+            raise ValueError(f"ttl_s must be > 0 and max_pardons >= 0 (got {ttl_s}, {max_pardons})")
+        self.ttl_s, self.clock, self.max_pardons = ttl_s, clock, max_pardons
         self._seen: dict[str, float] = {}
+        self._pardons: dict[str, int] = {}
         self._last_look = clock()
         self.pauses = 0
 
     def beat(self, shard: str) -> None:
         self._look(self.clock())          # a shard beating is its observer running
         self._seen[shard] = self.clock()
+        self._pardons[shard] = 0
 
     def _look(self, now: float) -> None:
         gap, self._last_look = now - self._last_look, now
-        if gap > self.ttl_s / 2:           # this observer stalled: the pause is nobody's death
-            self.pauses += 1
-            self._seen = {s: min(now, t + gap) for s, t in self._seen.items()}
+        if gap <= self.ttl_s / 2:
+            return
+        self.pauses += 1                   # this observer stalled: the pause is nobody's death
+        for s, t in self._seen.items():
+            if self._pardons[s] < self.max_pardons:
+                self._pardons[s] += 1
+                self._seen[s] = min(now, t + gap)
 
     def live(self) -> list[str]:
         now = self.clock()
         self._look(now)
         for s in [s for s, t in self._seen.items() if now - t > self.ttl_s]:
             del self._seen[s]          # expire the dead
+            del self._pardons[s]
         return sorted(self._seen)
 
     def owns(self, shard: str, job: str) -> bool:

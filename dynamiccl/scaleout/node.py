@@ -8,16 +8,15 @@ bytes sent) are the node's own ``/metrics`` (:func:`registry`).
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
-from dynamiccl.scaleout.node_agg import compact
 from dynamiccl.scaleout.partials import node_partial
-from dynamiccl.scaleout.wire import encode_partial
+from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
+from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages, raw_size
 
 __all__ = ["NodeConfig", "NodeCollector", "registry"]
 
@@ -29,12 +28,16 @@ class NodeConfig:
     window_s: float = 1.0
     allowed_lateness_s: float = 2.0
     max_buffered_records: int = 4_000_000   # all open windows together (~8 ranks × 550/s × 3 s ≈ 13 k)
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # the bus's max payload: a larger partial goes in parts
 
     def validate(self) -> None:
         subject(self.job_id, self.node)        # both must be subject tokens
         if not self.window_s > 0 or self.allowed_lateness_s < 0 or self.max_buffered_records < 1:
             raise ValueError(f"node config: window_s > 0, allowed_lateness_s >= 0, max_buffered_records >= 1 "
                              f"(got {self.window_s}, {self.allowed_lateness_s}, {self.max_buffered_records})")
+        if not 4096 <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"node config: 4096 <= max_message_bytes <= {MAX_MESSAGE_BYTES} "
+                             f"(got {self.max_message_bytes})")
 
 
 class NodeCollector:
@@ -43,12 +46,15 @@ class NodeCollector:
         self.config, self.outbox = config, outbox
         self._win_ns = int(round(config.window_s * 1e9))
         self._late_ns = int(round(config.allowed_lateness_s * 1e9))
-        self._open: dict[int, list[np.ndarray]] = defaultdict(list)
+        self._open: dict[int, WindowColumns] = {}
+        self._pool = ColumnPool()
+        self._ratio: float | None = None           # compressed / raw bytes of the last partial
         self._buffered = 0
         self._newest_ns = -1
         self._closed_upto = -1 << 62
         self.counters = {"received": 0, "aggregated": 0, "windows": 0, "dropped_invalid": 0,
-                         "dropped_late": 0, "dropped_buffer_full": 0}
+                         "dropped_late": 0, "dropped_buffer_full": 0, "dropped_unencodable": 0,
+                         "split_partials": 0}
 
     def consume(self, ev: np.ndarray) -> None:
         c = self.counters
@@ -71,13 +77,19 @@ class NodeCollector:
             return
         lo, hi = int(w.min()), int(w.max())
         if lo == hi:                               # the usual batch: one window
-            self._open[lo].append(compact(ev, t))
+            self._store(lo).append(ev, t)
         else:
             for win in np.unique(w).tolist():
                 m = w == win
-                self._open[win].append(compact(ev[m], t[m]))
+                self._store(win).append(ev[m], t[m])
         self._buffered += len(ev)
         self._newest_ns = max(self._newest_ns, int(t.max()))
+
+    def _store(self, win: int) -> WindowColumns:
+        store = self._open.get(win)
+        if store is None:
+            store = self._open[win] = self._pool.take()
+        return store
 
     def tick(self, *, flush_all: bool = False) -> int:
         """Close the ready windows (all with ``flush_all``), queue their partials, flush the outbox."""
@@ -95,15 +107,23 @@ class NodeCollector:
         return closed
 
     def _close(self, win: int) -> None:
-        pieces = self._open.pop(win)
-        ev = {f: np.concatenate([x[f] for x in pieces]) for f in pieces[0]}
-        n = len(ev["rank"])
+        store = self._open.pop(win)
+        ev, n = store.columns(), store.n
         self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)
         cfg = self.config
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
-        self.outbox.offer(Message(subject(cfg.job_id, cfg.node), encode_partial(p, cfg.job_id),
-                                  msg_id(cfg.job_id, cfg.node, win)))
+        self._pool.give(store)                     # the partial's frames hold copies, not these views
+        try:
+            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio)
+        except ValueError:       # over MAX_PARTS messages, or a value the wire cannot carry: lost, counted
+            self.counters["dropped_unencodable"] += n
+            return
+        for i, data in enumerate(msgs):
+            mid = msg_id(cfg.job_id, cfg.node, win, i, len(msgs))
+            self.outbox.offer(Message(subject(cfg.job_id, cfg.node), data, mid))
+        self.counters["split_partials"] += len(msgs) > 1
+        self._ratio = sum(map(len, msgs)) / max(raw_size(p), 1)   # the next window's guess of its parts
         self.counters["aggregated"] += n
         self.counters["windows"] += 1
 
@@ -117,10 +137,13 @@ def registry(node: NodeCollector):
         def collect(self):
             c = dict(node.counters)
             fam = CounterMetricFamily("dynamiccl_node_records", "records by outcome", labels=["outcome"])
-            for k in ("received", "aggregated", "dropped_invalid", "dropped_late", "dropped_buffer_full"):
+            for k in ("received", "aggregated", "dropped_invalid", "dropped_late", "dropped_buffer_full",
+                      "dropped_unencodable"):
                 fam.add_metric([k], c[k])
             yield fam
             yield CounterMetricFamily("dynamiccl_node_windows", "windows closed", value=c["windows"])
+            yield CounterMetricFamily("dynamiccl_node_split_partials", "partials sent in several messages",
+                                      value=c["split_partials"])
             out = CounterMetricFamily("dynamiccl_node_partials", "partials by outcome", labels=["outcome"])
             for k in ("emitted", "dropped", "send_errors"):
                 out.add_metric([k], node.outbox.counters[k])

@@ -14,7 +14,7 @@ import polars as pl
 from dynamiccl.collector.records import event_time_ns, size_bucket
 from dynamiccl.collector.wire_format import TimingSource
 
-__all__ = ["aggregate", "compact", "duration_bucket", "KEPT_FIELDS"]
+__all__ = ["aggregate", "compact", "timing", "duration_bucket", "KEPT_FIELDS"]
 
 #: the record fields a partial reads as they are (``compact`` adds each record's duration and whether
 #: it is timed, from the timestamps)
@@ -26,15 +26,10 @@ _NONE = np.iinfo(np.int64).max      # an untimed record's duration in a minimum
 _UNTIMED_BUCKET = 255                # never counted in the histogram
 
 
-def duration_bucket(dns: np.ndarray, bounds_ns: np.ndarray, sub: int) -> np.ndarray:
-    """``searchsorted(bounds_ns, dns, 'left')`` from a log2 guess and one exact correction each way
-    (bounds_ns[i] = round(bounds_ns[0] * 2 ** (i / sub)))."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        g = np.floor(sub * np.log2(np.maximum(dns, 1) / bounds_ns[0])) + 1
-    b = np.clip(np.nan_to_num(g, nan=0.0), 0, len(bounds_ns)).astype(np.int64)
-    b -= (b > 0) & (bounds_ns[np.maximum(b - 1, 0)] >= dns)
-    b += (b < len(bounds_ns)) & (bounds_ns[np.minimum(b, len(bounds_ns) - 1)] < dns)
-    return b
+def duration_bucket(dns: np.ndarray, bounds_ns: np.ndarray) -> np.ndarray:
+    """``searchsorted(bounds_ns, dns, 'left')``; the bounds are whole nanoseconds, so the search runs
+    on int64 (twice as fast as on float, same result)."""
+    return np.searchsorted(bounds_ns.astype(np.int64), dns, "left")
 
 
 def _comm_ids(ch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -56,24 +51,29 @@ def _groups(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, s, starts
 
 
-def compact(ev: np.ndarray, t: np.ndarray | None = None) -> dict:
-    """The columns a partial reads, out of the 128-byte records (``t``: their event times, when the
-    caller has them): the node collector takes them as a batch arrives, while it is in cache, and
-    keeps these (about 60 bytes a record) instead of the records."""
+def timing(ev: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(timed, duration ns or 0) of records with event times ``t``: GPU end for KERNEL_GPU, CPU end
+    for KERNEL_CPU; untimed or negative durations count as untimed."""
     ts = ev["timing_source"]
     gpu = ts == TimingSource.KERNEL_GPU
-    t = event_time_ns(ev) if t is None else t
     dns = np.where(gpu, ev["gpu_end_ns"], ev["cpu_end_ns"]).view(np.int64) - t
     timed = (gpu | (ts == TimingSource.KERNEL_CPU)) & (dns >= 0)
-    out = {f: ev[f] for f in KEPT_FIELDS}
-    out.update(timed=timed, dur=np.where(timed, dns, 0))
+    return timed, np.where(timed, dns, 0)
+
+
+def compact(ev: np.ndarray, t: np.ndarray | None = None) -> dict:
+    """The columns a partial reads, out of the 128-byte records (``t``: their event times, when the
+    caller has them; contiguous copies)."""
+    timed, dur = timing(ev, event_time_ns(ev) if t is None else t)
+    out = {f: np.ascontiguousarray(ev[f]) for f in KEPT_FIELDS}
+    out.update(timed=timed, dur=dur)
     return out
 
 
-def _columns(c: dict, bounds_ns: np.ndarray, sub: int) -> dict:
+def _columns(c: dict, bounds_ns: np.ndarray) -> dict:
     timed, dur = c["timed"], c["dur"]
     bucket = np.full(len(dur), _UNTIMED_BUCKET, np.int64)
-    bucket[timed] = duration_bucket(dur[timed], bounds_ns, sub)
+    bucket[timed] = duration_bucket(dur[timed], bounds_ns)
     return {"timed": timed, "dur": dur, "bucket": bucket, "sb": size_bucket(c["bytes"]).astype(np.int64)}
 
 
@@ -160,14 +160,14 @@ def _ranks(ev, c, cid, comms, job_id, host) -> pl.DataFrame:
         "timed": g["t"], "dur_sum_ns": g["d"], "host": pl.Series([host] * len(k), dtype=pl.String)})
 
 
-def aggregate(ev, *, job_id: str, host: str, bounds_ns: np.ndarray, sub: int) -> dict:
+def aggregate(ev, *, job_id: str, host: str, bounds_ns: np.ndarray) -> dict:
     """The frames ``keys``, ``hist``, ``inst``, ``ranks`` of one node's records of one window (the
     records, or their :func:`compact` columns)."""
     if isinstance(ev, np.ndarray):
         ev = compact(ev)
     if not len(ev["rank"]):
         raise ValueError("node partial: no records")
-    c = _columns(ev, bounds_ns, sub)
+    c = _columns(ev, bounds_ns)
     comms, cid = _comm_ids(ev["comm_hash"])
     keys, hist = _keys_and_hist(ev, c, cid, comms, job_id)
     return {"keys": keys, "hist": hist, "inst": _instances(ev, c, cid, comms, job_id),

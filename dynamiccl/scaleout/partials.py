@@ -35,7 +35,7 @@ NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"}; the f
 
 def node_partial(ev: np.ndarray, *, node: str, job_id: str, window: int, window_s: float) -> NodePartial:
     """The partial of one node's records (``wire_format.EVENT_DTYPE``) of window ``window``."""
-    frames = aggregate(ev, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS, sub=SUB_BUCKETS)
+    frames = aggregate(ev, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS)
     return {"node": node, "window": int(window), "window_s": float(window_s), **frames}
 
 

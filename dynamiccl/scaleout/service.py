@@ -19,7 +19,7 @@ from typing import Any, Callable
 from dynamiccl.collector.component import QueuedConsumer, RecordBatch
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.receivers.stream import StreamReceiver
-from dynamiccl.scaleout.bus import Message, Outbox
+from dynamiccl.scaleout.bus import Message, Outbox, window_of
 from dynamiccl.scaleout.config import NodeServiceConfig
 from dynamiccl.scaleout.liveness import Liveness, ckpt_key, live_bucket, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
@@ -145,11 +145,7 @@ class ShardRunner:
         for m in msgs:
             mid = (m.headers or {}).get("Nats-Msg-Id", "")
             status = self.shard.handle(Message(m.subject, m.data, mid))
-            try:
-                window = int(mid.rsplit("/", 1)[1])
-            except (IndexError, ValueError):
-                window = -1                     # malformed id: handle() refused it already
-            await self._settle(m, status, job, window)
+            await self._settle(m, status, job, window_of(mid))   # -1: malformed, refused already
         held = len(self.held.get(job, []))
         backlog = self.fetch_batch if len(msgs) >= self.fetch_batch else await self.consumers[job].backlog(held)
         self.shard.merger.set_backlog(job, backlog)

@@ -1,5 +1,9 @@
 """A partial on the wire: ``[u32 header length][header JSON][zlib of the column buffers]``.
 
+A partial larger than the bus's message limit travels as ``parts`` messages (``part`` 0..parts-1 in
+the header): each frame's rows are cut into ``parts`` contiguous slices, so every row is in exactly one
+part, and merging the parts (the merger waits for all of a node's parts) gives the partial back exactly.
+
 The header names the node, job, window, window length and each frame's row count; the body holds every
 column of every frame, in the fixed order of ``FRAMES``, as little-endian arrays of the wire dtype
 (narrow where the values are small: a node has few ranks). Job and host are not repeated per row:
@@ -17,7 +21,7 @@ import polars as pl
 
 from dynamiccl.scaleout.partials import NodePartial
 
-__all__ = ["encode_partial", "decode_partial", "read_partial", "peek_header", "frames_of", "RawPartial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
+__all__ = ["encode_partial", "encode_messages", "raw_size", "decode_partial", "read_partial", "peek_header", "frames_of", "RawPartial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
 
 # frame -> (column, wire dtype, canonical polars dtype); job_id (and ranks.host) come from the header
 FRAMES: dict[str, list[tuple[str, str, pl.DataType]]] = {
@@ -41,6 +45,8 @@ _NULL = -1                      # dmin/dmax/dur_max of an untimed group (duratio
 #: JetStream's default max_payload is 1 MiB
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_INFLATED_BYTES = 64 << 20
+#: at most this many messages for one node-window (a 1 MiB limit then carries a 256 MiB partial)
+MAX_PARTS = 256
 #: level 1: 7x faster than 6 on a node's window (the node collector's largest cost at 2 M records/s)
 #: for about 9 % more bytes
 ZLIB_LEVEL = 1
@@ -56,12 +62,53 @@ def _column(df: pl.DataFrame, name: str, dtype: str) -> bytes:
     return w.tobytes()
 
 
-def encode_partial(p: NodePartial, job_id: str) -> bytes:
-    frames = {name: p[name].sort([c for c, _, _ in cols[:3]]) for name, cols in FRAMES.items()}
-    head = json.dumps({"v": 1, "node": p["node"], "job": job_id, "window": p["window"],
-                       "window_s": p["window_s"], "rows": {n: len(f) for n, f in frames.items()}}).encode()
+def _body(frames: dict[str, pl.DataFrame], head: dict) -> bytes:
+    h = json.dumps({**head, "rows": {n: len(f) for n, f in frames.items()}}).encode()
     body = b"".join(_column(frames[n], c, dt) for n, cols in FRAMES.items() for c, dt, _ in cols)
-    return _U32.pack(len(head)) + head + zlib.compress(body, ZLIB_LEVEL)
+    return _U32.pack(len(h)) + h + zlib.compress(body, ZLIB_LEVEL)
+
+
+def _sorted_frames(p: NodePartial) -> dict[str, pl.DataFrame]:
+    return {name: p[name].sort([c for c, _, _ in cols[:3]]) for name, cols in FRAMES.items()}
+
+
+def _head(p: NodePartial, job_id: str) -> dict:
+    return {"v": 1, "node": p["node"], "job": job_id, "window": p["window"], "window_s": p["window_s"]}
+
+
+def encode_partial(p: NodePartial, job_id: str) -> bytes:
+    """One message holding the whole partial (whatever its size: see :func:`encode_messages`)."""
+    return _body(_sorted_frames(p), _head(p, job_id))
+
+
+def _slices(frames: dict[str, pl.DataFrame], k: int, i: int) -> dict[str, pl.DataFrame]:
+    return {n: f.slice(len(f) * i // k, len(f) * (i + 1) // k - len(f) * i // k) for n, f in frames.items()}
+
+
+def raw_size(p: NodePartial) -> int:
+    """The bytes of a partial's columns before compression."""
+    return sum(len(p[n]) * sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items())
+
+
+def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES,
+                    ratio: float | None = None) -> list[bytes]:
+    """The partial as few messages of at most ``max_bytes`` each: one when it fits, else its rows
+    cut into ``parts`` slices (more slices until every part fits). ``ratio`` (compressed / raw bytes
+    of the sender's last partial) lets a partial that will not fit skip compressing it whole first;
+    a wrong ratio costs messages or a retry, never correctness. ValueError past ``MAX_PARTS``."""
+    frames, head = _sorted_frames(p), _head(p, job_id)
+    k = 1 if ratio is None else -(-int(raw_size(p) * ratio * 5) // (4 * max_bytes))
+    if k <= 1:
+        whole = _body(frames, head)
+        if len(whole) <= max_bytes:
+            return [whole]
+        k = -(-len(whole) * 5 // (4 * max_bytes))      # a quarter to spare: compression varies by slice
+    while k <= MAX_PARTS:
+        out = [_body(_slices(frames, k, i), {**head, "part": i, "parts": k}) for i in range(k)]
+        if max(map(len, out)) <= max_bytes:
+            return out
+        k *= 2
+    raise ValueError(f"partial: {raw_size(p)} raw bytes do not fit {MAX_PARTS} messages of {max_bytes} bytes")
 
 
 def _header(data: bytes) -> tuple[dict, int]:
@@ -74,25 +121,32 @@ def _header(data: bytes) -> tuple[dict, int]:
         head = json.loads(data[4:4 + n])
         rows = {k: int(head["rows"][k]) for k in FRAMES}
         head = {"node": str(head["node"]), "job": str(head["job"]), "window": int(head["window"]),
-                "window_s": float(head["window_s"]), "v": head.get("v"), "rows": rows}
+                "window_s": float(head["window_s"]), "v": head.get("v"), "rows": rows,
+                "part": int(head.get("part", 0)), "parts": int(head.get("parts", 1))}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"partial: bad header ({type(e).__name__}: {e})") from None
     if head["v"] != 1 or not head["window_s"] > 0 or min(rows.values()) < 0:
         raise ValueError(f"partial: unsupported version {head['v']!r}, window_s or row count")
+    if not 0 <= head["part"] < head["parts"] <= MAX_PARTS:
+        raise ValueError(f"partial: part {head['part']} of {head['parts']} (at most {MAX_PARTS} parts)")
     return head, 4 + n
 
 
 class RawPartial:
     """A checked, inflated partial whose frames are built later, together with the rest of its
     window's (:func:`frames_of`): one polars frame per window instead of one per node."""
-    __slots__ = ("job", "node", "window", "window_s", "rows", "body")
+    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts")
 
     def __init__(self, head: dict, body: bytes):
         self.job, self.node, self.window = head["job"], head["node"], head["window"]
         self.window_s, self.rows, self.body = head["window_s"], head["rows"], body
+        self.part, self.parts = head["part"], head["parts"]
 
     def __getitem__(self, key: str):          # the merger reads node / window like a NodePartial's
         return getattr(self, key)
+
+    def get(self, key: str, default=None):
+        return getattr(self, key, default)
 
 
 def peek_header(data: bytes) -> dict:
@@ -138,7 +192,7 @@ def frames_of(raws: list[RawPartial]) -> NodePartial:
     if not raws or len({r.window for r in raws}) != 1:
         raise ValueError(f"frames_of: partials of one window needed (got {sorted({r.window for r in raws})})")
     offsets = [0] * len(raws)
-    p: NodePartial = {"node": "+".join(sorted(r.node for r in raws)), "window": raws[0].window,
+    p: NodePartial = {"node": "+".join(sorted({r.node for r in raws})), "window": raws[0].window,
                       "window_s": raws[0].window_s}
     for name in FRAMES:
         p[name] = _frame(raws, name, offsets)
@@ -149,5 +203,5 @@ def decode_partial(data: bytes) -> tuple[str, NodePartial]:
     """(job_id, partial) of one message; ValueError naming the defect otherwise."""
     raw = read_partial(data)
     p = frames_of([raw])
-    p["node"] = raw.node
+    p.update(node=raw.node, part=raw.part, parts=raw.parts)
     return raw.job, p

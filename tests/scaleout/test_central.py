@@ -141,3 +141,34 @@ def test_a_window_waits_while_the_bus_still_holds_the_jobs_partials():
     clock.t = 13.0                      # past max_lateness_s whatever the backlog
     (_, wf), = m.due()
     assert wf.counters["missing_nodes"] == ["node1"]
+
+
+def test_a_dead_shard_expires_within_its_bound_even_if_the_observer_stalls_between_every_look():
+    """Cause of the slow takeovers: the survivor, busy merging, looked at the table less often than
+    every ttl/2, and each look pardoned the whole gap, so the dead shard's heartbeat never aged."""
+    clock = Clock()
+    table = ShardTable(ttl_s=1.5, clock=clock)
+    table.beat("s0")
+    table.beat("s1")                    # s1 dies now
+    expired_at = None
+    for i in range(1, 60):              # s0 looks once a second (a stall each time) and beats
+        clock.t = float(i)
+        table.beat("s0")
+        if "s1" not in table.live():
+            expired_at = clock.t
+            break
+    assert expired_at is not None and expired_at <= table.ttl_s + (table.max_pardons + 1) * 1.0
+    assert table.pauses >= 1
+
+
+def test_a_live_shard_beating_between_the_observers_long_stalls_is_never_expired():
+    clock = Clock()
+    table = ShardTable(ttl_s=1.5, clock=clock)
+    table.beat("s0")
+    table.beat("s1")
+    for i in range(1, 30):              # one process, 10 s stalls: each shard runs once between them
+        clock.t = 10.0 * i
+        table.beat("s0")
+        assert table.live() == ["s0", "s1"]
+        table.beat("s1")
+    assert table.live() == ["s0", "s1"]

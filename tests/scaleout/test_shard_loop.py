@@ -2,15 +2,14 @@
 collector's on the same records (a bandwidth drop on every rank, then a straggler)."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from dynamiccl.collector.component import FuncConsumer, RecordBatch
 from dynamiccl.collector.config import WindowConfig
 from dynamiccl.collector.processors.window_agg import WindowAggregator
-from dynamiccl.collector.records import event_time_ns
 from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
 from dynamiccl.harness.collector_testing import synthetic_events
+from dynamiccl.harness.scaleout_scenario import START_NS, Scenario, drop_then_straggler
 from dynamiccl.loop import Loop
 from dynamiccl.scaleout.bus import Message, msg_id, subject
 from dynamiccl.scaleout.central import CentralShard, detector_loop
@@ -19,25 +18,12 @@ from dynamiccl.scaleout.wire import encode_partial
 from tests.scaleout.helpers import PER_NODE, Clock, partials
 
 NRANKS, WINDOWS, DROP_AT, STRAGGLER_AT, STRAGGLER = 16, 70, 40, 55, 11
-START_NS = 1_700_000_000_000_000_000
 
 
 def _scenario(seed=3):
     """70 s, 150 instances/s of 16 ranks on 2 nodes; every duration x2.5 from 40 s (a bandwidth
     drop), rank 11 arriving 2 ms late from 55 s."""
-    kw = dict(nranks=NRANKS, nnodes=2, rate_per_s=150.0, untimed_fraction=0.0, log2_bytes=(20, 22),
-              comm_hashes=(0x1111_2222_3333_4444,), funcs=("AllReduce",))
-    n = 150 * WINDOWS
-    ev = synthetic_events(n, seed=seed, **kw)
-    late = synthetic_events(n, seed=seed, straggler_rank=STRAGGLER, straggler_delay_s=2e-3, **kw)
-    t = (event_time_ns(ev) - START_NS) / 1e9
-    ev = np.where(t >= STRAGGLER_AT, late, ev)
-    t = (event_time_ns(ev) - START_NS) / 1e9
-    slow = t >= DROP_AT
-    for end, start in (("gpu_end_ns", "gpu_start_ns"), ("cpu_end_ns", "enqueue_ns")):
-        d = ev[end].astype(np.int64) - ev[start].astype(np.int64)
-        ev[end] = np.where(slow & (ev[end] > 0), ev[start].astype(np.int64) + (d * 2.5).astype(np.int64), ev[end])
-    return ev
+    return drop_then_straggler(Scenario(NRANKS, 2, WINDOWS, 150.0, DROP_AT, 2.5, STRAGGLER_AT, STRAGGLER), seed)
 
 
 def _key(c):

@@ -1,0 +1,162 @@
+"""Fan-in with the detector: the central shard's regime changes against the single collector's on
+the same records. Seeded; called by benchmarks/fanin.py (``--detect-nodes``), or alone.
+
+Records: ``harness.scaleout_scenario.drop_then_straggler`` for N nodes × 8 ranks, 65 s: one rank
+2 ms late from 28 s to 38 s (a straggler, then its recovery), every duration x2.5 from 50 s (a
+bandwidth drop). Single-collector path:
+every record through the collector's WindowAggregator into the product's Loop (detector). Scale-out
+path: one real NodeCollector per node (its own records, default window and lateness) → its messages
+→ a 3-server NATS JetStream cluster on loopback (stream R3) → a ShardRunner whose shard runs the same
+Loop (``central.detector_loop``). Check: for every change the single path reports (recoveries
+aside), the shard reports one of the same kind whose detection time is within 1 s, the straggler's
+rank named first; and no change the single path does not report.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("POLARS_MAX_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from dynamiccl.collector.component import FuncConsumer, RecordBatch  # noqa: E402
+from dynamiccl.collector.config import WindowConfig  # noqa: E402
+from dynamiccl.collector.processors.window_agg import WindowAggregator  # noqa: E402
+from dynamiccl.collector.records import event_time_ns  # noqa: E402
+from dynamiccl.detector.config import DetectorConfig  # noqa: E402
+from dynamiccl.harness.scaleout_scenario import START_NS, Scenario, drop_then_straggler  # noqa: E402
+from dynamiccl.loop import Loop  # noqa: E402
+from dynamiccl.scaleout.bus import InProcessBus, Outbox  # noqa: E402
+from dynamiccl.scaleout.central import CentralShard, detector_loop  # noqa: E402
+from dynamiccl.scaleout.merger import MergerConfig, ShardTable  # noqa: E402
+from dynamiccl.scaleout.nats_bus import loopback_cluster, publish  # noqa: E402
+from dynamiccl.scaleout.node import NodeCollector, NodeConfig  # noqa: E402
+from dynamiccl.scaleout.service import ShardRunner, connect  # noqa: E402
+
+RANKS, JOB = 8, "det"
+TOLERANCE_S = 1.0
+
+
+def _config() -> DetectorConfig:
+    return DetectorConfig().with_overrides({"baseline.warmup": 20, "autoencoder.enabled": False})
+
+
+def single_changes(ev, nodes: int, slice_ns: int = 100_000_000) -> list:
+    """One collector receiving every node's records as they come: 0.1 s of each node's in turn (a
+    node's whole run at once would close the windows before the other nodes' records arrive)."""
+    changes: list = []
+    loop = Loop(detector_loop(_config())(JOB).detector, sinks=[changes.append])
+    agg = WindowAggregator(WindowConfig(window_s=1.0), next_consumer=FuncConsumer(lambda r: loop.step(r.features)))
+    t = event_time_ns(ev)
+    key = (t - t.min()) // slice_ns * nodes + ev["rank"] // RANKS
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for part in np.split(order, bounds):
+        agg.consume(RecordBatch(ev[part], host=f"n{int(ev['rank'][part[0]]) // RANKS}", job_id=JOB))
+    agg.shutdown()
+    return changes
+
+
+def node_messages(ev, nodes: int, batch: int = 4096) -> dict[int, list]:
+    """{window: messages} of one real node collector per node over its own records."""
+    out: dict[int, list] = {}
+    for n in range(nodes):
+        bus = InProcessBus(max_messages=1 << 20)
+        node = NodeCollector(NodeConfig(f"n{n}", JOB), Outbox(bus, max_messages=1 << 20))
+        mine = ev[ev["rank"] // RANKS == n]
+        for i in range(0, len(mine), batch):
+            node.consume(mine[i:i + batch])
+            node.tick()
+        node.tick(flush_all=True)
+        for m in bus.drain():
+            out.setdefault(int(m.msg_id.split("/")[2]), []).append(m)
+    return out
+
+
+async def sharded_changes(urls, msgs: dict[int, list], nodes: int, timeout_s: float):
+    nc, js = await connect(urls, replicas=3)
+    changes: list = []
+    clock = time.monotonic
+    cfg = MergerConfig({JOB: frozenset(f"n{n}" for n in range(nodes))})
+    shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {}, detector_loop(_config(), sinks=lambda job: [changes.append]),
+                         clock)
+    runner = ShardRunner(shard, js, ack_wait_s=3.0)
+    done = asyncio.Event()
+    task = asyncio.create_task(runner.run(lambda: not done.is_set()))
+    for w in sorted(msgs):                      # the nodes publish window by window, faster than real time
+        await asyncio.gather(*(publish(js, m, 10.0) for m in msgs[w]))
+        await asyncio.sleep(0.05)
+    deadline = clock() + timeout_s
+    while shard.counters["windows_run"] < len(msgs) and clock() < deadline:
+        await asyncio.sleep(0.1)
+    done.set()
+    await task
+    await nc.close()
+    return changes, shard
+
+
+def compare(single: list, sharded: list) -> dict:
+    """Each single-path change (recoveries aside) matched by a shard change of its kind within 1 s."""
+    want = [c for c in single if c.kind != "recovery"]
+    got = [c for c in sharded if c.kind != "recovery"]
+    dts, named = [], True
+    for c in want:
+        same = [g for g in got if g.kind == c.kind]
+        best = min(same, key=lambda g: abs(g.detected_s - c.detected_s), default=None)
+        dts.append(abs(best.detected_s - c.detected_s) if best is not None else float("inf"))
+        if c.kind == "straggler":
+            named &= best is not None and best.ranks[:1] == c.ranks[:1]
+    return {"kinds": sorted({c.kind for c in want}), "matched": sum(d <= TOLERANCE_S for d in dts), "wanted": len(want),
+            "extra": max(0, len(got) - len(want)), "max_dt_s": max(dts, default=float("inf")), "straggler_named": named}
+
+
+def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0) -> dict:
+    sc = Scenario(nranks=nodes * RANKS, nnodes=nodes, windows=65, straggler=RANKS * (nodes // 2) + 3,
+                  straggler_at_s=28.0, straggler_until_s=38.0, drop_at_s=50.0)
+    ev = drop_then_straggler(sc, seed)
+    single = single_changes(ev, nodes)
+    msgs = node_messages(ev, nodes)
+    cluster = loopback_cluster(root, 3)
+    try:
+        sharded, shard = asyncio.run(sharded_changes(cluster.urls, msgs, nodes, timeout_s))
+    finally:
+        cluster.stop()
+    res = compare(single, sharded)
+    res.update(records=len(ev), windows=len(msgs), windows_run=shard.counters["windows_run"],
+               nodes_missing=shard.merger.counters["nodes_missing"], straggler=sc.straggler,
+               single=[(c.kind, c.detected_s, c.ranks[:1]) for c in single],
+               sharded=[(c.kind, c.detected_s, c.ranks[:1]) for c in sharded])
+    # the check means something only when the single path saw both events: the straggler, by its
+    # rank, and a change within 5 s of the drop (its kind is the detector's call: see the docs)
+    t0 = START_NS / 1e9
+    saw_straggler = any(c.kind == "straggler" and c.ranks[:1] == [sc.straggler] for c in single)
+    saw_drop = any(c.kind != "recovery" and 0 <= c.detected_s - t0 - sc.drop_at_s <= 5 for c in single)
+    res.update(saw_straggler=saw_straggler, saw_drop=saw_drop)
+    res["pass"] = bool(saw_straggler and saw_drop and res["matched"] == res["wanted"] and res["extra"] == 0
+                       and res["straggler_named"] and res["windows_run"] >= res["windows"] - 1)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        r = detect_check(args.nodes, args.seed, Path(d))
+    print(f"single: {r['single']}\nsharded: {r['sharded']}\nload {os.getloadavg()}")
+    print(f"nodes={args.nodes} records={r['records']} windows_run={r['windows_run']}/{r['windows']} "
+          f"kinds={','.join(r['kinds'])} saw_straggler={int(r['saw_straggler'])} saw_drop={int(r['saw_drop'])} matched={r['matched']}/{r['wanted']} extra={r['extra']} "
+          f"max_dt_s={r['max_dt_s']:.2f} straggler_named={int(r['straggler_named'])} pass={int(r['pass'])}")
+    return 0 if r["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
