@@ -499,3 +499,17 @@ def test_misjudged_names_a_cell_that_ran_much_faster_than_the_refitted_model_sai
     x.stats[None] = Running(n=64, mean=0.68e-3, m2=0.0)                          # NCCL's default: 0.37x predicted
     assert x.misjudged(1.5) == "NCCL-default measured 0.37x its predicted time"
     assert x.misjudged(3.0) is None
+
+
+@pytest.mark.parametrize("after_s", [None, 1.5])
+def test_start_up_tuning_begins_after_start_after_s(tmp_path, after_s):
+    """Each second before start-up tuning is a second at NCCL's choice: it begins once the target has been seen
+    ``start_after_s`` (default 0.5 s), not later."""
+    pol = PolicyConfig(tune_at_start=True) if after_s is None else PolicyConfig(tune_at_start=True,
+                                                                                start_after_s=after_s)
+    rt = make(tmp_path, policy=pol)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"base": ("RING", "LL", 0)}))
+    run(rt, job, 12)
+    t_explore = next(a["t"] for a in rt.audit.recent if a["action"] == "explore")
+    want = pol.start_after_s
+    assert want <= t_explore <= want + 2 * job.step_s
