@@ -279,6 +279,28 @@ def test_a_real_change_at_the_moment_of_our_push_is_not_ignored(tmp_path):
     assert mine and not any(a.get("self_induced") for a in mine)
 
 
+def test_a_change_too_small_to_explain_is_not_filed_as_self_induced(tmp_path):
+    """A change within the hysteresis (|magnitude − 1| < min_change) whose onset meets our push is not evidence that
+    the push caused anything: it is not filed as self-induced (the held-out p5 bandwidth drop, magnitude 1.0, was),
+    and a recovery of that size still reverts the regime it ends."""
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    t_push = _run_until_commit(rt, job)
+    run(rt, job, 8)
+    from dynamiccl.detector.events import RegimeChange
+    flat = RegimeChange(id="flat", kind="bandwidth", job_id="job", start_s=t_push, detected_s=job.t,
+                        magnitude=1.0, comms=["0x1f"])
+    rt.on_change(flat)
+    last = rt.audit.recent[-1]
+    assert last["regime"] == "flat" and last["action"] == "ignore" and not last.get("self_induced")
+    assert "hysteresis" in last["reason"]
+    end = RegimeChange(id="end", kind="recovery", job_id="job", start_s=t_push, detected_s=job.t,
+                       magnitude=1.02, comms=[], recovers="rc-1")
+    rt.on_change(end)
+    reverts = [a for a in rt.audit.recent if a["action"] == "revert"]
+    assert reverts and reverts[-1]["regime"] == "end" and reverts[-1]["now"] == "NCCL-default"
+
+
 def test_unmeasured_candidates_start_one_at_a_time_by_default(tmp_path):
     """``probe_parallel`` = 1: a cohort starts at most one never-measured candidate per step (best predicted
     first), so the first results can prune the rest before each costs a step on a member."""
