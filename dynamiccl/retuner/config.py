@@ -82,6 +82,10 @@ class PolicyConfig:
     learned_prune_ratio: float | None = 1.2    # ranker "learned": drop unrun candidates it predicts this much slower
                                         # than the best measured (None = prune_ratio / regime_prune_ratio, as the model;
                                         # its predictions are closer than the refit's: 0.7 % vs 13 % on validation)
+    learned_start_max_rel: float | None = None  # ranker "learned", start-up: after its best-ranked candidate, only those
+                                        # it predicts faster than this x NCCL's choice (None = no limit; 1.0 lost on
+                                        # the development data: start-up probes also measure the baseline signatures
+                                        # recognition needs, docs/evaluation/2026-11-27-retuner.md, session 10)
     learned_weights: str | None = None  # ranker "learned": weights file (None = the shipped retuner/learned/policy.npz)
     channel_rounds: int = 2             # channel coordinate-descent rounds (x2 / ÷2) on the winning cell
     min_samples: int = 24               # collectives per candidate before any test
@@ -142,6 +146,8 @@ class PolicyConfig:
             raise ValueError(f"{where}ranker must be 'model' or 'learned', got {self.ranker!r}")
         if self.learned_weights is not None and not isinstance(self.learned_weights, str):
             raise ValueError(f"{where}learned_weights must be a path")
+        if self.learned_start_max_rel is not None:
+            _num(self, "learned_start_max_rel", 0.0, lo_open=True, where=where)
         if self.learned_prune_ratio is not None:
             _num(self, "learned_prune_ratio", 1.0, where=where)
         if self.max_samples < self.min_samples:
