@@ -58,6 +58,10 @@ class PolicyConfig:
     """How the retuner decides. Times are event-time seconds; counts are collectives of one target."""
 
     tune_at_start: bool = True          # explore each heavy target once at start-up (the "baseline" regime)
+    start_after_s: float = 0.5          # ... once it has been seen this long (event time) and min_samples times: a
+                                        # step shows every op, so its share is known; each second waited is a second
+                                        # at NCCL's choice (quick suite, learned: roce stationary captured 0.829 at
+                                        # 2 s, 0.922 at 0.5 s)
     min_change: float = 0.10            # hysteresis: ignore changes with |magnitude − 1| below this
     cooldown_s: float = 5.0             # after a commit/rollback, ignore further non-recovery changes this long
     max_cells: int = 4                  # (algo, proto) cells explored per trigger, best predicted first
@@ -78,6 +82,10 @@ class PolicyConfig:
     learned_prune_ratio: float | None = 1.2    # ranker "learned": drop unrun candidates it predicts this much slower
                                         # than the best measured (None = prune_ratio / regime_prune_ratio, as the model;
                                         # its predictions are closer than the refit's: 0.7 % vs 13 % on validation)
+    learned_start_max_rel: float | None = None  # ranker "learned", start-up: after its best-ranked candidate, only those
+                                        # it predicts faster than this x NCCL's choice (None = no limit; 1.0 lost on
+                                        # the development data: start-up probes also measure the baseline signatures
+                                        # recognition needs, docs/evaluation/2026-11-27-retuner.md, session 10)
     learned_weights: str | None = None  # ranker "learned": weights file (None = the shipped retuner/learned/policy.npz)
     channel_rounds: int = 2             # channel coordinate-descent rounds (x2 / ÷2) on the winning cell
     min_samples: int = 24               # collectives per candidate before any test
@@ -115,7 +123,7 @@ class PolicyConfig:
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
         for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
-                  "not_applied_s", "republish_after_s"):
+                  "not_applied_s", "republish_after_s", "start_after_s"):
             _num(self, n, 0.0, where=where)
         _num(self, "exploration_budget", 0.0, 1.0, where=where)
         _num(self, "min_time_share", 0.0, 1.0, where=where)
@@ -138,6 +146,8 @@ class PolicyConfig:
             raise ValueError(f"{where}ranker must be 'model' or 'learned', got {self.ranker!r}")
         if self.learned_weights is not None and not isinstance(self.learned_weights, str):
             raise ValueError(f"{where}learned_weights must be a path")
+        if self.learned_start_max_rel is not None:
+            _num(self, "learned_start_max_rel", 0.0, lo_open=True, where=where)
         if self.learned_prune_ratio is not None:
             _num(self, "learned_prune_ratio", 1.0, where=where)
         if self.max_samples < self.min_samples:

@@ -80,7 +80,7 @@ class ExploringMixin:
         for ts in self.targets.values():
             if ts.start_done or ts.exploration or ts.regime is not None or ts.pinned is not None:
                 continue
-            if self.now - ts.first_t < 2.0 or sum(h[2] for h in ts.history) < pol.min_samples:
+            if self.now - ts.first_t < pol.start_after_s or sum(h[2] for h in ts.history) < pol.min_samples:
                 continue
             if ts.time_s / self.total_s < pol.min_time_share:
                 continue

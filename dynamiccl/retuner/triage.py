@@ -237,9 +237,12 @@ def recovery_of_self_induced(rt, c: Triage) -> bool:
 
 
 def self_induced(rt, c: Triage) -> bool:
-    """A change that coincides with our own push, where no config that ran across the onset changed."""
-    if c.rc.kind == "straggler" or c.adopted:     # adopted: the change is real, we recognised it ourselves
-        return False
+    """A change that coincides with our own push, where no config that ran across the onset changed. A change within
+    the hysteresis is not one a push can be blamed for (nothing to explain): the later rules handle it."""
+    m = c.rc.magnitude
+    if c.rc.kind == "straggler" or c.adopted or not (math.isfinite(m) and m > 0 and
+                                                     abs(m - 1.0) >= rt.policy.min_change):
+        return False                              # adopted: the change is real, we recognised it ourselves
     why = rt._self_induced_by_push(c.rc)
     if why is None:
         return False

@@ -139,6 +139,30 @@ def test_learned_round1_with_channel_variants_is_still_selectable(tmp_path):
     assert any(len({c.rsplit("/", 1)[0] for c in p["candidates"]}) < len(p["candidates"]) for p in probes)
 
 
+def test_learned_start_max_rel_prunes_only_the_start_up_round(tmp_path):
+    """learned_start_max_rel=1: at start-up, after the best-ranked candidate only those predicted faster than NCCL's
+    choice are probed (the others are audited as skipped); a regime round keeps its candidates predicted slower."""
+    from dynamiccl.harness.simulator.scenario import load_yaml
+    from dynamiccl.harness.simulator.workload import load
+    from dynamiccl.harness.retuner_eval.runner import run
+    from dynamiccl.harness.retuner_eval.suite import QUICK, WORKLOADS
+    from dynamiccl.harness.retuner_eval.truth import Truth
+    w, sc = load(WORKLOADS[2]), load_yaml(QUICK[1])
+    cfg = RetunerConfig().replace(policy={"ranker": "learned", "learned_start_max_rel": 1.0})
+    res = run(w, sc, "ours", truth=Truth(w, sc, sc.duration_s), retuner_cfg=cfg, tuner_mode="python",
+              workdir=str(tmp_path))
+    starts = {a["exploration"] for a in res.audit if a.get("action") == "explore" and a.get("regime") == "start"}
+    r1 = [a for a in res.audit if a.get("action") == "probe" and a.get("round") == 1 and "learned" in a]
+    start_r1 = [a for a in r1 if a["exploration"] in starts]
+    assert start_r1 and any("start-up" in why for a in start_r1 for why in a["skipped"].values())
+    for a in start_r1:
+        rel = [a["predicted_us"][c] / a["incumbent_predicted_us"] for c in a["candidates"][1:]]
+        assert all(r < 1.0 for r in rel), a["candidates"]
+    regime_rel = [a["predicted_us"][c] / a["incumbent_predicted_us"] for a in r1 if a["exploration"] not in starts
+                  for c in a["candidates"][1:] if c in a["predicted_us"]]
+    assert any(r >= 1.0 for r in regime_rel)
+
+
 def test_train_subcommand_quick_writes_a_loadable_policy(tmp_path, capsys):
     from dynamiccl.cli import main
     out = tmp_path / "p.npz"

@@ -279,6 +279,28 @@ def test_a_real_change_at_the_moment_of_our_push_is_not_ignored(tmp_path):
     assert mine and not any(a.get("self_induced") for a in mine)
 
 
+def test_a_change_too_small_to_explain_is_not_filed_as_self_induced(tmp_path):
+    """A change within the hysteresis (|magnitude − 1| < min_change) whose onset meets our push is not evidence that
+    the push caused anything: it is not filed as self-induced (the held-out p5 bandwidth drop, magnitude 1.0, was),
+    and a recovery of that size still reverts the regime it ends."""
+    rt = make(tmp_path)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    t_push = _run_until_commit(rt, job)
+    run(rt, job, 8)
+    from dynamiccl.detector.events import RegimeChange
+    flat = RegimeChange(id="flat", kind="bandwidth", job_id="job", start_s=t_push, detected_s=job.t,
+                        magnitude=1.0, comms=["0x1f"])
+    rt.on_change(flat)
+    last = rt.audit.recent[-1]
+    assert last["regime"] == "flat" and last["action"] == "ignore" and not last.get("self_induced")
+    assert "hysteresis" in last["reason"]
+    end = RegimeChange(id="end", kind="recovery", job_id="job", start_s=t_push, detected_s=job.t,
+                       magnitude=1.02, comms=[], recovers="rc-1")
+    rt.on_change(end)
+    reverts = [a for a in rt.audit.recent if a["action"] == "revert"]
+    assert reverts and reverts[-1]["regime"] == "end" and reverts[-1]["now"] == "NCCL-default"
+
+
 def test_unmeasured_candidates_start_one_at_a_time_by_default(tmp_path):
     """``probe_parallel`` = 1: a cohort starts at most one never-measured candidate per step (best predicted
     first), so the first results can prune the rest before each costs a step on a member."""
@@ -499,3 +521,17 @@ def test_misjudged_names_a_cell_that_ran_much_faster_than_the_refitted_model_sai
     x.stats[None] = Running(n=64, mean=0.68e-3, m2=0.0)                          # NCCL's default: 0.37x predicted
     assert x.misjudged(1.5) == "NCCL-default measured 0.37x its predicted time"
     assert x.misjudged(3.0) is None
+
+
+@pytest.mark.parametrize("after_s", [None, 1.5])
+def test_start_up_tuning_begins_after_start_after_s(tmp_path, after_s):
+    """Each second before start-up tuning is a second at NCCL's choice: it begins once the target has been seen
+    ``start_after_s`` (default 0.5 s), not later."""
+    pol = PolicyConfig(tune_at_start=True) if after_s is None else PolicyConfig(tune_at_start=True,
+                                                                                start_after_s=after_s)
+    rt = make(tmp_path, policy=pol)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"base": ("RING", "LL", 0)}))
+    run(rt, job, 12)
+    t_explore = next(a["t"] for a in rt.audit.recent if a["action"] == "explore")
+    want = pol.start_after_s
+    assert want <= t_explore <= want + 2 * job.step_s

@@ -31,6 +31,13 @@ def _history(ts, incumbent, onset: float | None) -> tuple:
                   float(h[5] != incumbent)) for h in hist[-SEQ:])
 
 
+def _no_gain_at_start(x, chosen: list, rel_time: float, max_rel: float | None) -> bool:
+    """Start-up (nothing changed, NCCL's choice is the incumbent): a candidate predicted no faster than NCCL's choice
+    has no predicted gain, only its probe's cost, so it is not probed -- except the best-ranked one, so the policy's
+    first guess is always measured once (its start-up predictions err by up to ~10 % either way)."""
+    return max_rel is not None and x.trigger == "start" and bool(chosen) and rel_time >= max_rel
+
+
 def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: float | None, inc_cell, rc,
                  unapplicable: set, max_cells: int, inc_measured_us: float | None):
     """(plan with the learned ranking, audit info). ``plan`` is the model-guided plan of the same round."""
@@ -67,6 +74,9 @@ def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: flo
             continue
         if r.rel_time > cfg.policy.max_pred_ratio:
             out.skipped[c.name] = f"learned: predicted {r.rel_time:.2f}x the incumbent"
+            continue
+        if _no_gain_at_start(x, out.candidates, r.rel_time, cfg.policy.learned_start_max_rel):
+            out.skipped[c.name] = f"learned: start-up, predicted {r.rel_time:.2f}x NCCL's choice (no gain to repay the probe)"
             continue
         seen.add(c)
         out.candidates.append(c)
