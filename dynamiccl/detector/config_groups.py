@@ -95,9 +95,6 @@ class BaselineConfig(_Group):
                                              # against the fixed-baseline threshold for that many
                                              # samples (the long-run chart of ``self_start=False``);
                                              # 0: it learns for ever
-    learn_lag: int = 10                      # a learning baseline takes an in-control window this many
-                                             # windows later, if its stream has not alarmed since
-                                             # (0: at once); below streams.history
     estimator: str = "winsorized"            # "winsorized" (mean/sd of the warm-up clipped at
                                              # median +- 3 MAD-sigma: h = 2.2 instead of 4.1 for
                                              # delta = 6 at 60 windows) or "mad" (median / 1.4826
@@ -118,8 +115,6 @@ class BaselineConfig(_Group):
             self._fail("warmup", ">= 2")
         if self.memory < self.warmup:
             self._fail("memory", f">= {self.KEY}.warmup ({self.warmup})")
-        if not (isinstance(self.learn_lag, int) and not isinstance(self.learn_lag, bool) and 0 <= self.learn_lag <= 30):
-            self._fail("learn_lag", "an int in [0, 30]")
         if not (isinstance(self.self_start_until, int) and not isinstance(self.self_start_until, bool)
                 and (self.self_start_until == 0 or self.self_start_until >= self.warmup)):
             self._fail("self_start_until", f"0 or an int >= {self.KEY}.warmup ({self.warmup})")

@@ -34,7 +34,7 @@ def _dotted(flat_key: str) -> str:
 
 
 # settings added after the grouping (no flat key ever existed for them)
-ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.learn_lag": 10}
+ADDED_SINCE = {"baseline.self_start_until": 60}
 
 
 def test_every_default_is_the_flat_configurations():
