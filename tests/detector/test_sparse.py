@@ -11,14 +11,16 @@ from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
 STEP = 5          # windows per training step
 
 
-def _feed(job, steps, slow_from=None, mult=1.5):
+def _feed(job, steps, slow_from=None, mult=1.5, *, period=STEP, instances_frac=1e-6):
+    """``steps`` training steps of ``period`` windows; only a step's first window holds data
+    (``instances_frac`` of the job's usual instances); nodes' streams ``mult`` slower from ``slow_from``."""
     det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
     out = []
-    for t in range(steps * STEP):
-        if t % STEP == 0:
-            on = slow_from is not None and t >= slow_from * STEP
-            reg = Regime(instances_frac=1e-6, mult={i: mult for i, s in enumerate(job.streams) if s.nnodes > 1}
-                         if on else {})
+    for t in range(steps * period):
+        if t % period == 0:
+            on = slow_from is not None and t >= slow_from * period
+            reg = Regime(instances_frac=instances_frac,
+                         mult={i: mult for i, s in enumerate(job.streams) if s.nnodes > 1} if on else {})
             wf = job.window(t, reg)
         else:
             wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
@@ -49,26 +51,12 @@ def test_sparse_job_stationary_hour_has_no_change():
 PACED = 3         # windows per step of a step-paced job whose windows with data are whole
 
 
-def _feed_paced(job, steps, slow_from, mult=1.5):
-    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
-    out = []
-    for t in range(steps * PACED):
-        if t % PACED == 0:
-            on = t >= slow_from * PACED
-            reg = Regime(mult={i: mult for i, s in enumerate(job.streams) if s.nnodes > 1}) if on else None
-            wf = job.window(t, reg)
-        else:
-            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
-        out += det.process(wf)
-    return det, out
-
-
 def test_step_paced_job_slowdown_found():
     """Every collective comes once per 3 s step, with enough instances in its window (no pooling):
     each value follows two empty windows. Judged against 1.5 windows, every value came after a
     gap and no alarm could open a change; judged against the job's cadence it is found."""
     job = SyntheticJob(seed=7, sigma=0.05)
-    det, ch = _feed_paced(job, 120, slow_from=100)
+    det, ch = _feed(job, 120, slow_from=100, period=PACED, instances_frac=1.0)
     assert ch, det.fusion.counters
     delay_steps = (ch[0].detected_s - (EPOCH + 100 * PACED)) / PACED
     assert ch[0].kind in ("bandwidth", "latency") and 0 <= delay_steps <= 3, (delay_steps, ch)
@@ -81,5 +69,5 @@ def test_step_paced_job_without_cadence_is_blind(monkeypatch):
     from dynamiccl.detector.sparse import JobCadence
     monkeypatch.setattr(JobCadence, "usual", lambda self, codes: np.full(len(codes), np.nan))
     job = SyntheticJob(seed=7, sigma=0.05)
-    det, ch = _feed_paced(job, 120, slow_from=100)
+    det, ch = _feed(job, 120, slow_from=100, period=PACED, instances_frac=1.0)
     assert ch == []
