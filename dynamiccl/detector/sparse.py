@@ -57,7 +57,7 @@ class InstancePool:
         return done, lat
 
     def gap(self, idx: np.ndarray, dt: np.ndarray, window_s: float, sparse: np.ndarray,
-            job_usual: np.ndarray | None = None) -> np.ndarray:
+            job_usual: np.ndarray) -> np.ndarray:
         """Which of ``idx`` (seconds ``dt`` since their last data, NaN: first) come back after a
         gap; learns their interval. Only ``sparse`` streams (fewer instances per window than a
         statistic needs) are judged against their interval; the others against 1.5 windows:
@@ -66,7 +66,7 @@ class InstancePool:
         against their job's cadence ``job_usual`` (seconds between the job's windows with data):
         in a job that reports once per 2.5 s step every value would otherwise follow a gap."""
         known = np.isfinite(self.interval[idx]) | ~sparse
-        dense_usual = window_s if job_usual is None else np.where(np.isfinite(job_usual), job_usual, window_s)
+        dense_usual = np.where(np.isfinite(job_usual), job_usual, window_s)
         usual = np.where(sparse & np.isfinite(self.interval[idx]), self.interval[idx], dense_usual)
         # a sparse stream's first interval is learnt, not judged (it is its step)
         out = known & np.isfinite(dt) & (dt > 1.5 * np.maximum(window_s, usual))

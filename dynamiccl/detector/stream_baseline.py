@@ -120,7 +120,7 @@ class StreamBaselines:
         """Per stream: the known-baseline threshold while a self-starting baseline learns, the
         fixed-baseline one once it is frozen."""
         frozen = self._frozen()
-        if not frozen.any() and not getattr(self, "_any_frozen", False):
+        if not frozen.any() and not self._any_frozen:
             return
         self._any_frozen = bool(frozen.any())
         every = np.arange(self.capacity)

@@ -54,7 +54,7 @@ def test_each_flat_key_has_one_dotted_key():
     ("cusum.deltas", ()), ("cusum.deltas", (2.0, -1.0)), ("cusum.arl0", 1.0), ("cusum.long_run_variance", 0.5),
     ("cusum.stream_false_alarms_per_day", 0.0),
     ("baseline.warmup", 1), ("baseline.warmup", 2.5), ("baseline.memory", 10), ("baseline.estimator", "mean"),
-    ("baseline.instance_weight", 2.0), ("baseline.scale_floor", float("nan")), ("baseline.self_start", "yes"),
+    ("baseline.instance_weight", 2.0), ("baseline.self_start_until", 5), ("baseline.self_start_until", True), ("baseline.scale_floor", float("nan")), ("baseline.self_start", "yes"),
     ("streams.min_instances", 0), ("streams.max_latency_s", -1.0), ("streams.idle_s", float("inf")),
     ("streams.history", 0), ("fusion.corroborate", 0), ("fusion.persist_ratio", 0.9), ("fusion.quiet_z", -1.0),
     ("fusion.min_ratio", 0.99), ("fusion.onset_wait", 1), ("incidents.step_ratio", 1.0),
