@@ -16,6 +16,8 @@ before the onset, and one of:
   communicator 5 of 8 instances is 0.62 but z = 2.4, which one quiet window of a shared machine
   produces by itself;
 * (a window only partly after the onset) at least twice its usual share with a binomial z ≥ 5;
+  where its durations are known (``rel_z`` given), either count rule also needs the rank's
+  collectives shorter than its peers' by ``REL_CORROBORATE_Z`` robust σ;
 * its own collectives are, on average, far shorter than its peers' in the same instances: its
   ``rel_lat_mean`` (duration / mean of the instance's other ranks) is the lowest of the
   communicator and below the communicator's median by ≥ ``rel_z`` robust σ of that deviation
@@ -71,6 +73,18 @@ latency streams already show, not to open one):
 [2]
 >>> has_rank_evidence(h, "j", [7], 7), has_rank_evidence(h, "j", [7], 8)
 (True, False)
+
+Every rank slowed alike (a job-wide bandwidth drop): rank 2 is the strict shortest of most
+instances by chance, but its durations are its peers' (``REL_CORROBORATE_Z``), so when the
+durations are known it is no straggler:
+
+>>> h = RankHistory(16)
+>>> for step, (counts, rel) in enumerate(quiet + [([0, 1, 9, 0], (1.0, 1.01, 0.995, 1.0))]):
+...     h.add(step, frame2(counts, rel))
+>>> [c.rank for c in find_stragglers(h, "j", [7], onset_step=4)]
+[2]
+>>> find_stragglers(h, "j", [7], onset_step=4, rel_z=STRAGGLER_REL_Z)
+[]
 """
 from __future__ import annotations
 
@@ -165,6 +179,11 @@ def _rel_sigma(pre: pl.DataFrame | None) -> dict[int, float]:
 
 
 STRAGGLER_REL_Z = 5.0   # the rel path's threshold when the fusion classifies a change (robust σ)
+#: the counts' straggler must also be shorter than its peers by this many robust σ where its durations
+#: are known: a late rank's own collective is shorter by its lateness, while a change that slows every
+#: rank alike (a job-wide bandwidth drop) leaves each rank's ratio to its peers where it was and makes
+#: some rank the strict shortest of most instances by chance when the communicator is large
+REL_CORROBORATE_Z = 2.0
 REL_SIGMA_FLOOR = 0.01   # rel deviations are ratios: 1 % is below any measured window-to-window noise
 REL_MIN_SAMPLES = 12     # deviations before the onset needed to trust their spread (3 windows of 4 ranks)
 
@@ -221,12 +240,13 @@ def _candidates(post: pl.DataFrame | None, before, sigma, *, share, min_instance
         z = (sh - p0) * tot / math.sqrt(tot * p0 * (1.0 - p0))
         dominant = sh >= share and z >= z_min
         partial = z >= 5.0 and sh >= 2.0 * p0        # a first window only partly after the onset
-        short_rel = False
+        short_rel, corroborated = False, True
         cr = rel.get(int(c), {})
         if c in sigma and len(cr) >= 3 and r in cr:
             dev = _rel_deviation(cr, r)
             short_rel = cr[r] <= min(cr.values()) and dev <= -rel_z * sigma[c]
-        if not (dominant or partial or short_rel):
+            corroborated = dev <= -REL_CORROBORATE_Z * sigma[c]
+        if not ((dominant or partial) and corroborated or short_rel):
             continue
         out.append(StragglerCandidate(int(c), int(r), str(h), float(sh), int(tot), float(b)))
     # best first; ties in (communicator, rank) order, not in polars' group_by order (which
