@@ -215,7 +215,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                 best = stragglers[0]
                 evidence["stragglers"] = [
                     {"comm": f"0x{c.comm_hash:x}", "rank": c.rank, "host": c.host, "share": round(c.share, 3),
-                     "instances": c.instances} for c in stragglers[:8]]
+                     "instances": c.instances, "rule": c.rule} for c in stragglers[:8]]
                 if kind is None:
                     kind = "straggler"
                     comms_h = [best.comm_hash] + [c for c in comms_h if c != best.comm_hash]

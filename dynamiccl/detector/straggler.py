@@ -127,6 +127,7 @@ class StragglerCandidate:
     share: float          # of instances with a unique shortest rank, since the onset
     instances: int        # such instances
     share_before: float   # same share before the onset (nan if unknown)
+    rule: str = ""        # which rule named it: "counts", "partial" or "durations"
 
 
 def _shares(df: pl.DataFrame) -> pl.DataFrame:
@@ -246,9 +247,11 @@ def _candidates(post: pl.DataFrame | None, before, sigma, *, share, min_instance
             dev = _rel_deviation(cr, r)
             short_rel = cr[r] <= min(cr.values()) and dev <= -rel_z * sigma[c]
             corroborated = dev <= -REL_CORROBORATE_Z * sigma[c]
-        if not ((dominant or partial) and corroborated or short_rel):
+        rule = ("counts" if dominant else "partial") if (dominant or partial) and corroborated else (
+            "durations" if short_rel else "")
+        if not rule:
             continue
-        out.append(StragglerCandidate(int(c), int(r), str(h), float(sh), int(tot), float(b)))
+        out.append(StragglerCandidate(int(c), int(r), str(h), float(sh), int(tot), float(b), rule))
     # best first; ties in (communicator, rank) order, not in polars' group_by order (which
     # varies between runs on the same records)
     out.sort(key=lambda c: (-(c.share * min(c.instances, 50)), -c.instances, c.comm_hash, c.rank))
