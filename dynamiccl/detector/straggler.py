@@ -165,14 +165,14 @@ def _rel_deviation(rel: dict[int, float], rank: int) -> float:
 
 def _rel_sigma(pre: pl.DataFrame | None) -> dict[int, float]:
     """Per comm: robust σ (1.4826 MAD) of the single-window rel deviations before the onset
-    (windows with ≥ 3 ranks; at least ``REL_MIN_SAMPLES`` of them; floored at ``REL_SIGMA_FLOOR``)."""
+    (windows with ≥ 2 ranks; at least ``REL_MIN_SAMPLES`` of them; floored at ``REL_SIGMA_FLOOR``)."""
     if pre is None or pre.height == 0 or "rel_lat_mean" not in pre.columns:
         return {}
     rel = pl.col("rel_lat_mean")
     dev = (pre.filter(rel.is_not_null() & rel.is_finite())
               .with_columns((rel - rel.median().over("comm_hash", "step")).alias("dev"),
                             pl.len().over("comm_hash", "step").alias("n"))
-              .filter(pl.col("n") >= 3))
+              .filter(pl.col("n") >= 2))
     agg = dev.group_by("comm_hash").agg(pl.len().alias("k"),
                                         (pl.col("dev") - pl.col("dev").median()).abs().median().alias("mad"))
     return {int(c): max(1.4826 * float(m), REL_SIGMA_FLOOR)
@@ -186,7 +186,7 @@ STRAGGLER_REL_Z = 5.0   # the rel path's threshold when the fusion classifies a 
 #: some rank the strict shortest of most instances by chance when the communicator is large
 REL_CORROBORATE_Z = 2.0
 REL_SIGMA_FLOOR = 0.01   # rel deviations are ratios: 1 % is below any measured window-to-window noise
-REL_MIN_SAMPLES = 12     # deviations before the onset needed to trust their spread (3 windows of 4 ranks)
+REL_MIN_SAMPLES = 12     # deviations before the onset needed to trust their spread (3 windows of 4 ranks, 6 of 2)
 
 
 def find_stragglers(history: RankHistory, job: str, comms, *, onset_step: int, share: float = 0.6,
@@ -243,9 +243,10 @@ def _candidates(post: pl.DataFrame | None, before, sigma, *, share, min_instance
         partial = z >= 5.0 and sh >= 2.0 * p0        # a first window only partly after the onset
         short_rel, corroborated = False, True
         cr = rel.get(int(c), {})
-        if c in sigma and len(cr) >= 3 and r in cr:
+        if c in sigma and len(cr) >= 2 and r in cr:
             dev = _rel_deviation(cr, r)
-            short_rel = cr[r] <= min(cr.values()) and dev <= -rel_z * sigma[c]
+            # naming a rank by its durations alone needs peers to compare it with (≥ 3 ranks)
+            short_rel = len(cr) >= 3 and cr[r] <= min(cr.values()) and dev <= -rel_z * sigma[c]
             corroborated = dev <= -REL_CORROBORATE_Z * sigma[c]
         rule = ("counts" if dominant else "partial") if (dominant or partial) and corroborated else (
             "durations" if short_rel else "")
