@@ -15,7 +15,9 @@ before the onset, and one of:
   (binomial z ≥ ``z_min`` against max(its share before the onset, 1/ranks)): on a 4-rank
   communicator 5 of 8 instances is 0.62 but z = 2.4, which one quiet window of a shared machine
   produces by itself;
-* (a window only partly after the onset) at least twice its usual share with a binomial z ≥ 5;
+* (a window only partly after the onset) at least twice its usual share with a binomial z ≥ 5
+  and an exact binomial tail ≤ ``PARTIAL_FAMILY_ALPHA`` / ranks (on 800 ranks one shortest
+  instance of 29 is z = 5.2 but any rank draws it with probability 0.036);
   where its durations are known (``rel_z`` given), either count rule also needs the rank's
   collectives shorter than its peers' by ``REL_CORROBORATE_Z`` robust σ;
 * its own collectives are, on average, far shorter than its peers' in the same instances: its
@@ -94,6 +96,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from scipy.stats import binom
 
 __all__ = ["RankHistory", "StragglerCandidate", "find_stragglers", "has_rank_evidence", "comm_hosts",
            "STRAGGLER_REL_Z"]
@@ -185,6 +188,8 @@ STRAGGLER_REL_Z = 5.0   # the rel path's threshold when the fusion classifies a 
 #: rank alike (a job-wide bandwidth drop) leaves each rank's ratio to its peers where it was and makes
 #: some rank the strict shortest of most instances by chance when the communicator is large
 REL_CORROBORATE_Z = 2.0
+#: family-wise false-naming rate of the ``partial`` count rule over a communicator's ranks
+PARTIAL_FAMILY_ALPHA = 0.01
 REL_SIGMA_FLOOR = 0.01   # rel deviations are ratios: 1 % is below any measured window-to-window noise
 REL_MIN_SAMPLES = 12     # deviations before the onset needed to trust their spread (3 windows of 4 ranks, 6 of 2)
 
@@ -232,15 +237,21 @@ def _candidates(post: pl.DataFrame | None, before, sigma, *, share, min_instance
         return []
     rel = _rel_by_rank(post) if rel_z is not None and sigma else {}
     out = []
-    for c, r, h, sh, tot, n in zip(s["comm_hash"].to_list(), s["rank"].to_list(), s["host"].to_list(),
-                                   s["share"].to_list(), s["total"].to_list(), s["n_ranks"].to_list()):
+    for c, r, h, sh, k, tot, n in zip(s["comm_hash"].to_list(), s["rank"].to_list(), s["host"].to_list(),
+                                      s["share"].to_list(), s["short"].to_list(), s["total"].to_list(),
+                                      s["n_ranks"].to_list()):
         b = before.get((c, r), float("nan"))
         if b == b and b >= share:  # already dominant before the change: not this change
             continue
         p0 = min(max(b if b == b else 0.0, 1.0 / max(n, 1)), 0.99)
         z = (sh - p0) * tot / math.sqrt(tot * p0 * (1.0 - p0))
         dominant = sh >= share and z >= z_min
-        partial = z >= 5.0 and sh >= 2.0 * p0        # a first window only partly after the onset
+        # a first window only partly after the onset; the normal approximation means nothing when
+        # the expected count tot·p0 is far below 1 (one shortest instance of 29 on 800 ranks is
+        # z = 5.2), so the exact binomial tail must also hold, Bonferroni over the ranks (any of n
+        # could have drawn the top count)
+        partial = (z >= 5.0 and sh >= 2.0 * p0
+                   and n * float(binom.sf(k - 1, tot, p0)) <= PARTIAL_FAMILY_ALPHA)
         short_rel, corroborated = False, True
         cr = rel.get(int(c), {})
         if c in sigma and len(cr) >= 2 and r in cr:
