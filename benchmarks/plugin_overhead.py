@@ -35,7 +35,11 @@ the emulator for INSTR_SHORT and INSTR_LONG collectives (1 thread); the differen
 the extra collectives is the per-collective count, start-up costs cancelled. They are reported
 beside the nanoseconds; `pass` is the nanosecond goals (the issue's), never the counts.
 
-Usage:  python benchmarks/plugin_overhead.py [--reps 7] [--colls 200000] [--no-callgrind]
+--breakdown (needs valgrind) prints, for each plugin, the inclusive callgrind count of each entry point
+(startEvent, stopEvent, recordEventState, the sender thread) per collective at 1 and 8 channels, split
+into a per-channel part (KernelCh start, stop, KernelChStop state) and a per-collective part, then exits.
+
+Usage:  python benchmarks/plugin_overhead.py [--reps 7] [--colls 200000] [--no-callgrind] [--breakdown]
 Last line (machine-readable):  profiler_added_ns_1thread=... profiler_added_ns_2threads=...
 profiler_added_ns_v7_phases=... chain_added_ns=... profiler_added_instr_1thread=...
 profiler_added_instr_v7_phases=... chain_added_instr=... net_added_ns=... net_added_instr=... load1=...
@@ -132,11 +136,47 @@ def instr_per_coll(plugin: Path, env: dict, abi: int, flags: int) -> float:
     return (instructions(plugin, INSTR_LONG, env, abi, flags) - instructions(plugin, INSTR_SHORT, env, abi, flags)) / extra
 
 
+ENTRY_POINTS = {"libnccl-profiler-dynamiccl.so": ("dccl_start_v6", "dccl_stop_core", "dccl_record_state_core",
+                                                 "sender_main"),
+                "libnccl-profiler-noop.so": ("start_v6", "stop", "record")}
+
+
+def entry_counts(plugin: Path, colls: int, channels: int, env: dict, out: str) -> dict:
+    """Inclusive instructions of each of the plugin's entry points in one callgrind run (1 thread, v6)."""
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(BUILD / "emulate"), str(plugin),
+                    "--abi", "6", "--colls", str(colls), "--warmup", "0", "--threads", "1", "--reps", "1",
+                    "--channels", str(channels)], capture_output=True, text=True, check=True, env=env)
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", out],
+                          capture_output=True, text=True, check=True).stdout
+    names, counts = ENTRY_POINTS[plugin.name], {}
+    for m in re.finditer(r"^\s*([\d,]+) \([^)]*\)\s+(\S[^\n]*)$", text, re.M):
+        name = m.group(2).split(" [")[0].split(":")[-1].strip()
+        if name in names:
+            counts[name] = max(counts.get(name, 0), int(m.group(1).replace(",", "")))
+    return counts
+
+
+def breakdown(plugins: list[Path], env: dict) -> None:
+    """Per-collective inclusive instructions of each entry point: per channel and per collective parts."""
+    extra = INSTR_LONG - INSTR_SHORT
+    with tempfile.TemporaryDirectory(prefix="dccl-cg-") as tmp:
+        for plugin in plugins:
+            per = {}
+            for ch in (1, 8):
+                a, b = (entry_counts(plugin, n, ch, env, f"{tmp}/cg.{n}.{ch}") for n in (INSTR_SHORT, INSTR_LONG))
+                per[ch] = {k: (b.get(k, 0) - a.get(k, 0)) / extra for k in ENTRY_POINTS[plugin.name]}
+            for k in ENTRY_POINTS[plugin.name]:
+                chan = (per[8][k] - per[1][k]) / 7
+                print(f"{plugin.name:>30} {k:>24}: per collective at 8 channels {per[8][k]:7.1f}  "
+                      f"= per channel {chan:6.1f} x 8 + per collective {per[1][k] - chan:6.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--colls", type=int, default=200_000)
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
+    ap.add_argument("--breakdown", action="store_true", help="instructions per entry point (callgrind), then exit")
     args = ap.parse_args()
     if args.reps < 5:
         ap.error("--reps must be >= 5")
@@ -149,6 +189,9 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNAMICCL_")}
     env.update(DYNAMICCL_COLLECTOR=f"unix:{sock}", DYNAMICCL_RING_SIZE="262144")
 
+    if args.breakdown:
+        breakdown([noop, ours], env)
+        return 0
     added = {}
     delivered = True
     print(f"eager AllReduce, 8 channels, KernelCh on; {WARMUP} warm-up + {args.colls} timed collectives per run, "
