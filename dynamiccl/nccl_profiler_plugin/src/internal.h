@@ -35,6 +35,8 @@
    0 for an emulated NCCL whose pTimers are simulated time (the emulator sets it). */
 #define DCCL_DEFAULT_SPAN_CHECK 1
 #define DCCL_SPAN_SLACK_NS 20000ull
+/* record clock (clock.h): 0 clock_gettime(CLOCK_REALTIME), 1 the TSC anchored to it where usable */
+#define DCCL_DEFAULT_CLOCK 0
 
 /* ---- limits ---- */
 #define DCCL_MAX_CHANNELS 64           /* NCCL MAXCHANNELS: KernelCh channelId < 64 */
@@ -65,6 +67,7 @@ typedef struct dccl_config {
   uint32_t flush_ms;
   uint32_t stale_ms;
   uint32_t span_check;
+  uint32_t clock;
 } dccl_config_t;
 
 /* Parse DYNAMICCL_* from the environment into *cfg. Returns 0, or -1 with a message in err. */
@@ -253,12 +256,8 @@ typedef struct dccl_global {
 extern dccl_global_t dccl_g;
 extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
-/* CLOCK_REALTIME: record timestamps (vDSO, no syscall). */
-static inline uint64_t dccl_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+/* dccl_now_ns(): CLOCK_REALTIME for record timestamps (the vDSO, or the TSC: clock.h) */
+#include "clock.h"
 
 /* Slot ages (the reaper, never the hot path): a clock step never reaps. */
 static inline uint64_t dccl_monotonic_ns(void) {

@@ -206,6 +206,25 @@ static void retired_sweep(uint64_t now, int all) {
   }
 }
 
+/* DYNAMICCL_CLOCK=1 (clock.h): the first anchor; the sender refreshes it and a rate follows. */
+static void clock_start(const dccl_config_t* cfg) {
+  if (cfg->clock != 1) return;
+  if (!dccl_tsc_usable()) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_CLOCK=1 needs an invariant TSC (constant_tsc, nonstop_tsc) and the "
+              "tsc clocksource; using clock_gettime(CLOCK_REALTIME)");
+    return;
+  }
+  dccl_tsc_anchor();
+  atomic_store_explicit(&dccl_tsc.on, 1, memory_order_relaxed);
+}
+
+/* At the last finalize (no communicator, no reader): the next lifetime starts without a rate. */
+static void clock_stop(void) {
+  atomic_store_explicit(&dccl_tsc.on, 0, memory_order_relaxed);
+  atomic_store_explicit(&dccl_tsc.mult, 0, memory_order_relaxed);
+  dccl_tsc.rate_tsc = dccl_tsc.rate_mono = 0;
+}
+
 /* Init failed: before any success NCCL may disable the plugin; after one, report success with no
    context (this communicator is simply not profiled). */
 static ncclResult_t init_refuse(ncclResult_t rc) {
@@ -233,6 +252,7 @@ ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eAc
     dccl_g.cfg = cfg;
     dccl_g.abi_version = abi;
     dccl_g.start_ns = dccl_now_ns();
+    clock_start(&cfg);
     if (dccl_ring_init(&dccl_g.ring, cfg.ring_size) != 0) {
       DCCL_WARN("DynamICCL profiler: cannot allocate a ring of %u records", cfg.ring_size);
       rc = ncclSystemError;
@@ -311,6 +331,7 @@ ncclResult_t dccl_finalize(void* context) {
     g_emitted_prev += atomic_load(&dccl_g.ring.enqueue_pos);
     dccl_ring_free(&dccl_g.ring);
     dccl_tuner_unlink();
+    clock_stop();
   }
   retired_sweep(dccl_monotonic_ms(), last);
   if (last) dccl_chain_unload(); /* after the sweep freed every communicator's chain state */
