@@ -25,6 +25,18 @@ static uint32_t g_ctx_serial;
 /* ------------------------------------------------------------------------------------------ */
 /* Stale-slot reaper (sender thread and finalize): emits operations whose children never came.  */
 
+/* The reaper's claim on generation (c >> 1) (internal.h, the completion rule): refused when the slot
+   was reused since `c` was read or an event's mark already completed it. */
+static int reap_claim(dccl_slot_t* s, uint64_t c) {
+  uint64_t gen = (c >> 1) & DCCL_H_GEN_MASK;
+  uint64_t w = atomic_load_explicit(&s->done, memory_order_relaxed);
+  do {
+    if ((w & DCCL_H_GEN_MASK) != gen || (w & DCCL_DONE_BOTH) == DCCL_DONE_BOTH || (w & DCCL_DONE_REAPED)) return 0;
+  } while (!atomic_compare_exchange_weak_explicit(&s->done, &w, w | DCCL_DONE_REAPED, memory_order_acq_rel,
+                                                  memory_order_relaxed));
+  return 1;
+}
+
 void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) {
   for (uint32_t i = 0; i < ctx->pool_size; i++) {
     dccl_slot_t* s = &ctx->slots[i];
@@ -39,8 +51,8 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) 
       }
       if (mono_now_ns < seen->ns || mono_now_ns - seen->ns < stale_ns) continue;
     }
-    /* Fails if the slot finished or was reused since `c` was read (generation in ctl). */
-    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed)) {
+    if (reap_claim(s, c)) {
+      atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
       atomic_fetch_add_explicit(&dccl_g.events_stale, 1, memory_order_relaxed);
       dccl_slot_finish(s, 1);
     }

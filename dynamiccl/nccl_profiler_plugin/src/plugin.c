@@ -133,12 +133,17 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
 
 
 
-/* Finish once, and only the generation `h` names. */
-static inline void slot_try_finish(dccl_slot_t* s, uint64_t h) {
-  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  if ((c & 1) || ((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) return;
-  if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed))
-    dccl_slot_finish(s, 0);
+/* One completion mark (DCCL_DONE_STOPPED or _KERNELS) for the generation `h` names; the mark that
+   completes the word finishes the slot, once (internal.h: the completion rule). */
+static inline void slot_mark(dccl_slot_t* s, uint64_t h, uint64_t part) {
+  uint64_t w = atomic_load_explicit(&s->done, memory_order_relaxed);
+  do {
+    if ((w & DCCL_H_GEN_MASK) != DCCL_H_GEN(h) || (w & part)) return; /* a later occupant's, or marked already */
+  } while (!atomic_compare_exchange_weak_explicit(&s->done, &w, w | part, memory_order_acq_rel, memory_order_relaxed));
+  if ((w & DCCL_DONE_REAPED) || ((w | part) & DCCL_DONE_BOTH) != DCCL_DONE_BOTH) return;
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
+  atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
+  dccl_slot_finish(s, 0);
 }
 
 static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_dropped, 1, memory_order_relaxed); }
@@ -191,12 +196,13 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
       .kernel_variant = variant,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
-  atomic_store_explicit(&s->done, 0, memory_order_relaxed);
   s->kch_stopped = 0;
   if (s->net) s->net->n = s->net->dropped = 0;
   atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
+  atomic_store_explicit(&s->done, ((next >> 1) & DCCL_H_GEN_MASK) | (s->expect_kch ? 0 : DCCL_DONE_KERNELS),
+                        memory_order_relaxed);
   atomic_store_explicit(&s->ctl, next, memory_order_release);
   *eHandle = (void*)(uintptr_t)DCCL_H_MAKE(DCCL_H_TAG_SLOT, 0, ctx->index, idx, next >> 1);
 }
@@ -382,11 +388,7 @@ ncclResult_t dccl_stop_core(void* eHandle) {
     return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
-  /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
-     occupant rewrite expect_kch. */
-  uint32_t need = s->expect_kch;
-  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_STOPPED, memory_order_acq_rel);
-  if (need == 0 || (w & DCCL_DONE_KERNELS)) slot_try_finish(s, h);
+  slot_mark(s, h, DCCL_DONE_STOPPED);
   return ncclSuccess;
 }
 
@@ -404,8 +406,7 @@ static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint
   e->order |= DCCL_KCH_STOPPED;
   kch_order_stop(ctx, e, DCCL_H_CH(h), t);
   if (++s->kch_stopped != need) return;
-  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_KERNELS, memory_order_acq_rel);
-  if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
+  slot_mark(s, h, DCCL_DONE_KERNELS);
 }
 
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,

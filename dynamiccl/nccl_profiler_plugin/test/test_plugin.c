@@ -111,6 +111,7 @@ static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_
 #include "cases_real_paths.c"
 #include "cases_net.c"
 #include "cases_clock.c"
+#include "cases_completion.c"
 
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
@@ -147,6 +148,7 @@ static const test_case_t k_tests[] = {
     {"net_peers_and_stale", test_net_peers_and_stale},
     {"tsc_clock_anchor", test_tsc_clock_anchor},
     {"tsc_clock_live", test_tsc_clock_live},
+    {"completion_marks_generation", test_completion_marks_generation},
 };
 
 int main(int argc, char** argv) {
