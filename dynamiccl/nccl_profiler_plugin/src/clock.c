@@ -11,6 +11,14 @@
 
 dccl_tsc_clock_t dccl_tsc;
 
+uint64_t dccl_tsc_now_ns(void) {
+#if defined(__x86_64__)
+  uint64_t t;
+  if (dccl_tsc_convert(__rdtsc(), &t)) return t;
+#endif
+  return dccl_realtime_ns();
+}
+
 /* Does a whitespace-separated word occur in the cpuinfo "flags" line / a sysfs file? */
 static int file_has_word(const char* path, const char* prefix, const char* word) {
   FILE* f = fopen(path, "r");
