@@ -51,9 +51,11 @@ static int test_tsc_clock_live(void) {
   TEST_ASSERT(atomic_load(&dccl_tsc.on) == usable, "on only where the TSC qualifies (usable %d)", usable);
   TEST_ASSERT(usable || strstr(g_log, "DYNAMICCL_CLOCK=1") != NULL, "fallback warned: %s", g_log);
   if (usable) {
+    /* the unit tests have no sender thread (DCCL_TESTING_NO_SENDER): this thread takes its part,
+       the anchor's only writer, and anchors again after 30 ms */
     struct timespec pause = {0, 30 * 1000000};
     nanosleep(&pause, NULL);
-    dccl_tsc_anchor(); /* as the sender does at each wake-up (it may have already) */
+    dccl_tsc_anchor();
     TEST_ASSERT(atomic_load(&dccl_tsc.mult) != 0, "a rate after 30 ms");
     for (int i = 0; i < 100; i++) {
       uint64_t a = dccl_realtime_ns(), x = dccl_now_ns(), b = dccl_realtime_ns();
