@@ -43,11 +43,11 @@ static int test_tsc_clock_anchor(void) {
 /* DYNAMICCL_CLOCK=1 through init on this host: records' clock agrees with CLOCK_REALTIME. */
 static int test_tsc_clock_live(void) {
   clear_env();
+  int usable = dccl_tsc_usable();
   setenv("DYNAMICCL_CLOCK", "1", 1);
   void* ctx = init6(0xc10c, 0, 2);
   unsetenv("DYNAMICCL_CLOCK");
   TEST_ASSERT(ctx != NULL, "init: %s", g_log);
-  int usable = dccl_tsc_usable();
   TEST_ASSERT(atomic_load(&dccl_tsc.on) == usable, "on only where the TSC qualifies (usable %d)", usable);
   TEST_ASSERT(usable || strstr(g_log, "DYNAMICCL_CLOCK=1") != NULL, "fallback warned: %s", g_log);
   if (usable) {
