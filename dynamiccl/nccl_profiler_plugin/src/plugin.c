@@ -384,8 +384,11 @@ DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d
    and the channel is counted there, so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (DCCL_H_TAG(h) != DCCL_H_TAG_SLOT)
+  uint32_t tag = DCCL_H_TAG(h);
+  if (tag != DCCL_H_TAG_SLOT) {
+    if (tag != 0) return ncclSuccess; /* KernelCh (counted at its KernelChStop state), or a dummy */
     return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
+  }
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
   slot_mark(s, h, DCCL_DONE_STOPPED);
@@ -409,31 +412,36 @@ static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint
   slot_mark(s, h, DCCL_DONE_KERNELS);
 }
 
+/* A v7 KernelPhaseStop: the initial_sync duration, when the channel entry's generation stamp still
+   names the handle's operation (a late phase never writes another operation's timer). */
+static inline void phase_stopped(uint64_t h, uint64_t t) {
+  dccl_slot_t* s = handle_slot(h);
+  if (s == NULL) return; /* its communicator is gone */
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return;
+  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+}
+
+/* Tested in the order of frequency: KernelChStop (one per channel) first. */
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
   uint32_t tag = DCCL_H_TAG(h);
+  if (tag == DCCL_H_TAG_KCH) {
+    if (eState != ncclProfilerKernelChStop) return ncclSuccess;
+    dccl_ctx_t* ctx;
+    dccl_slot_t* s = handle_slot_ctx(h, &ctx);
+    if (s == NULL) kch_reject(); /* its communicator is gone */
+    else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
+    return ncclSuccess;
+  }
+  if (tag == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
+    if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
+    return ncclSuccess;
+  }
   if (__builtin_expect(tag == 0 && h != 0, 0)) /* a chained profiler's or a proxy event's handle */
     return DCCL_H_IS_CHAIN(h) ? dccl_chain_record(h, eState, args)
            : DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : ncclSuccess;
-  int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
-  int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
-  if (!(kch_stop || sync_stop)) return ncclSuccess;
-  uint64_t t = args ? args->kernelCh.pTimer : 0;
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s = handle_slot_ctx(h, &ctx);
-  if (s == NULL) { /* its communicator is gone */
-    if (kch_stop) kch_reject();
-    return ncclSuccess;
-  }
-  if (kch_stop) {
-    kch_stopped(ctx, s, h, t);
-    return ncclSuccess;
-  }
-  /* the channel entry's generation stamp decides: a late phase never writes another op's timer */
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
-  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 
