@@ -303,6 +303,16 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
 }
 
+/* Parents we do not track (Group, GroupApi, CollApi, P2pApi, KernelLaunch; NCCL's event types are
+   single bits): a non-NULL dummy so NCCL keeps starting the children. Five of a collective's eleven
+   starts in eager mode, so they are taken inline, before the out-of-line switch and its register saves. */
+#define DCCL_DUMMY_TYPES \
+  ((uint64_t)(ncclProfileGroup | ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileKernelLaunch))
+static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, void** eHandle, uint64_t type) {
+  if (type == ncclProfileCollApi) dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */
+  *eHandle = DUMMY_HANDLE;
+}
+
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
 /* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
@@ -323,6 +333,8 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
+    else if ((uint64_t)d->type & DCCL_DUMMY_TYPES)                                                           \
+      start_dummy((dccl_ctx_t*)context, eHandle, (uint64_t)d->type);                                         \
     else                                                                                                     \
       fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
     return ncclSuccess;                                                                                      \
@@ -339,17 +351,6 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
-      case ncclProfileCollApi:                                                                               \
-        dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */                  \
-        *eHandle = DUMMY_HANDLE;                                                                             \
-        break;                                                                                               \
-      case ncclProfileGroup:                                                                                 \
-      case ncclProfileGroupApi:                                                                              \
-      case ncclProfileP2pApi:                                                                                \
-      case ncclProfileKernelLaunch:                                                                          \
-        /* Parents we do not track: a non-NULL dummy so NCCL keeps starting the children. */               \
-        *eHandle = DUMMY_HANDLE;                                                                             \
-        break;                                                                                               \
       case ncclProfileProxyOp: /* per-peer network timing, opt-in (net.h) */                                \
         if (ctx->net)                                                                                        \
           dccl_net_start_op(ctx, eHandle, d->parentObj, d->proxyOp.pid, d->proxyOp.peer, d->proxyOp.isSend); \
