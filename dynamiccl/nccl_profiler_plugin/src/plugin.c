@@ -271,12 +271,15 @@ static inline __attribute__((always_inline)) void start_kch(void** eHandle, void
   if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
   dccl_ctx_t* ctx;
   dccl_slot_t* s = handle_slot_ctx(p, &ctx);
-  if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS ||
-      (atomic_load_explicit(&s->chmask, memory_order_relaxed) & (1ull << channelId))) {
+  if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS) {
     kch_reject();
     return;
   }
   uint64_t started = atomic_load_explicit(&s->chmask, memory_order_relaxed);
+  if (started & (1ull << channelId)) { /* a second start of one channel */
+    kch_reject();
+    return;
+  }
   atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
   dccl_kch_t* e = &s->ch[channelId];
   e->start_ptimer = pTimer;
@@ -320,7 +323,7 @@ static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, v
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
    with our own parent handle and the chained plugin with its own. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST)                  \
-  static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
+  static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
@@ -336,10 +339,10 @@ static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, v
     else if ((uint64_t)d->type & DCCL_DUMMY_TYPES)                                                           \
       start_dummy((dccl_ctx_t*)context, eHandle, (uint64_t)d->type);                                         \
     else                                                                                                     \
-      fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
+      return fn##_rest((dccl_ctx_t*)context, eHandle, d); /* a tail call */                                  \
     return ncclSuccess;                                                                                      \
   }                                                                                                          \
-  static void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                                      \
+  static ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                              \
     switch ((uint64_t)d->type) {                                                                             \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
@@ -361,6 +364,7 @@ static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, v
       default: /* ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                                      \
         break;                                                                                               \
     }                                                                                                        \
+    return ncclSuccess;                                                                                      \
   }
 
 #define DCCL_CE_CASE(TAG)                                                                                  \
