@@ -74,6 +74,7 @@ int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), 
   cfg->flush_ms = DCCL_DEFAULT_FLUSH_MS;
   cfg->stale_ms = DCCL_DEFAULT_STALE_MS;
   cfg->span_check = DCCL_DEFAULT_SPAN_CHECK;
+  cfg->clock = DCCL_DEFAULT_CLOCK;
 
   if ((s = get("DYNAMICCL_COLLECTOR")) != NULL && *s != '\0') {
     if (valid_collector(s, err, errlen) != 0) return -1;
@@ -92,6 +93,7 @@ int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), 
   DCCL_GET_U("DYNAMICCL_FLUSH_MS", 1, DCCL_MAX_FLUSH_MS, flush_ms)
   DCCL_GET_U("DYNAMICCL_STALE_MS", 1, DCCL_MAX_STALE_MS, stale_ms)
   DCCL_GET_U("DYNAMICCL_SPAN_CHECK", 0, 1, span_check)
+  DCCL_GET_U("DYNAMICCL_CLOCK", 0, 1, clock)
 #undef DCCL_GET_U
   if ((cfg->ring_size & (cfg->ring_size - 1)) != 0) {
     snprintf(err, errlen, "DYNAMICCL_RING_SIZE=%u must be a power of two", cfg->ring_size);

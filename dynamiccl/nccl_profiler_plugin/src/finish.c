@@ -58,6 +58,6 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
   }
   if (dccl_ring_push(&dccl_g.ring, r) != 0)
     atomic_fetch_add_explicit(&dccl_g.records_dropped_ring_full, 1, memory_order_relaxed);
-  dccl_net_emit(s); /* its PEER records follow it */
+  if (s->net) dccl_net_emit(s); /* its PEER records follow it (per-peer timing opted in) */
   atomic_store_explicit(&s->busy, 0, memory_order_release);
 }

@@ -35,6 +35,8 @@
    0 for an emulated NCCL whose pTimers are simulated time (the emulator sets it). */
 #define DCCL_DEFAULT_SPAN_CHECK 1
 #define DCCL_SPAN_SLACK_NS 20000ull
+/* record clock (clock.h): 0 clock_gettime(CLOCK_REALTIME), 1 the TSC anchored to it where usable */
+#define DCCL_DEFAULT_CLOCK 0
 
 /* ---- limits ---- */
 #define DCCL_MAX_CHANNELS 64           /* NCCL MAXCHANNELS: KernelCh channelId < 64 */
@@ -65,6 +67,7 @@ typedef struct dccl_config {
   uint32_t flush_ms;
   uint32_t stale_ms;
   uint32_t span_check;
+  uint32_t clock;
 } dccl_config_t;
 
 /* Parse DYNAMICCL_* from the environment into *cfg. Returns 0, or -1 with a message in err. */
@@ -102,11 +105,18 @@ typedef struct dccl_kch {
 /* Completion: two atomic RMWs per operation, whatever its channel count. The KernelCh events of
    one operation all come from its communicator's proxy thread (NCCL's profiler proxy progress), so
    chmask (channels started) and kch_stopped (stops counted) are plain loads/stores there; the
-   stop that brings kch_stopped to expect_kch sets DCCL_DONE_KERNELS, the Coll/P2p stop sets
-   DCCL_DONE_STOPPED, and whichever RMW sees both finishes the slot (the ctl CAS makes that happen
-   once). Were that proxy assumption broken, a lost count would only make the record STALE. */
+   stop that brings kch_stopped to expect_kch sets DCCL_DONE_KERNELS (set at the start when no
+   KernelCh is expected), the Coll/P2p stop sets DCCL_DONE_STOPPED. `done` carries the slot
+   generation in its low bits and every mark is a CAS that checks it, so a late event never marks
+   the slot's next occupant. The RMW that completes both marks finishes the slot unless the reaper's
+   DCCL_DONE_REAPED came first; the reaper sets REAPED only on an incomplete word of the generation
+   it saw. So exactly one party finishes a generation, and it marks ctl finished with a plain store:
+   no one else writes ctl until dccl_slot_finish frees the slot. Were the proxy assumption broken, a
+   lost count would only make the record STALE. */
 #define DCCL_DONE_STOPPED (1ull << 63)
 #define DCCL_DONE_KERNELS (1ull << 62)
+#define DCCL_DONE_REAPED (1ull << 61)
+#define DCCL_DONE_BOTH (DCCL_DONE_STOPPED | DCCL_DONE_KERNELS)
 #define DCCL_KCH_ORDER_SLACK_NS 1000 /* timer rounding of simulators; real violations are >= a kernel */
 
 /* One in-flight Coll or P2p operation. Written by the starting thread, completed by whichever
@@ -117,7 +127,7 @@ typedef struct dccl_slot {
   uint32_t kch_stopped;         /* KernelCh stops counted (the operation's proxy thread only) */
   _Atomic uint64_t ctl;         /* (generation << 1) | finished */
   _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c started (its proxy thread only) */
-  _Atomic uint64_t done;        /* DCCL_DONE_STOPPED | DCCL_DONE_KERNELS */
+  _Atomic uint64_t done;        /* DCCL_DONE_* | generation (DCCL_H_GEN_MASK bits) */
   uint64_t pad_reap_;            /* keeps the slot's layout (the reaper's state is in dccl_ctx_t.reap) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
   struct dccl_net* net;         /* per-peer network timing of this slot (net.h), NULL unless opted in */
@@ -253,12 +263,8 @@ typedef struct dccl_global {
 extern dccl_global_t dccl_g;
 extern dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
-/* CLOCK_REALTIME: record timestamps (vDSO, no syscall). */
-static inline uint64_t dccl_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+/* dccl_now_ns(): CLOCK_REALTIME for record timestamps (the vDSO, or the TSC: clock.h) */
+#include "clock.h"
 
 /* Slot ages (the reaper, never the hot path): a clock step never reaps. */
 static inline uint64_t dccl_monotonic_ns(void) {

@@ -25,6 +25,18 @@ static uint32_t g_ctx_serial;
 /* ------------------------------------------------------------------------------------------ */
 /* Stale-slot reaper (sender thread and finalize): emits operations whose children never came.  */
 
+/* The reaper's claim on generation (c >> 1) (internal.h, the completion rule): refused when the slot
+   was reused since `c` was read or an event's mark already completed it. */
+static int reap_claim(dccl_slot_t* s, uint64_t c) {
+  uint64_t gen = (c >> 1) & DCCL_H_GEN_MASK;
+  uint64_t w = atomic_load_explicit(&s->done, memory_order_relaxed);
+  do {
+    if ((w & DCCL_H_GEN_MASK) != gen || (w & DCCL_DONE_BOTH) == DCCL_DONE_BOTH || (w & DCCL_DONE_REAPED)) return 0;
+  } while (!atomic_compare_exchange_weak_explicit(&s->done, &w, w | DCCL_DONE_REAPED, memory_order_acq_rel,
+                                                  memory_order_relaxed));
+  return 1;
+}
+
 void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) {
   for (uint32_t i = 0; i < ctx->pool_size; i++) {
     dccl_slot_t* s = &ctx->slots[i];
@@ -39,8 +51,8 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) 
       }
       if (mono_now_ns < seen->ns || mono_now_ns - seen->ns < stale_ns) continue;
     }
-    /* Fails if the slot finished or was reused since `c` was read (generation in ctl). */
-    if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed)) {
+    if (reap_claim(s, c)) {
+      atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
       atomic_fetch_add_explicit(&dccl_g.events_stale, 1, memory_order_relaxed);
       dccl_slot_finish(s, 1);
     }
@@ -206,6 +218,25 @@ static void retired_sweep(uint64_t now, int all) {
   }
 }
 
+/* DYNAMICCL_CLOCK=1 (clock.h): the first anchor; the sender refreshes it and a rate follows. */
+static void clock_start(const dccl_config_t* cfg) {
+  if (cfg->clock != 1) return;
+  if (!dccl_tsc_usable()) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_CLOCK=1 needs an invariant TSC (constant_tsc, nonstop_tsc) and the "
+              "tsc clocksource; using clock_gettime(CLOCK_REALTIME)");
+    return;
+  }
+  dccl_tsc_anchor();
+  atomic_store_explicit(&dccl_tsc.on, 1, memory_order_relaxed);
+}
+
+/* At the last finalize (no communicator, no reader): the next lifetime starts without a rate. */
+static void clock_stop(void) {
+  atomic_store_explicit(&dccl_tsc.on, 0, memory_order_relaxed);
+  atomic_store_explicit(&dccl_tsc.mult, 0, memory_order_relaxed);
+  dccl_tsc.rate_tsc = dccl_tsc.rate_mono = 0;
+}
+
 /* Init failed: before any success NCCL may disable the plugin; after one, report success with no
    context (this communicator is simply not profiled). */
 static ncclResult_t init_refuse(ncclResult_t rc) {
@@ -233,6 +264,7 @@ ncclResult_t dccl_init_common(int abi, void** context, uint64_t commId, int* eAc
     dccl_g.cfg = cfg;
     dccl_g.abi_version = abi;
     dccl_g.start_ns = dccl_now_ns();
+    clock_start(&cfg);
     if (dccl_ring_init(&dccl_g.ring, cfg.ring_size) != 0) {
       DCCL_WARN("DynamICCL profiler: cannot allocate a ring of %u records", cfg.ring_size);
       rc = ncclSystemError;
@@ -311,6 +343,7 @@ ncclResult_t dccl_finalize(void* context) {
     g_emitted_prev += atomic_load(&dccl_g.ring.enqueue_pos);
     dccl_ring_free(&dccl_g.ring);
     dccl_tuner_unlink();
+    clock_stop();
   }
   retired_sweep(dccl_monotonic_ms(), last);
   if (last) dccl_chain_unload(); /* after the sweep freed every communicator's chain state */

@@ -133,12 +133,17 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
 
 
 
-/* Finish once, and only the generation `h` names. */
-static inline void slot_try_finish(dccl_slot_t* s, uint64_t h) {
-  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  if ((c & 1) || ((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) return;
-  if (atomic_compare_exchange_strong_explicit(&s->ctl, &c, c | 1, memory_order_acq_rel, memory_order_relaxed))
-    dccl_slot_finish(s, 0);
+/* One completion mark (DCCL_DONE_STOPPED or _KERNELS) for the generation `h` names; the mark that
+   completes the word finishes the slot, once (internal.h: the completion rule). */
+static inline void slot_mark(dccl_slot_t* s, uint64_t h, uint64_t part) {
+  uint64_t w = atomic_load_explicit(&s->done, memory_order_relaxed);
+  do {
+    if ((w & DCCL_H_GEN_MASK) != DCCL_H_GEN(h) || (w & part)) return; /* a later occupant's, or marked already */
+  } while (!atomic_compare_exchange_weak_explicit(&s->done, &w, w | part, memory_order_acq_rel, memory_order_relaxed));
+  if ((w & DCCL_DONE_REAPED) || ((w | part) & DCCL_DONE_BOTH) != DCCL_DONE_BOTH) return;
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
+  atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
+  dccl_slot_finish(s, 0);
 }
 
 static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_dropped, 1, memory_order_relaxed); }
@@ -191,12 +196,13 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
       .kernel_variant = variant,
   };
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
-  atomic_store_explicit(&s->done, 0, memory_order_relaxed);
   s->kch_stopped = 0;
   if (s->net) s->net->n = s->net->dropped = 0;
   atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
+  atomic_store_explicit(&s->done, ((next >> 1) & DCCL_H_GEN_MASK) | (s->expect_kch ? 0 : DCCL_DONE_KERNELS),
+                        memory_order_relaxed);
   atomic_store_explicit(&s->ctl, next, memory_order_release);
   *eHandle = (void*)(uintptr_t)DCCL_H_MAKE(DCCL_H_TAG_SLOT, 0, ctx->index, idx, next >> 1);
 }
@@ -265,12 +271,15 @@ static inline __attribute__((always_inline)) void start_kch(void** eHandle, void
   if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
   dccl_ctx_t* ctx;
   dccl_slot_t* s = handle_slot_ctx(p, &ctx);
-  if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS ||
-      (atomic_load_explicit(&s->chmask, memory_order_relaxed) & (1ull << channelId))) {
+  if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS) {
     kch_reject();
     return;
   }
   uint64_t started = atomic_load_explicit(&s->chmask, memory_order_relaxed);
+  if (started & (1ull << channelId)) { /* a second start of one channel */
+    kch_reject();
+    return;
+  }
   atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
   dccl_kch_t* e = &s->ch[channelId];
   e->start_ptimer = pTimer;
@@ -297,6 +306,16 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
 }
 
+/* Parents we do not track (Group, GroupApi, CollApi, P2pApi, KernelLaunch; NCCL's event types are
+   single bits): a non-NULL dummy so NCCL keeps starting the children. Five of a collective's eleven
+   starts in eager mode, so they are taken inline, before the out-of-line switch and its register saves. */
+#define DCCL_DUMMY_TYPES \
+  ((uint64_t)(ncclProfileGroup | ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileKernelLaunch))
+static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, void** eHandle, uint64_t type) {
+  if (type == ncclProfileCollApi) dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */
+  *eHandle = DUMMY_HANDLE;
+}
+
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
 /* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
@@ -304,7 +323,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
    with our own parent handle and the chained plugin with its own. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST)                  \
-  static __attribute__((noinline)) void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);             \
+  static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
@@ -317,11 +336,13 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
+    else if ((uint64_t)d->type & DCCL_DUMMY_TYPES)                                                           \
+      start_dummy((dccl_ctx_t*)context, eHandle, (uint64_t)d->type);                                         \
     else                                                                                                     \
-      fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                           \
+      return fn##_rest((dccl_ctx_t*)context, eHandle, d); /* a tail call */                                  \
     return ncclSuccess;                                                                                      \
   }                                                                                                          \
-  static void fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                                      \
+  static ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                              \
     switch ((uint64_t)d->type) {                                                                             \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
@@ -333,17 +354,6 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
-      case ncclProfileCollApi:                                                                               \
-        dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */                  \
-        *eHandle = DUMMY_HANDLE;                                                                             \
-        break;                                                                                               \
-      case ncclProfileGroup:                                                                                 \
-      case ncclProfileGroupApi:                                                                              \
-      case ncclProfileP2pApi:                                                                                \
-      case ncclProfileKernelLaunch:                                                                          \
-        /* Parents we do not track: a non-NULL dummy so NCCL keeps starting the children. */               \
-        *eHandle = DUMMY_HANDLE;                                                                             \
-        break;                                                                                               \
       case ncclProfileProxyOp: /* per-peer network timing, opt-in (net.h) */                                \
         if (ctx->net)                                                                                        \
           dccl_net_start_op(ctx, eHandle, d->parentObj, d->proxyOp.pid, d->proxyOp.peer, d->proxyOp.isSend); \
@@ -354,6 +364,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
       default: /* ProxyCtrl, NetPlugin, CeSync/CeBatch: not tracked. */                                      \
         break;                                                                                               \
     }                                                                                                        \
+    return ncclSuccess;                                                                                      \
   }
 
 #define DCCL_CE_CASE(TAG)                                                                                  \
@@ -378,15 +389,14 @@ DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d
    and the channel is counted there, so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  if (DCCL_H_TAG(h) != DCCL_H_TAG_SLOT)
+  uint32_t tag = DCCL_H_TAG(h);
+  if (tag != DCCL_H_TAG_SLOT) {
+    if (tag != 0) return ncclSuccess; /* KernelCh (counted at its KernelChStop state), or a dummy */
     return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
+  }
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
-  /* Read before the RMW: once it is published the KernelCh side may finish the slot and a new
-     occupant rewrite expect_kch. */
-  uint32_t need = s->expect_kch;
-  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_STOPPED, memory_order_acq_rel);
-  if (need == 0 || (w & DCCL_DONE_KERNELS)) slot_try_finish(s, h);
+  slot_mark(s, h, DCCL_DONE_STOPPED);
   return ncclSuccess;
 }
 
@@ -404,35 +414,39 @@ static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint
   e->order |= DCCL_KCH_STOPPED;
   kch_order_stop(ctx, e, DCCL_H_CH(h), t);
   if (++s->kch_stopped != need) return;
-  uint64_t w = atomic_fetch_or_explicit(&s->done, DCCL_DONE_KERNELS, memory_order_acq_rel);
-  if (w & DCCL_DONE_STOPPED) slot_try_finish(s, h);
+  slot_mark(s, h, DCCL_DONE_KERNELS);
 }
 
+/* A v7 KernelPhaseStop: the initial_sync duration, when the channel entry's generation stamp still
+   names the handle's operation (a late phase never writes another operation's timer). */
+static inline void phase_stopped(uint64_t h, uint64_t t) {
+  dccl_slot_t* s = handle_slot(h);
+  if (s == NULL) return; /* its communicator is gone */
+  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
+  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return;
+  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+}
+
+/* Tested in the order of frequency: KernelChStop (one per channel) first. */
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
   uint32_t tag = DCCL_H_TAG(h);
+  if (tag == DCCL_H_TAG_KCH) {
+    if (eState != ncclProfilerKernelChStop) return ncclSuccess;
+    dccl_ctx_t* ctx;
+    dccl_slot_t* s = handle_slot_ctx(h, &ctx);
+    if (s == NULL) kch_reject(); /* its communicator is gone */
+    else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
+    return ncclSuccess;
+  }
+  if (tag == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
+    if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
+    return ncclSuccess;
+  }
   if (__builtin_expect(tag == 0 && h != 0, 0)) /* a chained profiler's or a proxy event's handle */
     return DCCL_H_IS_CHAIN(h) ? dccl_chain_record(h, eState, args)
            : DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : ncclSuccess;
-  int kch_stop = tag == DCCL_H_TAG_KCH && eState == ncclProfilerKernelChStop;
-  int sync_stop = tag == DCCL_H_TAG_DUMMY && (h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop;
-  if (!(kch_stop || sync_stop)) return ncclSuccess;
-  uint64_t t = args ? args->kernelCh.pTimer : 0;
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s = handle_slot_ctx(h, &ctx);
-  if (s == NULL) { /* its communicator is gone */
-    if (kch_stop) kch_reject();
-    return ncclSuccess;
-  }
-  if (kch_stop) {
-    kch_stopped(ctx, s, h, t);
-    return ncclSuccess;
-  }
-  /* the channel entry's generation stamp decides: a late phase never writes another op's timer */
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return ncclSuccess;
-  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
   return ncclSuccess;
 }
 

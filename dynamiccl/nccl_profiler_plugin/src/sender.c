@@ -319,6 +319,7 @@ static void* sender_main(void* arg) {
     pthread_mutex_unlock(&dccl_g.wake_mutex);
     if (stop) break;
 
+    if (atomic_load_explicit(&dccl_tsc.on, memory_order_relaxed)) dccl_tsc_anchor();
     check_peer(&s);
     if (s.fd < 0 && dccl_monotonic_ms() >= s.next_connect_ms) try_connect(&s);
     reap_all();
@@ -336,6 +337,10 @@ static void* sender_main(void* arg) {
     }
     /* A ring more than a quarter full after one interval: come back soon instead of dropping. */
     wait_ms = taken > (dccl_g.ring.mask + 1) / 4 ? 1 : dccl_g.cfg.flush_ms;
+    /* the TSC clock has no rate yet: the second anchor as soon as it can give one */
+    if (atomic_load_explicit(&dccl_tsc.on, memory_order_relaxed) &&
+        !atomic_load_explicit(&dccl_tsc.mult, memory_order_relaxed) && wait_ms > DCCL_TSC_MIN_RATE_NS / 1000000 + 1)
+      wait_ms = DCCL_TSC_MIN_RATE_NS / 1000000 + 1;
   }
 
   /* Final flush at the last finalize: bounded, then exit. */

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #define DCCL_TESTING_NO_SENDER 1
 #include "../src/config.c"
+#include "../src/clock.c"
 #include "../src/plugin.c"
 #include "../src/finish.c"
 #include "../src/chain.c"
@@ -21,7 +22,7 @@
 
 static void clear_env(void) {
   const char* vars[] = {"DYNAMICCL_COLLECTOR", "DYNAMICCL_EVENT_MASK", "DYNAMICCL_POOL_SIZE", "DYNAMICCL_RING_SIZE",
-                        "DYNAMICCL_MIN_BYTES", "DYNAMICCL_SAMPLE",     "DYNAMICCL_FLUSH_MS",  "DYNAMICCL_STALE_MS"};
+                        "DYNAMICCL_MIN_BYTES", "DYNAMICCL_SAMPLE",     "DYNAMICCL_FLUSH_MS",  "DYNAMICCL_STALE_MS", "DYNAMICCL_CLOCK"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
   setenv("DYNAMICCL_SPAN_CHECK", "0", 1); /* the unit tests' pTimers are made up; span_check_guard turns it on */
   g_log[0] = '\0';
@@ -109,6 +110,8 @@ static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_
 #include "cases_lifecycle.c"
 #include "cases_real_paths.c"
 #include "cases_net.c"
+#include "cases_clock.c"
+#include "cases_completion.c"
 
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
@@ -143,6 +146,9 @@ static const test_case_t k_tests[] = {
     {"chain_handles", test_chain_handles},
     {"kernel_variant_hash", test_kernel_variant_hash},
     {"net_peers_and_stale", test_net_peers_and_stale},
+    {"tsc_clock_anchor", test_tsc_clock_anchor},
+    {"tsc_clock_live", test_tsc_clock_live},
+    {"completion_marks_generation", test_completion_marks_generation},
 };
 
 int main(int argc, char** argv) {
