@@ -155,8 +155,8 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
               for s in SHARDS}
     # ack_wait 1 s: a dead shard's held partials are redelivered to the next owner 1 s after their
     # deadline was last extended
-    tasks = {s: asyncio.create_task(ShardRunner(shards[s], js, ack_wait_s=1.0).run(lambda s=s: alive[s]))
-             for s in SHARDS}
+    runners = {s: ShardRunner(shards[s], js, ack_wait_s=1.0) for s in SHARDS}
+    tasks = {s: asyncio.create_task(runners[s].run(lambda s=s: alive[s])) for s in SHARDS}
     while table.live() != sorted(SHARDS):                 # both shards up before the first partial
         await asyncio.sleep(0.05)
     go.set()
@@ -185,6 +185,8 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
         alive[s] = False
     await asyncio.gather(*tasks.values(), return_exceptions=True)
     await nc.close()
+    for s, r in runners.items():        # for FANIN_DEBUG: a consumer that could not be asked its backlog
+        shards[s].counters["consumer_errors"] = sum(c.fetch_errors for c in r.consumers.values())
     return log, shards, sent, victim, t_kill_shard
 
 
@@ -244,6 +246,8 @@ def main() -> int:
     runs = [(j, w) for j, w, *_ in log]
     if os.environ.get("FANIN_DEBUG"):
         print(sorted(log), wins, jobs, {s: (v.counters, v.merger.counters) for s, v in shards.items()})
+        print("t_kill", t_kill, "windows with nodes missing:", [(j, w, n, round(t - (t_kill or t), 2)) for j, w, n, _, t in sorted(log)
+                                                          if n < half - (j == jobs[1] and w == wins[-1])])
     every_once = sorted(runs) == sorted((j, w) for j in jobs for w in wins)
     full = all(n == half - (j == jobs[1] and w == wins[-1]) for j, w, n, *_ in log)
     strag_rank = strag_node * RANKS + 3
