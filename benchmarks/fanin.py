@@ -16,7 +16,8 @@ after its onset, upstream ≤ 20 KB/s per node, node CPU ≤ 5 % of a core. Last
 Detector (``--detect-nodes``, benchmarks/fanin_detect.py): a second cluster, real node collectors'
 partials of a straggler and a bandwidth-drop scenario, one shard running the product's detector
 Loop: each change the single collector reports on the same records is reported within 1 s, the
-straggler's rank named. (The 1,000-node replay above has too few windows for the detector's warm-up.)
+straggler's rank named. (The 1,000-node replay above has too few windows for the detector's warm-up;
+the detector check at 1,000 nodes: ``fanin_detect.py --nodes 1000 --timeline short --rate 30 --slice 1``.)
 """
 from __future__ import annotations
 
@@ -154,8 +155,8 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
               for s in SHARDS}
     # ack_wait 1 s: a dead shard's held partials are redelivered to the next owner 1 s after their
     # deadline was last extended
-    tasks = {s: asyncio.create_task(ShardRunner(shards[s], js, ack_wait_s=1.0).run(lambda s=s: alive[s]))
-             for s in SHARDS}
+    runners = {s: ShardRunner(shards[s], js, ack_wait_s=1.0) for s in SHARDS}
+    tasks = {s: asyncio.create_task(runners[s].run(lambda s=s: alive[s])) for s in SHARDS}
     while table.live() != sorted(SHARDS):                 # both shards up before the first partial
         await asyncio.sleep(0.05)
     go.set()
@@ -184,6 +185,8 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
         alive[s] = False
     await asyncio.gather(*tasks.values(), return_exceptions=True)
     await nc.close()
+    for s, r in runners.items():        # for FANIN_DEBUG: a consumer that could not be asked its backlog
+        shards[s].counters["consumer_errors"] = sum(c.fetch_errors for c in r.consumers.values())
     return log, shards, sent, victim, t_kill_shard
 
 
@@ -212,6 +215,9 @@ def main() -> int:
     ap.add_argument("--kill-server-after", type=int, default=3)
     ap.add_argument("--kill-shard-after", type=int, default=4)
     ap.add_argument("--detect-nodes", type=int, default=16, help="nodes of the detector check (0: skip it)")
+    ap.add_argument("--detect-timeline", choices=("full", "short"), default="full",
+                    help="the detector check's scenario (fanin_detect.py --timeline)")
+    ap.add_argument("--detect-rate", type=float, default=150.0, help="its instances per second (fanin_detect.py --rate)")
     args = ap.parse_args()
     cpu_pct, bps, rps = node_side(10, args.seed)
     print(f"node collector: {rps:.0f} records/s, cpu {cpu_pct:.2f} % of a core, upstream {bps / 1e3:.1f} KB/s; "
@@ -240,6 +246,8 @@ def main() -> int:
     runs = [(j, w) for j, w, *_ in log]
     if os.environ.get("FANIN_DEBUG"):
         print(sorted(log), wins, jobs, {s: (v.counters, v.merger.counters) for s, v in shards.items()})
+        print("t_kill", t_kill, "windows with nodes missing:", [(j, w, n, round(t - (t_kill or t), 2)) for j, w, n, _, t in sorted(log)
+                                                          if n < half - (j == jobs[1] and w == wins[-1])])
     every_once = sorted(runs) == sorted((j, w) for j in jobs for w in wins)
     full = all(n == half - (j == jobs[1] and w == wins[-1]) for j, w, n, *_ in log)
     strag_rank = strag_node * RANKS + 3
@@ -250,7 +258,8 @@ def main() -> int:
     det = {"pass": True, "max_dt_s": float("nan"), "matched": 0, "wanted": 0}
     if args.detect_nodes:
         with tempfile.TemporaryDirectory() as d:
-            det = detect_check(args.detect_nodes, args.seed, Path(d))
+            det = detect_check(args.detect_nodes, args.seed, Path(d), timeline=args.detect_timeline,
+                               rate=args.detect_rate, slice_s=0.1 if args.detect_nodes <= 100 else 1.0)
         print(f"detector, {args.detect_nodes} nodes: single {det['single']} sharded {det['sharded']}", flush=True)
     ok = every_once and full and named and missing == 1 and bps <= 20e3 and cpu_pct <= 5.0 and det["pass"]
     print(f"windows run {len(runs)} of {len(jobs) * len(wins)} (each once: {every_once}); full windows: {full}; "

@@ -1,9 +1,11 @@
 """Fan-in with the detector: the central shard's regime changes against the single collector's on
 the same records. Seeded; called by benchmarks/fanin.py (``--detect-nodes``), or alone.
 
-Records: ``harness.scaleout_scenario.drop_then_straggler`` for N nodes × 8 ranks, 65 s: one rank
-2 ms late from 28 s to 38 s (a straggler, then its recovery), every duration x2.5 from 50 s (a
-bandwidth drop). Single-collector path:
+Records: ``harness.scaleout_scenario.drop_then_straggler`` for N nodes × 8 ranks, one communicator.
+Timeline ``full`` (65 s, detector warm-up 20 windows): one rank 2 ms late from 28 s to 38 s (a
+straggler, then its recovery), every duration x2.5 from 50 s (a bandwidth drop); ``short`` (36 s,
+warm-up 12): the same events at 16, 22 and 28 s, for 1,000 nodes on a small machine (with ``--rate``,
+the instances per second, lowered from 150). Single-collector path:
 every record through the collector's WindowAggregator into the product's Loop (detector). Scale-out
 path: one real NodeCollector per node (its own records, default window and lateness) → its messages
 → a 3-server NATS JetStream cluster on loopback (stream R3) → a ShardRunner whose shard runs the same
@@ -19,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,15 +47,41 @@ RANKS, JOB = 8, "det"
 TOLERANCE_S = 1.0
 
 
-def _config() -> DetectorConfig:
-    return DetectorConfig().with_overrides({"baseline.warmup": 20, "autoencoder.enabled": False})
+@dataclass(frozen=True)
+class Timeline:
+    windows: int
+    warmup: int            # the detector's baseline windows
+    straggler_at_s: float
+    straggler_until_s: float
+    drop_at_s: float
 
 
-def single_changes(ev, nodes: int, slice_ns: int = 100_000_000) -> list:
-    """One collector receiving every node's records as they come: 0.1 s of each node's in turn (a
-    node's whole run at once would close the windows before the other nodes' records arrive)."""
+TIMELINES = {"full": Timeline(65, 20, 28.0, 38.0, 50.0), "short": Timeline(36, 12, 16.0, 22.0, 28.0)}
+
+
+class TimedDetector:
+    """The product's detector, its process CPU time per window kept (where the time goes vs nodes)."""
+
+    def __init__(self, detector):
+        self.detector, self.cpu_s = detector, []
+
+    def process(self, wf):
+        t = time.process_time()
+        out = self.detector.process(wf)
+        self.cpu_s.append(time.process_time() - t)
+        return out
+
+
+def _config(tl: Timeline) -> DetectorConfig:
+    return DetectorConfig().with_overrides({"baseline.warmup": tl.warmup, "autoencoder.enabled": False})
+
+
+def single_changes(ev, nodes: int, tl: Timeline, slice_ns: int = 100_000_000) -> tuple[list, TimedDetector]:
+    """One collector receiving every node's records as they come: ``slice_ns`` of each node's in turn
+    (a node's whole run at once would close the windows before the other nodes' records arrive)."""
     changes: list = []
-    loop = Loop(detector_loop(_config())(JOB).detector, sinks=[changes.append])
+    det = TimedDetector(detector_loop(_config(tl))(JOB).detector)
+    loop = Loop(det, sinks=[changes.append])
     agg = WindowAggregator(WindowConfig(window_s=1.0), next_consumer=FuncConsumer(lambda r: loop.step(r.features)))
     t = event_time_ns(ev)
     key = (t - t.min()) // slice_ns * nodes + ev["rank"] // RANKS
@@ -61,16 +90,18 @@ def single_changes(ev, nodes: int, slice_ns: int = 100_000_000) -> list:
     for part in np.split(order, bounds):
         agg.consume(RecordBatch(ev[part], host=f"n{int(ev['rank'][part[0]]) // RANKS}", job_id=JOB))
     agg.shutdown()
-    return changes
+    return changes, det
 
 
 def node_messages(ev, nodes: int, batch: int = 4096) -> dict[int, list]:
     """{window: messages} of one real node collector per node over its own records."""
     out: dict[int, list] = {}
-    for n in range(nodes):
+    order = np.argsort(ev["rank"] // RANKS, kind="stable")     # each node's records, in their order
+    cuts = np.searchsorted((ev["rank"] // RANKS)[order], np.arange(1, nodes))
+    for n, idx in enumerate(np.split(order, cuts)):
         bus = InProcessBus(max_messages=1 << 20)
         node = NodeCollector(NodeConfig(f"n{n}", JOB), Outbox(bus, max_messages=1 << 20))
-        mine = ev[ev["rank"] // RANKS == n]
+        mine = ev[idx]
         for i in range(0, len(mine), batch):
             node.consume(mine[i:i + batch])
             node.tick()
@@ -80,13 +111,20 @@ def node_messages(ev, nodes: int, batch: int = 4096) -> dict[int, list]:
     return out
 
 
-async def sharded_changes(urls, msgs: dict[int, list], nodes: int, timeout_s: float):
+async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline, timeout_s: float):
     nc, js = await connect(urls, replicas=3)
     changes: list = []
     clock = time.monotonic
     cfg = MergerConfig({JOB: frozenset(f"n{n}" for n in range(nodes))})
-    shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {}, detector_loop(_config(), sinks=lambda job: [changes.append]),
-                         clock)
+    inner = detector_loop(_config(tl), sinks=lambda job: [changes.append])
+    timed: list[TimedDetector] = []
+
+    def make_loop(job: str):
+        loop = inner(job)
+        timed.append(TimedDetector(loop.detector))
+        loop.detector = timed[-1]
+        return loop
+    shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {}, make_loop, clock)
     runner = ShardRunner(shard, js, ack_wait_s=3.0)
     done = asyncio.Event()
     task = asyncio.create_task(runner.run(lambda: not done.is_set()))
@@ -99,7 +137,7 @@ async def sharded_changes(urls, msgs: dict[int, list], nodes: int, timeout_s: fl
     done.set()
     await task
     await nc.close()
-    return changes, shard
+    return changes, shard, timed
 
 
 def compare(single: list, sharded: list) -> dict:
@@ -117,22 +155,52 @@ def compare(single: list, sharded: list) -> dict:
             "extra": max(0, len(got) - len(want)), "max_dt_s": max(dts, default=float("inf")), "straggler_named": named}
 
 
-def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0) -> dict:
-    sc = Scenario(nranks=nodes * RANKS, nnodes=nodes, windows=65, straggler=RANKS * (nodes // 2) + 3,
-                  straggler_at_s=28.0, straggler_until_s=38.0, drop_at_s=50.0)
-    ev = drop_then_straggler(sc, seed)
-    single = single_changes(ev, nodes)
-    msgs = node_messages(ev, nodes)
+class Phases:
+    """CPU and wall seconds of each named phase (where a 1,000-node run spends its time)."""
+
+    def __init__(self):
+        self.cpu: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+
+    def run(self, name: str, fn, *a):
+        c, w = time.process_time(), time.monotonic()
+        out = fn(*a)
+        self.cpu[name], self.wall[name] = time.process_time() - c, time.monotonic() - w
+        return out
+
+    def line(self) -> str:
+        return " ".join(f"{k}={self.cpu[k]:.1f}/{self.wall[k]:.1f}" for k in self.cpu)
+
+
+def _per_window_ms(timed) -> str:
+    """The detector's CPU per window, ms: median/max (total s)."""
+    cpu = np.array([x for t in timed for x in t.cpu_s])
+    return f"{1e3 * np.median(cpu):.1f}/{1e3 * cpu.max():.0f} ({cpu.sum():.1f} s)" if cpu.size else "-"
+
+
+def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, timeline: str = "full",
+                 rate: float = 150.0, slice_s: float = 0.1) -> dict:
+    tl = TIMELINES[timeline]
+    sc = Scenario(nranks=nodes * RANKS, nnodes=nodes, windows=tl.windows, rate_per_s=rate,
+                  straggler=RANKS * (nodes // 2) + 3, straggler_at_s=tl.straggler_at_s,
+                  straggler_until_s=tl.straggler_until_s, drop_at_s=tl.drop_at_s)
+    ph = Phases()
+    ev = ph.run("records", drop_then_straggler, sc, seed)
+    single, single_det = ph.run("single", single_changes, ev, nodes, tl, int(slice_s * 1e9))
+    msgs = ph.run("nodes", node_messages, ev, nodes)
+    n_records = len(ev)
+    del ev
     cluster = loopback_cluster(root, 3)
     try:
-        sharded, shard = asyncio.run(sharded_changes(cluster.urls, msgs, nodes, timeout_s))
+        sharded, shard, timed = ph.run("sharded", lambda: asyncio.run(sharded_changes(cluster.urls, msgs, nodes, tl, timeout_s)))
     finally:
         cluster.stop()
     res = compare(single, sharded)
-    res.update(records=len(ev), windows=len(msgs), windows_run=shard.counters["windows_run"],
+    res.update(records=n_records, windows=len(msgs), windows_run=shard.counters["windows_run"],
                nodes_missing=shard.merger.counters["nodes_missing"], straggler=sc.straggler,
                single=[(c.kind, c.detected_s, c.ranks[:1]) for c in single],
-               sharded=[(c.kind, c.detected_s, c.ranks[:1]) for c in sharded])
+               sharded=[(c.kind, c.detected_s, c.ranks[:1]) for c in sharded], phases=ph.line(),
+               det_ms_single=_per_window_ms([single_det]), det_ms_shard=_per_window_ms(timed))
     # the check means something only when the single path saw both events: the straggler, by its
     # rank, and a change within 5 s of the drop (its kind is the detector's call: see the docs)
     t0 = START_NS / 1e9
@@ -148,11 +216,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--timeline", choices=sorted(TIMELINES), default="full")
+    ap.add_argument("--rate", type=float, default=150.0, help="collective instances per second (each: one record per rank)")
+    ap.add_argument("--slice", type=float, default=0.1, dest="slice_s",
+                    help="seconds of one node's records per batch into the single collector")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds the shard may take after the last publish")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        r = detect_check(args.nodes, args.seed, Path(d))
-    print(f"single: {r['single']}\nsharded: {r['sharded']}\nload {os.getloadavg()}")
-    print(f"nodes={args.nodes} records={r['records']} windows_run={r['windows_run']}/{r['windows']} "
+        r = detect_check(args.nodes, args.seed, Path(d), args.timeout, args.timeline, args.rate, args.slice_s)
+    print(f"single: {r['single']}\nsharded: {r['sharded']}\nphases cpu/wall s: {r['phases']}\n"
+          f"detector cpu per window, median/max ms (total): single {r['det_ms_single']} shard {r['det_ms_shard']}; "
+          f"load {os.getloadavg()}")
+    print(f"nodes={args.nodes} timeline={args.timeline} rate={args.rate:g} records={r['records']} "
+          f"windows_run={r['windows_run']}/{r['windows']} "
           f"kinds={','.join(r['kinds'])} saw_straggler={int(r['saw_straggler'])} saw_drop={int(r['saw_drop'])} matched={r['matched']}/{r['wanted']} extra={r['extra']} "
           f"max_dt_s={r['max_dt_s']:.2f} straggler_named={int(r['straggler_named'])} pass={int(r['pass'])}")
     return 0 if r["pass"] else 1

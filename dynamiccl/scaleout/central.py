@@ -49,6 +49,9 @@ class CentralShard:
         """File one message: "filed", or why not: "malformed", "not_owned" (the transport gives it back
         for the job's owner), "refused" (duplicate, late or unexpected; counted by the merger)."""
         self.counters["received"] += 1
+        # a shard handling a message is running, so live: its last beat may predate 3 of its observer's
+        # stalls (another shard's merges in the same process), and it would refuse its own jobs' partials
+        self.table.beat(self.name)
         try:
             head = peek_header(msg.data)
             if not self.table.owns(self.name, head["job"]):

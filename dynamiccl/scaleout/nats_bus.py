@@ -145,14 +145,15 @@ class JobConsumer:
             self.fetch_errors += 1
             return []
 
-    async def backlog(self, held: int) -> int:
+    async def backlog(self, held: int) -> int | None:
         """Messages the bus still holds for this job beyond the ``held`` ones this shard has and has
         not acknowledged: not yet delivered, or delivered to a shard that died (awaiting redelivery).
-        0 when the consumer cannot be asked (counted): the merger then falls back to ``lateness_s``."""
+        None when the consumer cannot be asked (counted; its leader moves for seconds after a server
+        died, just when a dead shard's partials await redelivery): unknown is not "caught up"."""
         try:
             info = await self.sub.consumer_info()
         except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                 nats.js.errors.APIError, nats.errors.Error):
             self.fetch_errors += 1
-            return 0
+            return None
         return int(info.num_pending) + max(0, int(info.num_ack_pending) - held)

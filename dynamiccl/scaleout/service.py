@@ -148,7 +148,8 @@ class ShardRunner:
             await self._settle(m, status, job, window_of(mid))   # -1: malformed, refused already
         held = len(self.held.get(job, []))
         backlog = self.fetch_batch if len(msgs) >= self.fetch_batch else await self.consumers[job].backlog(held)
-        self.shard.merger.set_backlog(job, backlog)
+        if backlog is not None:             # unknown (the consumer could not be asked): the last known
+            self.shard.merger.set_backlog(job, backlog)   # stands, bounded by max_lateness_s
 
     async def _ack_done(self, jobs) -> None:
         for job in jobs:

@@ -84,15 +84,21 @@ def _msgs(parts, w):
     return [Message(subject("j", p["node"]), encode_partial(p, "j"), msg_id("j", p["node"], w)) for p in parts[w]]
 
 
-def test_failover_moves_job_and_runs_no_window_twice():
-    parts = partials(events())
+def _two_shards():
+    """Two shards over one table and checkpoint store, both beaten once: (clock, runs, table, first,
+    other), ``first`` owning job "j"."""
     clock, runs, ckpt = Clock(), [], {}
     table = ShardTable(ttl_s=1.5, clock=clock)
     shards = {n: CentralShard(n, CFG, table, ckpt, lambda job: _Loop(runs), clock) for n in ("s0", "s1")}
     for s in shards.values():
         s.poll()
     first = shards[owner("j", ["s0", "s1"])]
-    other = shards[({"s0", "s1"} - {first.name}).pop()]
+    return clock, runs, table, first, shards[({"s0", "s1"} - {first.name}).pop()]
+
+
+def test_failover_moves_job_and_runs_no_window_twice():
+    parts = partials(events())
+    clock, runs, table, first, other = _two_shards()
     w0, w1 = sorted(parts)[:2]
     for m in _msgs(parts, w0):
         assert first.handle(m) == "filed" and other.handle(m) == "not_owned"   # only the owner takes it
@@ -172,3 +178,16 @@ def test_a_live_shard_beating_between_the_observers_long_stalls_is_never_expired
         assert table.live() == ["s0", "s1"]
         table.beat("s1")
     assert table.live() == ["s0", "s1"]
+
+
+def test_a_shard_handling_its_jobs_partials_is_live_whatever_the_stalls_before():
+    """Seen in benchmarks/fanin.py (two shards, one process, load 15): the owner's fetch returned while
+    its peer merged, 3 stalls without the owner beating; its first handled partial found itself expired,
+    so it refused its own job's partials ("not_owned"), the peer took the job for a moment, and a window
+    merged with half its nodes missing. A shard that is handling messages is running: it is live."""
+    parts = partials(events())
+    clock, runs, table, first, other = _two_shards()
+    for i in range(1, 4):               # the peer's merges: 3 stalls of 2 s, the owner awaiting its fetch
+        clock.t = 2.0 * i
+        other.poll()
+    assert [first.handle(m) for m in _msgs(parts, sorted(parts)[0])] == ["filed", "filed"]
