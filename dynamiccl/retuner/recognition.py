@@ -16,6 +16,7 @@ from dynamiccl.retuner.state import (
     _labels,
     _log_dist,
     _Sig,
+    _tname,
     _token,
 )
 
@@ -215,6 +216,22 @@ class RecognitionMixin:
                                                  "observations": ts.recog[1]})
 
     def _recognized(self, ts: TargetState, key, onset: float, evidence: dict) -> None:
+        old_key = ts.regime_key or _BASE
+        self._switch_recognized(ts, key, onset, evidence)
+        if self.policy.recognize_siblings:
+            for sib in self._siblings(ts, old_key, key):
+                self._switch_recognized(sib, key, onset, {**evidence, "via": _tname(ts.target)})
+
+    def _siblings(self, ts: TargetState, old_key, key) -> list[TargetState]:
+        """The other targets of ``ts``'s communicator in the same regime: a network regime is the communicator's, so
+        when one target's config measures another known regime, the others are in it too -- including those whose
+        own config has no signature there (a config first run in the regime: the baseline cannot be recognised from
+        it). Each switch is checked on its own first measurement (``_check_recognized``) and undone if wrong."""
+        return [o for o in self.targets.values()
+                if o is not ts and o.target.comm_hash == ts.target.comm_hash and (o.regime_key or _BASE) == old_key
+                and o.pinned is None and o.recog_check is None and self._recognizable(o, key)]
+
+    def _switch_recognized(self, ts: TargetState, key, onset: float, evidence: dict) -> None:
         x = self.explorations.get(ts.exploration) if ts.exploration else None
         old_key = ts.regime_key or _BASE
         self._sig_move(ts, old_key, key, onset, onset)
@@ -250,8 +267,8 @@ class RecognitionMixin:
         the regime we thought had ended (and not what it measures in the recognised one), the recognition was
         wrong (an odd step): undo the switch at once (no cooldown), restoring the regime and config before it."""
         chk = ts.recog_check
-        if cand != chk.get("config", cand):
-            return                                   # the switch has not reached the job yet
+        if cand != chk.get("config", cand) or o.t_start < chk["t"]:
+            return                  # the switch has not reached the job yet, or this ran before the switch was made
         ts.recog_check = None
         m_old, m_new = self._sig_mean(ts, chk["old"], cand), self._sig_mean(ts, chk["new"], cand)
         if m_old is None or o.mean_s <= 0:

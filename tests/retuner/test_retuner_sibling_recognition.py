@@ -1,0 +1,56 @@
+"""Recognising the baseline on one target of a communicator switches its siblings in the same regime too: a config
+first run in the regime has no baseline time, so the target running it could only wait for the detector."""
+from __future__ import annotations
+
+from dynamiccl.retuner.agent import Retuner
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+from dynamiccl.retuner.types import Candidate
+
+from retuner_fakejob import DEFAULT_CELL, FakeJob, rc, simple_cost, target
+
+
+def _job_in_regime(tmp_path, **policy):
+    """Two targets of one communicator. In "slow", TREE/LL128 is 1.3x faster: the 24 bucket commits it (never run
+    before the regime); the 20 bucket cannot apply it and keeps NCCL's choice, whose baseline time is known."""
+    cfg = RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "tuner.conf"),
+                        audit_path=str(tmp_path / "audit.jsonl"),
+                        policy=PolicyConfig(tune_at_start=False, **policy))
+    rt = Retuner(cfg, clock=lambda: 1000.0)
+    a, b = target(bucket=24), target(bucket=20)
+    job = FakeJob(str(tmp_path / "tuner.conf"), [a, b], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    for _ in range(20):
+        rt.observe(job.step())
+    rt.targets[b.key].unapplicable.add(Candidate("TREE", "LL128", 0))
+    onset = job.t
+    job.regime = "slow"
+    for i in range(40):
+        rt.observe(job.step())
+        if i == 3:
+            rt.on_change(rc("rc-1", "latency", onset + 1.0))
+    assert rt.targets[a.key].active == Candidate("TREE", "LL128", 0) and rt.targets[b.key].active is None
+    job.regime = "base"                     # the network recovers; no detector report yet
+    for _ in range(3):
+        rt.observe(job.step())
+    return rt, job, a, b
+
+
+def _last_cell(job: FakeJob, key) -> tuple[str, str]:
+    r = [x for x in job.ran if x[1] == key][-1]
+    return (r[2], r[3])
+
+
+def test_the_baseline_recognised_on_one_target_reverts_its_sibling_that_cannot_recognise_it(tmp_path):
+    rt, job, a, b = _job_in_regime(tmp_path)
+    revs = [x for x in rt.audit.recent if x["action"] == "revert" and x.get("recognized") is True]
+    assert [x["target"] for x in revs] == [rt.targets[b.key].target.comm_name + "/AllReduce/20",
+                                           rt.targets[a.key].target.comm_name + "/AllReduce/24"]
+    assert revs[1]["via"] == revs[0]["target"] and revs[1]["was"] == "TREE/LL128/0"
+    assert _last_cell(job, a.key) == DEFAULT_CELL and rt.targets[a.key].regime is None
+    assert not any(x["action"] == "unrecognize" for x in rt.audit.recent)
+
+
+def test_without_siblings_the_target_running_a_regime_only_config_stays_in_it(tmp_path):
+    rt, job, a, b = _job_in_regime(tmp_path, recognize_siblings=False)
+    revs = [x for x in rt.audit.recent if x["action"] == "revert" and x.get("recognized") is True]
+    assert len(revs) == 1 and revs[0]["target"].endswith("/AllReduce/20")
+    assert _last_cell(job, a.key) == ("TREE", "LL128") and rt.targets[a.key].regime == "rc-1"
