@@ -10,6 +10,7 @@ from dynamiccl.retuner.types import Candidate, Observation, Target
 
 from dynamiccl.retuner.state import (
     _BASE,
+    MAX_SIG_BATCHES,
     MAX_SIG_REGIMES,
     MAX_TARGETS,
     TargetState,
@@ -156,14 +157,17 @@ class RecognitionMixin:
         """A change at ``t_from``: observations of regime ``old`` that started at or after it leave it; those that
         started at or after ``t_keep`` (surely after the onset) go to ``new``."""
         src = ts.sig.get(old)
-        if not src or old == new:
+        if old == new:
+            return
+        since, ts.sig_since = ts.sig_since, t_from
+        if not src:
             return
         dst = None
         for c, sg in list(src.items()):
             if not sg.q or sg.q[-1][0] < t_from:
                 continue
             moved = [e for e in sg.q if e[0] >= t_keep]
-            sg.reset([e for e in sg.q if e[0] < t_from])
+            sg.reset(self._sig_before(ts, c, sg, since, t_from))
             if moved:
                 if dst is None:
                     dst = self._sig_slot(ts, new)
@@ -172,6 +176,18 @@ class RecognitionMixin:
                     dst[c] = _Sig(moved)
                 else:
                     d.reset(sorted(list(d.q) + moved))
+
+    @staticmethod
+    def _sig_before(ts: TargetState, cand: Candidate | None, sg: _Sig, since: float, t_from: float) -> list:
+        """``cand``'s observations in the regime that ends at ``t_from``. The signature keeps only the newest
+        ``MAX_SIG_BATCHES``: the config in force during the detection delay may have filled it with the new regime's,
+        so what it lost is taken back from the target's history (observations since that regime began, ``since``)."""
+        kept = [e for e in sg.q if e[0] < t_from]
+        if len(kept) >= MAX_SIG_BATCHES // 2:
+            return kept
+        since = kept[-1][0] if kept else since
+        old = [(h[0], h[2], h[3]) for h in ts.history if h[5] == cand and since < h[0] < t_from]
+        return (kept + old)[-MAX_SIG_BATCHES:]
 
     def _recognizable(self, ts: TargetState, key) -> bool:
         if key == _BASE:

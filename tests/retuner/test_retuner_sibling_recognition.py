@@ -2,6 +2,8 @@
 first run in the regime has no baseline time, so the target running it could only wait for the detector."""
 from __future__ import annotations
 
+import pytest
+
 from dynamiccl.retuner.agent import Retuner
 from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 from dynamiccl.retuner.types import Candidate
@@ -54,3 +56,30 @@ def test_without_siblings_the_target_running_a_regime_only_config_stays_in_it(tm
     revs = [x for x in rt.audit.recent if x["action"] == "revert" and x.get("recognized") is True]
     assert len(revs) == 1 and revs[0]["target"].endswith("/AllReduce/20")
     assert _last_cell(job, a.key) == ("TREE", "LL128") and rt.targets[a.key].regime == "rc-1"
+
+
+def test_the_baseline_signature_outlives_a_detection_delay_longer_than_the_signature(tmp_path):
+    """NCCL's choice runs through 40 regime steps before the report (the signature keeps the newest 32): its
+    baseline time must survive the move, so the recovery is still recognised from the measurements."""
+    cfg = RetunerConfig(dry_run=False, tuner_config_path=str(tmp_path / "tuner.conf"),
+                        audit_path=str(tmp_path / "audit.jsonl"), policy=PolicyConfig(tune_at_start=False))
+    rt = Retuner(cfg, clock=lambda: 1000.0)
+    t = target()
+    job = FakeJob(str(tmp_path / "tuner.conf"), [t], simple_cost({"slow": ("TREE", "LL128", 0)}))
+    for _ in range(20):
+        rt.observe(job.step())
+    rt.targets[t.key].unapplicable.add(Candidate("TREE", "LL128", 0))
+    onset = job.t
+    job.regime = "slow"
+    for _ in range(40):
+        rt.observe(job.step())
+    rt.on_change(rc("rc-1", "latency", onset + 1.0))
+    for _ in range(30):
+        rt.observe(job.step())
+    assert rt.targets[t.key].active is None and rt.targets[t.key].regime == "rc-1"
+    job.regime = "base"
+    for _ in range(3):
+        rt.observe(job.step())
+    revs = [x for x in rt.audit.recent if x["action"] == "revert" and x.get("recognized") is True]
+    assert len(revs) == 1 and revs[0]["recognized_regime_s"] == pytest.approx(1e-3, rel=0.03)
+    assert rt.targets[t.key].regime is None
