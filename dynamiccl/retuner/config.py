@@ -120,6 +120,8 @@ class PolicyConfig:
     recognize_tolerance: float = 0.05   # ... when its measured mean is within this of what it measured in that regime
     recognize_obs: int = 1              # ... in this many consecutive observations (and far from the current regime's)
     recognize_cooldown_s: float = 2.0   # at most one recognised switch per target in this long (event time)
+    recognize_siblings: bool = True     # ... and then switch the other targets of its communicator in the same regime
+                                        # too (a config first run in the regime has no baseline time to match)
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
         for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
@@ -152,7 +154,7 @@ class PolicyConfig:
             _num(self, "learned_prune_ratio", 1.0, where=where)
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
-        for n in ("tune_at_start", "recognize", "regime_default_probe", "learned_cell_variants"):
+        for n in ("tune_at_start", "recognize", "recognize_siblings", "regime_default_probe", "learned_cell_variants"):
             if not isinstance(getattr(self, n), bool):
                 raise ValueError(f"{where}{n} must be true or false")
         return self

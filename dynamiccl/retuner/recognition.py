@@ -10,12 +10,14 @@ from dynamiccl.retuner.types import Candidate, Observation, Target
 
 from dynamiccl.retuner.state import (
     _BASE,
+    MAX_SIG_BATCHES,
     MAX_SIG_REGIMES,
     MAX_TARGETS,
     TargetState,
     _labels,
     _log_dist,
     _Sig,
+    _tname,
     _token,
 )
 
@@ -155,14 +157,17 @@ class RecognitionMixin:
         """A change at ``t_from``: observations of regime ``old`` that started at or after it leave it; those that
         started at or after ``t_keep`` (surely after the onset) go to ``new``."""
         src = ts.sig.get(old)
-        if not src or old == new:
+        if old == new:
+            return
+        since, ts.sig_since = ts.sig_since, t_from
+        if not src:
             return
         dst = None
         for c, sg in list(src.items()):
             if not sg.q or sg.q[-1][0] < t_from:
                 continue
             moved = [e for e in sg.q if e[0] >= t_keep]
-            sg.reset([e for e in sg.q if e[0] < t_from])
+            sg.reset(self._sig_before(ts, c, sg, since, t_from))
             if moved:
                 if dst is None:
                     dst = self._sig_slot(ts, new)
@@ -171,6 +176,18 @@ class RecognitionMixin:
                     dst[c] = _Sig(moved)
                 else:
                     d.reset(sorted(list(d.q) + moved))
+
+    @staticmethod
+    def _sig_before(ts: TargetState, cand: Candidate | None, sg: _Sig, since: float, t_from: float) -> list:
+        """``cand``'s observations in the regime that ends at ``t_from``. The signature keeps only the newest
+        ``MAX_SIG_BATCHES``: the config in force during the detection delay may have filled it with the new regime's,
+        so what it lost is taken back from the target's history (observations since that regime began, ``since``)."""
+        kept = [e for e in sg.q if e[0] < t_from]
+        if len(kept) >= MAX_SIG_BATCHES // 2:
+            return kept
+        since = kept[-1][0] if kept else since
+        old = [(h[0], h[2], h[3]) for h in ts.history if h[5] == cand and since < h[0] < t_from]
+        return (kept + old)[-MAX_SIG_BATCHES:]
 
     def _recognizable(self, ts: TargetState, key) -> bool:
         if key == _BASE:
@@ -215,6 +232,22 @@ class RecognitionMixin:
                                                  "observations": ts.recog[1]})
 
     def _recognized(self, ts: TargetState, key, onset: float, evidence: dict) -> None:
+        old_key = ts.regime_key or _BASE
+        self._switch_recognized(ts, key, onset, evidence)
+        if self.policy.recognize_siblings:
+            for sib in self._siblings(ts, old_key, key):
+                self._switch_recognized(sib, key, onset, {**evidence, "via": _tname(ts.target)})
+
+    def _siblings(self, ts: TargetState, old_key, key) -> list[TargetState]:
+        """The other targets of ``ts``'s communicator in the same regime: a network regime is the communicator's, so
+        when one target's config measures another known regime, the others are in it too -- including those whose
+        own config has no signature there (a config first run in the regime: the baseline cannot be recognised from
+        it). Each switch is checked on its own first measurement (``_check_recognized``) and undone if wrong."""
+        return [o for o in self.targets.values()
+                if o is not ts and o.target.comm_hash == ts.target.comm_hash and (o.regime_key or _BASE) == old_key
+                and o.pinned is None and o.recog_check is None and self._recognizable(o, key)]
+
+    def _switch_recognized(self, ts: TargetState, key, onset: float, evidence: dict) -> None:
         x = self.explorations.get(ts.exploration) if ts.exploration else None
         old_key = ts.regime_key or _BASE
         self._sig_move(ts, old_key, key, onset, onset)
@@ -250,8 +283,8 @@ class RecognitionMixin:
         the regime we thought had ended (and not what it measures in the recognised one), the recognition was
         wrong (an odd step): undo the switch at once (no cooldown), restoring the regime and config before it."""
         chk = ts.recog_check
-        if cand != chk.get("config", cand):
-            return                                   # the switch has not reached the job yet
+        if cand != chk.get("config", cand) or o.t_start < chk["t"]:
+            return                  # the switch has not reached the job yet, or this ran before the switch was made
         ts.recog_check = None
         m_old, m_new = self._sig_mean(ts, chk["old"], cand), self._sig_mean(ts, chk["new"], cand)
         if m_old is None or o.mean_s <= 0:

@@ -61,6 +61,7 @@ class TargetState:
     recog_t: float = -math.inf               # event time of the last recognised switch
     recog_onset: float = -math.inf           # the onset it estimated
     recog_check: dict | None = None          # a recognised switch whose first measurement is still to be checked
+    sig_since: float = -math.inf             # event time the regime of ``regime_key`` began (its signature's start)
 
 
 MAX_SIG_REGIMES = 16        # per target: regimes whose signature (per-config measured means) is kept
