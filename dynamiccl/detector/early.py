@@ -87,11 +87,13 @@ class EarlyChart:
         for i in idx.tolist():
             self.saved.pop(i, None)
 
-    def release(self, idx: np.ndarray) -> None:
-        """Streams ``idx`` got a new workload: their open alarms' samples are of the old one."""
-        if self.saved:
-            for i in np.atleast_1d(np.asarray(idx, np.int64)).tolist():
-                self.saved.pop(i, None)
+    def release(self, idx: np.ndarray) -> np.ndarray:
+        """Streams ``idx`` got a new workload: their open alarms' samples are of the old one.
+        Returns which of ``idx`` had an open alarm."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        if not self.saved:
+            return np.zeros(idx.size, bool)
+        return np.fromiter((self.saved.pop(i, None) is not None for i in idx.tolist()), bool, idx.size)
 
     def monitored(self, idx: np.ndarray) -> None:
         """Streams ``idx`` got a fixed baseline: the chart is off for them from now on."""

@@ -41,7 +41,9 @@ class StreamRebase:
         for bank in self.banks:
             bank.reset_streams(idx)
         self.ss.n[idx] = 0
-        self.early.release(idx)
+        # an open early alarm's baseline came from a part of a warm-up: never a workload's
+        # fixed baseline (`adopt_previous`); that workload, if it comes back, warms up again
+        self.old_unknown[idx[self.early.release(idx)]] = False
         self.pool.clear(idx)
         self.carry_n[idx] = 0           # a new workload may have another noise
         self.rebase_warm[idx] = ~match
