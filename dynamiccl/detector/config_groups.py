@@ -107,6 +107,12 @@ class BaselineConfig(_Group):
                                              # windows: expanding up to this many, then forgetting
                                              # with this horizon
     scale_floor: float = 0.004               # minimum baseline sigma of log-latency (0.4 %)
+    early_ratio: float = 1.5                 # during a stream's first warm-up, two successive values
+                                             # this x (or 1 / this x) its warm-up median and
+                                             # ``early_z`` robust sigma away are a change
+                                             # (`dynamiccl.detector.early`); 0: off
+    early_z: float = 5.0                     # ... and this many MAD-sigma of its warm-up samples
+    early_min: int = 10                      # ... with this many warm-up samples behind the median
 
     def validate(self) -> "BaselineConfig":
         self._switches()
@@ -122,6 +128,12 @@ class BaselineConfig(_Group):
             self._fail("estimator", f"one of {BASELINE_METHODS}")
         self._within("instance_weight", 0, 1)
         self._positive("scale_floor")
+        if not (_number(self.early_ratio) and (self.early_ratio == 0 or self.early_ratio > 1)):
+            self._fail("early_ratio", "0 (off) or a finite number > 1")
+        self._positive("early_z")
+        self._positive("early_min", integer=True)
+        if self.early_min < 3:
+            self._fail("early_min", "an int >= 3")
         return self
 
 

@@ -144,3 +144,27 @@ class StreamManagement:
         self._pending_index[idx] = -1
         self._n_pending = int(np.count_nonzero(self._pending))
         self._detected[idx] = False
+
+    def warm_samples(self, idx) -> tuple[np.ndarray, np.ndarray]:
+        """(samples, counts) of streams ``idx`` still warming up: row ``j`` holds ``counts[j]``
+        valid samples first, then NaN (a copy; monitored streams read 0 samples)."""
+        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
+        counts = np.where(self._monitoring[idx], 0, self._nbuf[idx])
+        rows = self._buf[idx].copy()
+        rows[np.arange(self.warmup)[None, :] >= counts[:, None]] = np.nan
+        return rows, counts
+
+    def resume_warmup(self, idx, samples, counts) -> None:
+        """Streams ``idx`` warm up again from the first ``counts[j]`` values of ``samples[j]``
+        (< warmup of them; statistics cleared): a warm-up that a change interrupted goes on
+        from its pre-change samples."""
+        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
+        counts = np.broadcast_to(np.asarray(counts, dtype=np.int64), idx.shape)
+        if idx.size == 0:
+            return
+        if not ((counts >= 0).all() and (counts < self.warmup).all()):
+            raise ValueError(f"resume_warmup: counts must be in [0, {self.warmup}), got {counts.tolist()}")
+        self.reset_streams(idx)
+        width = min(self.warmup, np.asarray(samples).shape[-1])
+        self._buf[idx, :width] = np.nan_to_num(np.asarray(samples, dtype=np.float64)[:, :width])
+        self._nbuf[idx] = counts

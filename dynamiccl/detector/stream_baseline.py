@@ -32,6 +32,11 @@ class StreamBaselines:
         """Monitor ``idx`` against a known (e.g. pre-change) baseline at once; the baseline a
         stream had when it alarmed comes back with its sample count."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
+        keep = self.early.resume(idx, self.banks)       # an early alarm's warm-up goes on instead
+        if keep.size < idx.size:
+            m = np.isin(idx, keep)
+            median, scale = (np.broadcast_to(np.asarray(a, np.float64), idx.shape)[m] for a in (median, scale))
+            idx = keep
         if idx.size:
             same = self.saved_med[idx] == np.asarray(median, np.float64)
             n = np.maximum(np.where(same, self.saved_n[idx], 0), self.config.baseline.warmup)
@@ -62,6 +67,18 @@ class StreamBaselines:
             bank.set_baseline(idx, median, np.maximum(scale, self.config.baseline.scale_floor))
         self.ss.start(idx, median, scale, n)
         self.carry_n[idx] = 0
+        self.early.monitored(idx)
+
+    def _add_early(self, early, fired, direction, start, base_med, base_scale):
+        """This window's alarms with the early chart's (`dynamiccl.detector.early`) appended; their
+        streams warm up again (their pre-onset samples are kept by the chart)."""
+        for bank in self.banks:
+            bank.reset_streams(early.idx)
+        self.carry_n[early.idx] = 0
+        self.rebase_warm[early.idx] = False
+        return (np.concatenate([fired, early.idx]), np.concatenate([direction, early.direction]),
+                np.concatenate([start, early.start]), np.concatenate([base_med, early.median]),
+                np.concatenate([base_scale, early.scale]))
 
     # ------------------------------------------------------------------ self-starting baseline
     def _standardise(self, i_ok: np.ndarray, x: np.ndarray, warming: np.ndarray):

@@ -86,6 +86,7 @@ class StreamIndex:
         self.active[idle] = False
         reset_columns(self, idle)
         self.ss.n[idle] = 0
+        self.early.forget(idle)
         self.pool.forget(idle)
         self.hist[:, idle] = np.nan
         for i in idle.tolist():

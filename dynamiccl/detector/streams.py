@@ -33,12 +33,14 @@ from dynamiccl.collector.features import WindowFeatures
 
 from .config import DetectorConfig
 from .cusum_bank import CUSUMBank
+from .early import EarlyChart
 from .self_start import SelfStart
 from .sparse import InstancePool, JobCadence
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
 from .stream_group import STREAM_KEY, group_streams, reporting
 from .stream_index import StreamIndex
+from .stream_rebase import StreamRebase
 
 __all__ = ["StreamTable", "WindowStreams", "STREAM_KEY", "KNOWN_BASELINE", "FIXED_BASELINE_MIN"]
 
@@ -63,7 +65,7 @@ class WindowStreams:
                                         # only their coverage): a workload change (None: all)
 
 
-class StreamTable(StreamBaselines, StreamIndex):
+class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
     """All streams of all jobs; see the module docstring."""
 
     def __init__(self, config: DetectorConfig | None = None):
@@ -91,6 +93,9 @@ class StreamTable(StreamBaselines, StreamIndex):
         self.pool = InstancePool(_GROW)
         self.cadence = JobCadence()
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
+        b = cfg.baseline
+        self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
+                                scale_floor=b.scale_floor)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
@@ -105,6 +110,7 @@ class StreamTable(StreamBaselines, StreamIndex):
         for bank in self.banks:
             bank.grow(extra)
         self.ss.grow(extra)
+        self.early.grow(extra)
         self.pool.grow(extra)
 
         grow_columns(self, extra)
@@ -281,10 +287,12 @@ class StreamTable(StreamBaselines, StreamIndex):
         self.inst_hist[t % H, idx[keep]] = inst[keep]      # every instance seen, pooled or not
         warming_before = self.banks[0].warming_up
         u = self._standardise(i_ok, x, warming_before)
+        early = self.early.check(t, i_ok, self.job_code[i_ok], x[i_ok], self.banks[0])
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
         self.monitor_since[done] = t
+        self.early.monitored(done)
         if done.size:
             med, scale = self.banks[0].baseline
             sc, nv = scale[done], np.full(done.size, cfg.baseline.warmup, np.int64)
@@ -325,55 +333,15 @@ class StreamTable(StreamBaselines, StreamIndex):
             direction = np.zeros(0, np.int8)
             start = np.zeros(0, np.int64)
             base_med = base_scale = np.zeros(0)
+        if early.idx.size:
+            fired, direction, start, base_med, base_scale = self._add_early(
+                early, fired, direction, start, base_med, base_scale)
         if u is not None:
             self._learn(i_ok, x_valid, u, fired_any)
         if t % 64 == 63:
             self._evict(wf.window_start)
         return WindowStreams(t, wf.window_start, i_ok, x_valid, fired, direction, start, base_med,
                              base_scale, self.last_rebased, invalid, resized)
-
-    def rebase(self, idx) -> None:
-        """Treat streams ``idx`` as changed workload: new size reference, new warm-up."""
-        idx = np.atleast_1d(np.asarray(idx, np.int64))
-        self._rebase_streams(idx, self.bytes_per_record[idx], self.coverage[idx])
-
-    def _rebase_streams(self, idx: np.ndarray, new_bpr: np.ndarray, new_cov: np.ndarray) -> None:
-        """New workload on ``idx``: remember the current baseline with its workload (sizes,
-        coverage), and either restore the baseline of the workload seen before it (a mix that
-        ends, an A→B→A pattern: no blind warm-up) or start a new warm-up."""
-        cfg = self.config
-        med, scale = self.banks[0].baseline
-        cur_med, cur_scale = med[idx].copy(), scale[idx].copy()
-        cur_bpr, cur_cov = self.bytes_ref[idx].copy(), self.coverage_ref[idx].copy()
-        pb, pc = self.prev_bpr[idx], self.prev_cov[idx]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            match = (np.isfinite(pb) & np.isfinite(self.prev_scale[idx])
-                     & (np.abs(np.log(new_bpr / pb)) <= 0.5 * cfg.workload.mix_change)
-                     & (np.abs(np.log(new_cov / pc)) <= 0.5 * cfg.workload.coverage_change))
-        r_idx, r_med, r_scale = idx[match], self.prev_med[idx[match]], self.prev_scale[idx[match]]
-        r_n = self.prev_n[idx[match]].copy()
-        known = np.isfinite(cur_scale)
-        self.old_bpr[idx], self.old_cov[idx], self.old_unknown[idx] = cur_bpr, cur_cov, ~known
-        self.prev_bpr[idx[known]] = cur_bpr[known]
-        self.prev_cov[idx[known]] = cur_cov[known]
-        self.prev_med[idx[known]] = cur_med[known]
-        self.prev_scale[idx[known]] = cur_scale[known]
-        self.prev_n[idx[known]] = self.ss.n[idx[known]]
-        for bank in self.banks:
-            bank.reset_streams(idx)
-        self.ss.n[idx] = 0
-        self.pool.clear(idx)
-        self.carry_n[idx] = 0           # a new workload may have another noise
-        self.rebase_warm[idx] = ~match
-        if r_idx.size:
-            self._adopt(r_idx, r_med, r_scale, np.maximum(r_n, 1))
-            self.n_restored += int(r_idx.size)
-        self.bytes_ref[idx] = new_bpr
-        self.coverage_ref[idx] = new_cov
-        self.reporting_ref[idx] = self.reporting[idx]
-        self.hist[:, idx] = np.nan
-        self.n_rebased += int(idx.size)
-        self.last_rebased = np.concatenate([self.last_rebased, idx])
 
     def recent(self, idx, since_step: int) -> np.ndarray:
         """Mean of the valid values of streams ``idx`` from bank step ``since_step`` to now."""

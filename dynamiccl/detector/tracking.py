@@ -51,6 +51,10 @@ class Tracking:
             inc.off_count += 1
             inc.on = False
             need = cfg.incidents.recovery_windows
+            if self.table.cadence.paced(int(tab.job_code[inc.streams[0]]), self._window_s):
+                # a step-paced job's window with data holds a whole step (the windows between
+                # are empty): one is as much evidence as a dense job's ``recovery_windows``
+                need = 1
             if inc.kind == "flapping" or inc.flapping_id is not None:
                 # a flapping link is back only after a quiet spell longer than its off phases
                 need = max(need, int(math.ceil(0.5 * cfg.incidents.flap_window_s / self._window_s)))

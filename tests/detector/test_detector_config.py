@@ -34,7 +34,8 @@ def _dotted(flat_key: str) -> str:
 
 
 # settings added after the grouping (no flat key ever existed for them)
-ADDED_SINCE = {"baseline.self_start_until": 60}
+ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.early_ratio": 1.5, "baseline.early_z": 5.0,
+               "baseline.early_min": 10}
 
 
 def test_every_default_is_the_flat_configurations():
@@ -55,6 +56,7 @@ def test_each_flat_key_has_one_dotted_key():
     ("cusum.stream_false_alarms_per_day", 0.0),
     ("baseline.warmup", 1), ("baseline.warmup", 2.5), ("baseline.memory", 10), ("baseline.estimator", "mean"),
     ("baseline.instance_weight", 2.0), ("baseline.self_start_until", 5), ("baseline.self_start_until", True), ("baseline.scale_floor", float("nan")), ("baseline.self_start", "yes"),
+    ("baseline.early_ratio", 1.0), ("baseline.early_z", 0.0), ("baseline.early_min", 2),
     ("streams.min_instances", 0), ("streams.max_latency_s", -1.0), ("streams.idle_s", float("inf")),
     ("streams.history", 0), ("fusion.corroborate", 0), ("fusion.persist_ratio", 0.9), ("fusion.quiet_z", -1.0),
     ("fusion.min_ratio", 0.99), ("fusion.onset_wait", 1), ("incidents.step_ratio", 1.0),

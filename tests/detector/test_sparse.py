@@ -71,3 +71,24 @@ def test_step_paced_job_without_cadence_is_blind(monkeypatch):
     job = SyntheticJob(seed=7, sigma=0.05)
     det, ch = _feed(job, 120, slow_from=100, period=PACED, instances_frac=1.0)
     assert ch == []
+
+
+def test_step_paced_job_recovery_within_one_step():
+    """A step-paced job's window with data holds a whole step: one such window back at the old
+    level is the recovery (dense jobs: ``recovery_windows`` = 2 in a row). Before, a recovery came
+    two steps after the release (4 s here; 2-10 s on the test bed, beyond its 5 s match)."""
+    job = SyntheticJob(seed=7, sigma=0.05)
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    slow = {i: 1.5 for i, s in enumerate(job.streams) if s.nnodes > 1}
+    out = []
+    for t in range(130 * PACED):
+        step, first = divmod(t, PACED)
+        if first == 0:
+            wf = job.window(t, Regime(mult=slow if 100 <= step < 115 else {}))
+        else:
+            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
+        out += det.process(wf)
+    rec = [c for c in out if c.kind == "recovery"]
+    assert [c.kind for c in out if c.kind != "recovery"] and rec, out
+    delay_steps = (rec[0].detected_s - (EPOCH + 115 * PACED)) / PACED
+    assert 0 < delay_steps <= 1.0, (delay_steps, [(c.kind, (c.detected_s - EPOCH) / PACED) for c in out])
