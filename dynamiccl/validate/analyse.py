@@ -13,7 +13,9 @@ import numpy as np
 
 from .checks import (Check, check_after_self_send, check_delivery, check_overhead, check_records, check_tuner, check_tuning_log,
                      check_versions)
+from .checks_extra import extra_checks
 from .detect import check_detection
+from .extras import uses_other_profiler
 from .nccl_log import parse_file
 from .report import write_reports
 
@@ -26,6 +28,13 @@ def load_run(out: str) -> tuple[dict, dict, np.ndarray]:
     with open(os.path.join(out, "env.json")) as f:
         env = json.load(f)
     return run, env, np.load(os.path.join(out, "events.npy"))
+
+
+def load_peers(out: str) -> np.ndarray:
+    """The run's PEER records (runs saved before the extras have none)."""
+    from dynamiccl.collector.wire_format import PEER_DTYPE
+    path = os.path.join(out, "peers.npy")
+    return np.load(path) if os.path.exists(path) else np.zeros(0, PEER_DTYPE)
 
 
 def _overhead_samples(launches: list[dict], metric: str) -> dict:
@@ -72,17 +81,19 @@ def analyse(out: str) -> bool:
             checks.append(Check("3 NCCL's choice", False, "no NCCL debug log from rank 0"))
         checks.append(check_tuner(results, events, env["spec"], main["ok"]))
     metric = env["spec"]["overhead"].get("metric", "overhead_us")
-    plug_pids = [r["pid"] for la in launches if la["plugins"] for r in la["results"]]
+    plug_pids = [r["pid"] for la in launches if la["plugins"] and not uses_other_profiler(la) for r in la["results"]]
+    peers = load_peers(out)
     exercised = sum(int(run["stats"].get(str(r["pid"]), {}).get("records_sent", 0))
                     for la in launches if la["plugins"] and "overhead" in la["phases"] for r in la["results"])
     checks.append(check_overhead(_overhead_samples(launches, metric), metric, exercised))
-    checks.append(check_delivery(events, {int(k): v for k, v in run["stats"].items()}, plug_pids))
+    checks.append(check_delivery(events, {int(k): v for k, v in run["stats"].items()}, plug_pids, peers))
     if results:
         slow = events[np.isin(events["pid"], list(pids))]
         marks = results[0]["marks"]
         slow = slow[(slow["enqueue_ns"] >= marks.get("slow_start_ns", 0)) & (slow["enqueue_ns"] <= marks.get("slow_end_ns", 0))]
         checks.append(check_detection(slow, {int(k): v for k, v in run["hosts"].items()},
                                       int(marks.get("slow_onset_ns", 0)), env["spec"]["slow"]["slow_rank"]))
+    checks += extra_checks(out, launches, events, peers, bool(env.get("plan_note")) and "share" in env["plan_note"])
     ok = write_reports(out, env, checks)
     for c in checks:
         print(f"validate-nccl: [{c.status}] {c.name}: {c.summary}", flush=True)

@@ -167,11 +167,13 @@ def check_tuner(results: list[dict], events: np.ndarray, spec: dict, launch_ok: 
                   "default_allreduce": [list(k) for k in default]}, details)
 
 
-def check_delivery(events: np.ndarray, stats: dict[int, dict[str, int]], pids: list[int]) -> Check:
-    """Every record the plugins sent arrived, and every record is sent or counted as dropped."""
+def check_delivery(events: np.ndarray, stats: dict[int, dict[str, int]], pids: list[int],
+                   peers: np.ndarray | None = None) -> Check:
+    """Every record the plugins sent arrived (event and PEER records), and every record is sent or
+    counted as dropped."""
     rows, ok = [], bool(pids)
     for pid in pids:
-        got = int(np.sum(events["pid"] == pid))
+        got = int(np.sum(events["pid"] == pid)) + (int(np.sum(peers["pid"] == pid)) if peers is not None else 0)
         s = stats.get(pid)
         if s is None:
             rows.append(f"pid {pid}: {got} records, no STATS record")
@@ -182,7 +184,8 @@ def check_delivery(events: np.ndarray, stats: dict[int, dict[str, int]], pids: l
         ok &= good
         rows.append(f"pid {pid}: received {got}, sent {s['records_sent']}, emitted {s['records_emitted']}, "
                     f"dropped {dropped}, stale {s['events_stale']}")
-    total = int(sum(np.sum(events["pid"] == p) for p in pids))
+    total = int(sum(np.sum(events["pid"] == p) for p in pids)) + (int(np.isin(peers["pid"], pids).sum())
+                                                                  if peers is not None else 0)
     return Check("6a delivery", ok, f"{total} records received from {len(pids)} processes; every record "
                  f"sent arrived and every drop is counted: {ok}", {"received": total}, rows)
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from dynamiccl.contracts.atomic import atomic_write
 
+from .extras import PROBE, extra_launches
 from .launch import KitError, Launch, build_plugins, plan_ranks, probe_gpu, run_launch
 
 __all__ = ["main", "build_parser", "make_spec", "register"]
@@ -40,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "count as hung and are killed (default 360)")
     p.add_argument("--analyse", metavar="DIR", default=None,
                    help="only re-run the checks on a saved run's folder (no GPU needed)")
+    p.add_argument("--no-extras", action="store_true",
+                   help="skip the extra launches (TSC record clock, per-peer timing, chained profiler)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +72,7 @@ def make_spec(args: argparse.Namespace, ranks: int, shared: bool = False) -> dic
         # a size no tuner rule above covers, so the phase runs on NCCL's own choice
         "slow": {"bytes": 256 << 10, "base_s": 15.0, "slow_s": 10.0, "gap_s": 0.01, "delay_s": 0.005,
                  "delay_ratio": 1.0, "slow_rank": ranks - 1},
+        "probe": PROBE,
         # shared GPU: each call waits for time slices (ms), so fewer calls per round
         "overhead": {"sizes": [[MIB, 50], [64 * MIB, 10]] if shared else [[MIB, 500], [64 * MIB, 100]],
                      "rounds": 3 if shared else 7, "metric": "enqueue_us" if shared else "overhead_us"},
@@ -78,27 +82,33 @@ def make_spec(args: argparse.Namespace, ranks: int, shared: bool = False) -> dic
 def _launch_all(args, plan, spec, paths) -> list[Launch]:
     from .receiver import KitReceiver
 
-    launches = []
+    launches, notes = [], []
     with KitReceiver(paths["socket"]) as rx:
-        def go(name, phases, plugins, debug=False):
-            paths["tuner_config"] = os.path.join(paths["out"], f"tuner.{name}.conf")
-            print(f"validate-nccl: launch {name} ({', '.join(phases)}; plugins {'on' if plugins else 'off'}) ...",
-                  flush=True)
-            la = run_launch(plan, Launch(name, phases, plugins, debug), spec, paths, args.timeout)
+        def go(la: Launch) -> Launch:
+            paths["tuner_config"] = os.path.join(paths["out"], f"tuner.{la.name}.conf")
+            shown = " ".join(f"{k}={v}" for k, v in la.env.items() if k.startswith(("DYNAMICCL_", "NCCL_PROF")))
+            print(f"validate-nccl: launch {la.name} ({', '.join(la.phases)}; plugins {'on' if la.plugins else 'off'}"
+                  f"{'; ' + shown if shown else ''}) ...", flush=True)
+            la = run_launch(plan, la, spec, paths, args.timeout)
             print(f"validate-nccl:   {'ok' if la.ok else 'FAILED'} in {la.wall_s:.0f} s", flush=True)
             launches.append(la)
             return la
 
-        go("main", ["sweep", "tuner", "reload", "slow", "alltoall"], True, debug=True)
+        go(Launch("main", ["sweep", "tuner", "reload", "slow", "alltoall"], True, debug=True))
         for i in range(2 if plan.shared else 3):     # interleaved: without, with, without, with, ...
-            go(f"bare{i}", ["overhead"], False)
-            go(f"plug{i}", ["overhead"], True)
+            go(Launch(f"bare{i}", ["overhead"], False))
+            go(Launch(f"plug{i}", ["overhead"], True))
+        if not getattr(args, "no_extras", False) and launches[0].ok:
+            extras, notes = extra_launches()
+            for la in extras:
+                go(la)
         time.sleep(0.5)
         rx.close()
         np.save(os.path.join(paths["out"], "events.npy"), rx.events())
+        np.save(os.path.join(paths["out"], "peers.npy"), rx.peers())
         saved = {"stats": {str(k): v for k, v in rx.stats_table().items()}, "hosts": rx.hosts,
-                 "protocol_errors": rx.protocol_errors, "connections": rx.connections}
-    saved["launches"] = [{"name": la.name, "phases": la.phases, "plugins": la.plugins, "ok": la.ok,
+                 "protocol_errors": rx.protocol_errors, "connections": rx.connections, "notes": notes}
+    saved["launches"] = [{"name": la.name, "phases": la.phases, "plugins": la.plugins, "env": la.env, "ok": la.ok,
                           "timed_out": la.timed_out, "returncodes": la.returncodes, "wall_s": la.wall_s,
                           "results": la.results, "stderr_tail": la.stderr_tail} for la in launches]
     atomic_write(os.path.join(paths["out"], "run.json"), json.dumps(saved))

@@ -116,6 +116,7 @@ class Launch:
     phases: list[str]
     plugins: bool
     debug: bool = False
+    env: dict = field(default_factory=dict)    # set last, over the kit's own settings (extras.py)
     results: list[dict] = field(default_factory=list)
     returncodes: list[int | None] = field(default_factory=list)
     wall_s: float = 0.0
@@ -131,7 +132,8 @@ def rank_env(plan: Plan, rank: int, port: int, spec_path: str, launch: Launch, p
     env = dict(os.environ)
     # the kit's own collector takes no token; the user's NCCL settings would change what is checked
     for k in ("NCCL_PROFILER_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
-              "DYNAMICCL_TOKEN", "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TUNER_CHAIN", "DYNAMICCL_EVENT_MASK"):
+              "DYNAMICCL_TOKEN", "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TUNER_CHAIN", "DYNAMICCL_EVENT_MASK",
+              "DYNAMICCL_PROFILER_CHAIN", "DYNAMICCL_CLOCK"):
         env.pop(k, None)
     env.update({"RANK": str(rank), "WORLD_SIZE": str(plan.ranks), "LOCAL_RANK": str(rank),
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DCCL_VALIDATE_SPEC": spec_path,
@@ -150,6 +152,7 @@ def rank_env(plan: Plan, rank: int, port: int, spec_path: str, launch: Launch, p
                     "NCCL_DEBUG_FILE": os.path.join(paths["out"], f"nccl.{launch.name}.%p.log")})
     else:
         env["NCCL_DEBUG"] = "WARN"
+    env.update({k: v.replace("{out}", paths["out"]) for k, v in launch.env.items()})
     return env
 
 

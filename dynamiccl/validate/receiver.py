@@ -1,7 +1,7 @@
 """The kit's in-process collector: the plugins' Unix socket, decoded by the collector's own decoder.
 
 Imports only the standard library, numpy and ``dynamiccl.collector.decode`` (numpy only). Keeps every
-COLL/P2P record, the last STATS record of each plugin process, and counts protocol errors.
+COLL/P2P and PEER record, the last STATS record of each plugin process, and counts protocol errors.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from dynamiccl.collector.decode import ProtocolError, StreamDecoder
-from dynamiccl.collector.wire_format import EVENT_DTYPE, STATS_DTYPE
+from dynamiccl.collector.wire_format import EVENT_DTYPE, PEER_DTYPE, STATS_DTYPE
 
 __all__ = ["KitReceiver"]
 
@@ -26,6 +26,7 @@ class KitReceiver:
     def __init__(self, path: str):
         self.path = path
         self._chunks: list[np.ndarray] = []
+        self._peers: list[np.void] = []            # PEER records (per-peer network timing, opt-in)
         self.stats: dict[int, np.void] = {}        # pid -> last STATS record
         self.hosts: dict[int, str] = {}            # pid -> host from PROCESS
         self.protocol_errors: list[str] = []
@@ -60,6 +61,10 @@ class KitReceiver:
     def events(self) -> np.ndarray:
         with self._lock:
             return np.concatenate(self._chunks) if self._chunks else np.zeros(0, EVENT_DTYPE)
+
+    def peers(self) -> np.ndarray:
+        with self._lock:
+            return np.array(self._peers, dtype=PEER_DTYPE) if self._peers else np.zeros(0, PEER_DTYPE)
 
     def stats_table(self) -> dict[int, dict[str, int]]:
         with self._lock:
@@ -116,6 +121,7 @@ class KitReceiver:
                 self.hosts[dec.pid] = dec.host
             if res.events is not None and len(res.events):
                 self._chunks.append(np.array(res.events, copy=True))
+            self._peers.extend(res.peers)
             for s in res.stats:
                 self.stats[int(s["pid"])] = s
         return True

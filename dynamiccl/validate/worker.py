@@ -201,6 +201,14 @@ class Rank:
         for _ in range(10):
             self.timed("after_a2a", "AllReduce", nb, call)
 
+    def phase_probe(self) -> None:
+        """The extras' short programme (validate/extras.py): AllReduce calls of a few sizes, each
+        timed and logged, the same on every launch so their records and event counts compare."""
+        for size, calls in self.spec["probe"]["sizes"]:
+            call, nb = self.enqueue("AllReduce", size)
+            for _ in range(calls):
+                self.timed("probe", "AllReduce", nb, call)
+
     def phase_overhead(self) -> None:
         """Per round of back-to-back AllReduce calls: the mean time per collective (wall clock, GPU
         synchronised at both ends) and the mean time the application thread spends enqueuing one

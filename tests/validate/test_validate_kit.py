@@ -124,7 +124,7 @@ def test_worker_phases_run_on_gloo(tmp_path):
     os.environ["DYNAMICCL_TUNER_CONFIG"] = str(conf)
     try:
         la = run_launch(Plan(2, [0, 0], False), Launch("smoke", ["sweep", "tuner", "reload", "slow", "alltoall",
-                                                                  "overhead"], False), spec, {"out": str(tmp_path)}, 120)
+                                                                  "overhead", "probe"], False), spec, {"out": str(tmp_path)}, 120)
     finally:
         del os.environ["DYNAMICCL_TUNER_CONFIG"]
     assert la.ok, la.stderr_tail

@@ -1,0 +1,181 @@
+"""Checks of the extra launches (extras.py): the TSC record clock, per-peer network timing and a
+chained profiler. Inputs are what the launches left in the run's folder, so ``--analyse`` reruns
+them anywhere. Standard library and numpy only.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import statistics
+
+import numpy as np
+
+from dynamiccl.collector.wire_format import ALGOS, PROTOS, Kind
+
+from .checks import Check
+
+__all__ = ["extra_checks", "check_clock", "check_peers", "check_chain", "CLOCK_OFFSET_US", "PEER_BYTES_REL"]
+
+CLOCK_OFFSET_US = 10.0     # TSC-clock records vs the worker's time.time_ns() before the call, beyond the reference's
+SPREAD_GROWTH = (1.5, 20.0)  # the cross-rank enqueue spread may grow by at most x1.5 or +20 us, whichever is larger
+PEER_BYTES_REL = 0.10      # RING/SIMPLE AllReduce: bytes each way = 2 (n - 1) / n x the buffer, within 10 %
+PEER_COVERAGE = 0.9        # share of a rank's collectives that must carry PEER records in both directions
+_PROBE_LINE = re.compile(r"chain_probe: (.*)")
+_TSC_REFUSED = "needs an invariant TSC"
+
+
+def _probe_calls(res: dict) -> np.ndarray:
+    ix = {c: i for i, c in enumerate(res["cols"])}
+    return np.array([c[ix["t_ns"]] for c in res["calls"] if c[ix["phase"]] == "probe"], np.int64)
+
+
+def _colls(events: np.ndarray, pid: int) -> np.ndarray:
+    mine = events[(events["pid"] == pid) & (events["kind"] == Kind.COLL)]
+    one_comm = len(np.unique(mine["comm_hash"])) <= 1
+    return mine[np.argsort(mine["seq_number"] if one_comm else mine["enqueue_ns"], kind="stable")]
+
+
+def _clock_side(results: list[dict], events: np.ndarray) -> dict:
+    """Offsets (record enqueue_ns - the worker's clock before the call), cross-rank spreads, and
+    records whose host stop precedes their enqueue."""
+    offs, unpaired, backwards = [], [], 0
+    for res in results:
+        t, recs = _probe_calls(res), _colls(events, res["pid"])
+        backwards += int(np.sum((recs["cpu_end_ns"] > 0) & (recs["cpu_end_ns"] < recs["enqueue_ns"])))
+        if len(t) != len(recs):
+            unpaired.append(f"rank {res['rank']}: {len(t)} calls, {len(recs)} records")
+            continue
+        offs.append((recs["enqueue_ns"].astype(np.int64) - t) / 1e3)
+    pids = [r["pid"] for r in results]
+    recs = events[np.isin(events["pid"], pids) & (events["kind"] == Kind.COLL)]
+    spreads = []
+    for key in set(zip(recs["comm_hash"].tolist(), recs["seq_number"].tolist())):
+        sel = recs[(recs["comm_hash"] == key[0]) & (recs["seq_number"] == key[1])]
+        if len(sel) == len(results):
+            spreads.append((int(sel["enqueue_ns"].max()) - int(sel["enqueue_ns"].min())) / 1e3)
+    off = np.concatenate(offs) if offs else np.zeros(0)
+    return {"offset_med_us": float(np.median(off)) if len(off) else float("nan"),
+            "offset_min_us": float(off.min()) if len(off) else float("nan"),
+            "spread_med_us": statistics.median(spreads) if spreads else float("nan"),
+            "records": int(len(recs)), "backwards": backwards, "unpaired": unpaired}
+
+
+def check_clock(ref: list[dict], tsc: list[dict], events: np.ndarray, tsc_logs: list[str]) -> Check:
+    name = "7 record clock (DYNAMICCL_CLOCK=1)"
+    if not ref or not tsc:
+        return Check(name, False, "the probe_ref or probe_tsc launch left no results")
+    if any(_TSC_REFUSED in text for text in tsc_logs):
+        return Check(name, None, "this host has no invariant TSC: the plugin kept clock_gettime (its warning is "
+                     "in the probe_tsc NCCL logs)")
+    a, b = _clock_side(ref, events), _clock_side(tsc, events)
+    limit = max(SPREAD_GROWTH[0] * a["spread_med_us"], a["spread_med_us"] + SPREAD_GROWTH[1])
+    ok = (not a["unpaired"] and not b["unpaired"] and b["backwards"] == 0
+          and b["offset_min_us"] >= -CLOCK_OFFSET_US
+          and abs(b["offset_med_us"] - a["offset_med_us"]) <= CLOCK_OFFSET_US and b["spread_med_us"] <= limit)
+    fmt = lambda s: (f"{s['records']} records, enqueue - worker clock median {s['offset_med_us']:.1f} us "  # noqa: E731
+                     f"(min {s['offset_min_us']:.1f}), cross-rank enqueue spread median {s['spread_med_us']:.1f} us, "
+                     f"{s['backwards']} with cpu_end < enqueue")
+    return Check(name, ok, f"default clock: {fmt(a)}; TSC clock: {fmt(b)} (spread limit {limit:.1f} us, offset "
+                 f"within {CLOCK_OFFSET_US:g} us of the default's)", {"default": a, "tsc": b},
+                 a["unpaired"] + b["unpaired"])
+
+
+def _peer_sums(peers: np.ndarray, pid: int) -> dict:
+    """(comm_hash, seq_number) -> [bytes sent, bytes received, rows, state_ns sums (6)] of one process."""
+    out: dict = {}
+    for p in peers[peers["pid"] == pid]:
+        s = out.setdefault((int(p["comm_hash"]), int(p["seq_number"])), [0, 0, 0, np.zeros(6)])
+        s[0 if p["is_send"] else 1] += int(p["bytes"])
+        s[2] += 1
+        s[3][(0 if p["is_send"] else 3):(3 if p["is_send"] else 6)] += p["state_ns"]
+    return out
+
+
+def check_peers(results: list[dict], events: np.ndarray, peers: np.ndarray, shared: bool) -> Check:
+    name = "8 per-peer timing (DYNAMICCL_EVENT_MASK=94)"
+    if not results:
+        return Check(name, False, "the probe_peer launch left no results")
+    if not shared and not len(peers):
+        return Check(name, None, "ranks on their own GPUs of one node: NCCL runs no proxy steps (P2P/SHM), "
+                     "so no PEER record is expected")
+    cells: dict = {}
+    rows, ok = [], True
+    for res in results:
+        recs, sums = _colls(events, res["pid"]), _peer_sums(peers, res["pid"])
+        both = 0
+        for r in recs:
+            s = sums.get((int(r["comm_hash"]), int(r["seq_number"])))
+            if s is None or not s[0] or not s[1]:
+                continue
+            both += 1
+            n = int(r["nranks"])
+            want = 2 * (n - 1) / n * int(r["bytes"])
+            key = (int(r["bytes"]), ALGOS[r["algo"]] if r["algo"] < len(ALGOS) else "?",
+                   PROTOS[r["proto"]] if r["proto"] < len(PROTOS) else "?")
+            cells.setdefault(key, []).append((s[0] / want, s[1] / want, s[3] / 1e3))
+        cover = both / len(recs) if len(recs) else 0.0
+        ok &= cover >= PEER_COVERAGE
+        peers_of = sorted(set(peers[peers["pid"] == res["pid"]]["peer"].tolist()))
+        rows.append(f"rank {res['rank']}: {both}/{len(recs)} collectives with PEER records both ways; peers {peers_of}")
+    for (nb, algo, proto), v in sorted(cells.items()):
+        send, recv = statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)
+        states = np.median(np.array([x[2] for x in v]), axis=0)
+        if algo == "RING" and proto == "SIMPLE":
+            ok &= abs(send - 1) <= PEER_BYTES_REL and abs(recv - 1) <= PEER_BYTES_REL
+        rows.append(f"AllReduce {nb} B {algo}/{proto}: {len(v)} records, bytes / (2(n-1)/n x buffer) sent "
+                    f"{send:.3f} received {recv:.3f}; median us in states send [gpu wait, peer wait, wait] "
+                    f"{states[:3].round(1).tolist()} receive [wait, flush wait, gpu wait] {states[3:].round(1).tolist()}")
+    ok &= bool(cells)
+    return Check(name, ok, f"{len(peers)} PEER records; every rank's collectives carry them both ways "
+                 f"(>= {PEER_COVERAGE:.0%}) and RING/SIMPLE bytes match the ring's traffic within "
+                 f"{PEER_BYTES_REL:.0%}: {ok}", {"peer_records": int(len(peers))}, rows)
+
+
+def _probe_counts(out: str, launch: str, ranks: int) -> list[dict | None]:
+    counts: list[dict | None] = []
+    for r in range(ranks):
+        path = os.path.join(out, f"worker.{launch}.rank{r}.log")
+        found = _PROBE_LINE.findall(open(path, errors="replace").read()) if os.path.exists(path) else []
+        counts.append({k: int(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else None)
+    return counts
+
+
+def check_chain(out: str, ref: list[dict], chained: list[dict], ranks: int, events: np.ndarray) -> Check:
+    name = "9 chained profiler (DYNAMICCL_PROFILER_CHAIN)"
+    alone, both = _probe_counts(out, "probe_chainonly", ranks), _probe_counts(out, "probe_chained", ranks)
+    rows, ok = [], len(ref) == len(chained) == ranks
+    for r in range(ranks):
+        a, b = alone[r], both[r]
+        if a is None or b is None:
+            rows.append(f"rank {r}: chain probe counts missing (alone {a is not None}, chained {b is not None})")
+            ok = False
+            continue
+        same = all(a[k] == b[k] for k in ("starts", "stops", "states", "kch"))
+        clean = b["bad_handles"] == b["foreign_parents"] == b["double_stops"] == 0 and b["kch_parent_ok"] == b["kch"]
+        ok &= same and clean
+        rows.append(f"rank {r}: probe alone {a}; chained {b}; equal: {same}; handles clean: {clean}")
+    for x, y in zip(sorted(ref, key=lambda d: d["rank"]), sorted(chained, key=lambda d: d["rank"])):
+        nx, ny = len(_colls(events, x["pid"])), len(_colls(events, y["pid"]))
+        ok &= nx == ny and nx > 0
+        rows.append(f"rank {x['rank']}: DynamICCL COLL records alone {nx}, chained {ny}")
+    logged = [p for y in chained for p in glob.glob(os.path.join(out, f"nccl.probe_chained.{y['pid']}.log"))
+              if "chained to" in open(p, errors="replace").read()]
+    ok &= len(logged) == len(chained)
+    return Check(name, ok, f"the chain probe's counts equal alone and behind DynamICCL, DynamICCL's records "
+                 f"equal with and without it, {len(logged)}/{len(chained)} ranks log 'chained to': {ok}", {}, rows)
+
+
+def extra_checks(out: str, launches: list[dict], events: np.ndarray, peers: np.ndarray, shared: bool) -> list[Check]:
+    by = {la["name"]: sorted(la["results"], key=lambda r: r["rank"]) for la in launches}
+    if "probe_ref" not in by:
+        return []
+    logs = [open(p, errors="replace").read() for p in glob.glob(os.path.join(out, "nccl.probe_tsc.*.log"))]
+    logs += [open(p, errors="replace").read() for p in glob.glob(os.path.join(out, "worker.probe_tsc.rank*.log"))]
+    checks = [check_clock(by["probe_ref"], by.get("probe_tsc", []), events, logs),
+              check_peers(by.get("probe_peer", []), events, peers, shared)]
+    if "probe_chained" in by:
+        checks.append(check_chain(out, by["probe_ref"], by["probe_chained"], len(by["probe_ref"]), events))
+    else:
+        checks.append(Check("9 chained profiler (DYNAMICCL_PROFILER_CHAIN)", None, "the chain probe could not be built"))
+    return checks
