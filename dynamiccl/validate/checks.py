@@ -204,25 +204,42 @@ def check_overhead(samples: dict[str, dict[str, list[float]]], metric: str = "ov
     if records_with == 0:
         return Check("5 overhead", False, f"{what}: the launches with the plugins emitted no records, so the "
                      "plugin was not exercised and no ratio is meaningful")
-    rows, ok = {}, True
+    rows, verdicts = {}, []
     for size in sorted(samples.get("with", {}), key=int):
         w, wo = samples["with"][size], samples.get("without", {}).get(size, [])
         if not w or not wo:
-            ok = False
+            verdicts.append(False)
             continue
         ratio = statistics.median(w) / statistics.median(wo)
+        lo, hi = ratio_interval(w, wo)
         rows[size] = {"with_us": round(statistics.median(w), 2), "without_us": round(statistics.median(wo), 2),
-                      "ratio": round(ratio, 4), "launch_medians_with": [round(x, 2) for x in w],
+                      "ratio": round(ratio, 4), "ratio_90ci": [round(lo, 4), round(hi, 4)],
+                      "launch_medians_with": [round(x, 2) for x in w],
                       "launch_medians_without": [round(x, 2) for x in wo]}
-        ok &= ratio <= OVERHEAD_MAX
-    ok &= bool(rows)
-    txt = "; ".join(f"{int(s) >> 20} MiB {r['with_us']} vs {r['without_us']} us = {r['ratio']}x"
-                    for s, r in rows.items())
+        # decided only where the launches' own spread allows it: inside the bound, beyond it, or neither
+        verdicts.append(True if hi <= OVERHEAD_MAX else False if lo > OVERHEAD_MAX else None)
+    ok = (False if False in verdicts or not rows else None if None in verdicts else True)
+    txt = "; ".join(f"{int(s) >> 20} MiB {r['with_us']} vs {r['without_us']} us = {r['ratio']}x "
+                    f"(90 % interval {r['ratio_90ci'][0]}-{r['ratio_90ci'][1]})" for s, r in rows.items())
+    noisy = " inconclusive: the launches' spread puts the bound inside the interval (one rank per GPU measures " \
+            "the time per collective itself);" if ok is None else ""
     return Check("5 overhead", ok, f"median {what}, with/without the plugins, interleaved launches: "
-                 f"{txt or 'not measured'} (pass <= {OVERHEAD_MAX}x; {records_with} records emitted with the "
-                 "plugins)", dict(rows, metric=metric),
+                 f"{txt or 'not measured'} (pass: interval <= {OVERHEAD_MAX}x;{noisy} {records_with} records "
+                 "emitted with the plugins)", dict(rows, metric=metric),
                  [f"{int(s) >> 20} MiB launch medians with {r['launch_medians_with']}, without "
                   f"{r['launch_medians_without']}" for s, r in rows.items()])
+
+
+def ratio_interval(w: list[float], wo: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """90 % bootstrap interval of median(w) / median(wo), resampling each side's launch medians.
+
+    >>> ratio_interval([2.0], [1.0])
+    (2.0, 2.0)
+    """
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(w, float), np.asarray(wo, float)
+    r = (np.median(rng.choice(a, (n, len(a))), axis=1) / np.median(rng.choice(b, (n, len(b))), axis=1))
+    return float(np.quantile(r, 0.05)), float(np.quantile(r, 0.95))
 
 
 def check_after_self_send(results: list[dict], events: np.ndarray) -> Check:

@@ -150,3 +150,14 @@ def test_detector_names_the_slow_rank_on_real_nccl_records(run):
                         meta["slow_rank"])
     assert c.ok, c.summary
     assert c.numbers["slow_rank_named"] and c.numbers["false_before_onset"] == 0, c.summary
+
+
+def test_overhead_within_the_launches_noise_is_inconclusive():
+    """Launch medians spread +-20 % around a 1.10x ratio: neither inside nor beyond the bound."""
+    from dynamiccl.validate.checks import check_overhead
+    wo = [40.0, 52.0, 66.0, 42.0, 50.0, 56.0, 41.0, 60.0]
+    c = check_overhead({"with": {"1048576": [x * 1.10 for x in wo]}, "without": {"1048576": wo}}, "enqueue_us", 10)
+    assert c.ok is None and "inconclusive" in c.summary, c.summary
+    tight = check_overhead({"with": {"1048576": [100.0 * 1.10 + i * 0.1 for i in range(8)]},
+                            "without": {"1048576": [100.0 + i * 0.1 for i in range(8)]}}, "enqueue_us", 10)
+    assert tight.ok is False
