@@ -15,8 +15,9 @@ from dynamiccl.collector.wire_format import ALGOS, PROTOS, Kind
 
 from .checks import Check
 
-__all__ = ["extra_checks", "check_clock", "check_peers", "check_chain", "PEER_BYTES_REL"]
+__all__ = ["extra_checks", "check_clock", "check_peers", "check_chain", "PEER_BYTES_REL", "LAG_TOL_US"]
 
+LAG_TOL_US = 20.0          # a host stop may follow the next call's start by this much (the proxy sees stops late)
 PEER_BYTES_REL = 0.10      # RING/SIMPLE AllReduce: bytes each way = 2 (n - 1) / n x the buffer, within 10 %
 PEER_COVERAGE = 0.9        # share of a rank's collectives that must carry PEER records in both directions
 _PROBE_LINE = re.compile(r"chain_probe: (.*)")
@@ -39,6 +40,7 @@ def _clock_side(results: list[dict], events: np.ndarray) -> dict:
     read (same thread), and the host stop normally precedes the next call's (the worker waits for the
     GPU). How far each holds bounds the record clock's error against CLOCK_REALTIME."""
     lead, lag, unpaired, backwards, before, after = [], [], [], 0, 0, 0
+    lead_med, starts = [], []
     for res in results:
         t, recs = _probe_calls(res), _colls(events, res["pid"])
         backwards += int(np.sum((recs["cpu_end_ns"] > 0) & (recs["cpu_end_ns"] < recs["enqueue_ns"])))
@@ -46,11 +48,13 @@ def _clock_side(results: list[dict], events: np.ndarray) -> dict:
             unpaired.append(f"rank {res['rank']}: {len(t)} calls, {len(recs)} records")
             continue
         enq, end = recs["enqueue_ns"].astype(np.int64), recs["cpu_end_ns"].astype(np.int64)
+        starts.append(t)
         lead.append((enq - t) / 1e3)                      # >= 0 unless the record clock is behind
+        lead_med.append(round(float(np.median(lead[-1]))))
         timed = end[:-1] > 0
         lag.append((end[:-1][timed] - t[1:][timed]) / 1e3)  # <= 0 unless the clock is ahead (or the proxy late)
         before += int(np.sum(enq < t))
-        after += int(np.sum(lag[-1] > 0))
+        after += int(np.sum(lag[-1] > LAG_TOL_US))
     pids = [r["pid"] for r in results]
     recs = events[np.isin(events["pid"], pids) & (events["kind"] == Kind.COLL)]
     spreads = []
@@ -64,13 +68,24 @@ def _clock_side(results: list[dict], events: np.ndarray) -> dict:
             "enqueue_before_call": before, "end_after_next_call": after,
             "behind_bound_us": float(lead_a.min()) if len(lead_a) else float("nan"),
             "ahead_bound_us": float(-lag_a.max()) if len(lag_a) else float("nan"),
-            "spread_med_us": statistics.median(spreads) if spreads else float("nan")}
+            "spread_med_us": statistics.median(spreads) if spreads else float("nan"), "lead_med_us": lead_med,
+            "call_spread_med_us": _call_spread(starts)}
+
+
+def _call_spread(starts: list[np.ndarray]) -> float:
+    """Median over calls of the ranks' spread in starting call i, by the workers' own clock."""
+    if not starts or len({len(t) for t in starts}) != 1:
+        return float("nan")
+    t = np.array(starts)
+    return float(np.median(t.max(axis=0) - t.min(axis=0)) / 1e3)
 
 
 def check_clock(ref: list[dict], tsc: list[dict], events: np.ndarray, tsc_logs: list[str]) -> Check:
     """Every TSC-clock record inside its call as the worker's own CLOCK_REALTIME saw it: enqueued after
-    the call began (strict: the same thread), stopped before the next call began no more often than
-    with the default clock (the proxy thread can see a stop late), host stop not before enqueue."""
+    the call began (strict: the same thread), its host stop at most LAG_TOL_US after the next call
+    began (the proxy thread sees a stop late), and not before its enqueue. A clock off by more than
+    the calls' slack (tens to hundreds of us) breaks one of these; smaller errors are below this test's
+    resolution."""
     name = "7 record clock (DYNAMICCL_CLOCK=1)"
     if not ref or not tsc:
         return Check(name, False, "the probe_ref or probe_tsc launch left no results")
@@ -79,14 +94,16 @@ def check_clock(ref: list[dict], tsc: list[dict], events: np.ndarray, tsc_logs: 
                      "in the probe_tsc NCCL logs)")
     a, b = _clock_side(ref, events), _clock_side(tsc, events)
     ok = (not a["unpaired"] and not b["unpaired"] and b["backwards"] == 0 and b["enqueue_before_call"] == 0
-          and b["end_after_next_call"] <= a["end_after_next_call"])
+          and b["end_after_next_call"] == 0)
     fmt = lambda s: (f"{s['records']} records, {s['enqueue_before_call']} enqueued before their call, "  # noqa: E731
-                     f"{s['end_after_next_call']} stopped after the next call began, {s['backwards']} with "
-                     f"cpu_end < enqueue; clock within -{s['behind_bound_us']:.0f}/+{s['ahead_bound_us']:.0f} us "
-                     f"of CLOCK_REALTIME in every record")
-    return Check(name, ok, f"default clock: {fmt(a)}; TSC clock: {fmt(b)} (cross-rank enqueue spread, "
-                 f"reported only: {a['spread_med_us']:.0f} vs {b['spread_med_us']:.0f} us; ranks sharing a GPU "
-                 "arrive time slices apart)", {"default": a, "tsc": b}, a["unpaired"] + b["unpaired"])
+                     f"{s['end_after_next_call']} stopped > {LAG_TOL_US:g} us after the next call began, "
+                     f"{s['backwards']} with cpu_end < enqueue; slack -{s['behind_bound_us']:.0f}/"
+                     f"+{s['ahead_bound_us']:.0f} us; enqueue - call start median per rank {s['lead_med_us']} us")
+    return Check(name, ok, f"default clock: {fmt(a)}; TSC clock: {fmt(b)}. Cross-rank spread of a call's "
+                 f"records, reported only (ranks sharing a GPU start calls time slices apart): default "
+                 f"{a['spread_med_us']:.0f} us (the calls' own, by the workers' clock: {a['call_spread_med_us']:.0f}), "
+                 f"TSC {b['spread_med_us']:.0f} us (calls {b['call_spread_med_us']:.0f})",
+                 {"default": a, "tsc": b}, a["unpaired"] + b["unpaired"])
 
 
 def _peer_sums(peers: np.ndarray, pid: int) -> dict:
