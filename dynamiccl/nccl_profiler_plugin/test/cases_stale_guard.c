@@ -164,3 +164,49 @@ static int test_stale_guard_in_sender_drain(void) {
   clear_env();
   return rc;
 }
+
+/* A deep queue (the overhead launches: 64 MiB AllReduces enqueued within a millisecond, each finishing
+   160 ms after the previous, so a record's enqueue is up to 10 s before its host stop) on a drifting
+   GPU clock (20 ppm), most host stops 150 us late and every 10th on time: the offset is learned at the
+   host stops and from the shortest delays, so nothing is flagged. */
+static int test_stale_guard_deep_queue(void) {
+  dccl_stale_guard_t g;
+  dccl_stale_guard_init(&g, 100);
+  for (int i = 0; i < 4 * DCCL_GUARD_WINDOW; i++) {
+    uint64_t enq = SG_T0 + (uint64_t)(i / DCCL_GUARD_WINDOW) * DCCL_GUARD_WINDOW * 160000000ull +
+                   (uint64_t)(i % DCCL_GUARD_WINDOW) * 10000; /* a burst of 64 enqueues */
+    uint64_t stop = SG_T0 + (uint64_t)i * 160000000ull + 160000000ull; /* host clock */
+    int64_t offset = 1100000 + (int64_t)((stop - SG_T0) / 50000);       /* 20 ppm */
+    dccl_event_record_t r;
+    memset(&r, 0, sizeof r);
+    r.kind = DCCL_KIND_COLL;
+    r.timing_source = DCCL_TIMING_KERNEL_GPU;
+    r.enqueue_ns = enq;
+    r.cpu_end_ns = stop + (i % 10 ? 150000 : 0);
+    r.gpu_end_ns = (uint64_t)((int64_t)stop - offset);
+    r.gpu_start_ns = r.gpu_end_ns - 159000000ull;
+    TEST_ASSERT(dccl_stale_guard_check(&g, &r) == 0, "record %d flagged (offset %lld, %.1f ppm)", i,
+                (long long)g.offset_ns, g.drift * 1e6);
+  }
+  TEST_ASSERT(g.state == DCCL_GUARD_ON && g.checked > 0, "on");
+  return 0;
+}
+
+/* The host clock steps by 5 ms (NTP): the records after it are flagged until DCCL_GUARD_WINDOW in a row
+   have missed the prediction; the guard then learns again and judges nothing wrongly after that. */
+static int test_stale_guard_relearns_after_clock_step(void) {
+  dccl_stale_guard_t g;
+  dccl_stale_guard_init(&g, 100);
+  uint64_t t = sg_learn(&g, SG_T0);
+  int flagged_after = 0;
+  for (int i = 0; i < 4 * DCCL_GUARD_WINDOW; i++, t += 1000000) {
+    dccl_event_record_t r = sg_rec(t, 40000, 20000, 0);
+    r.enqueue_ns += 5000000; /* host clock 5 ms ahead from now on */
+    r.cpu_end_ns += 5000000;
+    int f = dccl_stale_guard_check(&g, &r);
+    if (i >= 2 * DCCL_GUARD_WINDOW) flagged_after += f;
+  }
+  TEST_ASSERT(g.state == DCCL_GUARD_ON && flagged_after == 0 && g.flagged <= DCCL_GUARD_WINDOW,
+              "state %d, %llu flagged, %d after relearning", g.state, (unsigned long long)g.flagged, flagged_after);
+  return 0;
+}

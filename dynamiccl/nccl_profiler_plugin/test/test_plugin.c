@@ -155,6 +155,8 @@ static const test_case_t k_tests[] = {
     {"stale_guard_off_unless_aligned", test_stale_guard_off_unless_aligned},
     {"stale_guard_follows_drift", test_stale_guard_follows_drift},
     {"stale_guard_in_sender_drain", test_stale_guard_in_sender_drain},
+    {"stale_guard_deep_queue", test_stale_guard_deep_queue},
+    {"stale_guard_relearns_after_clock_step", test_stale_guard_relearns_after_clock_step},
 };
 
 int main(int argc, char** argv) {
