@@ -33,8 +33,8 @@
 #include "dynamiccl_record.h"
 
 /* 100 us: the offset's error (the host's shortest stop delays vary by about 10 us, the drift
-   extrapolation adds a few) stays well inside it, while stale pTimers are whole kernels old (0.2 to
-   60 ms on the NCCL 2.28.9 runs). DYNAMICCL_STALE_GUARD_US overrides, 0 = off. */
+   extrapolation adds a few) stays well inside it, while stale pTimers are whole kernels old (0.3 to
+   67 ms on the NCCL 2.28.9 runs). DYNAMICCL_STALE_GUARD_US overrides, 0 = off. */
 #define DCCL_DEFAULT_STALE_GUARD_US 100
 #define DCCL_MAX_STALE_GUARD_US 1000000
 #define DCCL_GUARD_WINDOW 64
