@@ -39,7 +39,7 @@ static int outside_host_interval(const dccl_stale_guard_t* g, const dccl_event_r
    records 100 us outside); the second smallest survives one outlier. Without the detrend a low value
    of a drifting clock lies early in the half, not at its middle. */
 static int64_t half_low(const dccl_stale_guard_t* g, uint32_t from, double drift, uint64_t* mid,
-                             int64_t* spread) {
+                        int64_t* spread) {
   int64_t w[DCCL_GUARD_HALF];
   uint64_t first = g->samples - from;
   uint64_t t0 = g->t[first % DCCL_GUARD_WINDOW], t1 = g->t[(first + DCCL_GUARD_HALF - 1) % DCCL_GUARD_WINDOW];
