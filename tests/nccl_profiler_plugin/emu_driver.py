@@ -23,10 +23,16 @@ from dynamiccl.nccl_profiler_plugin.emulator import Emulator, EmulatorError  # n
 
 
 def _ops(spec: list[dict]) -> np.ndarray:
+    """An op's gpu_start_rel / gpu_end_rel (ns, may be negative) are pTimers relative to the wall clock
+    now: a GPU clock aligned with the host's, as real NCCL's."""
     ops = Emulator.ops(len(spec))
+    now = time.time_ns()
     for i, op in enumerate(spec):
         for k, v in op.items():
-            ops[i][k] = v
+            if k.endswith("_rel"):
+                ops[i][k[:-4] + "_ns"] = now + v
+            else:
+                ops[i][k] = v
     return ops
 
 

@@ -74,6 +74,7 @@ int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), 
   cfg->flush_ms = DCCL_DEFAULT_FLUSH_MS;
   cfg->stale_ms = DCCL_DEFAULT_STALE_MS;
   cfg->span_check = DCCL_DEFAULT_SPAN_CHECK;
+  cfg->stale_guard_us = DCCL_DEFAULT_STALE_GUARD_US;
   cfg->clock = DCCL_DEFAULT_CLOCK;
 
   if ((s = get("DYNAMICCL_COLLECTOR")) != NULL && *s != '\0') {
@@ -93,6 +94,7 @@ int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), 
   DCCL_GET_U("DYNAMICCL_FLUSH_MS", 1, DCCL_MAX_FLUSH_MS, flush_ms)
   DCCL_GET_U("DYNAMICCL_STALE_MS", 1, DCCL_MAX_STALE_MS, stale_ms)
   DCCL_GET_U("DYNAMICCL_SPAN_CHECK", 0, 1, span_check)
+  DCCL_GET_U("DYNAMICCL_STALE_GUARD_US", 0, DCCL_MAX_STALE_GUARD_US, stale_guard_us)
   DCCL_GET_U("DYNAMICCL_CLOCK", 0, 1, clock)
 #undef DCCL_GET_U
   if ((cfg->ring_size & (cfg->ring_size - 1)) != 0) {

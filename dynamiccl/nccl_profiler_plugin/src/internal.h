@@ -16,6 +16,7 @@
 
 #include "dynamiccl_record.h"
 #include "nccl_profiler_abi.h"
+#include "stale_guard.h"
 
 #define DCCL_PLUGIN_NAME "dynamiccl"
 #define DCCL_EXPORT __attribute__((visibility("default")))
@@ -67,6 +68,7 @@ typedef struct dccl_config {
   uint32_t flush_ms;
   uint32_t stale_ms;
   uint32_t span_check;
+  uint32_t stale_guard_us; /* stale_guard.h: tolerance in us, 0 off */
   uint32_t clock;
 } dccl_config_t;
 

@@ -38,6 +38,7 @@ typedef struct {
   uint32_t n_data;  /* of which COLL/P2P records from the ring */
   uint64_t next_tuner_link_ms; /* next attempt to find the DynamICCL tuner (plugin.c) */
   int warned_undelivered;      /* "cannot deliver" logged (once per process) */
+  dccl_stale_guard_t guard;    /* stale_guard.h: applied to every record taken from the ring */
 } sender_t;
 
 /* ---- per-job token: DYNAMICCL_TOKEN_FILE (owned by this user, mode 600) or DYNAMICCL_TOKEN ----
@@ -271,6 +272,9 @@ static uint64_t drain(sender_t* s, int timeout_ms) {
         (dccl_event_record_t*)(s->buf + sizeof(dccl_frame_header_t) + (size_t)s->n * DCCL_RECORD_SIZE);
     uint32_t got = dccl_ring_pop(&dccl_g.ring, dst, DCCL_MAX_RECORDS_PER_FRAME - s->n);
     if (got == 0) break;
+    for (uint32_t i = 0; i < got; i++)
+      if (dccl_stale_guard_check(&s->guard, &dst[i]))
+        atomic_fetch_add_explicit(&dccl_g.timing_suspect, 1, memory_order_relaxed);
     s->n += got;
     s->n_data += got;
     total += got;
@@ -287,13 +291,16 @@ static void reap_all(void) {
 }
 
 /* One line at the end: what was delivered and what was lost, so loss is visible without a collector. */
-static void log_summary(void) {
+static void log_summary(const sender_t* s) {
   unsigned long long sent = atomic_load(&dccl_g.records_sent), und = atomic_load(&dccl_g.records_undelivered);
   unsigned long long ring = atomic_load(&dccl_g.records_dropped_ring_full);
   unsigned long long pool = atomic_load(&dccl_g.events_dropped_pool_full);
   DCCL_LOG(und || ring || pool ? NCCL_LOG_WARN : NCCL_LOG_INFO,
            "DynamICCL profiler: finalize: %llu records sent to %s, %llu undelivered, %llu dropped (ring full), "
            "%llu events dropped (pool full)", sent, dccl_addr, und, ring, pool);
+  char guard[256];
+  dccl_stale_guard_describe(&s->guard, guard, sizeof guard);
+  DCCL_INFO("DynamICCL profiler: finalize: %s", guard);
 }
 
 static void* sender_main(void* arg) {
@@ -301,6 +308,7 @@ static void* sender_main(void* arg) {
   sender_t s = {.fd = -1, .backoff_ms = DCCL_RECONNECT_MIN_MS, .last_stats_ms = dccl_monotonic_ms()};
   s.buf = malloc(sizeof(dccl_frame_header_t) + (size_t)DCCL_MAX_RECORDS_PER_FRAME * DCCL_RECORD_SIZE);
   if (s.buf == NULL) return NULL; /* records then pile up in the ring and are counted as ring-full drops */
+  dccl_stale_guard_init(&s.guard, dccl_g.cfg.stale_guard_us);
   load_token();
   resolve_address();
   int stop = 0;
@@ -361,7 +369,7 @@ static void* sender_main(void* arg) {
   }
   if (s.fd >= 0) close(s.fd);
   free(s.buf);
-  log_summary();
+  log_summary(&s);
   return NULL;
 }
 

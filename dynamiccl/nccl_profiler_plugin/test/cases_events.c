@@ -24,6 +24,7 @@ static int test_config_defaults(void) {
   TEST_ASSERT(cfg.event_mask == 70, "%d", cfg.event_mask);
   TEST_ASSERT(cfg.pool_size == 1024 && cfg.ring_size == 65536 && cfg.min_bytes == 0 && cfg.sample == 1, "defaults");
   TEST_ASSERT(cfg.flush_ms == 100 && cfg.stale_ms == 10000, "timing defaults");
+  TEST_ASSERT(cfg.stale_guard_us == 100, "stale-timestamp guard tolerance %u", cfg.stale_guard_us);
   return 0;
 }
 
@@ -41,6 +42,8 @@ static int test_config_invalid(void) {
       {"DYNAMICCL_COLLECTOR", "unix:", 0},       {"DYNAMICCL_MIN_BYTES", "18446744073709551615", 1},
       {"DYNAMICCL_MIN_BYTES", "18446744073709551616", 0}, {"DYNAMICCL_STALE_MS", " 250 ", 1},
       {"DYNAMICCL_EVENT_MASK", "32838", 1},      {"DYNAMICCL_EVENT_MASK", "65536", 0},
+      {"DYNAMICCL_STALE_GUARD_US", "0", 1},      {"DYNAMICCL_STALE_GUARD_US", "1000001", 0},
+      {"DYNAMICCL_STALE_GUARD_US", "-1", 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     err[0] = '\0';

@@ -17,12 +17,13 @@
 #include "../src/lifecycle.c"
 #include "../src/connect.c"
 #include "../src/sender.c"
+#include "../src/stale_guard.c"
 
 #include "harness.h"
 
 static void clear_env(void) {
   const char* vars[] = {"DYNAMICCL_COLLECTOR", "DYNAMICCL_EVENT_MASK", "DYNAMICCL_POOL_SIZE", "DYNAMICCL_RING_SIZE",
-                        "DYNAMICCL_MIN_BYTES", "DYNAMICCL_SAMPLE",     "DYNAMICCL_FLUSH_MS",  "DYNAMICCL_STALE_MS", "DYNAMICCL_CLOCK"};
+                        "DYNAMICCL_MIN_BYTES", "DYNAMICCL_SAMPLE",     "DYNAMICCL_FLUSH_MS",  "DYNAMICCL_STALE_MS", "DYNAMICCL_CLOCK", "DYNAMICCL_STALE_GUARD_US"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
   setenv("DYNAMICCL_SPAN_CHECK", "0", 1); /* the unit tests' pTimers are made up; span_check_guard turns it on */
   g_log[0] = '\0';
@@ -112,6 +113,7 @@ static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_
 #include "cases_net.c"
 #include "cases_clock.c"
 #include "cases_completion.c"
+#include "cases_stale_guard.c"
 
 static const test_case_t k_tests[] = {
     {"config_defaults", test_config_defaults},
@@ -149,6 +151,12 @@ static const test_case_t k_tests[] = {
     {"tsc_clock_anchor", test_tsc_clock_anchor},
     {"tsc_clock_live", test_tsc_clock_live},
     {"completion_marks_generation", test_completion_marks_generation},
+    {"stale_guard_rule", test_stale_guard_rule},
+    {"stale_guard_off_unless_aligned", test_stale_guard_off_unless_aligned},
+    {"stale_guard_follows_drift", test_stale_guard_follows_drift},
+    {"stale_guard_in_sender_drain", test_stale_guard_in_sender_drain},
+    {"stale_guard_deep_queue", test_stale_guard_deep_queue},
+    {"stale_guard_relearns_after_clock_step", test_stale_guard_relearns_after_clock_step},
 };
 
 int main(int argc, char** argv) {
