@@ -148,7 +148,7 @@ def rank_env(plan: Plan, rank: int, port: int, spec_path: str, launch: Launch, p
                     "DYNAMICCL_TUNER_CONFIG": paths["tuner_config"], "DYNAMICCL_HOST": f"rank{rank}",
                     "DYNAMICCL_JOB_ID": f"validate-{launch.name}"})
     if launch.debug:
-        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING",
+        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,TUNING,PROFILE",
                     "NCCL_DEBUG_FILE": os.path.join(paths["out"], f"nccl.{launch.name}.%p.log")})
     else:
         env["NCCL_DEBUG"] = "WARN"
