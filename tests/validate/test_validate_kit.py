@@ -134,13 +134,13 @@ def test_worker_phases_run_on_gloo(tmp_path):
     assert "3" in conf.read_text().split("version")[-1]      # rank 0 staged the mid-run version
 
 
-@pytest.mark.parametrize("run", ["h100_run3", "h100_run4", "h100_run5", "h200_run6"])
+@pytest.mark.parametrize("run", ["h100_run3", "h100_run4", "h100_run5", "h200_run6", "h200_run7"])
 def test_detector_names_the_slow_rank_on_real_nccl_records(run):
     """Real records of the kit's slow-rank phase (NCCL 2.28.9, 4 ranks sharing the GPU; the last rank
     sleeps one call time before each AllReduce from 15 s on): a change within 5 s, the rank named
     first, nothing before the onset. run3/run4: H100, 2026-11-26 (run4 was missed before the coverage
     rule stopped re-learning a stream whose instances per window fell with its latency); run5 (H100)
-    and run6 (H200): 2026-11-27, never used to develop the detector."""
+    and run6, run7 (H200): 2026-11-27, never used to develop the detector."""
     pytest.importorskip("polars")
     import numpy as np
 
