@@ -2,13 +2,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from river import base
 
-from ._baseline import robust_baseline
-from ._cusum_params import _validate_and_derive, _validate_cap
-from ._serial import ar1_long_run_variance, capped_variance_ratio
-from .arl import cusum_threshold_correlated
+from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
+from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
 
@@ -176,6 +173,7 @@ class CUSUM(base.DriftDetector):
         serial: bool = True,
         z_cap: float | None = None,
         min_rel_scale: float = 0.005,
+        min_warmup: int | None = 20,
     ):
         super().__init__()
         self.delta = delta
@@ -189,11 +187,14 @@ class CUSUM(base.DriftDetector):
         self.serial = serial
         self.z_cap = z_cap
         self.min_rel_scale = min_rel_scale
+        self.min_warmup = min_warmup
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
         )
         self._cap = _validate_cap(z_cap, min_rel_scale, delta)
+        self._first_learn = first_learn_size(_validate_min_warmup(min_warmup), warmup)
+        self._h_full = self._h  # the full warm-up's threshold without the serial correction
         self._use_up = mode in ("both", "up")
         self._use_down = mode in ("both", "down")
         self._lo = -math.inf if min_value is None else float(min_value)
@@ -214,7 +215,9 @@ class CUSUM(base.DriftDetector):
     def _reset(self) -> None:
         """Forget the baseline and the statistics (keep lifetime counters)."""
         super()._reset()
-        self._buffer: list[float] = []
+        self._buffer: list[float] | None = []  # warm-up samples; None once the warm-up is full
+        self._next_learn = self._first_learn
+        self._h = self._h_full
         self._median: float | None = None
         self._scale: float | None = None
         self._inv_scale: float | None = None
@@ -325,14 +328,23 @@ class CUSUM(base.DriftDetector):
             self._n_invalid += 1
             return
 
-        inv_scale = self._inv_scale
-        if inv_scale is None:
-            self._buffer.append(x)
-            if len(self._buffer) >= self.warmup:
-                self._learn_baseline()
+        buffer = self._buffer
+        if buffer is None:
+            self._monitor(x, i)
             return
+        # Warming up: x is judged against the baseline of the samples before it (if there are
+        # min_warmup of them), then joins the warm-up, which is re-learnt as it grows.
+        buffer.append(x)
+        if self._inv_scale is not None:
+            self._monitor(x, i)
+            if self._drift_detected:
+                return
+        if len(buffer) >= self._next_learn:
+            self._learn_baseline()
 
-        z = (x - self._median) * inv_scale  # type: ignore[operator]
+    def _monitor(self, x: float, i: int) -> None:
+        """Standardise the valid value x of input index i; hold, drop or step on it."""
+        z = (x - self._median) * self._inv_scale  # type: ignore[operator]
         c = self._clip
         pending = self._pending
         if z > c or z < -c:
@@ -402,17 +414,29 @@ class CUSUM(base.DriftDetector):
         return True
 
     def _learn_baseline(self) -> None:
-        med, scale = robust_baseline(np.asarray(self._buffer, dtype=np.float64), self.estimator)
-        self._median = float(med)
-        self._scale = max(float(scale), self.min_rel_scale * abs(self._median))
+        """(Re-)learn the baseline and its threshold from the warm-up so far. A provisional
+        chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
+        closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
+        buffer = self._buffer
+        old_scale = self._scale
+        self._median, self._scale, self._h = learn_baseline(
+            buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
+            serial=self.serial, cap=self._cap, arl0=self.arl0, k=self._k,
+            two_sided=self.mode == "both")
         self._inv_scale = 1.0 / self._scale
-        if self.serial:
-            buf = np.asarray(self._buffer)
-            v = ar1_long_run_variance(buf, self._median, self._scale)
-            v *= capped_variance_ratio(buf, self._median, self._scale, self._cap)
-            self._h = cusum_threshold_correlated(float(self.arl0), self._k, self.warmup, v,
-                                                 self.mode == "both", self.estimator)
-        self._buffer = []
+        n = len(buffer)  # type: ignore[arg-type]
+        if n >= self.warmup:
+            self._buffer = None
+            self._s_up = self._s_down = 0.0
+            self._run_up = self._run_down = 0
+            if self._pending is not None:  # a held extreme of the provisional chart: dropped
+                self._n_outliers += 1
+                self._pending = None
+            return
+        if old_scale is not None:
+            self._s_up *= old_scale * self._inv_scale
+            self._s_down *= old_scale * self._inv_scale
+        self._next_learn = next_learn_size(n, self.warmup)
 
     @classmethod
     def _unit_test_params(cls):
