@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from ._baseline import robust_baseline
-from ._serial import RHO_MAX, RHO_SIGNIFICANCE, capped_variance_ratio
+from ._serial import RHO_MAX, ar1_long_run_variance, capped_variance_ratio
 from .arl import cusum_threshold_correlated, cusum_threshold_estimated
 
 # Relative growth of the warm-up between two re-learns of the provisional baseline.
@@ -45,12 +45,17 @@ def next_learn_size(n: int, warmup: int) -> int:
     return min(warmup, max(n + 1, math.ceil(GROWTH * n)))
 
 
-def ar1_long_run_variance(values: np.ndarray, level: float, scale: float, short: bool,
-                          clip: float = 3.0) -> float:
-    """`dynamiccl.detector._serial.ar1_long_run_variance`; for a provisional (``short``)
-    baseline the lag-1 autocorrelation is first corrected for its small-sample bias,
-    E[rho_hat] ~= rho - (1 + 3 rho) / n (Kendall 1954): at 20 samples an AR(1) with rho = 0.6
-    reads 0.43 on average and passes the significance test in half the warm-ups only."""
+def short_long_run_variance(values: np.ndarray, level: float, scale: float,
+                            clip: float = 3.0) -> float:
+    """AR(1) long-run variance ``(1 + rho) / (1 - rho)`` of a provisional (short) warm-up.
+
+    Unlike the full warm-up's estimate (`dynamiccl.detector._serial.ar1_long_run_variance`) the
+    lag-1 autocorrelation is corrected for its small-sample bias, E[rho_hat] ~= rho - (1 + 3 rho)
+    / n (Kendall 1954), and used whenever positive, not only when significant: at 20 samples an
+    AR(1) with rho = 0.6 reads 0.43 on average and passes a 2-standard-error test in half the
+    warm-ups, and a missed correlation costs far more false alarms than a spurious one on
+    independent data costs delay (AR(1) 0.6, false alarms in samples 20-99 per 1000 streams:
+    49 with the full warm-up's rule, 28 with the bias correction alone, 5 with both)."""
     n = values.size
     z = np.clip((values - level) / scale, -clip, clip)
     z = z - z.mean()
@@ -58,12 +63,8 @@ def ar1_long_run_variance(values: np.ndarray, level: float, scale: float, short:
     if n < 3 or denom <= 0.0:
         return 1.0
     rho = float(np.dot(z[1:], z[:-1])) / denom
-    if short:
-        rho += (1.0 + 3.0 * rho) / n
-    if rho < (0.0 if short else RHO_SIGNIFICANCE / math.sqrt(n)):
-        return 1.0
-    rho = min(rho, RHO_MAX)
-    return (1.0 + rho) / (1.0 - rho)
+    rho = min(rho + (1.0 + 3.0 * rho) / n, RHO_MAX)
+    return (1.0 + rho) / (1.0 - rho) if rho > 0.0 else 1.0
 
 
 def _round_up_variance(v: float) -> float:
@@ -87,10 +88,12 @@ def learn_baseline(buffer: list[float], warmup: int, *, estimator: str, min_rel_
     level = float(med)
     scale = max(float(scale), min_rel_scale * abs(level))
     if serial:
-        v = ar1_long_run_variance(values, level, scale, short=n < warmup)
-        v *= capped_variance_ratio(values, level, scale, cap)
         if n < warmup:
-            v = _round_up_variance(v)
+            v = short_long_run_variance(values, level, scale)
+            v = _round_up_variance(v * capped_variance_ratio(values, level, scale, cap))
+        else:
+            v = ar1_long_run_variance(values, level, scale)
+            v *= capped_variance_ratio(values, level, scale, cap)
         h = cusum_threshold_correlated(float(arl0), k, n, v, two_sided, estimator)
     else:
         h = cusum_threshold_estimated(float(arl0), k, n, two_sided, estimator)

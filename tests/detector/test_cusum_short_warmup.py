@@ -14,13 +14,14 @@ from dynamiccl.detector.arl import cusum_threshold_estimated
 N_STREAMS = 400  # x 80 monitored samples at arl0 1e4: at most 3.2 false alarms expected
 
 
+def _fires(det, x) -> bool:
+    det.update(float(x))
+    return det.drift_detected
+
+
 def _alarms(det, xs):
-    out = []
-    for i, x in enumerate(xs):
-        det.update(float(x))
-        if det.drift_detected:
-            out.append((i, det.change_start, det.direction))
-    return out
+    """(index, change_start, direction) of each alarm of ``det`` on ``xs``."""
+    return [(i, det.change_start, det.direction) for i, x in enumerate(xs) if _fires(det, x)]
 
 
 def _ar1(rng, n, rho):
