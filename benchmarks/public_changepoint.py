@@ -57,8 +57,11 @@ def in_split(items, prefix: str, split: str, seed: int) -> list:
 
 
 # ---------------------------------------------------------------- detectors
+CUSUM_KWARGS: dict = {}  # `--set` ablations; the reported figures use the defaults
+
+
 def run_cusum(xs):
-    det, out = CUSUM(), []
+    det, out = CUSUM(**CUSUM_KWARGS), []
     for i, x in enumerate(xs):
         det.update(x)
         if det.drift_detected:
@@ -278,6 +281,21 @@ def score_rtt(root: Path, split: str, seed: int) -> dict:
 
 
 # ---------------------------------------------------------------- main
+def _parse_set(ap, items: list[str]) -> dict:
+    import ast
+    import inspect
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            ap.error(f"--set {item!r}: the value must be a Python literal")
+        if not sep or key not in inspect.signature(CUSUM).parameters:
+            ap.error(f"--set {item!r}: not KEY=VALUE with KEY a CUSUM parameter")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tcpd", type=Path, default=os.environ.get("TCPD_DIR"))
@@ -286,11 +304,15 @@ def main(argv=None) -> int:
                     help="WenqinSHAO/rtt's dataset/real_trace_labelled folder")
     ap.add_argument("--split", choices=("dev", "eval"), default="eval")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="ablation: a CUSUM keyword argument (Python literal), e.g. min_warmup=None")
     args = ap.parse_args(argv)
+    CUSUM_KWARGS.update(_parse_set(ap, args.set))
     if args.tcpd is None or args.nab is None or args.rtt is None:
         ap.error("--tcpd, --nab and --rtt (or TCPD_DIR / NAB_DIR / RTT_DIR) must point at the "
                  "cloned datasets")
-    print(f"split={args.split} seed={args.seed} loadavg={os.getloadavg()}")
+    print(f"split={args.split} seed={args.seed} cusum={CUSUM_KWARGS or 'defaults'} "
+          f"loadavg={os.getloadavg()}")
     t = score_tcpd(args.tcpd, args.split, args.seed)
     print(f"TCPD ({t['_n']} series): " + ", ".join(
         f"{d} F1={t[d][0]:.3f} cover={t[d][1]:.3f}" for d in DETECTORS))
@@ -308,6 +330,7 @@ def main(argv=None) -> int:
             wins += [t["cusum"][0] > t[d][0], t["cusum"][1] > t[d][1], n["cusum"] > n[d],
                      r["cusum"] > r[d]]
     kv["split"] = args.split
+    kv["cusum"] = ",".join(f"{k}:{v}" for k, v in CUSUM_KWARGS.items()) or "defaults"
     kv["pass"] = int(all(wins))
     print(" ".join(f"{k}={v}" for k, v in kv.items()))
     return 0

@@ -17,6 +17,14 @@ def _validate_cap(z_cap, min_rel_scale, delta) -> float:
     return float(z_cap) if z_cap is not None else delta + 1.0
 
 
+def _validate_min_warmup(min_warmup) -> int | None:
+    """Check the short warm-up's sample count (None: monitor only after the full warm-up)."""
+    if min_warmup is not None and not (isinstance(min_warmup, int)
+                                       and not isinstance(min_warmup, bool) and min_warmup >= 2):
+        raise ValueError(f"min_warmup must be an int >= 2 or None, got {min_warmup!r}")
+    return min_warmup
+
+
 def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip, valid_modes,
                          estimator="mad"):
     """Shared by `CUSUM` and `CUSUMBank`: check hyperparameters, return (k, h, clip)."""

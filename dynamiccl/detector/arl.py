@@ -187,7 +187,7 @@ def expected_false_alarm_rate(h: float, k: float, n: int, two_sided: bool = True
     return float((w * rate).sum())
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)  # self-starting CUSUMs solve per warm-up length and grid point
 def cusum_threshold_estimated(arl0: float, k: float, n: int, two_sided: bool = True,
                               estimator: str = "mad") -> float:
     """Threshold giving a false-alarm rate of ``1/arl0`` averaged over an ``n``-sample warm-up.

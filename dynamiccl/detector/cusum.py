@@ -2,13 +2,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from river import base
 
-from ._baseline import robust_baseline
-from ._cusum_params import _validate_and_derive, _validate_cap
-from ._serial import ar1_long_run_variance, capped_variance_ratio
-from .arl import cusum_threshold_correlated
+from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
+from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
 
@@ -17,8 +14,8 @@ class CUSUM(base.DriftDetector):
     r"""Two-sided CUSUM change detector with a robust, self-learned baseline.
 
     The detector standardises every input against a baseline learned from its first
-    ``warmup`` valid samples (median and 1.4826 x MAD, so the input may be on any scale: seconds,
-    nanoseconds, bytes/s), then runs Page's CUSUM on the standardised value $z_t$:
+    ``warmup`` valid samples (robust location and scale, so the input may be on any scale:
+    seconds, nanoseconds, bytes/s), then runs Page's CUSUM on the standardised value $z_t$:
 
     $$S^+_t = \max(0, S^+_{t-1} + z_t - k), \qquad S^-_t = \max(0, S^-_{t-1} - z_t - k)$$
 
@@ -47,18 +44,19 @@ class CUSUM(base.DriftDetector):
     ``min_rel_scale`` x |level|, so shifts under 1 % of a latency's level raise no alarm
     (scale-free; a no-op on series centred near 0).
 
-    After an alarm the detector resets itself on the next `update` and re-learns the baseline
-    from the following ``warmup`` valid samples (no alarm can be raised while warming up).
+    Self-starting warm-up: from ``min_warmup`` valid samples on, each value is judged against
+    the baseline of the samples before it, with the threshold for a baseline of that many
+    samples at the same ``arl0`` (wider for a short one); the baseline is re-learnt each time the
+    warm-up grows by a quarter, and from ``warmup`` samples on the chart is exactly the one that
+    waited for the full warm-up (`dynamiccl.detector._cusum_warmup`). After an alarm the
+    detector resets itself on the next `update` and warms up again.
 
     Invalid inputs (not a number, NaN, +/-inf, below ``min_value`` or above ``max_value``) are
     counted in `n_invalid` and skipped: they change no state besides the counters. A valid value
     more than ``z_clip`` standard deviations from the baseline is *extreme*: it is held back
     until the next valid value. If that one is extreme in the same direction too, both enter
-    the CUSUM winsorised to $\pm$ ``z_clip`` (counted in `n_clipped`): a real large shift costs
-    one sample of delay. Otherwise the held value is dropped as an isolated outlier (counted in
-    `n_outliers`). So a single absurd value never changes the statistics, let alone raises an
-    alarm. The default ``z_clip`` of $\delta + 4$ keeps the post-change samples of the targeted
-    shift out of this mechanism (it would otherwise drop real evidence).
+    the CUSUM winsorised to $\pm$ ``z_clip`` (`n_clipped`); otherwise the held value is
+    dropped (`n_outliers`). So a single absurd value never changes the statistics.
 
     Parameters
     ----------
@@ -70,9 +68,7 @@ class CUSUM(base.DriftDetector):
         Target in-control average run length, in samples: the mean number of updates between
         false alarms on a stationary stream. The threshold is derived from it.
     warmup
-        Number of valid samples used to learn the median/MAD baseline, initially and after each
-        detection. Estimating the baseline from few samples shortens the real ARL0; 100-300 is
-        a reasonable range.
+        Valid samples behind the full baseline, initially and after each detection.
     mode
         ``'both'`` (increases and decreases), ``'up'`` (increases only, e.g. latency going up)
         or ``'down'``.
@@ -99,11 +95,14 @@ class CUSUM(base.DriftDetector):
         ``delta + 1``; ``math.inf`` disables the cap.
     min_rel_scale
         Floor of the baseline scale as a fraction of the baseline's absolute level (0 disables).
+    min_warmup
+        Valid samples before the first alarm is possible (at most ``warmup``); None waits for
+        the full warm-up (what `CUSUMBank` does).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
-    winsorised baseline; the serial correction; the cap at delta + 1; a 0.5 % scale floor; no
-    lower bound) were chosen on the development half of public labelled data and scored on the
-    other half: docs/evaluation/2026-11-27-cusum-public.md.
+    winsorised baseline, monitored from 20; the serial correction; the cap at delta + 1; a 0.5 %
+    scale floor; no lower bound) were chosen on the development half of public labelled data
+    and scored on the other half: docs/evaluation/2026-11-27-cusum-public.md.
 
     Attributes
     ----------
@@ -176,6 +175,7 @@ class CUSUM(base.DriftDetector):
         serial: bool = True,
         z_cap: float | None = None,
         min_rel_scale: float = 0.005,
+        min_warmup: int | None = 20,
     ):
         super().__init__()
         self.delta = delta
@@ -189,11 +189,14 @@ class CUSUM(base.DriftDetector):
         self.serial = serial
         self.z_cap = z_cap
         self.min_rel_scale = min_rel_scale
+        self.min_warmup = min_warmup
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
         )
         self._cap = _validate_cap(z_cap, min_rel_scale, delta)
+        self._first_learn = first_learn_size(_validate_min_warmup(min_warmup), warmup)
+        self._h_full = self._h  # the full warm-up's threshold without the serial correction
         self._use_up = mode in ("both", "up")
         self._use_down = mode in ("both", "down")
         self._lo = -math.inf if min_value is None else float(min_value)
@@ -214,7 +217,9 @@ class CUSUM(base.DriftDetector):
     def _reset(self) -> None:
         """Forget the baseline and the statistics (keep lifetime counters)."""
         super()._reset()
-        self._buffer: list[float] = []
+        self._buffer: list[float] | None = []  # warm-up samples; None once the warm-up is full
+        self._next_learn = self._first_learn
+        self._h = self._h_full
         self._median: float | None = None
         self._scale: float | None = None
         self._inv_scale: float | None = None
@@ -228,29 +233,14 @@ class CUSUM(base.DriftDetector):
         self._pending_index = -1
 
     # ------------------------------------------------------------------ read-only state
-    @property
-    def threshold(self) -> float:
-        """Decision threshold h in standard-deviation units."""
-        return self._h
-
-    @property
-    def reference(self) -> float:
-        """Reference value (allowance) k = delta / 2."""
-        return self._k
-
-    @property
-    def statistic_up(self) -> float:
-        """Upper CUSUM statistic S+ (standard-deviation units)."""
-        return self._s_up
-
-    @property
-    def statistic_down(self) -> float:
-        """Lower CUSUM statistic S- (standard-deviation units)."""
-        return self._s_down
+    threshold = property(lambda self: self._h, doc="Decision threshold h (sigma units).")
+    reference = property(lambda self: self._k, doc="Reference value (allowance) k = delta / 2.")
+    statistic_up = property(lambda self: self._s_up, doc="Upper CUSUM statistic S+ (sigma units).")
+    statistic_down = property(lambda self: self._s_down, doc="Lower CUSUM statistic S- (sigma units).")
 
     @property
     def warming_up(self) -> bool:
-        """True while the baseline is being (re-)learned; no alarm is possible then."""
+        """True until the first (provisional) baseline of a warm-up; no alarm is possible then."""
         return self._inv_scale is None
 
     @property
@@ -260,44 +250,17 @@ class CUSUM(base.DriftDetector):
             return None
         return (self._median, self._scale)  # type: ignore[return-value]
 
-    @property
-    def change_start(self) -> int | None:
-        return self._change_start
+    # The last alarm's description (the class docstring's Attributes).
+    change_start = property(lambda self: self._change_start)
+    direction = property(lambda self: self._direction)
+    magnitude = property(lambda self: self._magnitude)
+    shift = property(lambda self: self._shift)
 
-    @property
-    def direction(self) -> str | None:
-        return self._direction
-
-    @property
-    def magnitude(self) -> float | None:
-        return self._magnitude
-
-    @property
-    def shift(self) -> float | None:
-        return self._shift
-
-    @property
-    def n_seen(self) -> int:
-        """Number of `update` calls, valid or not (the next input's index)."""
-        return self._n_seen
-
-    @property
-    def n_invalid(self) -> int:
-        return self._n_invalid
-
-    @property
-    def n_clipped(self) -> int:
-        """Extreme values used (winsorised), i.e. part of a run of >= 2 extremes."""
-        return self._n_clipped
-
-    @property
-    def n_outliers(self) -> int:
-        """Isolated extreme values dropped."""
-        return self._n_outliers
-
-    @property
-    def n_detections(self) -> int:
-        return self._n_detections
+    n_seen = property(lambda self: self._n_seen, doc="`update` calls, valid or not (the next index).")
+    n_invalid = property(lambda self: self._n_invalid)
+    n_clipped = property(lambda self: self._n_clipped, doc="Extreme values used (winsorised).")
+    n_outliers = property(lambda self: self._n_outliers, doc="Isolated extreme values dropped.")
+    n_detections = property(lambda self: self._n_detections)
 
     # ------------------------------------------------------------------ update
     def update(self, x: int | float) -> None:
@@ -325,14 +288,23 @@ class CUSUM(base.DriftDetector):
             self._n_invalid += 1
             return
 
-        inv_scale = self._inv_scale
-        if inv_scale is None:
-            self._buffer.append(x)
-            if len(self._buffer) >= self.warmup:
-                self._learn_baseline()
+        buffer = self._buffer
+        if buffer is None:
+            self._monitor(x, i)
             return
+        # Warming up: x is judged against the baseline of the samples before it (if there are
+        # min_warmup of them), then joins the warm-up, which is re-learnt as it grows.
+        buffer.append(x)
+        if self._inv_scale is not None:
+            self._monitor(x, i)
+            if self._drift_detected:
+                return
+        if len(buffer) >= self._next_learn:
+            self._learn_baseline()
 
-        z = (x - self._median) * inv_scale  # type: ignore[operator]
+    def _monitor(self, x: float, i: int) -> None:
+        """Standardise the valid value x of input index i; hold, drop or step on it."""
+        z = (x - self._median) * self._inv_scale  # type: ignore[operator]
         c = self._clip
         pending = self._pending
         if z > c or z < -c:
@@ -402,17 +374,29 @@ class CUSUM(base.DriftDetector):
         return True
 
     def _learn_baseline(self) -> None:
-        med, scale = robust_baseline(np.asarray(self._buffer, dtype=np.float64), self.estimator)
-        self._median = float(med)
-        self._scale = max(float(scale), self.min_rel_scale * abs(self._median))
+        """(Re-)learn the baseline and its threshold from the warm-up so far. A provisional
+        chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
+        closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
+        buffer = self._buffer
+        old_scale = self._scale
+        self._median, self._scale, self._h = learn_baseline(
+            buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
+            serial=self.serial, cap=self._cap, arl0=self.arl0, k=self._k,
+            two_sided=self.mode == "both")
         self._inv_scale = 1.0 / self._scale
-        if self.serial:
-            buf = np.asarray(self._buffer)
-            v = ar1_long_run_variance(buf, self._median, self._scale)
-            v *= capped_variance_ratio(buf, self._median, self._scale, self._cap)
-            self._h = cusum_threshold_correlated(float(self.arl0), self._k, self.warmup, v,
-                                                 self.mode == "both", self.estimator)
-        self._buffer = []
+        n = len(buffer)  # type: ignore[arg-type]
+        if n >= self.warmup:
+            self._buffer = None
+            self._s_up = self._s_down = 0.0
+            self._run_up = self._run_down = 0
+            if self._pending is not None:  # a held extreme of the provisional chart: dropped
+                self._n_outliers += 1
+                self._pending = None
+            return
+        if old_scale is not None:
+            self._s_up *= old_scale * self._inv_scale
+            self._s_down *= old_scale * self._inv_scale
+        self._next_learn = next_learn_size(n, self.warmup)
 
     @classmethod
     def _unit_test_params(cls):
