@@ -150,6 +150,11 @@ def registry(node: NodeCollector):
             yield out
             yield CounterMetricFamily("dynamiccl_node_upstream_bytes", "bytes sent upstream",
                                       value=node.outbox.counters["bytes_emitted"])
+            refused = CounterMetricFamily("dynamiccl_node_bus_refusals", "the NATS server refused this node "
+                                          "(scaleout/auth.py)", labels=["why"])
+            for k in ("auth_refused", "publish_refused"):
+                refused.add_metric([k], c.get(k, 0))
+            yield refused
 
     reg = CollectorRegistry()
     reg.register(_Node())

@@ -111,3 +111,15 @@ def test_shard_refuses_a_partial_whose_subject_names_another_node(caplog):
     assert len([r for r in caplog.records if "carries a partial" in r.getMessage()]) == 2     # at 1 and 2
     assert shard.merger.counters.get("partials", 0) == 0
     assert shard.handle(Message(subject("j", "node0"), data, msg_id("j", "node0", w))) == "filed"
+
+
+def test_node_metrics_expose_the_servers_refusals():
+    from prometheus_client import generate_latest
+
+    from dynamiccl.scaleout.bus import Outbox
+    from dynamiccl.scaleout.node import NodeCollector, NodeConfig, registry
+    node = NodeCollector(NodeConfig("n0", "j"), Outbox(None))
+    node.counters["publish_refused"] = 3
+    text = generate_latest(registry(node)).decode()
+    assert 'dynamiccl_node_bus_refusals_total{why="publish_refused"} 3.0' in text
+    assert 'dynamiccl_node_bus_refusals_total{why="auth_refused"} 0.0' in text
