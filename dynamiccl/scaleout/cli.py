@@ -37,6 +37,9 @@ def register(subparsers) -> None:
                    help="plugin socket, unix:PATH (repeatable; default the collector's)")
     n.add_argument("--window", type=float, default=1.0, help="window length, s")
     n.add_argument("--lateness", type=float, default=2.0, help="event-time lateness before a window closes, s")
+    n.add_argument("--tokens-file", default=None, metavar="PATH",
+                   help="per-job tokens every rank must present (the collector's; its windows then count as "
+                        "authenticated at the central tier, which applying tuning requires)")
     n.add_argument("--max-message", type=int, default=1 << 20, metavar="BYTES",
                    help="the bus's max payload (NATS max_payload): a larger partial is sent in parts")
     _nats_args(n)
@@ -51,6 +54,8 @@ def register(subparsers) -> None:
     c.add_argument("--changes", default=None, metavar="PATH", help="append each regime change as a JSON line")
     c.add_argument("--ack-wait", type=float, default=3.0, help="s before a dead shard's partials are redelivered")
     _nats_args(c)
+    from dynamiccl.scaleout.retuning import add_retuner_args
+    add_retuner_args(c)
     c.set_defaults(func=main_central)
     a = subparsers.add_parser("nats-auth", help="NATS users for every node and shard, each allowed only its own subjects",
                               description="Writes DIR/nats-auth.conf (include it in nats-server's configuration) and "
@@ -69,7 +74,8 @@ def node_config(args):
     from dynamiccl.collector.config import ReceiverConfig
     from dynamiccl.scaleout.config import NodeServiceConfig
     from dynamiccl.scaleout.node import NodeConfig
-    receiver = ReceiverConfig(listen=tuple(args.listen)) if args.listen else ReceiverConfig()
+    receiver = ReceiverConfig(**({"listen": tuple(args.listen)} if args.listen else {}),
+                              tokens_file=getattr(args, "tokens_file", None))
     return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
                                         max_message_bytes=args.max_message),
                              receiver=receiver, nats=_nats(args), metrics=_off(args.metrics)).validate()
@@ -132,8 +138,8 @@ def main_node(args) -> int:
         return _refuse(e)
 
 
-def central_registry(shard):
-    """The shard's counters (received, merged, missing, late, changes) for /metrics."""
+def central_registry(shard, retuners=None):
+    """The shard's counters (received, merged, missing, late, changes) and its jobs' retuners' for /metrics."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily
 
@@ -146,10 +152,14 @@ def central_registry(shard):
 
     reg = CollectorRegistry()
     reg.register(_Shard())
+    if retuners is not None:
+        from dynamiccl.scaleout.retuning import retuner_collector
+        reg.register(retuner_collector(retuners))
     return reg
 
 
-async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
+async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None) -> None:
+    """Serve one shard until ``stop``; ``retuning`` (scaleout/retuning.py): a retuner per job."""
     from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
     from dynamiccl.scaleout.central import CentralShard, detector_loop
     from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
@@ -166,14 +176,18 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
                 out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
                 out.flush()
         return [record]
-    table, checkpoints = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}
+    table, checkpoints, retuners = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}, {}
+    make_retuner = None
+    if retuning is not None:
+        from dynamiccl.scaleout.retuning import retuner_factory
+        make_retuner = retuner_factory(retuning, retuners)
     shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
                          detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
                                                       autoencoder=AutoencoderConfig(enabled=False)).validate(),
-                                       sinks=sinks),
-                         time.monotonic)
+                                       make_retuner=make_retuner, sinks=sinks),
+                         time.monotonic, bus_authenticated=cfg.nats.credentials is not None)
     live = Liveness(table, checkpoints, cfg.node_ttl_s, time.monotonic)
-    _serve_metrics(cfg.metrics, central_registry(shard))
+    _serve_metrics(cfg.metrics, central_registry(shard, retuners if retuning is not None else None))
     if on_shard is not None:
         on_shard(shard)
     nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
@@ -186,17 +200,24 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
     finally:
         await watcher
         await nc.close()
+        for jr in retuners.values():
+            jr.close()
         if out is not None:
             out.close()
 
 
 def main_central(args) -> int:
+    from dynamiccl.scaleout.retuning import retuning_from_args
     try:
         cfg = central_config(args)
+        retuning = retuning_from_args(args, cfg.merger.expected_nodes)
     except ValueError as e:
         return _refuse(e)
+    if retuning is not None:
+        log.info("shard %s: a retuner per job, %s", cfg.shard,
+                 "dry run (recommend only)" if retuning.base.dry_run else f"applying to jobs {retuning.base.jobs}")
     try:
-        return _run(lambda stop: run_central(cfg, stop))
+        return _run(lambda stop: run_central(cfg, stop, retuning=retuning))
     except OSError as e:
         return _refuse(e)
 

@@ -43,6 +43,13 @@ class NodeServiceConfig:
     max_queued_records: int = 1 << 20    # between the socket and the aggregation (dropped and counted past it)
     outbox_messages: int = 64            # partials kept while the bus is unreachable (oldest dropped, counted)
 
+    @property
+    def peers_authenticated(self) -> bool:
+        """Every peer of the receiver must present a token (the collector's ``inputs_authenticated``
+        rule): a tokens file, and Unix-socket peers too unless none listens there."""
+        rc = self.receiver
+        return rc.tokens_file is not None and (rc.auth_unix or not any(a.startswith("unix:") for a in rc.listen))
+
     def validate(self) -> "NodeServiceConfig":
         self.node.validate()
         self.receiver.validate()

@@ -179,7 +179,9 @@ class WindowMerger:
             return None
         return window_features(merge_partials(_batched(parts)),
                                {"nodes_reported": len(whole), "nodes_missing": len(missing),
-                                "missing_nodes": missing})
+                                "missing_nodes": missing,
+                                # every node's peers authenticated (the shard adds whether the bus did)
+                                "inputs_authenticated": int(all(p.get("auth", False) for p in parts))})
 
 
 def _batched(parts: list) -> list[NodePartial]:

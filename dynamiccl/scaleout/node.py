@@ -29,6 +29,7 @@ class NodeConfig:
     allowed_lateness_s: float = 2.0
     max_buffered_records: int = 4_000_000   # all open windows together (~8 ranks × 550/s × 3 s ≈ 13 k)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # the bus's max payload: a larger partial goes in parts
+    inputs_authenticated: bool = False      # every peer of the node's receiver presents a token (wire "auth")
 
     def validate(self) -> None:
         subject(self.job_id, self.node)        # both must be subject tokens
@@ -115,7 +116,7 @@ class NodeCollector:
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self._pool.give(store)                     # the partial's frames hold copies, not these views
         try:
-            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio)
+            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio, cfg.inputs_authenticated)
         except ValueError:       # over MAX_PARTS messages, or a value the wire cannot carry: lost, counted
             self.counters["dropped_unencodable"] += n
             return

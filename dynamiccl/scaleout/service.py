@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from dynamiccl.collector.component import QueuedConsumer, RecordBatch
@@ -89,7 +90,8 @@ async def connect(servers, *, replicas: int, credentials: str | None = None, cou
 async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callable[[NodeCollector, list], None] | None = None,
                    flush_s: float = 0.1) -> NodeCollector:
     """Serve until ``stop``; returns the node collector (its counters) after the last flush."""
-    node = NodeCollector(cfg.node, Outbox(None, max_messages=cfg.outbox_messages))
+    node = NodeCollector(replace(cfg.node, inputs_authenticated=cfg.peers_authenticated),
+                         Outbox(None, max_messages=cfg.outbox_messages))
     ingest = NodeIngest(node)
     queue = QueuedConsumer(ingest, max_items=cfg.max_queued_records, name="node", weight=len,
                            on_drop=ingest.dropped, tick_s=0.1)

@@ -12,9 +12,11 @@ import shutil
 import pytest
 
 from dynamiccl.collector.config import ReceiverConfig
+from dynamiccl.retuner.config import RetunerConfig
 from dynamiccl.scaleout.auth import AUTH_CONF, write_auth
 from dynamiccl.scaleout.config import NatsConfig, NodeServiceConfig
 from dynamiccl.scaleout.node import NodeConfig
+from dynamiccl.scaleout.retuning import CentralRetuning
 from tests.scaleout.helpers import events
 from tests.scaleout.test_cli import _send
 
@@ -49,7 +51,8 @@ def test_unknown_and_foreign_publishers_are_refused_and_counted(tmp_path):
         central = cli.central_config(argparse.Namespace(shard="s0", job=["j=node0,node1"], lateness=2.0, warmup=60,
                                                          changes=None, ack_wait=3.0, nats=[url], replicas=1,
                                                          metrics="off", credentials=str(files["shard.s0"])))
-        ctask = asyncio.create_task(cli.run_central(central, stop_central, on_shard=shards.append))
+        retuning = CentralRetuning(RetunerConfig(), str(tmp_path / "tuner-{job}.conf"), None).validate(["j"])
+        ctask = asyncio.create_task(cli.run_central(central, stop_central, on_shard=shards.append, retuning=retuning))
         while not shards:
             await asyncio.sleep(0.05)
         tasks = {k: asyncio.create_task(run_node(c, stop_nodes, ready=lambda node, a, k=k: socks.update({k: a[0]})))
@@ -94,3 +97,6 @@ def test_unknown_and_foreign_publishers_are_refused_and_counted(tmp_path):
     # the shard got node0's partials and nothing from node1
     assert shard.counters["received"] == honest.outbox.counters["emitted"]
     assert shard.merger.counters["partials"] == honest.outbox.counters["emitted"]
+    # the job's retuner (dry run) saw every window the shard ran; the bus counts as authenticated
+    assert shard.bus_authenticated and shard.counters["windows_run"] >= 1
+    assert shard.loops["j"].retuner.retuner.metrics.counters["windows"] == shard.counters["windows_run"]
