@@ -123,3 +123,24 @@ def test_node_metrics_expose_the_servers_refusals():
     text = generate_latest(registry(node)).decode()
     assert 'dynamiccl_node_bus_refusals_total{why="publish_refused"} 3.0' in text
     assert 'dynamiccl_node_bus_refusals_total{why="auth_refused"} 0.0' in text
+
+
+def test_a_node_says_its_partials_are_authenticated_only_when_every_peer_presents_a_token():
+    import argparse
+
+    from dynamiccl.collector.config import ReceiverConfig
+    from dynamiccl.scaleout import cli
+    from dynamiccl.scaleout.config import NodeServiceConfig
+    from dynamiccl.scaleout.node import NodeConfig
+    from dynamiccl.scaleout.wire import peek_header
+    ns = dict(node="n0", job="j", listen=["unix:/tmp/x.sock"], window=1.0, lateness=2.0, max_message=1 << 20,
+              nats=None, replicas=1, metrics="off", credentials=None)
+    assert not cli.node_config(argparse.Namespace(**ns, tokens_file=None)).peers_authenticated
+    assert cli.node_config(argparse.Namespace(**ns, tokens_file="/etc/tokens")).peers_authenticated
+    open_unix = NodeServiceConfig(NodeConfig("n0", "j"), ReceiverConfig(listen=("unix:/tmp/x.sock",),
+                                                                        tokens_file="/etc/tokens", auth_unix=False))
+    assert not open_unix.peers_authenticated
+    p = partials(events())
+    w = sorted(p)[0]
+    assert peek_header(encode_partial(p[w][0], "j", authenticated=True))["auth"] is True
+    assert peek_header(encode_partial(p[w][0], "j"))["auth"] is False
