@@ -41,7 +41,9 @@ class NodeServiceConfig:
     nats: NatsConfig = field(default_factory=NatsConfig)
     metrics: str | None = None           # HOST:PORT of /metrics, None: off
     max_queued_records: int = 1 << 20    # between the socket and the aggregation (dropped and counted past it)
-    outbox_messages: int = 64            # partials kept while the bus is unreachable (oldest dropped, counted)
+    # messages kept while the bus is unreachable (oldest dropped, counted); the outbox's 16 MiB bounds the
+    # memory: a window's partial may go in up to 256 parts, and the last windows close together at stop
+    outbox_messages: int = 1024
 
     @property
     def peers_authenticated(self) -> bool:

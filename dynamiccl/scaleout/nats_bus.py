@@ -115,8 +115,8 @@ async def publish(js, msg: Message, timeout_s: float = 5.0, attempts: int = 40, 
 class JobConsumer:
     """The durable pull consumer of one job (bound by whichever shard owns the job)."""
 
-    def __init__(self, js, job: str, ack_wait_s: float = 3.0):
-        self.js, self.job, self.ack_wait_s = js, job, ack_wait_s
+    def __init__(self, js, job: str, ack_wait_s: float = 3.0, info_timeout_s: float = 1.0):
+        self.js, self.job, self.ack_wait_s, self.info_timeout_s = js, job, ack_wait_s, info_timeout_s
         self.sub = None
         self.fetch_errors = 0
 
@@ -152,8 +152,8 @@ class JobConsumer:
         not acknowledged: not yet delivered, or delivered to a shard that died (awaiting redelivery).
         None when the consumer cannot be asked (counted; its leader moves for seconds after a server
         died, just when a dead shard's partials await redelivery): unknown is not "caught up"."""
-        try:
-            info = await self.sub.consumer_info()
+        try:     # bounded: the client's 5 s default would stall the shard while the consumer's leader moves
+            info = await self.js.consumer_info(STREAM, f"job-{self.job}", timeout=self.info_timeout_s)
         except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                 nats.js.errors.APIError, nats.errors.Error):
             self.fetch_errors += 1

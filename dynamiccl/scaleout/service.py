@@ -149,9 +149,10 @@ class ShardRunner:
 
     def __init__(self, shard: Any, js, *, ack_wait_s: float = 3.0, fetch_batch: int = 2000,
                  fetch_timeout_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
-                 kv=None, live: Liveness | None = None):
+                 kv=None, live: Liveness | None = None, bucket_timeout_s: float = 1.0):
         self.shard, self.js, self.kv, self.live = shard, js, kv, live
-        self._beat_at = -1e300
+        self.bucket_timeout_s = bucket_timeout_s
+        self._ckpt_due: set[str] = set()        # checkpoints not yet in the bucket (retried every round)
         self.ack_wait_s, self.fetch_batch, self.fetch_timeout_s = ack_wait_s, fetch_batch, fetch_timeout_s
         self.clock = clock
         self.consumers: dict[str, JobConsumer] = {}
@@ -199,24 +200,39 @@ class ShardRunner:
                     keep.append((w, m))
             self.held[job] = keep
 
-    async def _share(self, steps: list) -> None:
-        """Heartbeat (every TTL / 3) and checkpoints of the jobs just run, in the bucket."""
-        if self.kv is None:
-            return
+    async def _put(self, key: str, value: bytes, timeout_s: float) -> bool:
+        """One bucket write, abandoned after ``timeout_s`` (the bucket's leader moves for seconds after a
+        server died; waiting the client's 5 s would stall this shard's merging and its heartbeat)."""
         try:
-            if self.clock() - self._beat_at >= self.shard.table.ttl_s / 3:
-                self._beat_at = self.clock()
-                await self.kv.put(shard_key(self.shard.name), b"")
-            for job in {j for j, _ in steps}:
-                await self.kv.put(ckpt_key(job), str(self.shard.checkpoints[job]).encode())
+            await asyncio.wait_for(self.kv.put(key, value), timeout_s)
+            return True
         except Exception as e:  # noqa: BLE001 - bucket unreachable: counted; local state goes on
             self.errors += 1
-            log.warning("shard %s: liveness bucket: %s", self.shard.name, e)
+            if self.errors & (self.errors - 1) == 0:
+                log.warning("shard %s: liveness bucket (%d errors): %r", self.shard.name, self.errors, e)
+            return False
+
+    async def _share(self, steps: list) -> None:
+        """The checkpoints of the jobs just run (and of any whose last write failed) into the bucket."""
+        if self.kv is None:
+            return
+        self._ckpt_due |= {j for j, _ in steps}
+        for job in sorted(self._ckpt_due):
+            if await self._put(ckpt_key(job), str(self.shard.checkpoints[job]).encode(), self.bucket_timeout_s):
+                self._ckpt_due.discard(job)
+
+    async def _beat(self, alive: Callable[[], bool]) -> None:
+        """The heartbeat, every TTL / 3 from its own task: neither a long merge nor a stalled checkpoint
+        write delays it, and a stalled beat is abandoned after TTL / 3 for the next one."""
+        period = self.shard.table.ttl_s / 3
+        while alive():
+            t0 = self.clock()
+            await self._put(shard_key(self.shard.name), b"", period)
+            await asyncio.sleep(max(0.0, period - (self.clock() - t0)))
 
     async def step(self) -> list:
         """One round; returns the loop steps run (job, step)."""
         await self._extend()
-        await self._share([])
         self.shard.poll()
         if self.live is not None:
             for job, nodes in self.shard.merger.config.expected_nodes.items():
@@ -233,8 +249,14 @@ class ShardRunner:
 
     async def run(self, alive: Callable[[], bool], on_steps: Callable[[list], None] | None = None,
                   pause_s: float = 0.05) -> None:
-        while alive():
-            steps = await self.step()
-            if on_steps is not None and steps:
-                on_steps(steps)
-            await asyncio.sleep(pause_s)
+        beat = asyncio.create_task(self._beat(alive)) if self.kv is not None else None
+        try:
+            while alive():
+                steps = await self.step()
+                if on_steps is not None and steps:
+                    on_steps(steps)
+                await asyncio.sleep(pause_s)
+        finally:
+            if beat is not None:
+                beat.cancel()
+                await asyncio.gather(beat, return_exceptions=True)

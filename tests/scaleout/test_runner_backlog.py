@@ -14,16 +14,21 @@ from tests.scaleout.helpers import Clock, events, partials
 
 
 class _Sub:
-    """A pull subscription that delivers nothing; its consumer info answers ``infos`` in turn
-    (an exception: the consumer could not be asked, as while its leader moves after a server died)."""
-
-    def __init__(self, infos):
-        self.infos = list(infos)
+    """A pull subscription that delivers nothing."""
 
     async def fetch(self, batch, timeout):
         raise nats.errors.TimeoutError
 
-    async def consumer_info(self):
+
+class _Js:
+    """JetStream whose consumer info answers ``infos`` in turn (an exception: the consumer could not
+    be asked, as while its leader moves after a server died)."""
+
+    def __init__(self, infos):
+        self.infos = list(infos)
+
+    async def consumer_info(self, stream, consumer, timeout=None):
+        assert consumer == "job-j" and timeout is not None and timeout <= 1.0   # bounded, not the client's 5 s
         info = self.infos.pop(0)
         if isinstance(info, Exception):
             raise info
@@ -36,9 +41,9 @@ def test_an_unanswered_backlog_keeps_the_window_waiting_for_partials_still_on_th
     cfg = MergerConfig({"j": frozenset({"node0", "node1"})}, lateness_s=2.0, max_lateness_s=10.0)
     shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {}, lambda job: None, clock)
     runner = ShardRunner(shard, js=None, clock=clock)
-    consumer = JobConsumer(None, "j")
-    consumer.sub = _Sub([SimpleNamespace(num_pending=0, num_ack_pending=3),   # node1's partial: a dead shard's
-                         nats.errors.TimeoutError()])
+    consumer = JobConsumer(_Js([SimpleNamespace(num_pending=0, num_ack_pending=3),   # node1's: a dead shard's
+                                nats.errors.TimeoutError()]), "j")
+    consumer.sub = _Sub()
     runner.consumers["j"] = consumer
     w = sorted(parts)[1]
     shard.merger.add("j", parts[w][0])            # node0 of window w, and a later window: the bus is past w
