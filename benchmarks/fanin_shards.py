@@ -44,14 +44,15 @@ class QueueRecorder:
 
 def _counters(shard, runner) -> dict:
     return {**shard.counters, **shard.merger.counters,
-            "consumer_errors": sum(c.fetch_errors for c in runner.consumers.values()), "bucket_errors": runner.errors}
+            "consumer_errors": sum(c.fetch_errors for c in runner.consumers.values()), "bucket_errors": runner.errors,
+            "bucket_blackouts": runner.bucket_clock.blackouts}
 
 
 async def _serve(name: str, names: list[str], urls: list[str], expected: dict, lateness: float, out, stop) -> None:
     import nats
 
     from dynamiccl.scaleout.central import CentralShard
-    from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
+    from dynamiccl.scaleout.liveness import BucketClock, Liveness, live_bucket, watch
     from dynamiccl.scaleout.merger import MergerConfig, ShardTable
     from dynamiccl.scaleout.nats_bus import ensure_stream
     from dynamiccl.scaleout.service import ShardRunner
@@ -60,13 +61,14 @@ async def _serve(name: str, names: list[str], urls: list[str], expected: dict, l
     js = nc.jetstream()
     await ensure_stream(js, replicas=3)
     kv = await live_bucket(js, replicas=3)
-    table, ckpt = ShardTable(1.5, time.monotonic), {}
-    live = Liveness(table, ckpt, node_ttl_s=5.0, clock=time.monotonic)
+    bucket_clock = BucketClock(time.monotonic)
+    table, ckpt = ShardTable(1.5, bucket_clock), {}
+    live = Liveness(table, ckpt, node_ttl_s=5.0, clock=bucket_clock)
     cfg = MergerConfig({j: frozenset(n) for j, n in expected.items()}, lateness_s=lateness)
     # the snapshot reads shard and runner when a window runs, after both exist
     shard = CentralShard(name, cfg, table, ckpt,
                          lambda job: QueueRecorder(out, job, lambda: (name, _counters(shard, runner))), time.monotonic)
-    runner = ShardRunner(shard, js, ack_wait_s=1.0, kv=kv, live=live)
+    runner = ShardRunner(shard, js, ack_wait_s=1.0, kv=kv, live=live, bucket_clock=bucket_clock)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set))
 
     async def announce():

@@ -162,7 +162,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     """Serve one shard until ``stop``; ``retuning`` (scaleout/retuning.py): a retuner per job."""
     from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
     from dynamiccl.scaleout.central import CentralShard, detector_loop
-    from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
+    from dynamiccl.scaleout.liveness import BucketClock, Liveness, live_bucket, watch
     from dynamiccl.scaleout.merger import ShardTable
     from dynamiccl.scaleout.service import ShardRunner, connect
 
@@ -176,7 +176,8 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
                 out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
                 out.flush()
         return [record]
-    table, checkpoints, retuners = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}, {}
+    bucket_clock = BucketClock(time.monotonic)      # heartbeats are judged by it: stops while the bucket fails us
+    table, checkpoints, retuners = ShardTable(cfg.heartbeat_ttl_s, bucket_clock), {}, {}
     make_retuner = None
     if retuning is not None:
         from dynamiccl.scaleout.retuning import retuner_factory
@@ -186,7 +187,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
                                                       autoencoder=AutoencoderConfig(enabled=False)).validate(),
                                        make_retuner=make_retuner, sinks=sinks),
                          time.monotonic, bus_authenticated=cfg.nats.credentials is not None)
-    live = Liveness(table, checkpoints, cfg.node_ttl_s, time.monotonic)
+    live = Liveness(table, checkpoints, cfg.node_ttl_s, bucket_clock)
     _serve_metrics(cfg.metrics, central_registry(shard, retuners if retuning is not None else None))
     if on_shard is not None:
         on_shard(shard)
@@ -196,7 +197,8 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
     try:
-        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live).run(lambda: not stop.is_set())
+        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,
+                          bucket_clock=bucket_clock).run(lambda: not stop.is_set())
     finally:
         await watcher
         await nc.close()

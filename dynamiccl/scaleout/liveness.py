@@ -15,7 +15,7 @@ from typing import Callable, MutableMapping
 
 from dynamiccl.scaleout.merger import ShardTable
 
-__all__ = ["LIVE_BUCKET", "Liveness", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key"]
+__all__ = ["LIVE_BUCKET", "Liveness", "BucketClock", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key"]
 
 LIVE_BUCKET = "DYNAMICCL_LIVE"
 log = logging.getLogger(__name__)
@@ -31,6 +31,41 @@ def node_key(job: str, node: str) -> str:
 
 def ckpt_key(job: str) -> str:
     return f"ckpt.{job}"
+
+
+class BucketClock:
+    """The time by which a shard judges the bucket's heartbeats: it stops while the shard's own writes
+    to the bucket fail and goes on from where it stopped when one succeeds. While the bucket has no
+    leader (seconds after a NATS server died) no shard's or node's beat lands, so every peer would
+    expire at once and every shard would take every job; and a shard cut off from the bucket, unable
+    to share its checkpoints, must not take over jobs by it.
+
+    >>> t = [0.0]; c = BucketClock(lambda: t[0])
+    >>> c.failed(); t[0] = 5.0; c()                    # 5 s of failed writes: time stands
+    0.0
+    >>> c.ok(); t[0] = 6.0; c()
+    1.0
+    """
+
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self._stopped_at: float | None = None
+        self._paused = 0.0
+        self.blackouts = 0
+
+    def __call__(self) -> float:
+        now = self._clock() if self._stopped_at is None else self._stopped_at
+        return now - self._paused
+
+    def failed(self) -> None:
+        if self._stopped_at is None:
+            self._stopped_at = self._clock()
+            self.blackouts += 1
+
+    def ok(self) -> None:
+        if self._stopped_at is not None:
+            self._paused += self._clock() - self._stopped_at
+            self._stopped_at = None
 
 
 class Liveness:

@@ -23,7 +23,7 @@ from dynamiccl.collector.receivers.stream import StreamReceiver
 from dynamiccl.scaleout.auth import classify_refusal, load_credentials
 from dynamiccl.scaleout.bus import Message, Outbox, window_of
 from dynamiccl.scaleout.config import NodeServiceConfig
-from dynamiccl.scaleout.liveness import LIVE_BUCKET, Liveness, ckpt_key, node_key, shard_key
+from dynamiccl.scaleout.liveness import LIVE_BUCKET, BucketClock, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
 
@@ -149,8 +149,10 @@ class ShardRunner:
 
     def __init__(self, shard: Any, js, *, ack_wait_s: float = 3.0, fetch_batch: int = 2000,
                  fetch_timeout_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
-                 kv=None, live: Liveness | None = None, bucket_timeout_s: float = 1.0):
+                 kv=None, live: Liveness | None = None, bucket_timeout_s: float = 1.0,
+                 bucket_clock: BucketClock | None = None):
         self.shard, self.js, self.kv, self.live = shard, js, kv, live
+        self.bucket_clock = bucket_clock        # the table's and liveness' clock: stopped while writes fail
         self.bucket_timeout_s = bucket_timeout_s
         self._ckpt_due: set[str] = set()        # checkpoints not yet in the bucket (retried every round)
         self.ack_wait_s, self.fetch_batch, self.fetch_timeout_s = ack_wait_s, fetch_batch, fetch_timeout_s
@@ -205,12 +207,16 @@ class ShardRunner:
         server died; waiting the client's 5 s would stall this shard's merging and its heartbeat)."""
         try:
             await asyncio.wait_for(self.kv.put(key, value), timeout_s)
-            return True
         except Exception as e:  # noqa: BLE001 - bucket unreachable: counted; local state goes on
+            if self.bucket_clock is not None:
+                self.bucket_clock.failed()
             self.errors += 1
             if self.errors & (self.errors - 1) == 0:
                 log.warning("shard %s: liveness bucket (%d errors): %r", self.shard.name, self.errors, e)
             return False
+        if self.bucket_clock is not None:
+            self.bucket_clock.ok()
+        return True
 
     async def _share(self, steps: list) -> None:
         """The checkpoints of the jobs just run (and of any whose last write failed) into the bucket."""

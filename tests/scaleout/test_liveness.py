@@ -50,3 +50,43 @@ def test_a_window_does_not_wait_for_a_silent_node():
     m.set_silent("j", frozenset({"node1"}))
     (_, wf), = m.due()                      # at once, not after the lateness
     assert wf.counters["missing_nodes"] == ["node1"]
+
+
+def test_a_shard_whose_bucket_writes_fail_expires_no_peer_until_they_succeed_again():
+    """After a NATS server died the bucket has no leader for seconds: no beat lands, so without the
+    bucket clock each shard would expire the other and both would take every job."""
+    import asyncio
+
+    from dynamiccl.scaleout.central import CentralShard
+    from dynamiccl.scaleout.liveness import BucketClock
+    from dynamiccl.scaleout.service import ShardRunner
+
+    class _Kv:
+        fail = False
+
+        async def put(self, key, value):
+            if self.fail:
+                raise TimeoutError("no response from stream")
+
+    clock = Clock()
+    bucket_clock = BucketClock(clock)
+    table = ShardTable(1.5, bucket_clock)
+    shard = CentralShard("s0", MergerConfig({"j": frozenset({"n0"})}), table, {}, lambda job: None, clock)
+    kv = _Kv()
+    runner = ShardRunner(shard, js=None, clock=clock, kv=kv, bucket_clock=bucket_clock)
+    table.beat("s0")
+    table.beat("s1")
+    kv.fail = True
+    for t in range(1, 21):                      # 10 s of failed writes, s0 looking every 0.5 s
+        clock.t = t / 2
+        assert not asyncio.run(runner._put("shard.s0", b"", 0.5))
+        assert table.live() == ["s0", "s1"]
+    assert runner.errors == 20 and bucket_clock.blackouts == 1
+    kv.fail = False
+    assert asyncio.run(runner._put("shard.s0", b"", 0.5))
+    for t in (10.5, 11.0):                          # up to 1 s of working bucket: s1's silence not past the TTL
+        clock.t = t
+        table.beat("s0")                            # s0's own beat, back through the watcher
+        assert table.live() == ["s0", "s1"]
+    clock.t = 11.5
+    assert table.live() == ["s0"]                   # s1 silent 1.5 s + of working bucket: expired
