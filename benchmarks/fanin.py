@@ -222,6 +222,9 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
         shards.check()
     await shards.finish()
     await nc.close()
+    if os.environ.get("FANIN_DEBUG") and t_kill_shard is not None:
+        print("ownership changes (s after the shard kill):",
+              [(s, j, o, round(t - t_kill_shard, 2)) for s, j, o, t in getattr(shards, "ownership", [])])
     return shards.log, shards.counters, sent, victim, t_kill_shard
 
 

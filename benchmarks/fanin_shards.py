@@ -75,6 +75,13 @@ async def _serve(name: str, names: list[str], urls: list[str], expected: dict, l
         while sorted(table.live()) != sorted(names) and not stop.is_set():
             await asyncio.sleep(0.05)
         out.put(("ready", name))
+        owned = set()
+        while not stop.is_set():            # ownership changes, for the takeover's breakdown
+            now = {j for j in expected if table.owns(name, j)}
+            for j in now ^ owned:
+                out.put(("owns", name, j, j in now, time.monotonic()))
+            owned = now
+            await asyncio.sleep(0.05)
     ready = asyncio.create_task(announce())
     await runner.run(lambda: not stop.is_set())
     await asyncio.gather(watcher, ready, return_exceptions=True)
@@ -97,6 +104,7 @@ class ProcessShards:
                                            lateness, self.out, self.stop))
                       for s in names}
         self.log: list = []
+        self.ownership: list = []          # (shard, job, owns, monotonic time) at each change
         self.counters: dict = {}
         self._ready: set = set()
         self.killed: set = set()
@@ -116,6 +124,8 @@ class ProcessShards:
                 self.log.append(item[1:])
             elif item[0] == "counters":
                 self.counters[item[1]] = item[2]
+            elif item[0] == "owns":
+                self.ownership.append(item[1:])
             else:
                 self._ready.add(item[1])
 
