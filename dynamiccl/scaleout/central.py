@@ -90,6 +90,8 @@ class CentralShard:
             if not self.table.owns(self.name, job):
                 self.merger.forget(job)             # moved away: its unacknowledged partials go to the owner
                 self.loops.pop(job, None)
+            elif job in self.checkpoints:           # run here or by the previous owner: gaps count from it
+                self.merger.set_done(job, self.checkpoints[job])
         steps = []
         for job, wf in self.merger.due():
             w = int(round(wf.window_start / wf.window_s))

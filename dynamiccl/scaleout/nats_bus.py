@@ -147,7 +147,7 @@ class JobConsumer:
             self.fetch_errors += 1
             return []
 
-    async def backlog(self, held: int) -> int | None:
+    async def backlog(self, held: int) -> tuple[int, int] | None:
         """Messages the bus still holds for this job beyond the ``held`` ones this shard has and has
         not acknowledged: not yet delivered, or delivered to a shard that died (awaiting redelivery).
         None when the consumer cannot be asked (counted; its leader moves for seconds after a server
@@ -158,4 +158,4 @@ class JobConsumer:
                 nats.js.errors.APIError, nats.errors.Error):
             self.fetch_errors += 1
             return None
-        return int(info.num_pending) + max(0, int(info.num_ack_pending) - held)
+        return int(info.num_pending), max(0, int(info.num_ack_pending) - held)

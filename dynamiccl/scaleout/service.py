@@ -187,9 +187,13 @@ class ShardRunner:
             status = self.shard.handle(Message(m.subject, m.data, mid))
             await self._settle(m, status, job, window_of(mid))   # -1: malformed, refused already
         held = len(self.held.get(job, []))
-        backlog = self.fetch_batch if len(msgs) >= self.fetch_batch else await self.consumers[job].backlog(held)
+        if len(msgs) >= self.fetch_batch:   # more queued: not caught up (what is held elsewhere: as last known)
+            self.shard.merger.set_backlog(job, self.fetch_batch, self.shard.merger.elsewhere(job))
+            return
+        backlog = await self.consumers[job].backlog(held)
         if backlog is not None:             # unknown (the consumer could not be asked): the last known
-            self.shard.merger.set_backlog(job, backlog)   # stands, bounded by max_lateness_s
+            queued, elsewhere = backlog     # stands, bounded by max_lateness_s
+            self.shard.merger.set_backlog(job, queued + elsewhere, elsewhere)
 
     async def _ack_done(self, jobs) -> None:
         for job in jobs:

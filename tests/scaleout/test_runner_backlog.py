@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import nats
 
 from dynamiccl.scaleout.central import CentralShard
-from dynamiccl.scaleout.merger import MergerConfig, ShardTable
+from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
 from dynamiccl.scaleout.nats_bus import JobConsumer
 from dynamiccl.scaleout.service import ShardRunner
 from tests.scaleout.helpers import Clock, events, partials
@@ -56,3 +56,53 @@ def test_an_unanswered_backlog_keeps_the_window_waiting_for_partials_still_on_th
     clock.t = 11.0                                # bounded: max_lateness_s whatever the bus says
     (_, wf), _ = shard.merger.due()              # window w, then w + 1 (node1 absent from both)
     assert wf.counters["missing_nodes"] == ["node1"]
+
+
+def test_a_complete_window_after_a_gap_waits_for_earlier_windows_held_elsewhere():
+    """Seen in benchmarks/fanin.py with two shard processes (1,000 nodes, load 11): a shard briefly
+    owned the other's job and held windows 3-5; the owner, seeing window 6 complete, ran it, and 3-5
+    came back "already run": lost. A complete window now waits while an earlier one is unseen and the
+    bus has messages of the job delivered elsewhere, unsettled."""
+    parts = partials(events(n_instances=7000))
+    wins = sorted(parts)
+    clock = Clock()
+    cfg = MergerConfig({"j": frozenset({"node0", "node1"})}, lateness_s=2.0, max_lateness_s=10.0)
+    ran = []
+
+    class _Loop:
+        def step(self, wf):
+            ran.append(round(wf.window_start))
+            return SimpleNamespace(changes=[])
+    # window 0 was run by the job's previous owner (its checkpoint)
+    shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {"j": wins[0]}, lambda job: _Loop(), clock)
+    merger = shard.merger
+    for p in parts[wins[4]]:                      # window 4 complete; 1-3 held by another shard
+        merger.add("j", p)
+    merger.set_backlog("j", 4, elsewhere=4)
+    shard.poll()
+    assert ran == []
+    for w in wins[1:4]:                           # handed back (nak) and fetched here
+        for p in parts[w]:
+            merger.add("j", p)
+    merger.set_backlog("j", 0, elsewhere=0)
+    shard.poll()
+    assert ran == wins[1:5]
+    for p in parts[wins[-1]]:                     # a gap with nothing held elsewhere: no wait
+        merger.add("j", p)
+    shard.poll()
+    assert ran == wins[1:5] + [wins[-1]] and wins[-1] > wins[4] + 1
+
+
+def test_the_gap_wait_is_bounded():
+    parts = partials(events(n_instances=7000))
+    wins = sorted(parts)
+    clock = Clock()
+    merger = WindowMerger(MergerConfig({"j": frozenset({"node0", "node1"})}, max_lateness_s=10.0), clock)
+    merger.set_done("j", wins[0])
+    for p in parts[wins[3]]:
+        merger.add("j", p)
+    merger.set_backlog("j", 5, elsewhere=5)
+    clock.t = 9.9
+    assert merger.due() == []
+    clock.t = 10.1
+    assert [round(wf.window_start) for _, wf in merger.due()] == [wins[3]]
