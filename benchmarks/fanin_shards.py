@@ -45,7 +45,7 @@ class QueueRecorder:
 def _counters(shard, runner) -> dict:
     return {**shard.counters, **shard.merger.counters,
             "consumer_errors": sum(c.fetch_errors for c in runner.consumers.values()), "bucket_errors": runner.errors,
-            "bucket_blackouts": runner.bucket_clock.blackouts}
+            "bucket_blackouts": runner.bucket_clock.blackouts, "watcher_deaf": runner.deaf}
 
 
 async def _serve(name: str, names: list[str], urls: list[str], expected: dict, lateness: float, out, stop) -> None:
@@ -69,7 +69,7 @@ async def _serve(name: str, names: list[str], urls: list[str], expected: dict, l
     shard = CentralShard(name, cfg, table, ckpt,
                          lambda job: QueueRecorder(out, job, lambda: (name, _counters(shard, runner))), time.monotonic)
     runner = ShardRunner(shard, js, ack_wait_s=1.0, kv=kv, live=live, bucket_clock=bucket_clock)
-    watcher = asyncio.create_task(watch(kv, live, stop.is_set))
+    watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
 
     async def announce():
         while sorted(table.live()) != sorted(names) and not stop.is_set():

@@ -194,7 +194,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
                            counters=shard.counters, timeout_s=cfg.nats.connect_timeout_s, who=f"shard {cfg.shard}")
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
-    watcher = asyncio.create_task(watch(kv, live, stop.is_set))
+    watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
     try:
         await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,

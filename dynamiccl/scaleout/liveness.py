@@ -51,20 +51,33 @@ class BucketClock:
         self._clock = clock
         self._stopped_at: float | None = None
         self._paused = 0.0
+        self._last_echo = self._resumed = clock()
         self.blackouts = 0
+
+    def echo(self) -> None:
+        """The watcher delivered an update (the shard's own beats come back this way)."""
+        self._last_echo = self._clock()
+
+    def deaf(self, limit_s: float) -> bool:
+        """No update delivered for ``limit_s``: the watcher is down (its consumer is being recreated
+        after a server died), so the peers' beats cannot be read either."""
+        return self._clock() - self._last_echo > limit_s
 
     def __call__(self) -> float:
         now = self._clock() if self._stopped_at is None else self._stopped_at
         return now - self._paused
 
-    def failed(self) -> None:
+    def failed(self, since_last_echo: bool = False) -> None:
+        """Stop the time now, or (a deaf watcher, found out late) back when it last heard anything."""
         if self._stopped_at is None:
-            self._stopped_at = self._clock()
+            at = self._clock()
+            self._stopped_at = max(self._last_echo, self._resumed) if since_last_echo else at
             self.blackouts += 1
 
     def ok(self) -> None:
         if self._stopped_at is not None:
-            self._paused += self._clock() - self._stopped_at
+            self._resumed = self._clock()
+            self._paused += self._resumed - self._stopped_at
             self._stopped_at = None
 
 
@@ -118,8 +131,8 @@ async def live_bucket(js, replicas: int = 1, ttl_s: float = 60.0):
                 await asyncio.sleep(0.5)
 
 
-async def watch(kv, live: Liveness, stop: Callable[[], bool]) -> None:
-    """Feed every put of the bucket to ``live`` until ``stop()``."""
+async def watch(kv, live: Liveness, stop: Callable[[], bool], on_update: Callable[[], None] | None = None) -> None:
+    """Feed every put of the bucket to ``live`` until ``stop()`` (and call ``on_update`` for each)."""
     watcher = await kv.watchall()
     while not stop():
         try:
@@ -132,4 +145,6 @@ async def watch(kv, live: Liveness, stop: Callable[[], bool]) -> None:
             continue
         if e is not None and e.operation is None and e.key:
             live.heard(e.key, e.value or b"")
+            if on_update is not None:
+                on_update()
     await watcher.stop()

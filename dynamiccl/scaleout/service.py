@@ -155,6 +155,7 @@ class ShardRunner:
         self.bucket_clock = bucket_clock        # the table's and liveness' clock: stopped while writes fail
         self.bucket_timeout_s = bucket_timeout_s
         self._ckpt_due: set[str] = set()        # checkpoints not yet in the bucket (retried every round)
+        self.deaf = 0                           # beats written but not heard back in time
         self.ack_wait_s, self.fetch_batch, self.fetch_timeout_s = ack_wait_s, fetch_batch, fetch_timeout_s
         self.clock = clock
         self.consumers: dict[str, JobConsumer] = {}
@@ -218,8 +219,11 @@ class ShardRunner:
             if self.errors & (self.errors - 1) == 0:
                 log.warning("shard %s: liveness bucket (%d errors): %r", self.shard.name, self.errors, e)
             return False
-        if self.bucket_clock is not None:
-            self.bucket_clock.ok()
+        if self.bucket_clock is not None:       # written; but unless the watcher hears the bucket, its
+            if self.bucket_clock.deaf(2 * self.shard.table.ttl_s / 3):   # time stands still as well
+                self.bucket_clock.failed(since_last_echo=True)
+            else:
+                self.bucket_clock.ok()
         return True
 
     async def _share(self, steps: list) -> None:
@@ -233,11 +237,14 @@ class ShardRunner:
 
     async def _beat(self, alive: Callable[[], bool]) -> None:
         """The heartbeat, every TTL / 3 from its own task: neither a long merge nor a stalled checkpoint
-        write delays it, and a stalled beat is abandoned after TTL / 3 for the next one."""
+        write delays it, and a stalled beat is abandoned after TTL / 3 for the next one. A written
+        beat that does not come back through the watcher within 2 periods means the watcher is deaf:
+        the bucket clock stops as for a failed write."""
         period = self.shard.table.ttl_s / 3
         while alive():
             t0 = self.clock()
-            await self._put(shard_key(self.shard.name), b"", period)
+            written = await self._put(shard_key(self.shard.name), b"", period)
+            self.deaf += written and self.bucket_clock is not None and self.bucket_clock.deaf(2 * period)
             await asyncio.sleep(max(0.0, period - (self.clock() - t0)))
 
     async def step(self) -> list:

@@ -83,10 +83,50 @@ def test_a_shard_whose_bucket_writes_fail_expires_no_peer_until_they_succeed_aga
         assert table.live() == ["s0", "s1"]
     assert runner.errors == 20 and bucket_clock.blackouts == 1
     kv.fail = False
+    bucket_clock.echo()                             # the watcher hears the bucket again
     assert asyncio.run(runner._put("shard.s0", b"", 0.5))
     for t in (10.5, 11.0):                          # up to 1 s of working bucket: s1's silence not past the TTL
         clock.t = t
+        bucket_clock.echo()
         table.beat("s0")                            # s0's own beat, back through the watcher
         assert table.live() == ["s0", "s1"]
     clock.t = 11.5
     assert table.live() == ["s0"]                   # s1 silent 1.5 s + of working bucket: expired
+
+
+def test_a_deaf_watcher_stops_the_bucket_clock_though_writes_succeed():
+    """After a server died the watcher's consumer is recreated for seconds: the shard's own beats are
+    written but not heard back, and neither are its peers'; their silence must not count."""
+    import asyncio
+
+    from dynamiccl.scaleout.central import CentralShard
+    from dynamiccl.scaleout.liveness import BucketClock
+    from dynamiccl.scaleout.service import ShardRunner
+
+    class _Kv:
+        async def put(self, key, value):
+            return None
+
+    clock = Clock()
+    bucket_clock = BucketClock(clock)
+    table = ShardTable(1.5, bucket_clock)
+    shard = CentralShard("s0", MergerConfig({"j": frozenset({"n0"})}), table, {}, lambda job: None, clock)
+    runner = ShardRunner(shard, js=None, clock=clock, kv=_Kv(), bucket_clock=bucket_clock)
+    table.beat("s0")
+    table.beat("s1")
+    for t in range(1, 21):                      # 10 s: writes succeed, nothing is heard back
+        clock.t = t / 2
+        assert asyncio.run(runner._put("shard.s0", b"", 0.5))
+        assert table.live() == ["s0", "s1"]
+    bucket_clock.echo()                         # the watcher is back: s0's own beat
+    asyncio.run(runner._put("shard.s0", b"", 0.5))
+    for t in (10.5, 11.0):
+        clock.t = t
+        bucket_clock.echo()
+        table.beat("s0")
+        asyncio.run(runner._put("shard.s0", b"", 0.5))
+        assert table.live() == ["s0", "s1"]
+    clock.t = 11.5                              # time stood still since the last update heard (t=0):
+    assert table.live() == ["s0", "s1"]         # s1 has its whole TTL after the watcher came back
+    clock.t = 11.6
+    assert table.live() == ["s0"]
