@@ -131,19 +131,37 @@ async def live_bucket(js, replicas: int = 1, ttl_s: float = 60.0):
                 await asyncio.sleep(0.5)
 
 
-async def watch(kv, live: Liveness, stop: Callable[[], bool], on_update: Callable[[], None] | None = None) -> None:
-    """Feed every put of the bucket to ``live`` until ``stop()`` (and call ``on_update`` for each)."""
+async def watch(kv, live: Liveness, stop: Callable[[], bool], on_update: Callable[[], None] | None = None,
+                stale_s: float = 1.0) -> None:
+    """Feed every put of the bucket to ``live`` until ``stop()`` (and call ``on_update`` for each).
+    A watcher that delivered nothing for ``stale_s`` (the shards' own beats come every 0.5 s) is
+    recreated: after a server died its consumer is otherwise recreated by the client only when its
+    idle heartbeats are missed, seconds later; a new watcher starts with every key's last value, of
+    which only those newer than what was heard are fed (a dead shard's last beat must not revive it)."""
     watcher = await kv.watchall()
+    heard = asyncio.get_running_loop().time()
+    revisions: dict[str, int] = {}
     while not stop():
+        if asyncio.get_running_loop().time() - heard > stale_s:
+            heard = asyncio.get_running_loop().time()
+            live.counters["rewatch"] = live.counters.get("rewatch", 0) + 1
+            try:
+                await asyncio.gather(watcher.stop(), return_exceptions=True)
+                watcher = await asyncio.wait_for(kv.watchall(), stale_s)
+            except Exception as ex:  # noqa: BLE001 - no leader yet: keep the old one, try again
+                log.debug("liveness watcher: recreate: %r", ex)
         try:
-            e = await watcher.updates(timeout=0.5)
+            e = await watcher.updates(timeout=min(0.5, stale_s))
         except asyncio.TimeoutError:
             continue
         except Exception as ex:  # noqa: BLE001 - the watcher's server went away: keep trying
             log.warning("liveness watcher: %s", ex)
             await asyncio.sleep(0.5)
             continue
-        if e is not None and e.operation is None and e.key:
+        if e is not None:
+            heard = asyncio.get_running_loop().time()
+        if e is not None and e.operation is None and e.key and (e.revision or 0) > revisions.get(e.key, 0):
+            revisions[e.key] = e.revision or 0
             live.heard(e.key, e.value or b"")
             if on_update is not None:
                 on_update()

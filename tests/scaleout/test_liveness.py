@@ -130,3 +130,42 @@ def test_a_deaf_watcher_stops_the_bucket_clock_though_writes_succeed():
     assert table.live() == ["s0", "s1"]         # s1 has its whole TTL after the watcher came back
     clock.t = 11.6
     assert table.live() == ["s0"]
+
+
+def test_a_stale_watcher_is_recreated_and_old_values_do_not_revive_a_dead_shard():
+    import asyncio
+    from types import SimpleNamespace
+
+    from dynamiccl.scaleout.liveness import watch
+
+    class _Watcher:
+        def __init__(self, entries):
+            self.entries = list(entries)
+
+        async def updates(self, timeout):
+            if not self.entries:
+                await asyncio.sleep(timeout)
+                raise asyncio.TimeoutError
+            e = self.entries.pop(0)
+            return e
+
+        async def stop(self):
+            return None
+
+    def put(key, rev):
+        return SimpleNamespace(key=key, value=b"", operation=None, revision=rev)
+    # the first watcher goes deaf after two beats; the second starts with each key's last value
+    kv = SimpleNamespace(watchers=[_Watcher([put("shard.s1", 1), put("shard.s0", 2)]),
+                                   _Watcher([put("shard.s1", 1), put("shard.s0", 9), None])])
+
+    async def watchall():
+        return kv.watchers.pop(0)
+    kv.watchall = watchall
+    heard = []
+    live = SimpleNamespace(counters={}, heard=lambda key, value: heard.append(key))
+    loop = asyncio.new_event_loop()
+    t0 = loop.time()
+    loop.run_until_complete(watch(kv, live, stop=lambda: loop.time() - t0 > 0.5, stale_s=0.1))
+    loop.close()
+    assert live.counters["rewatch"] >= 1
+    assert heard == ["shard.s1", "shard.s0", "shard.s0"]     # s1's old beat (revision 1) not fed again
