@@ -45,7 +45,8 @@ class QueueRecorder:
 def _counters(shard, runner) -> dict:
     return {**shard.counters, **shard.merger.counters,
             "consumer_errors": sum(c.fetch_errors for c in runner.consumers.values()), "bucket_errors": runner.errors,
-            "bucket_blackouts": runner.bucket_clock.blackouts, "watcher_deaf": runner.deaf}
+            "bucket_blackouts": runner.bucket_clock.blackouts, "watcher_deaf": runner.deaf,
+            "rewatch": runner.live.counters.get("rewatch", 0)}
 
 
 async def _serve(name: str, names: list[str], urls: list[str], expected: dict, lateness: float, out, stop) -> None:

@@ -45,10 +45,15 @@ class BucketClock:
     0.0
     >>> c.ok(); t[0] = 6.0; c()
     1.0
+
+    It stands still for at most ``max_stall_s`` per blackout, then runs again: a shard that stays cut
+    off (or whose watcher stays deaf) still expires a dead peer, ``max_stall_s`` later.
     """
 
-    def __init__(self, clock: Callable[[], float]):
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float], max_stall_s: float = 10.0):
+        if not max_stall_s > 0:
+            raise ValueError(f"max_stall_s must be > 0 (got {max_stall_s})")
+        self._clock, self.max_stall_s = clock, max_stall_s
         self._stopped_at: float | None = None
         self._paused = 0.0
         self._last_echo = self._resumed = clock()
@@ -63,9 +68,12 @@ class BucketClock:
         after a server died), so the peers' beats cannot be read either."""
         return self._clock() - self._last_echo > limit_s
 
+    def _stall(self, now: float) -> float:
+        return 0.0 if self._stopped_at is None else min(max(0.0, now - self._stopped_at), self.max_stall_s)
+
     def __call__(self) -> float:
-        now = self._clock() if self._stopped_at is None else self._stopped_at
-        return now - self._paused
+        now = self._clock()
+        return now - self._paused - self._stall(now)
 
     def failed(self, since_last_echo: bool = False) -> None:
         """Stop the time now, or (a deaf watcher, found out late) back when it last heard anything."""
@@ -77,7 +85,7 @@ class BucketClock:
     def ok(self) -> None:
         if self._stopped_at is not None:
             self._resumed = self._clock()
-            self._paused += self._resumed - self._stopped_at
+            self._paused += self._stall(self._resumed)
             self._stopped_at = None
 
 
@@ -147,7 +155,7 @@ async def watch(kv, live: Liveness, stop: Callable[[], bool], on_update: Callabl
             live.counters["rewatch"] = live.counters.get("rewatch", 0) + 1
             try:
                 await asyncio.gather(watcher.stop(), return_exceptions=True)
-                watcher = await asyncio.wait_for(kv.watchall(), stale_s)
+                watcher = await asyncio.wait_for(kv.watchall(), max(5.0, stale_s))   # a loaded server is slow
             except Exception as ex:  # noqa: BLE001 - no leader yet: keep the old one, try again
                 log.debug("liveness watcher: recreate: %r", ex)
         try:

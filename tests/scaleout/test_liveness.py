@@ -169,3 +169,17 @@ def test_a_stale_watcher_is_recreated_and_old_values_do_not_revive_a_dead_shard(
     loop.close()
     assert live.counters["rewatch"] >= 1
     assert heard == ["shard.s1", "shard.s0", "shard.s0"]     # s1's old beat (revision 1) not fed again
+
+
+def test_the_bucket_clock_stands_still_for_a_bounded_time():
+    from dynamiccl.scaleout.liveness import BucketClock
+    clock = Clock()
+    c = BucketClock(clock, max_stall_s=10.0)
+    c.failed()
+    clock.t = 5.0
+    assert c() == 0.0
+    clock.t = 30.0                          # cut off for good: time runs again after 10 s
+    assert c() == 20.0
+    c.ok()
+    clock.t = 31.0
+    assert c() == 21.0
