@@ -57,16 +57,23 @@ class BucketClock:
         self._stopped_at: float | None = None
         self._paused = 0.0
         self._last_echo = self._resumed = clock()
+        self._unheard = 0                   # writes that succeeded since the watcher last delivered
         self.blackouts = 0
 
     def echo(self) -> None:
         """The watcher delivered an update (the shard's own beats come back this way)."""
         self._last_echo = self._clock()
+        self._unheard = 0
 
-    def deaf(self, limit_s: float) -> bool:
-        """No update delivered for ``limit_s``: the watcher is down (its consumer is being recreated
-        after a server died), so the peers' beats cannot be read either."""
-        return self._clock() - self._last_echo > limit_s
+    def written(self) -> None:
+        self._unheard += 1
+
+    def deaf(self, limit_s: float, writes: int = 3) -> bool:
+        """No update delivered for ``limit_s`` though ``writes`` of the shard's own writes succeeded
+        meanwhile: the watcher is down (its consumer being recreated after a server died), so the
+        peers' beats cannot be read either. (Time alone is not enough: after a long merge the
+        process's tasks run in turn, and the heartbeat may run before the watcher catches up.)"""
+        return self._unheard >= writes and self._clock() - self._last_echo > limit_s
 
     def _stall(self, now: float) -> float:
         return 0.0 if self._stopped_at is None else min(max(0.0, now - self._stopped_at), self.max_stall_s)

@@ -220,7 +220,8 @@ class ShardRunner:
                 log.warning("shard %s: liveness bucket (%d errors): %r", self.shard.name, self.errors, e)
             return False
         if self.bucket_clock is not None:       # written; but unless the watcher hears the bucket, its
-            if self.bucket_clock.deaf(2 * self.shard.table.ttl_s / 3):   # time stands still as well
+            self.bucket_clock.written()         # time stands still as well
+            if self.bucket_clock.deaf(2 * self.shard.table.ttl_s / 3):
                 self.bucket_clock.failed(since_last_echo=True)
             else:
                 self.bucket_clock.ok()

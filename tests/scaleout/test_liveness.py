@@ -183,3 +183,19 @@ def test_the_bucket_clock_stands_still_for_a_bounded_time():
     c.ok()
     clock.t = 31.0
     assert c() == 21.0
+
+
+def test_a_busy_shard_is_not_deaf():
+    """After a long merge the heartbeat task may run before the watcher catches up: one unheard
+    write after a pause is a busy process, three are a deaf watcher."""
+    from dynamiccl.scaleout.liveness import BucketClock
+    clock = Clock()
+    c = BucketClock(clock)
+    clock.t = 5.0
+    c.written()
+    assert not c.deaf(1.0)
+    c.written()
+    c.written()
+    assert c.deaf(1.0)
+    c.echo()
+    assert not c.deaf(1.0)
