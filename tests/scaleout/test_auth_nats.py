@@ -17,7 +17,7 @@ from dynamiccl.scaleout.auth import AUTH_CONF, write_auth
 from dynamiccl.scaleout.config import NatsConfig, NodeServiceConfig
 from dynamiccl.scaleout.node import NodeConfig
 from dynamiccl.scaleout.retuning import CentralRetuning
-from tests.scaleout.helpers import events
+from tests.scaleout.helpers import events, run_then_stop, until
 from tests.scaleout.test_cli import _send
 
 nats = pytest.importorskip("nats")
@@ -66,19 +66,13 @@ def test_unknown_and_foreign_publishers_are_refused_and_counted(tmp_path):
         stop_nodes.set()
         nodes = dict(zip(tasks, await asyncio.gather(*tasks.values())))
         shard = shards[0]
-        for _ in range(200):
-            if shard.counters["received"] >= nodes["honest"].outbox.counters["emitted"]:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: shard.counters["received"] >= nodes["honest"].outbox.counters["emitted"])
         await asyncio.sleep(0.5)
         stop_central.set()
         await ctask
         return nodes, shard
 
-    try:
-        nodes, shard = asyncio.run(run())
-    finally:
-        server.stop()
+    nodes, shard = run_then_stop(server, run())
     log = (tmp_path / "nats" / "n0.log").read_text()
     honest, anonymous, foreign = nodes["honest"], nodes["anonymous"], nodes["foreign"]
     assert honest.outbox.counters["emitted"] >= 4 and honest.outbox.counters["send_errors"] == 0
