@@ -6,7 +6,10 @@ its CPU share of one core (process time / data seconds) and its upstream bytes p
 nodes' partials are that node's, relabelled per node (ranks node*8..node*8+7; one node carries a
 straggler rank from window --straggler-from), as the issue allows (replaying pre-computed partials).
 
-Central side: two jobs of N/2 nodes (names chosen so rendezvous hashing gives each shard one job).
+Central side: two jobs of N/2 nodes (names chosen so rendezvous hashing gives each shard one job);
+the two shards are separate processes that share ownership and checkpoints only through the JetStream
+key-value bucket, as two `dynamiccl central` machines do (benchmarks/fanin_shards.py; the victim dies
+by SIGKILL); ``--one-process``: both in this process over one table (sessions 8-11).
 Faults: one NATS server killed after window --kill-server-after, the shard of the straggler's job
 killed after window --kill-shard-after (its job moves to the other shard), node N/2+1 (in the other job) silent in
 the last window. Checks: every window of every job run exactly once, with every node except the silent one
@@ -49,6 +52,7 @@ from dynamiccl.scaleout.partials import node_partial  # noqa: E402
 from dynamiccl.scaleout.service import ShardRunner  # noqa: E402
 from dynamiccl.scaleout.wire import encode_partial  # noqa: E402
 from fanin_detect import detect_check  # noqa: E402
+from fanin_shards import ProcessShards  # noqa: E402
 
 RANKS, RATE = 8, 550.0
 SHARDS = ("s0", "s1")
@@ -118,9 +122,9 @@ class Recorder:
 async def _publish_all(urls, msgs_by_window, go, published):
     nc = await nats.connect(servers=urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream()
-    while not go.is_set():
-        await asyncio.sleep(0.05)
     for i, (w, msgs) in enumerate(sorted(msgs_by_window.items())):
+        while not go.is_set():                  # the parent holds the nodes while it waits to kill a shard
+            await asyncio.sleep(0.05)
         t0 = time.monotonic()
         for k in range(0, len(msgs), 250):
             await asyncio.gather(*(publish(js, m, 10.0) for m in msgs[k:k + 250]))
@@ -145,19 +149,50 @@ async def _next_published(q, proc):
             await asyncio.sleep(0.02)
 
 
+class InProcessShards:
+    """Both shards in this process, over one ``ShardTable`` and one checkpoint dict (``--one-process``;
+    the interface of :class:`fanin_shards.ProcessShards`)."""
+
+    def __init__(self, js, cfg: MergerConfig):
+        self.table, ckpt, self.log, self.alive = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}
+        self.shards = {s: CentralShard(s, cfg, self.table, ckpt, lambda job: Recorder(self.log, job), time.monotonic)
+                       for s in SHARDS}
+        # ack_wait 1 s: a dead shard's held partials are redelivered to the next owner 1 s after their
+        # deadline was last extended
+        self.runners = {s: ShardRunner(self.shards[s], js, ack_wait_s=1.0) for s in SHARDS}
+        self.tasks = {s: asyncio.create_task(self.runners[s].run(lambda s=s: self.alive[s])) for s in SHARDS}
+
+    def ready(self) -> bool:
+        return self.table.live() == sorted(SHARDS)
+
+    def check(self) -> None:
+        for s, t in self.tasks.items():
+            if t.done() and t.exception():
+                raise RuntimeError(f"shard {s} failed") from t.exception()
+
+    def kill(self, name: str) -> None:
+        self.alive[name] = False
+
+    async def finish(self) -> None:
+        for s in SHARDS:
+            self.alive[s] = False
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    @property
+    def counters(self) -> dict:
+        return {s: {**sh.counters, **sh.merger.counters,
+                    "consumer_errors": sum(c.fetch_errors for c in self.runners[s].consumers.values())}
+                for s, sh in self.shards.items()}
+
+
 async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
     nc = await nats.connect(servers=cluster.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream()
     await ensure_stream(js, replicas=3)
-    table, ckpt, log, alive = ShardTable(1.5, time.monotonic), {}, [], {s: True for s in SHARDS}
     cfg = MergerConfig({j: frozenset(nodes_of[j]) for j in jobs}, lateness_s=args.lateness)
-    shards = {s: CentralShard(s, cfg, table, ckpt, lambda job: Recorder(log, job), time.monotonic)
-              for s in SHARDS}
-    # ack_wait 1 s: a dead shard's held partials are redelivered to the next owner 1 s after their
-    # deadline was last extended
-    runners = {s: ShardRunner(shards[s], js, ack_wait_s=1.0) for s in SHARDS}
-    tasks = {s: asyncio.create_task(runners[s].run(lambda s=s: alive[s])) for s in SHARDS}
-    while table.live() != sorted(SHARDS):                 # both shards up before the first partial
+    shards = (InProcessShards(js, cfg) if args.one_process
+              else ProcessShards(SHARDS, cluster.urls, cfg.expected_nodes, args.lateness).start())
+    while not shards.ready():                         # both shards up (each sees the other) before the first partial
         await asyncio.sleep(0.05)
     go.set()
     victim = owner(jobs[0], list(SHARDS))
@@ -165,29 +200,32 @@ async def central(args, nwin, jobs, nodes_of, cluster, pub, go, published):
     sent = 0
     for _ in range(nwin):
         i, w, n = await _next_published(published, pub)
+        shards.check()
         sent += n
         if i == args.kill_server_after:
             cluster.kill(1)
         if i == args.kill_shard_after:
-            until = time.monotonic() + 15
-            while not any(j == jobs[0] and lw == w for j, lw, *_ in log) and time.monotonic() < until:
+            # hold the nodes until the victim has run this window, so windows remain for its successor
+            # (a victim stalled by the server kill would otherwise catch up on every window first)
+            go.clear()
+            until = time.monotonic() + 30
+            while not any(j == jobs[0] and lw == w for j, lw, *_ in shards.log) and time.monotonic() < until:
                 await asyncio.sleep(0.05)
-                for s, t in tasks.items():
-                    if t.done() and t.exception():
-                        raise RuntimeError(f"shard {s} failed") from t.exception()
-            alive[victim] = False
+                shards.check()
+            shards.kill(victim)
             t_kill_shard = time.monotonic()
+            go.set()
     deadline = time.monotonic() + cfg.max_lateness_s + 15   # the silent node's last window waits max_lateness_s
     want = nwin * len(jobs)
-    while len({(j, w) for j, w, *_ in log}) < want and time.monotonic() < deadline:
+    while len({(j, w) for j, w, *_ in shards.log}) < want and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    for s in SHARDS:
-        alive[s] = False
-    await asyncio.gather(*tasks.values(), return_exceptions=True)
+        shards.check()
+    await shards.finish()
     await nc.close()
-    for s, r in runners.items():        # for FANIN_DEBUG: a consumer that could not be asked its backlog
-        shards[s].counters["consumer_errors"] = sum(c.fetch_errors for c in r.consumers.values())
-    return log, shards, sent, victim, t_kill_shard
+    if os.environ.get("FANIN_DEBUG") and t_kill_shard is not None:
+        print("ownership changes (s after the shard kill):",
+              [(s, j, o, round(t - t_kill_shard, 2)) for s, j, o, t in getattr(shards, "ownership", [])])
+    return shards.log, shards.counters, sent, victim, t_kill_shard
 
 
 def run_central(args, msgs_by_window, jobs, nodes_of, root):
@@ -214,6 +252,9 @@ def main() -> int:
     ap.add_argument("--straggler-from", type=int, default=2)
     ap.add_argument("--kill-server-after", type=int, default=3)
     ap.add_argument("--kill-shard-after", type=int, default=4)
+    ap.add_argument("--one-process", action="store_true",
+                    help="both shards in this process over one table (sessions 8-11); default: two processes "
+                         "sharing ownership and checkpoints only through the key-value bucket")
     ap.add_argument("--detect-nodes", type=int, default=16, help="nodes of the detector check (0: skip it)")
     ap.add_argument("--detect-timeline", choices=("full", "short"), default="full",
                     help="the detector check's scenario (fanin_detect.py --timeline)")
@@ -242,17 +283,17 @@ def main() -> int:
             msgs[win].append(Message(subject(job, f"n{n}"), encode_partial(p, job), msg_id(job, f"n{n}", win)))
     print(f"prepared {sum(map(len, msgs.values()))} partials in {time.process_time() - t0:.1f} cpu s", flush=True)
     with tempfile.TemporaryDirectory() as d:
-        log, shards, sent, victim, t_kill = run_central(args, msgs, jobs, nodes_of, Path(d))
+        log, counters, sent, victim, t_kill = run_central(args, msgs, jobs, nodes_of, Path(d))
     runs = [(j, w) for j, w, *_ in log]
     if os.environ.get("FANIN_DEBUG"):
-        print(sorted(log), wins, jobs, {s: (v.counters, v.merger.counters) for s, v in shards.items()})
+        print(sorted(log), wins, jobs, counters)
         print("t_kill", t_kill, "windows with nodes missing:", [(j, w, n, round(t - (t_kill or t), 2)) for j, w, n, _, t in sorted(log)
                                                           if n < half - (j == jobs[1] and w == wins[-1])])
     every_once = sorted(runs) == sorted((j, w) for j in jobs for w in wins)
     full = all(n == half - (j == jobs[1] and w == wins[-1]) for j, w, n, *_ in log)
     strag_rank = strag_node * RANKS + 3
     named = all(top == strag_rank for j, w, n, top, _ in log if j == jobs[0] and w >= wins[args.straggler_from])
-    missing = sum(s.merger.counters["nodes_missing"] for s in shards.values())
+    missing = sum(c.get("nodes_missing", 0) for c in counters.values())
     after = [t for j, w, *_, t in log if j == jobs[0] and t_kill is not None and t > t_kill]
     takeover = (min(after) - t_kill) if after else float("inf")
     det = {"pass": True, "max_dt_s": float("nan"), "matched": 0, "wanted": 0}
@@ -265,7 +306,7 @@ def main() -> int:
     print(f"windows run {len(runs)} of {len(jobs) * len(wins)} (each once: {every_once}); full windows: {full}; "
           f"straggler rank {strag_rank} named: {named}; nodes missing {missing} (expected 1); "
           f"shard {victim} killed, its job's next window run {takeover:.2f} s later; load {os.getloadavg()}")
-    print(f"nodes={args.nodes} windows={len(wins)} partials_sent={sent} runs={len(runs)} each_once={int(every_once)} "
+    print(f"nodes={args.nodes} shard_processes={int(not args.one_process)} windows={len(wins)} partials_sent={sent} runs={len(runs)} each_once={int(every_once)} "
           f"nothing_lost={int(full)} straggler_named={int(named)} missing_nodes={missing} takeover_s={takeover:.2f} "
           f"node_cpu_pct={cpu_pct:.2f} upstream_Bps={bps:.0f} detect_nodes={args.detect_nodes} "
           f"detect_matched={det['matched']}/{det['wanted']} detect_max_dt_s={det['max_dt_s']:.2f} "

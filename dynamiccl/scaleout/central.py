@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, MutableMapping
 
-from dynamiccl.scaleout.bus import Message
+from dynamiccl.scaleout.bus import Message, subject
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
 from dynamiccl.scaleout.wire import peek_header, read_partial
 
@@ -37,13 +37,16 @@ def detector_loop(config, make_retuner: Callable[[str], Any] | None = None,
 class CentralShard:
     def __init__(self, name: str, config: MergerConfig, table: ShardTable,
                  checkpoints: MutableMapping[str, int], make_loop: Callable[[str], Any],
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], *, bus_authenticated: bool = False):
         self.name, self.table, self.checkpoints = name, table, checkpoints
+        # the bus refuses unknown publishers (this shard connects as a user, so the server has users):
+        # with every node's peers authenticated too, the window is as trusted as a single collector's
+        self.bus_authenticated = bus_authenticated
         self.merger = WindowMerger(config, clock)
         self._make_loop = make_loop
         self.loops: dict[str, Any] = {}
         self.counters = {"received": 0, "not_owned": 0, "malformed": 0, "windows_run": 0,
-                         "windows_skipped": 0, "already_run": 0, "changes": 0}
+                         "windows_skipped": 0, "already_run": 0, "changes": 0, "subject_mismatch": 0}
 
     def handle(self, msg: Message) -> str:
         """File one message: "filed", or why not: "malformed", "not_owned" (the transport gives it back
@@ -54,6 +57,15 @@ class CentralShard:
         self.table.beat(self.name)
         try:
             head = peek_header(msg.data)
+            if msg.subject != subject(head["job"], head["node"]):
+                # the subject is what the server authorised the publisher for (scaleout/auth.py): a partial
+                # claiming another job or node than its subject is refused whole
+                self.counters["subject_mismatch"] += 1
+                n = self.counters["subject_mismatch"]
+                if n & (n - 1) == 0:                # logged at 1, 2, 4, 8, ...: a flood cannot flood the log
+                    log.warning("shard %s: %s carries a partial of job %r node %r: refused (%d so far)", self.name,
+                                msg.subject, head["job"], head["node"], n)
+                return "malformed"
             if not self.table.owns(self.name, head["job"]):
                 self.counters["not_owned"] += 1
                 return "not_owned"
@@ -78,12 +90,16 @@ class CentralShard:
             if not self.table.owns(self.name, job):
                 self.merger.forget(job)             # moved away: its unacknowledged partials go to the owner
                 self.loops.pop(job, None)
+            elif job in self.checkpoints:           # run here or by the previous owner: gaps count from it
+                self.merger.set_done(job, self.checkpoints[job])
         steps = []
         for job, wf in self.merger.due():
             w = int(round(wf.window_start / wf.window_s))
             if w <= self.checkpoints.get(job, -1 << 62):
                 self.counters["windows_skipped"] += 1   # run by this job's previous owner
                 continue
+            wf.counters["inputs_authenticated"] = int(self.bus_authenticated and
+                                                      wf.counters.get("inputs_authenticated", 0) == 1)
             loop = self.loops.get(job) or self.loops.setdefault(job, self._make_loop(job))
             step = loop.step(wf)
             self.checkpoints[job] = w

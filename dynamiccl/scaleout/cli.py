@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-__all__ = ["register", "node_config", "central_config", "main_node", "main_central"]
+__all__ = ["register", "node_config", "central_config", "main_node", "main_central", "main_auth"]
 
 log = logging.getLogger("scaleout")
 _OFF = ("off", "none", "")
@@ -24,6 +24,8 @@ def _nats_args(p: argparse.ArgumentParser) -> None:
                    help="NATS server (repeat for a cluster; default nats://127.0.0.1:4222)")
     p.add_argument("--replicas", type=int, default=1, help="partials stream replicas (3 on a 3-server cluster)")
     p.add_argument("--metrics", default="off", metavar="HOST:PORT", help="/metrics address ('off': none)")
+    p.add_argument("--credentials", default=None, metavar="PATH",
+                   help="this client's NATS user and password (a YAML file, mode 0600; `dynamiccl nats-auth` writes them)")
 
 
 def register(subparsers) -> None:
@@ -35,6 +37,9 @@ def register(subparsers) -> None:
                    help="plugin socket, unix:PATH (repeatable; default the collector's)")
     n.add_argument("--window", type=float, default=1.0, help="window length, s")
     n.add_argument("--lateness", type=float, default=2.0, help="event-time lateness before a window closes, s")
+    n.add_argument("--tokens-file", default=None, metavar="PATH",
+                   help="per-job tokens every rank must present (the collector's; its windows then count as "
+                        "authenticated at the central tier, which applying tuning requires)")
     n.add_argument("--max-message", type=int, default=1 << 20, metavar="BYTES",
                    help="the bus's max payload (NATS max_payload): a larger partial is sent in parts")
     _nats_args(n)
@@ -49,7 +54,16 @@ def register(subparsers) -> None:
     c.add_argument("--changes", default=None, metavar="PATH", help="append each regime change as a JSON line")
     c.add_argument("--ack-wait", type=float, default=3.0, help="s before a dead shard's partials are redelivered")
     _nats_args(c)
+    from dynamiccl.scaleout.retuning import add_retuner_args
+    add_retuner_args(c)
     c.set_defaults(func=main_central)
+    a = subparsers.add_parser("nats-auth", help="NATS users for every node and shard, each allowed only its own subjects",
+                              description="Writes DIR/nats-auth.conf (include it in nats-server's configuration) and "
+                                          "DIR/<user>.yaml per node and shard (mode 0600; give each to its client only).")
+    a.add_argument("--job", action="append", required=True, metavar="JOB=NODE,NODE,...", help="a job and its nodes (repeatable)")
+    a.add_argument("--shard", action="append", required=True, help="a central shard's name (repeatable)")
+    a.add_argument("--out", required=True, metavar="DIR", help="where the files go (existing users keep their passwords)")
+    a.set_defaults(func=main_auth)
 
 
 def _off(v):
@@ -60,7 +74,8 @@ def node_config(args):
     from dynamiccl.collector.config import ReceiverConfig
     from dynamiccl.scaleout.config import NodeServiceConfig
     from dynamiccl.scaleout.node import NodeConfig
-    receiver = ReceiverConfig(listen=tuple(args.listen)) if args.listen else ReceiverConfig()
+    receiver = ReceiverConfig(**({"listen": tuple(args.listen)} if args.listen else {}),
+                              tokens_file=getattr(args, "tokens_file", None))
     return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
                                         max_message_bytes=args.max_message),
                              receiver=receiver, nats=_nats(args), metrics=_off(args.metrics)).validate()
@@ -77,7 +92,8 @@ def central_config(args):
 def _nats(args):
     from dynamiccl.scaleout.config import NatsConfig
     servers = tuple(args.nats) if args.nats else NatsConfig().servers
-    return NatsConfig(servers=servers, replicas=args.replicas, ack_wait_s=getattr(args, "ack_wait", 3.0))
+    return NatsConfig(servers=servers, replicas=args.replicas, ack_wait_s=getattr(args, "ack_wait", 3.0),
+                      credentials=getattr(args, "credentials", None))
 
 
 def _serve_metrics(addr: str | None, registry) -> None:
@@ -122,8 +138,8 @@ def main_node(args) -> int:
         return _refuse(e)
 
 
-def central_registry(shard):
-    """The shard's counters (received, merged, missing, late, changes) for /metrics."""
+def central_registry(shard, retuners=None):
+    """The shard's counters (received, merged, missing, late, changes) and its jobs' retuners' for /metrics."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily
 
@@ -136,13 +152,17 @@ def central_registry(shard):
 
     reg = CollectorRegistry()
     reg.register(_Shard())
+    if retuners is not None:
+        from dynamiccl.scaleout.retuning import retuner_collector
+        reg.register(retuner_collector(retuners))
     return reg
 
 
-async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
+async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None) -> None:
+    """Serve one shard until ``stop``; ``retuning`` (scaleout/retuning.py): a retuner per job."""
     from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
     from dynamiccl.scaleout.central import CentralShard, detector_loop
-    from dynamiccl.scaleout.liveness import Liveness, live_bucket, watch
+    from dynamiccl.scaleout.liveness import BucketClock, Liveness, live_bucket, watch
     from dynamiccl.scaleout.merger import ShardTable
     from dynamiccl.scaleout.service import ShardRunner, connect
 
@@ -156,35 +176,64 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None) -> None:
                 out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
                 out.flush()
         return [record]
-    table, checkpoints = ShardTable(cfg.heartbeat_ttl_s, time.monotonic), {}
+    bucket_clock = BucketClock(time.monotonic)      # heartbeats are judged by it: stops while the bucket fails us
+    table, checkpoints, retuners = ShardTable(cfg.heartbeat_ttl_s, bucket_clock), {}, {}
+    make_retuner = None
+    if retuning is not None:
+        from dynamiccl.scaleout.retuning import retuner_factory
+        make_retuner = retuner_factory(retuning, retuners)
     shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
                          detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
                                                       autoencoder=AutoencoderConfig(enabled=False)).validate(),
-                                       sinks=sinks),
-                         time.monotonic)
-    live = Liveness(table, checkpoints, cfg.node_ttl_s, time.monotonic)
-    _serve_metrics(cfg.metrics, central_registry(shard))
+                                       make_retuner=make_retuner, sinks=sinks),
+                         time.monotonic, bus_authenticated=cfg.nats.credentials is not None)
+    live = Liveness(table, checkpoints, cfg.node_ttl_s, bucket_clock)
+    _serve_metrics(cfg.metrics, central_registry(shard, retuners if retuning is not None else None))
     if on_shard is not None:
         on_shard(shard)
-    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
+    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
+                           counters=shard.counters, timeout_s=cfg.nats.connect_timeout_s, who=f"shard {cfg.shard}")
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
-    watcher = asyncio.create_task(watch(kv, live, stop.is_set))
+    watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
     try:
-        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live).run(lambda: not stop.is_set())
+        await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,
+                          bucket_clock=bucket_clock).run(lambda: not stop.is_set())
     finally:
         await watcher
         await nc.close()
+        for jr in retuners.values():
+            jr.close()
         if out is not None:
             out.close()
 
 
 def main_central(args) -> int:
+    from dynamiccl.scaleout.retuning import retuning_from_args
     try:
         cfg = central_config(args)
+        retuning = retuning_from_args(args, cfg.merger.expected_nodes)
     except ValueError as e:
         return _refuse(e)
+    if retuning is not None:
+        log.info("shard %s: a retuner per job, %s", cfg.shard,
+                 "dry run (recommend only)" if retuning.base.dry_run else f"applying to jobs {retuning.base.jobs}")
     try:
-        return _run(lambda stop: run_central(cfg, stop))
+        return _run(lambda stop: run_central(cfg, stop, retuning=retuning))
     except OSError as e:
         return _refuse(e)
+
+
+def main_auth(args) -> int:
+    from pathlib import Path
+
+    from dynamiccl.scaleout.auth import AUTH_CONF, write_auth
+    from dynamiccl.scaleout.config import parse_jobs
+    try:
+        files = write_auth(Path(args.out), parse_jobs(args.job), list(dict.fromkeys(args.shard)))
+    except (ValueError, OSError) as e:
+        return _refuse(e)
+    print(f"{Path(args.out) / AUTH_CONF}: {len(files)} users (include it in nats-server's configuration)")
+    for user, path in files.items():
+        print(f"{user}: {path}")
+    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dynamiccl.collector.config import ReceiverConfig
+from dynamiccl.scaleout.auth import load_credentials
 from dynamiccl.scaleout.bus import subject
 from dynamiccl.scaleout.merger import MergerConfig
 from dynamiccl.scaleout.node import NodeConfig
@@ -18,6 +19,8 @@ class NatsConfig:
     replicas: int = 1                    # the partials stream's replication (3 on a 3-server cluster)
     publish_timeout_s: float = 5.0
     ack_wait_s: float = 3.0              # a dead shard's unacknowledged partials come back after this
+    credentials: str | None = None       # path of this client's user/password file (scaleout/auth.py); None: none
+    connect_timeout_s: float = 10.0      # one connection attempt round; the service retries after it
 
     def validate(self) -> None:
         if not self.servers or not all(s.startswith(("nats://", "tls://")) for s in self.servers):
@@ -25,6 +28,10 @@ class NatsConfig:
         if not 1 <= self.replicas <= 5 or not self.publish_timeout_s > 0 or not self.ack_wait_s > 0:
             raise ValueError(f"nats: replicas in 1..5, publish_timeout_s > 0, ack_wait_s > 0 (got {self.replicas}, "
                              f"{self.publish_timeout_s}, {self.ack_wait_s})")
+        if not self.connect_timeout_s > 0:
+            raise ValueError(f"nats.connect_timeout_s must be > 0 (got {self.connect_timeout_s})")
+        if self.credentials is not None:
+            load_credentials(self.credentials)      # present, private, well-formed: refused at start-up otherwise
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,16 @@ class NodeServiceConfig:
     nats: NatsConfig = field(default_factory=NatsConfig)
     metrics: str | None = None           # HOST:PORT of /metrics, None: off
     max_queued_records: int = 1 << 20    # between the socket and the aggregation (dropped and counted past it)
-    outbox_messages: int = 64            # partials kept while the bus is unreachable (oldest dropped, counted)
+    # messages kept while the bus is unreachable (oldest dropped, counted); the outbox's 16 MiB bounds the
+    # memory: a window's partial may go in up to 256 parts, and the last windows close together at stop
+    outbox_messages: int = 1024
+
+    @property
+    def peers_authenticated(self) -> bool:
+        """Every peer of the receiver must present a token (the collector's ``inputs_authenticated``
+        rule): a tokens file, and Unix-socket peers too unless none listens there."""
+        rc = self.receiver
+        return rc.tokens_file is not None and (rc.auth_unix or not any(a.startswith("unix:") for a in rc.listen))
 
     def validate(self) -> "NodeServiceConfig":
         self.node.validate()

@@ -15,7 +15,7 @@ from typing import Callable, MutableMapping
 
 from dynamiccl.scaleout.merger import ShardTable
 
-__all__ = ["LIVE_BUCKET", "Liveness", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key"]
+__all__ = ["LIVE_BUCKET", "Liveness", "BucketClock", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key"]
 
 LIVE_BUCKET = "DYNAMICCL_LIVE"
 log = logging.getLogger(__name__)
@@ -31,6 +31,69 @@ def node_key(job: str, node: str) -> str:
 
 def ckpt_key(job: str) -> str:
     return f"ckpt.{job}"
+
+
+class BucketClock:
+    """The time by which a shard judges the bucket's heartbeats: it stops while the shard's own writes
+    to the bucket fail and goes on from where it stopped when one succeeds. While the bucket has no
+    leader (seconds after a NATS server died) no shard's or node's beat lands, so every peer would
+    expire at once and every shard would take every job; and a shard cut off from the bucket, unable
+    to share its checkpoints, must not take over jobs by it.
+
+    >>> t = [0.0]; c = BucketClock(lambda: t[0])
+    >>> c.failed(); t[0] = 5.0; c()                    # 5 s of failed writes: time stands
+    0.0
+    >>> c.ok(); t[0] = 6.0; c()
+    1.0
+
+    It stands still for at most ``max_stall_s`` per blackout, then runs again: a shard that stays cut
+    off (or whose watcher stays deaf) still expires a dead peer, ``max_stall_s`` later.
+    """
+
+    def __init__(self, clock: Callable[[], float], max_stall_s: float = 10.0):
+        if not max_stall_s > 0:
+            raise ValueError(f"max_stall_s must be > 0 (got {max_stall_s})")
+        self._clock, self.max_stall_s = clock, max_stall_s
+        self._stopped_at: float | None = None
+        self._paused = 0.0
+        self._last_echo = self._resumed = clock()
+        self._unheard = 0                   # writes that succeeded since the watcher last delivered
+        self.blackouts = 0
+
+    def echo(self) -> None:
+        """The watcher delivered an update (the shard's own beats come back this way)."""
+        self._last_echo = self._clock()
+        self._unheard = 0
+
+    def written(self) -> None:
+        self._unheard += 1
+
+    def deaf(self, limit_s: float, writes: int = 3) -> bool:
+        """No update delivered for ``limit_s`` though ``writes`` of the shard's own writes succeeded
+        meanwhile: the watcher is down (its consumer being recreated after a server died), so the
+        peers' beats cannot be read either. (Time alone is not enough: after a long merge the
+        process's tasks run in turn, and the heartbeat may run before the watcher catches up.)"""
+        return self._unheard >= writes and self._clock() - self._last_echo > limit_s
+
+    def _stall(self, now: float) -> float:
+        return 0.0 if self._stopped_at is None else min(max(0.0, now - self._stopped_at), self.max_stall_s)
+
+    def __call__(self) -> float:
+        now = self._clock()
+        return now - self._paused - self._stall(now)
+
+    def failed(self, since_last_echo: bool = False) -> None:
+        """Stop the time now, or (a deaf watcher, found out late) back when it last heard anything."""
+        if self._stopped_at is None:
+            at = self._clock()
+            self._stopped_at = max(self._last_echo, self._resumed) if since_last_echo else at
+            self.blackouts += 1
+
+    def ok(self) -> None:
+        if self._stopped_at is not None:
+            self._resumed = self._clock()
+            self._paused += self._stall(self._resumed)
+            self._stopped_at = None
 
 
 class Liveness:
@@ -83,18 +146,38 @@ async def live_bucket(js, replicas: int = 1, ttl_s: float = 60.0):
                 await asyncio.sleep(0.5)
 
 
-async def watch(kv, live: Liveness, stop: Callable[[], bool]) -> None:
-    """Feed every put of the bucket to ``live`` until ``stop()``."""
+async def watch(kv, live: Liveness, stop: Callable[[], bool], on_update: Callable[[], None] | None = None,
+                stale_s: float = 1.0) -> None:
+    """Feed every put of the bucket to ``live`` until ``stop()`` (and call ``on_update`` for each).
+    A watcher that delivered nothing for ``stale_s`` (the shards' own beats come every 0.5 s) is
+    recreated: after a server died its consumer is otherwise recreated by the client only when its
+    idle heartbeats are missed, seconds later; a new watcher starts with every key's last value, of
+    which only those newer than what was heard are fed (a dead shard's last beat must not revive it)."""
     watcher = await kv.watchall()
+    heard = asyncio.get_running_loop().time()
+    revisions: dict[str, int] = {}
     while not stop():
+        if asyncio.get_running_loop().time() - heard > stale_s:
+            heard = asyncio.get_running_loop().time()
+            live.counters["rewatch"] = live.counters.get("rewatch", 0) + 1
+            try:
+                await asyncio.gather(watcher.stop(), return_exceptions=True)
+                watcher = await asyncio.wait_for(kv.watchall(), max(5.0, stale_s))   # a loaded server is slow
+            except Exception as ex:  # noqa: BLE001 - no leader yet: keep the old one, try again
+                log.debug("liveness watcher: recreate: %r", ex)
         try:
-            e = await watcher.updates(timeout=0.5)
+            e = await watcher.updates(timeout=min(0.5, stale_s))
         except asyncio.TimeoutError:
             continue
         except Exception as ex:  # noqa: BLE001 - the watcher's server went away: keep trying
             log.warning("liveness watcher: %s", ex)
             await asyncio.sleep(0.5)
             continue
-        if e is not None and e.operation is None and e.key:
+        if e is not None:
+            heard = asyncio.get_running_loop().time()
+        if e is not None and e.operation is None and e.key and (e.revision or 0) > revisions.get(e.key, 0):
+            revisions[e.key] = e.revision or 0
             live.heard(e.key, e.value or b"")
+            if on_update is not None:
+                on_update()
     await watcher.stop()

@@ -1,7 +1,10 @@
 """The central tier's window merger and shard assignment (no detector here: :mod:`.central` runs it).
 
 Merge rule: a (job, window) is merged when every expected node reported, nodes known silent
-(:meth:`WindowMerger.set_silent`, no heartbeat) aside; or ``lateness_s`` after its first partial arrived
+(:meth:`WindowMerger.set_silent`, no heartbeat) aside, unless windows between the last one merged and
+this one are unseen while the bus has delivered messages of the job to another consumer that have not
+been settled (another shard's or a dead one's, awaiting redelivery: an earlier window may be among
+them, and merging this one first would make it late; bounded by ``max_lateness_s``); or ``lateness_s`` after its first partial arrived
 (wall clock, injected) once the shard has read everything the bus holds for the job
 (:meth:`WindowMerger.set_backlog`: a partial still queued on the bus, or held by a dead shard awaiting
 redelivery, is behind the shard's reading, not missing) and a partial of a later window of the job has
@@ -75,6 +78,7 @@ class WindowMerger:
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._merged_upto: dict[str, int] = {}
         self._backlog: dict[str, int] = {}
+        self._elsewhere: dict[str, int] = {}
         self._silent: dict[str, frozenset[str]] = {}
         self._newest: dict[str, int] = {}
         self.counters = {"partials": 0, "duplicates": 0, "late": 0, "unknown_job": 0, "unknown_node": 0,
@@ -115,10 +119,21 @@ class WindowMerger:
         self.counters["partials"] += 1
         return True
 
-    def set_backlog(self, job: str, messages: int) -> None:
+    def set_backlog(self, job: str, messages: int, elsewhere: int = 0) -> None:
         """How many of the job's messages the bus still holds for this shard (queued, or awaiting
-        redelivery); while any, a window waits for its nodes up to ``max_lateness_s`` only."""
+        redelivery); while any, a window waits for its nodes up to ``max_lateness_s`` only.
+        ``elsewhere``: those of them delivered to another consumer and not settled (a gap before a
+        complete window waits while any)."""
         self._backlog[job] = max(0, int(messages))
+        self._elsewhere[job] = max(0, int(elsewhere))
+
+    def elsewhere(self, job: str) -> int:
+        return self._elsewhere.get(job, 0)
+
+    def set_done(self, job: str, window: int) -> None:
+        """The job's last window run (its checkpoint, maybe by a previous owner): later windows are
+        counted from it, earlier ones are late."""
+        self._merged_upto[job] = max(int(window), self._merged_upto.get(job, -1 << 62))
 
     def set_silent(self, job: str, nodes: frozenset[str]) -> None:
         """Nodes known dead (no heartbeat): a window does not wait for them; they are counted missing."""
@@ -126,7 +141,9 @@ class WindowMerger:
 
     def _waits(self, job: str, w: int, pend: _Pending, expected: frozenset[str], now: float) -> bool:
         if expected - self._silent.get(job, frozenset()) <= pend.reported():
-            return False
+            gap = w > self._merged_upto.get(job, w - 1) + 1
+            return (gap and self._elsewhere.get(job, 0) > 0
+                    and now - pend.first_seen < self.config.max_lateness_s)
         behind = self._backlog.get(job, 0) > 0 or self._newest.get(job, w) <= w
         return now - pend.first_seen < (self.config.max_lateness_s if behind else self.config.lateness_s)
 
@@ -141,6 +158,7 @@ class WindowMerger:
             del self._pending[k]
         self._merged_upto.pop(job, None)
         self._backlog.pop(job, None)
+        self._elsewhere.pop(job, None)
         self._silent.pop(job, None)
         self._newest.pop(job, None)
         return len(gone)
@@ -179,7 +197,9 @@ class WindowMerger:
             return None
         return window_features(merge_partials(_batched(parts)),
                                {"nodes_reported": len(whole), "nodes_missing": len(missing),
-                                "missing_nodes": missing})
+                                "missing_nodes": missing,
+                                # every node's peers authenticated (the shard adds whether the bus did)
+                                "inputs_authenticated": int(all(p.get("auth", False) for p in parts))})
 
 
 def _batched(parts: list) -> list[NodePartial]:

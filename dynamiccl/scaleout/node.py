@@ -29,6 +29,7 @@ class NodeConfig:
     allowed_lateness_s: float = 2.0
     max_buffered_records: int = 4_000_000   # all open windows together (~8 ranks × 550/s × 3 s ≈ 13 k)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # the bus's max payload: a larger partial goes in parts
+    inputs_authenticated: bool = False      # every peer of the node's receiver presents a token (wire "auth")
 
     def validate(self) -> None:
         subject(self.job_id, self.node)        # both must be subject tokens
@@ -115,7 +116,7 @@ class NodeCollector:
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self._pool.give(store)                     # the partial's frames hold copies, not these views
         try:
-            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio)
+            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio, cfg.inputs_authenticated)
         except ValueError:       # over MAX_PARTS messages, or a value the wire cannot carry: lost, counted
             self.counters["dropped_unencodable"] += n
             return
@@ -150,6 +151,11 @@ def registry(node: NodeCollector):
             yield out
             yield CounterMetricFamily("dynamiccl_node_upstream_bytes", "bytes sent upstream",
                                       value=node.outbox.counters["bytes_emitted"])
+            refused = CounterMetricFamily("dynamiccl_node_bus_refusals", "the NATS server refused this node "
+                                          "(scaleout/auth.py)", labels=["why"])
+            for k in ("auth_refused", "publish_refused"):
+                refused.add_metric([k], c.get(k, 0))
+            yield refused
 
     reg = CollectorRegistry()
     reg.register(_Node())

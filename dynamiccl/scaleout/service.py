@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Awaitable, Callable
 
 from dynamiccl.collector.component import QueuedConsumer, RecordBatch
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.receivers.stream import StreamReceiver
+from dynamiccl.scaleout.auth import classify_refusal, load_credentials
 from dynamiccl.scaleout.bus import Message, Outbox, window_of
 from dynamiccl.scaleout.config import NodeServiceConfig
-from dynamiccl.scaleout.liveness import Liveness, ckpt_key, live_bucket, node_key, shard_key
+from dynamiccl.scaleout.liveness import LIVE_BUCKET, BucketClock, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
 
@@ -52,20 +54,44 @@ class NodeIngest:
         self.node.counters["dropped_queue_full"] += len(batch)
 
 
-async def connect(servers, *, replicas: int):
-    """A JetStream context on ``servers`` with the partials stream in place (retried by the client)."""
+def refusal_counter(counters: dict, who: str) -> Callable[[Exception], Awaitable[None]]:
+    """nats-py's error callback: the server's refusals (unknown user, a subject the user may not
+    publish to) counted in ``counters`` (``auth_refused``, ``publish_refused``) and logged once each;
+    other errors logged at debug (the client reconnects by itself)."""
+    async def on_error(e: Exception) -> None:
+        kind = classify_refusal(e)
+        if kind is None:
+            log.debug("%s: NATS: %s", who, e)
+            return
+        counters[kind] = counters.get(kind, 0) + 1
+        if counters[kind] == 1:
+            log.warning("%s: the NATS server refused: %s (counted as %s)", who, e, kind)
+    return on_error
+
+
+async def connect(servers, *, replicas: int, credentials: str | None = None, counters: dict | None = None,
+                  create: bool = True, timeout_s: float = 10.0, who: str = "dynamiccl"):
+    """A JetStream context on ``servers`` as the user of ``credentials`` (a file: scaleout/auth.py),
+    its refusals counted in ``counters``; ``create``: put the partials stream in place (the central
+    tier does; a node may not). Raises ``TimeoutError`` when no server accepted within ``timeout_s``
+    (the client's own retries go on inside it: a refused user would otherwise wait forever)."""
     import nats
-    nc = await nats.connect(servers=list(servers), max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                            connect_timeout=2)
+    auth = load_credentials(credentials).connect_kwargs() if credentials else {}
+    nc = await asyncio.wait_for(nats.connect(servers=list(servers), max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                                             connect_timeout=2, error_cb=refusal_counter(counters if counters is not None
+                                                                                         else {}, who), **auth),
+                                timeout_s)
     js = nc.jetstream()
-    await ensure_stream(js, replicas=replicas)
+    if create:
+        await ensure_stream(js, replicas=replicas)
     return nc, js
 
 
 async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callable[[NodeCollector, list], None] | None = None,
                    flush_s: float = 0.1) -> NodeCollector:
     """Serve until ``stop``; returns the node collector (its counters) after the last flush."""
-    node = NodeCollector(cfg.node, Outbox(None, max_messages=cfg.outbox_messages))
+    node = NodeCollector(replace(cfg.node, inputs_authenticated=cfg.peers_authenticated),
+                         Outbox(None, max_messages=cfg.outbox_messages))
     ingest = NodeIngest(node)
     queue = QueuedConsumer(ingest, max_items=cfg.max_queued_records, name="node", weight=len,
                            on_drop=ingest.dropped, tick_s=0.1)
@@ -80,10 +106,13 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
         while not stop.is_set():
             if js is None:
                 try:
-                    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas)
-                    kv = await live_bucket(js, replicas=cfg.nats.replicas)
-                except Exception as e:  # noqa: BLE001 - bus unreachable: ingest goes on, the outbox bounds
-                    log.warning("node %s: NATS not reachable (%s); retrying", cfg.node.node, e)
+                    nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
+                                           counters=node.counters, create=False, timeout_s=cfg.nats.connect_timeout_s,
+                                           who=f"node {cfg.node.node}")
+                except Exception as e:  # noqa: BLE001 - bus unreachable or refused: ingest goes on, the outbox bounds
+                    log.warning("node %s: NATS not reachable (%r); retrying", cfg.node.node, e)
+            if js is not None and kv is None:   # the central tier creates the bucket; a node only uses it
+                kv = await _bucket(js)
             if js is not None:
                 await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=1))
             if kv is not None and time.monotonic() - beat_at >= 1.0:     # liveness: every second
@@ -107,14 +136,26 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
     return node
 
 
+async def _bucket(js):
+    try:
+        return await js.key_value(LIVE_BUCKET)
+    except Exception as e:  # noqa: BLE001 - not created yet (no shard has started): no heartbeat until it is
+        log.debug("liveness bucket: %s", e)
+        return None
+
+
 class ShardRunner:
     """One shard's fetch → file → merge → loop → ack rounds over NATS JetStream."""
 
     def __init__(self, shard: Any, js, *, ack_wait_s: float = 3.0, fetch_batch: int = 2000,
                  fetch_timeout_s: float = 0.2, clock: Callable[[], float] = time.monotonic,
-                 kv=None, live: Liveness | None = None):
+                 kv=None, live: Liveness | None = None, bucket_timeout_s: float = 1.0,
+                 bucket_clock: BucketClock | None = None):
         self.shard, self.js, self.kv, self.live = shard, js, kv, live
-        self._beat_at = -1e300
+        self.bucket_clock = bucket_clock        # the table's and liveness' clock: stopped while writes fail
+        self.bucket_timeout_s = bucket_timeout_s
+        self._ckpt_due: set[str] = set()        # checkpoints not yet in the bucket (retried every round)
+        self.deaf = 0                           # beats written but not heard back in time
         self.ack_wait_s, self.fetch_batch, self.fetch_timeout_s = ack_wait_s, fetch_batch, fetch_timeout_s
         self.clock = clock
         self.consumers: dict[str, JobConsumer] = {}
@@ -147,9 +188,13 @@ class ShardRunner:
             status = self.shard.handle(Message(m.subject, m.data, mid))
             await self._settle(m, status, job, window_of(mid))   # -1: malformed, refused already
         held = len(self.held.get(job, []))
-        backlog = self.fetch_batch if len(msgs) >= self.fetch_batch else await self.consumers[job].backlog(held)
+        if len(msgs) >= self.fetch_batch:   # more queued: not caught up (what is held elsewhere: as last known)
+            self.shard.merger.set_backlog(job, self.fetch_batch, self.shard.merger.elsewhere(job))
+            return
+        backlog = await self.consumers[job].backlog(held)
         if backlog is not None:             # unknown (the consumer could not be asked): the last known
-            self.shard.merger.set_backlog(job, backlog)   # stands, bounded by max_lateness_s
+            queued, elsewhere = backlog     # stands, bounded by max_lateness_s
+            self.shard.merger.set_backlog(job, queued + elsewhere, elsewhere)
 
     async def _ack_done(self, jobs) -> None:
         for job in jobs:
@@ -162,24 +207,50 @@ class ShardRunner:
                     keep.append((w, m))
             self.held[job] = keep
 
+    async def _put(self, key: str, value: bytes, timeout_s: float) -> bool:
+        """One bucket write, abandoned after ``timeout_s`` (the bucket's leader moves for seconds after a
+        server died; waiting the client's 5 s would stall this shard's merging and its heartbeat)."""
+        try:
+            await asyncio.wait_for(self.kv.put(key, value), timeout_s)
+        except Exception as e:  # noqa: BLE001 - bucket unreachable: counted; local state goes on
+            if self.bucket_clock is not None:
+                self.bucket_clock.failed()
+            self.errors += 1
+            if self.errors & (self.errors - 1) == 0:
+                log.warning("shard %s: liveness bucket (%d errors): %r", self.shard.name, self.errors, e)
+            return False
+        if self.bucket_clock is not None:       # written; but unless the watcher hears the bucket, its
+            self.bucket_clock.written()         # time stands still as well
+            if self.bucket_clock.deaf(2 * self.shard.table.ttl_s / 3):
+                self.bucket_clock.failed(since_last_echo=True)
+            else:
+                self.bucket_clock.ok()
+        return True
+
     async def _share(self, steps: list) -> None:
-        """Heartbeat (every TTL / 3) and checkpoints of the jobs just run, in the bucket."""
+        """The checkpoints of the jobs just run (and of any whose last write failed) into the bucket."""
         if self.kv is None:
             return
-        try:
-            if self.clock() - self._beat_at >= self.shard.table.ttl_s / 3:
-                self._beat_at = self.clock()
-                await self.kv.put(shard_key(self.shard.name), b"")
-            for job in {j for j, _ in steps}:
-                await self.kv.put(ckpt_key(job), str(self.shard.checkpoints[job]).encode())
-        except Exception as e:  # noqa: BLE001 - bucket unreachable: counted; local state goes on
-            self.errors += 1
-            log.warning("shard %s: liveness bucket: %s", self.shard.name, e)
+        self._ckpt_due |= {j for j, _ in steps}
+        for job in sorted(self._ckpt_due):
+            if await self._put(ckpt_key(job), str(self.shard.checkpoints[job]).encode(), self.bucket_timeout_s):
+                self._ckpt_due.discard(job)
+
+    async def _beat(self, alive: Callable[[], bool]) -> None:
+        """The heartbeat, every TTL / 3 from its own task: neither a long merge nor a stalled checkpoint
+        write delays it, and a stalled beat is abandoned after TTL / 3 for the next one. A written
+        beat that does not come back through the watcher within 2 periods means the watcher is deaf:
+        the bucket clock stops as for a failed write."""
+        period = self.shard.table.ttl_s / 3
+        while alive():
+            t0 = self.clock()
+            written = await self._put(shard_key(self.shard.name), b"", period)
+            self.deaf += written and self.bucket_clock is not None and self.bucket_clock.deaf(2 * period)
+            await asyncio.sleep(max(0.0, period - (self.clock() - t0)))
 
     async def step(self) -> list:
         """One round; returns the loop steps run (job, step)."""
         await self._extend()
-        await self._share([])
         self.shard.poll()
         if self.live is not None:
             for job, nodes in self.shard.merger.config.expected_nodes.items():
@@ -196,8 +267,14 @@ class ShardRunner:
 
     async def run(self, alive: Callable[[], bool], on_steps: Callable[[list], None] | None = None,
                   pause_s: float = 0.05) -> None:
-        while alive():
-            steps = await self.step()
-            if on_steps is not None and steps:
-                on_steps(steps)
-            await asyncio.sleep(pause_s)
+        beat = asyncio.create_task(self._beat(alive)) if self.kv is not None else None
+        try:
+            while alive():
+                steps = await self.step()
+                if on_steps is not None and steps:
+                    on_steps(steps)
+                await asyncio.sleep(pause_s)
+        finally:
+            if beat is not None:
+                beat.cancel()
+                await asyncio.gather(beat, return_exceptions=True)

@@ -72,13 +72,16 @@ def _sorted_frames(p: NodePartial) -> dict[str, pl.DataFrame]:
     return {name: p[name].sort([c for c, _, _ in cols[:3]]) for name, cols in FRAMES.items()}
 
 
-def _head(p: NodePartial, job_id: str) -> dict:
-    return {"v": 1, "node": p["node"], "job": job_id, "window": p["window"], "window_s": p["window_s"]}
+def _head(p: NodePartial, job_id: str, authenticated: bool) -> dict:
+    # auth: every peer of the node's receiver had to present a token (the collector's
+    # inputs_authenticated); the central tier applies tuning only where every node's partial says so
+    return {"v": 1, "node": p["node"], "job": job_id, "window": p["window"], "window_s": p["window_s"],
+            "auth": int(authenticated)}
 
 
-def encode_partial(p: NodePartial, job_id: str) -> bytes:
+def encode_partial(p: NodePartial, job_id: str, authenticated: bool = False) -> bytes:
     """One message holding the whole partial (whatever its size: see :func:`encode_messages`)."""
-    return _body(_sorted_frames(p), _head(p, job_id))
+    return _body(_sorted_frames(p), _head(p, job_id, authenticated))
 
 
 def _slices(frames: dict[str, pl.DataFrame], k: int, i: int) -> dict[str, pl.DataFrame]:
@@ -91,12 +94,12 @@ def raw_size(p: NodePartial) -> int:
 
 
 def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES,
-                    ratio: float | None = None) -> list[bytes]:
+                    ratio: float | None = None, authenticated: bool = False) -> list[bytes]:
     """The partial as few messages of at most ``max_bytes`` each: one when it fits, else its rows
     cut into ``parts`` slices (more slices until every part fits). ``ratio`` (compressed / raw bytes
     of the sender's last partial) lets a partial that will not fit skip compressing it whole first;
     a wrong ratio costs messages or a retry, never correctness. ValueError past ``MAX_PARTS``."""
-    frames, head = _sorted_frames(p), _head(p, job_id)
+    frames, head = _sorted_frames(p), _head(p, job_id, authenticated)
     k = 1 if ratio is None else -(-int(raw_size(p) * ratio * 5) // (4 * max_bytes))
     if k <= 1:
         whole = _body(frames, head)
@@ -122,7 +125,8 @@ def _header(data: bytes) -> tuple[dict, int]:
         rows = {k: int(head["rows"][k]) for k in FRAMES}
         head = {"node": str(head["node"]), "job": str(head["job"]), "window": int(head["window"]),
                 "window_s": float(head["window_s"]), "v": head.get("v"), "rows": rows,
-                "part": int(head.get("part", 0)), "parts": int(head.get("parts", 1))}
+                "part": int(head.get("part", 0)), "parts": int(head.get("parts", 1)),
+                "auth": head.get("auth", 0) == 1}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"partial: bad header ({type(e).__name__}: {e})") from None
     if head["v"] != 1 or not head["window_s"] > 0 or min(rows.values()) < 0:
@@ -135,12 +139,12 @@ def _header(data: bytes) -> tuple[dict, int]:
 class RawPartial:
     """A checked, inflated partial whose frames are built later, together with the rest of its
     window's (:func:`frames_of`): one polars frame per window instead of one per node."""
-    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts")
+    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts", "auth")
 
     def __init__(self, head: dict, body: bytes):
         self.job, self.node, self.window = head["job"], head["node"], head["window"]
         self.window_s, self.rows, self.body = head["window_s"], head["rows"], body
-        self.part, self.parts = head["part"], head["parts"]
+        self.part, self.parts, self.auth = head["part"], head["parts"], head["auth"]
 
     def __getitem__(self, key: str):          # the merger reads node / window like a NodePartial's
         return getattr(self, key)

@@ -31,3 +31,22 @@ def partials(ev, nodes=(0, 1)):
     w = event_time_ns(ev) // 1_000_000_000
     return {win: [node_partial(ev[(w == win) & (ev["rank"] // PER_NODE == n)], node=f"node{n}", job_id="j",
                                window=win, window_s=1.0) for n in nodes] for win in np.unique(w).tolist()}
+
+
+async def until(cond, tries: int = 200, pause_s: float = 0.05) -> bool:
+    """Poll ``cond`` (bounded): True once it holds."""
+    import asyncio
+    for _ in range(tries):
+        if cond():
+            return True
+        await asyncio.sleep(pause_s)
+    return False
+
+
+def run_then_stop(server, coro):
+    """``asyncio.run(coro)``, the NATS server stopped whatever happens."""
+    import asyncio
+    try:
+        return asyncio.run(coro)
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ import pytest
 from dynamiccl.cli import main
 from dynamiccl.collector.records import event_time_ns
 from dynamiccl.harness.collector_testing import encode_frame, encode_frames, process_record
-from tests.scaleout.helpers import PER_NODE, events
+from tests.scaleout.helpers import PER_NODE, events, run_then_stop, until
 
 nats = pytest.importorskip("nats")
 
@@ -82,18 +82,12 @@ def test_two_nodes_and_a_central_shard_merge_windows(tmp_path, max_message):
         stop_nodes.set()                     # the nodes close every window and flush
         nodes = await asyncio.gather(*ntasks)
         shard = shards[0]
-        for _ in range(200):
-            if shard.counters["windows_run"] >= 5:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: shard.counters["windows_run"] >= 5)
         stop_central.set()
         await ctask
         return nodes, shard
 
-    try:
-        nodes, shard = asyncio.run(run())
-    finally:
-        server.stop()
+    nodes, shard = run_then_stop(server, run())
     assert all(n.counters["aggregated"] == len(ev) // 2 for n in nodes), [n.counters for n in nodes]
     assert all(n.outbox.counters["emitted"] >= n.counters["windows"] for n in nodes)
     assert any(n.counters["split_partials"] for n in nodes) == (max_message < 1 << 20)
