@@ -26,8 +26,8 @@ SUBCOMMANDS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("dynamiccl.report.cli", ("report", "replay"), "report"),
     ("dynamiccl.retuner.cli", ("retuner",), "services"),
     ("dynamiccl.harness.testbed.cli", ("testbed",), "services"),
-    ("dynamiccl.validate", ("validate-nccl",), "node"),
-    ("dynamiccl.scaleout.cli", ("node", "central"), "scale"),  # docs/scale-out.md     # numpy + the user's torch (docs/real-nccl.md)
+    ("dynamiccl.validate", ("validate-nccl",), "node"),                     # numpy + the user's torch (docs/real-nccl.md)
+    ("dynamiccl.scaleout.cli", ("node", "central", "nats-auth"), "scale"),  # docs/scale-out.md
 )
 SUBCOMMAND_MODULES = tuple(m for m, _, _ in SUBCOMMANDS)
 COMMAND_EXTRA = {c: extra for _, cmds, extra in SUBCOMMANDS for c in cmds}
