@@ -535,3 +535,13 @@ def test_start_up_tuning_begins_after_start_after_s(tmp_path, after_s):
     t_explore = next(a["t"] for a in rt.audit.recent if a["action"] == "explore")
     want = pol.start_after_s
     assert want <= t_explore <= want + 2 * job.step_s
+
+
+def test_start_up_tuning_begins_once_a_target_has_min_samples_not_after_a_fixed_wait(tmp_path):
+    """A job with 20 ms steps: after two steps the heavy target has 128 measurements (>= min_samples) and is
+    the only op, so its share is known; every step waited runs NCCL's choice (the reactive reference
+    runs the baseline's best config from t = 0)."""
+    rt = make(tmp_path, policy=PolicyConfig(tune_at_start=True))
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"base": ("RING", "LL", 0)}), step_s=0.02)
+    run(rt, job, 2)
+    assert "explore" in actions(rt)
