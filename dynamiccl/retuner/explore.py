@@ -280,15 +280,15 @@ class Exploration:
         return c is None or (c.n_channels == 0 and (c.algo, c.proto) == self.default_cell)
 
     def ranked_tie(self) -> str | None:
-        """A measured candidate other than NCCL's choice and the incumbent within ``min_gain`` (the margin a commit
-        needs) of the best, as 'CANDIDATE', else None: the ranking found a config as good as the best measured, so
-        its vetoes are not what made NCCL's choice win (a tie of NCCL's cell with itself at another channel count)."""
+        """A ranked candidate (not the incumbent, not the unranked probe of NCCL's choice) measured within
+        ``min_gain`` (the margin a commit needs) of the best, as 'CANDIDATE', else None: the ranking found a config
+        as good as the best measured -- NCCL's own cell ranked first, or NCCL's cell at another channel count."""
         pol = self.policy
         best = self.stats.get(self.best())
         if best is None or best.n < pol.min_samples:
             return None
         for c, s in self.stats.items():
-            if self.is_default(c) or c == self.incumbent or s.n < pol.min_samples:
+            if c is None or c == self.incumbent or s.n < pol.min_samples:
                 continue
             if s.mean <= best.mean * (1.0 + pol.min_gain):
                 return _n(c)

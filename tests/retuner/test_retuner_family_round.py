@@ -45,3 +45,12 @@ def test_no_family_round_when_a_ranked_candidate_ties_with_nccls_choice(tmp_path
     assert x.misjudged(1.5) is not None
     assert rt._family_round(x) is family_round
     assert (x.ranked_tie() == RANKED.name) is not family_round
+
+
+def test_no_family_round_when_the_ranking_put_nccls_own_cell_first_and_it_won(tmp_path):
+    """The refit ranked RING/LL128 at NCCL's channel count first (no separate probe of NCCL's choice was added) and
+    it won round 1: the ranking worked although it misjudged that cell's time 2.1x."""
+    rt, x = _after_round1(tmp_path, 700e-6)
+    x.stats[Candidate("RING", "LL128", 0)] = x.stats.pop(None)             # ranked, not the unranked probe
+    assert x.misjudged(1.5) is not None and x.is_default(x.best())
+    assert rt._family_round(x) is False
