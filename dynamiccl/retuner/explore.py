@@ -279,6 +279,21 @@ class Exploration:
         """``c`` is NCCL's own choice: no rule, or a rule naming NCCL's default cell at NCCL's channel count."""
         return c is None or (c.n_channels == 0 and (c.algo, c.proto) == self.default_cell)
 
+    def ranked_tie(self) -> str | None:
+        """A ranked candidate (not the incumbent, not the unranked probe of NCCL's choice) measured within
+        ``min_gain`` (the margin a commit needs) of the best, as 'CANDIDATE', else None: the ranking found a config
+        as good as the best measured -- NCCL's own cell ranked first, or NCCL's cell at another channel count."""
+        pol = self.policy
+        best = self.stats.get(self.best())
+        if best is None or best.n < pol.min_samples:
+            return None
+        for c, s in self.stats.items():
+            if c is None or c == self.incumbent or s.n < pol.min_samples:
+                continue
+            if s.mean <= best.mean * (1.0 + pol.min_gain):
+                return _n(c)
+        return None
+
     def misjudged(self, ratio: float) -> str | None:
         """The first measured cell that ran ``ratio`` x faster (relative to the incumbent) than the refitted model
         predicted, as 'CELL measured/predicted', else None. Channel variants carry no cell prediction."""

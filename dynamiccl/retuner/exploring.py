@@ -158,7 +158,8 @@ class ExploringMixin:
                      **x.start_round(plan.candidates, info).details)
 
     def _family_round(self, x: Exploration) -> bool:
-        """After round 1 of a regime change, once: when nothing ranked beat NCCL's default or the incumbent and a
+        """After round 1 of a regime change, once: when the unranked probe of NCCL's choice or the incumbent won and
+        no ranked candidate tied with it within ``min_gain`` (else the ranking found as good a config) and a
         measured cell ran ``max_pred_ratio`` x faster than the refitted model predicted (so its vetoes cannot be
         trusted either), the best cell of each protocol/algorithm not measured yet is probed
         (:meth:`~dynamiccl.retuner.planner.Planner.diverse`)."""
@@ -166,8 +167,10 @@ class ExploringMixin:
         if x.trigger == "start" or x.families_done or pol.regime_family_probes <= 0:
             return False
         x.families_done = True
-        if not x.is_default(x.best()) and x.best() != x.incumbent:
-            return False                 # a ranked cell beat both NCCL's choice and the incumbent: the ranking works
+        if x.best() is not None and x.best() != x.incumbent:
+            return False                 # a ranked candidate won (NCCL's own cell too, when ranked): the ranking works
+        if x.ranked_tie() is not None:
+            return False                 # a ranked candidate ties with the winner: the ranking works as well
         why = x.misjudged(pol.max_pred_ratio)
         if why is None:
             return False

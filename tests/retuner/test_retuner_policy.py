@@ -526,7 +526,7 @@ def test_misjudged_names_a_cell_that_ran_much_faster_than_the_refitted_model_sai
 @pytest.mark.parametrize("after_s", [None, 1.5])
 def test_start_up_tuning_begins_after_start_after_s(tmp_path, after_s):
     """Each second before start-up tuning is a second at NCCL's choice: it begins once the target has been seen
-    ``start_after_s`` (default 0.5 s), not later."""
+    ``start_after_s`` (default 0: ``min_samples`` gates it), not later."""
     pol = PolicyConfig(tune_at_start=True) if after_s is None else PolicyConfig(tune_at_start=True,
                                                                                 start_after_s=after_s)
     rt = make(tmp_path, policy=pol)
@@ -535,3 +535,13 @@ def test_start_up_tuning_begins_after_start_after_s(tmp_path, after_s):
     t_explore = next(a["t"] for a in rt.audit.recent if a["action"] == "explore")
     want = pol.start_after_s
     assert want <= t_explore <= want + 2 * job.step_s
+
+
+def test_start_up_tuning_begins_once_a_target_has_min_samples_not_after_a_fixed_wait(tmp_path):
+    """A job with 20 ms steps: after its first step the heavy target has 64 measurements (>= min_samples) and
+    is the only op, so its share is known; every step waited runs NCCL's choice (the reactive reference
+    runs the baseline's best config from t = 0)."""
+    rt = make(tmp_path, policy=PolicyConfig(tune_at_start=True))
+    job = FakeJob(str(tmp_path / "tuner.conf"), [target()], simple_cost({"base": ("RING", "LL", 0)}), step_s=0.02)
+    run(rt, job, 2)
+    assert "explore" in actions(rt)
