@@ -194,8 +194,9 @@ class IncidentConfig(_Group):
     merge_similar_s: float = 30.0            # ... or this soon after its onset with a similar shift
     step_ratio: float = 1.1                  # an incident's level moving again by this (deeper or
                                              # softer) is a change of its own (`dynamiccl.detector.steps`)
-    recovery_fraction: float = 0.3           # back within this fraction of the shift = recovered
-    recovery_windows: int = 2                # ... for this many consecutive windows
+    recovery_fraction: float = 0.3           # back within this fraction of the shift (mean of the run
+                                             # below) = recovered
+    recovery_windows: int = 2                # ... over this many consecutive windows nearer the old level
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
     flap_window_s: float = 10.0              # ... within this span (also: re-onset after a recovery);
                                              # a flapping incident recovers after half of it quiet.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Alarms, Pending
+from .stream_rebase import LOST_RANK_SHIFT
 
 __all__ = ["FusionGates", "AlarmGroup"]
 
@@ -140,7 +141,8 @@ class FusionGates:
             moved = np.abs(np.log(tab.bytes_per_record[idx] / tab.bytes_ref[idx]))
             covm = np.abs(np.log(tab.coverage[idx] / tab.coverage_ref[idx]))
         explained = (np.isfinite(moved) & (moved >= 0.5 * np.abs(lr)) & (moved >= 0.01)) | (
-            np.isfinite(covm) & (covm >= 0.5 * cfg.workload.coverage_change) & tab.rank_set_changed[idx])
+            np.isfinite(covm) & (covm >= 0.5 * cfg.workload.coverage_change) & tab.rank_set_changed[idx]
+            & (np.abs(lr) < LOST_RANK_SHIFT))   # a big shift: a slowed rank's records missed the window
         own = explained.sum() * 2 > len(idx)
         recent_rebase = (ws.t - self._rebased_at.get(a.job, -(1 << 40)) <= cfg.workload.settle_windows
                          and np.nanmax(np.abs(lr), initial=0.0) < math.log(cfg.workload.settle_ratio))

@@ -2,6 +2,7 @@
 the records the fusion stage keeps between windows."""
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +15,7 @@ __all__ = ["Incident", "Alarms", "Pending", "new_group", "extend_group", "MAX_IN
 MAX_INCIDENTS_PER_JOB = 64
 MAX_PENDING = 4096
 MAX_EVIDENCE_STREAMS = 12
+MAX_OFF_RUN = 64           # old-side windows of an incident remembered (the recovery judges the last few)
 MAX_SILENT = 64            # windows a pending group may wait for its streams' next value
 
 
@@ -31,6 +33,10 @@ class Incident:
     detected_step: int
     change: RegimeChange
     off_count: int = 0
+    deeper_run: int = 0                        # windows in a row beyond the level (`Tracking._deeper`)
+    deeper_from: int = 0
+    last_move: float = 0.0                     # last window's median move beyond the level
+    off_scores: deque = field(default_factory=lambda: deque(maxlen=MAX_OFF_RUN))   # run of old-side positions
     on: bool = True
     onsets: list[int] = field(default_factory=list)
     flapping_id: str | None = None

@@ -18,6 +18,9 @@ A step is a change of the incident's kind with a new id, ``evidence.step`` = ``"
 the new one, and its recovery (to the pre-incident baseline) ends every id of the incident.
 Before this rule a step was absorbed into the incident: after a throttle, a deeper throttle
 10 s later and a softer one 10 s after that went unreported.
+
+With a fixed 60-window re-learn the streams' own alarms come a minute late; an incident's
+tracking (`dynamiccl.detector.tracking`) reports deeper steps through `StepRule.level_step`.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class StepRule:
         self.waiting: list[StepCandidate] = []
         self.counters = counters     # the fusion's: steps, steps_unconfirmed, steps_small
         self._last: dict[int, tuple[int, bool]] = {}   # incident -> (step, deeper) of its last step
-        for name in ("steps", "steps_unconfirmed", "steps_small", "steps_merged"):
+        for name in ("steps", "steps_unconfirmed", "steps_small", "steps_merged", "level_steps"):
             counters.setdefault(name, 0)
 
     def collect(self, ws, fired_pos: np.ndarray, incidents: list) -> list[StepCandidate]:
@@ -105,6 +108,15 @@ class StepRule:
             else:
                 self.waiting.append(c)
         return changes
+
+    def level_step(self, ws, window_s: float, inc, ok: np.ndarray, cur: np.ndarray, from_step: int):
+        """A step seen by the incident's tracking (`dynamiccl.detector.tracking`): its streams
+        ``ok`` moved from the tracked level to ``cur`` since ``from_step``; judged as a
+        corroborated candidate against that level."""
+        c = StepCandidate(inc, inc.direction, inc.streams[ok], inc.level[ok].copy(), inc.base_scale[ok],
+                          np.array([from_step], np.int64), ws.t)
+        self.counters["level_steps"] += 1
+        return self._judge(ws, window_s, c, cur[ok])
 
     def _judge(self, ws, window_s: float, c: StepCandidate, cur: np.ndarray) -> RegimeChange | None:
         cfg, tab, inc = self.config, self.table, c.inc

@@ -219,6 +219,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         # ... in two successive windows with data: a step-paced job's instance straddling a
         # window's edge leaves one rank out of that window only (its streams were re-learning
         # for ever instead of being monitored)
+        lost &= ~self._shifted(i_ok, np.log(lat[ok]))   # a slowed rank, not a gone one
         lost_now = lost.copy()
         lost &= self.lost_prev[i_ok]
         self.lost_prev[i_ok] = lost_now & ~lost

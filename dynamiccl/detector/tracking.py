@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["Tracking"]
 
 MAX_CLOSED_PER_JOB = 16
+# a deeper step starts from the tracked level: the window before it moved less than this share
+# of the step (a degrading NIC's ramp moves a little every window: no step of its own)
+ABRUPT = 0.5
+OLD_SIDE = 0.5   # a window's position (0 old level, 1 degraded) below this is nearer the old level
 
 
 class Tracking:
@@ -47,34 +51,80 @@ class Tracking:
             return None
         p = (cur[ok] - inc.base_med[ok]) / shift[ok]
         score = float(np.median(p))
-        if score <= cfg.incidents.recovery_fraction:
-            inc.off_count += 1
-            inc.on = False
-            need = cfg.incidents.recovery_windows
-            if self.table.cadence.paced(int(tab.job_code[inc.streams[0]]), self._window_s):
-                # a step-paced job's window with data holds a whole step (the windows between
-                # are empty): one is as much evidence as a dense job's ``recovery_windows``
-                need = 1
-            if inc.kind == "flapping" or inc.flapping_id is not None:
-                # a flapping link is back only after a quiet spell longer than its off phases
-                need = max(need, int(math.ceil(0.5 * cfg.incidents.flap_window_s / self._window_s)))
-            if inc.off_count >= need:
-                return self._recover(ws, inc, cur)
-            return None
-        if score >= 0.5:
-            if not inc.on:
-                inc.onsets.append(ws.t)
-            inc.on = True
-            inc.off_count = 0
-            upd = ok.copy()
-            upd[ok] = p >= 0.5
+        if score < OLD_SIDE:
+            return self._off_side(ws, inc, cur, score)
+        if not inc.on:
+            inc.onsets.append(ws.t)
+        inc.on = True
+        inc.off_count = 0
+        inc.off_scores.clear()
+        step = self._deeper(ws, inc, cur, ok)
+        if step is not None:
+            return step
+        upd = ok.copy()
+        upd[ok] = p >= 0.5
+        if inc.deeper_run == 0:      # a level moving away is judged by `_deeper`, not chased
             inc.level[upd] = 0.8 * inc.level[upd] + 0.2 * cur[upd]
-            horizon = cfg.incidents.flap_window_s / self._window_s
-            recent = [s for s in inc.onsets if ws.t - s <= horizon]
-            if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.incidents.flap_transitions:
-                return self._flapping(ws, inc)
-        else:
-            inc.off_count = 0
+        horizon = cfg.incidents.flap_window_s / self._window_s
+        recent = [s for s in inc.onsets if ws.t - s <= horizon]
+        if inc.flapping_id is None and inc.kind != "flapping" and len(recent) >= cfg.incidents.flap_transitions:
+            return self._flapping(ws, inc)
+        return None
+
+    def _deeper(self, ws, inc: Incident, cur, ok) -> RegimeChange | None:
+        """Rule: ``need`` windows in a row whose median move beyond the incident's level is
+        >= ``step_ratio`` and >= ``confirm_z`` of its streams' old sigma are a deeper step
+        (`dynamiccl.detector.steps`), reported from the incident's own tracking: the streams of an
+        open incident re-learn for a whole warm-up (60 windows) before their own alarms can
+        show a step, and test-bed throttles deepen 10-20 s after their onset."""
+        cfg, tab = self.config, self.table
+        if inc.kind == "flapping" or inc.flapping_id is not None:
+            return None
+        move = (cur[ok] - inc.level[ok]) * inc.direction
+        z = move / inc.base_scale[ok]
+        m, before = float(np.median(move)), inc.last_move
+        inc.last_move = m
+        if not (m >= math.log(cfg.incidents.step_ratio) and float(np.median(z)) >= cfg.fusion.confirm_z):
+            inc.deeper_run = 0
+            return None
+        if inc.deeper_run == 0:
+            if (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s or before >= ABRUPT * m:
+                # still the onset unfolding (what follows within ``merge_s`` joins the
+                # incident: a degrading NIC's 4 s ramp), or a ramp: no step of its own
+                return None
+            inc.deeper_from = ws.t
+        inc.deeper_run += 1
+        need = cfg.incidents.recovery_windows
+        if self.table.cadence.paced(int(tab.job_code[inc.streams[0]]), self._window_s):
+            need = 1     # a step-paced job's window with data holds a whole step
+        if inc.deeper_run < need:
+            return None
+        inc.deeper_run = 0
+        return self.steps.level_step(ws, self._window_s, inc, ok, cur, inc.deeper_from)
+
+    def _off_side(self, ws, inc: Incident, cur, score: float) -> RegimeChange | None:
+        """A window nearer the old level than the degraded one. Rule: ``need`` such windows in a
+        row whose mean position (each clipped at 0) is within ``recovery_fraction`` of the old
+        level are the recovery. Judging the run's mean, not each window, keeps one noisy
+        window just above the fraction (a release's queue drain, a TCP ramp: 0.3-0.5 of the
+        shift) from restarting the count; a window on the degraded side still does."""
+        cfg, tab = self.config, self.table
+        inc.off_scores.append(max(score, 0.0))
+        inc.last_move, inc.deeper_run = 0.0, 0
+        inc.off_count = len(inc.off_scores)
+        if score <= cfg.incidents.recovery_fraction:
+            inc.on = False
+        need = cfg.incidents.recovery_windows
+        if self.table.cadence.paced(int(tab.job_code[inc.streams[0]]), self._window_s):
+            # a step-paced job's window with data holds a whole step (the windows between
+            # are empty): one is as much evidence as a dense job's ``recovery_windows``
+            need = 1
+        if inc.kind == "flapping" or inc.flapping_id is not None:
+            # a flapping link is back only after a quiet spell longer than its off phases
+            need = max(need, int(math.ceil(0.5 * cfg.incidents.flap_window_s / self._window_s)))
+        recent = list(inc.off_scores)[-need:]
+        if len(recent) >= need and sum(recent) / need <= cfg.incidents.recovery_fraction:
+            return self._recover(ws, inc, cur)
         return None
 
     def _track_rank(self, ws, inc: Incident, cur) -> RegimeChange | None:

@@ -1,0 +1,45 @@
+"""Deeper steps seen by an incident's own tracking (`Tracking._deeper`)."""
+from __future__ import annotations
+
+import math
+
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
+
+ON, OFF = 100, 140
+
+
+def _run(level_at):
+    """Cross-node streams at latency x ``level_at(t)`` (1: baseline)."""
+    job = SyntheticJob(seed=5, sigma=0.01)
+    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    out = []
+    for t in range(OFF + 10):
+        m = level_at(t)
+        out += det.process(job.window(t, Regime(mult={i: m for i in cross}) if m != 1.0 else None))
+    return det, out
+
+
+def test_throttle_that_deepens_is_a_step():
+    """1.5x at window 100, 2.5x at 115: the deeper step is a change of its own within 3 windows;
+    before, the incident's streams were re-learning (a 60-window warm-up) and it was absorbed."""
+    det, out = _run(lambda t: 1.0 if t < ON or t >= OFF else (1.5 if t < 115 else 2.5))
+    steps = [c for c in out if c.evidence.get("step") == "deeper"]
+    assert steps, [(c.kind, c.detected_s - EPOCH, c.evidence.get("step")) for c in out]
+    assert 0 < steps[0].detected_s - (EPOCH + 115) <= 3.0
+    assert steps[0].evidence["follows"] == [c for c in out if c.kind != "recovery"][0].id
+    assert det.fusion.counters["level_steps"] >= 1
+
+
+def test_ramp_is_no_step():
+    """A slowdown ramping to 2.5x over 4 windows (a degrading NIC) is one change: what follows
+    within ``merge_s`` of its detection, or keeps moving every window, is no step."""
+    def ramp(t):
+        if t < ON or t >= OFF:
+            return 1.0
+        return math.exp(min((t - ON + 1) / 4.0, 1.0) * math.log(2.5))
+    _, out = _run(ramp)
+    assert not [c for c in out if c.evidence.get("step")], [(c.kind, c.detected_s - EPOCH) for c in out]
+    assert [c.kind for c in out if c.kind == "recovery"]
