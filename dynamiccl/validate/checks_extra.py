@@ -24,6 +24,11 @@ _PROBE_LINE = re.compile(r"chain_probe: (.*)")
 _TSC_REFUSED = "needs an invariant TSC"
 
 
+def _read(path: str) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
 def _probe_calls(res: dict) -> np.ndarray:
     ix = {c: i for i, c in enumerate(res["cols"])}
     return np.array([c[ix["t_ns"]] for c in res["calls"] if c[ix["phase"]] == "probe"], np.int64)
@@ -40,7 +45,7 @@ def _clock_side(results: list[dict], events: np.ndarray) -> dict:
     read (same thread), and the host stop normally precedes the next call's (the worker waits for the
     GPU). How far each holds bounds the record clock's error against CLOCK_REALTIME."""
     lead, lag, unpaired, backwards, before, after = [], [], [], 0, 0, 0
-    lead_med, starts = [], []
+    lead_med, starts, enqs = [], [], []
     for res in results:
         t, recs = _probe_calls(res), _colls(events, res["pid"])
         backwards += int(np.sum((recs["cpu_end_ns"] > 0) & (recs["cpu_end_ns"] < recs["enqueue_ns"])))
@@ -49,34 +54,29 @@ def _clock_side(results: list[dict], events: np.ndarray) -> dict:
             continue
         enq, end = recs["enqueue_ns"].astype(np.int64), recs["cpu_end_ns"].astype(np.int64)
         starts.append(t)
+        enqs.append(enq)
         lead.append((enq - t) / 1e3)                      # >= 0 unless the record clock is behind
         lead_med.append(round(float(np.median(lead[-1]))))
         timed = end[:-1] > 0
         lag.append((end[:-1][timed] - t[1:][timed]) / 1e3)  # <= 0 unless the clock is ahead (or the proxy late)
         before += int(np.sum(enq < t))
         after += int(np.sum(lag[-1] > LAG_TOL_US))
-    pids = [r["pid"] for r in results]
-    recs = events[np.isin(events["pid"], pids) & (events["kind"] == Kind.COLL)]
-    spreads = []
-    for key in set(zip(recs["comm_hash"].tolist(), recs["seq_number"].tolist())):
-        sel = recs[(recs["comm_hash"] == key[0]) & (recs["seq_number"] == key[1])]
-        if len(sel) == len(results):
-            spreads.append((int(sel["enqueue_ns"].max()) - int(sel["enqueue_ns"].min())) / 1e3)
+    recs = events[np.isin(events["pid"], [r["pid"] for r in results]) & (events["kind"] == Kind.COLL)]
     lead_a = np.concatenate(lead) if lead else np.zeros(0)
     lag_a = np.concatenate(lag) if lag else np.zeros(0)
     return {"records": int(len(recs)), "backwards": backwards, "unpaired": unpaired,
             "enqueue_before_call": before, "end_after_next_call": after,
             "behind_bound_us": float(lead_a.min()) if len(lead_a) else float("nan"),
             "ahead_bound_us": float(-lag_a.max()) if len(lag_a) else float("nan"),
-            "spread_med_us": statistics.median(spreads) if spreads else float("nan"), "lead_med_us": lead_med,
-            "call_spread_med_us": _call_spread(starts)}
+            "spread_med_us": _spread(enqs), "lead_med_us": lead_med, "call_spread_med_us": _spread(starts)}
 
 
-def _call_spread(starts: list[np.ndarray]) -> float:
-    """Median over calls of the ranks' spread in starting call i, by the workers' own clock."""
-    if not starts or len({len(t) for t in starts}) != 1:
+def _spread(times: list[np.ndarray]) -> float:
+    """Median over calls of the ranks' spread in call i's times (us): the workers' starts or the records'
+    enqueues, one array per rank in call order."""
+    if not times or len({len(t) for t in times}) != 1:
         return float("nan")
-    t = np.array(starts)
+    t = np.array(times)
     return float(np.median(t.max(axis=0) - t.min(axis=0)) / 1e3)
 
 
@@ -161,7 +161,7 @@ def _probe_counts(out: str, launch: str, ranks: int) -> list[dict | None]:
     counts: list[dict | None] = []
     for r in range(ranks):
         path = os.path.join(out, f"worker.{launch}.rank{r}.log")
-        found = _PROBE_LINE.findall(open(path, errors="replace").read()) if os.path.exists(path) else []
+        found = _PROBE_LINE.findall(_read(path)) if os.path.exists(path) else []
         counts.append({k: int(v) for k, v in (kv.split("=") for kv in found[-1].split())} if found else None)
     return counts
 
@@ -185,7 +185,7 @@ def check_chain(out: str, ref: list[dict], chained: list[dict], ranks: int, even
         ok &= nx == ny and nx > 0
         rows.append(f"rank {x['rank']}: DynamICCL COLL records alone {nx}, chained {ny}")
     logged = [p for y in chained for p in glob.glob(os.path.join(out, f"nccl.probe_chained.{y['pid']}.log"))
-              if "chained to" in open(p, errors="replace").read()]
+              if "chained to" in _read(p)]
     ok &= len(logged) == len(chained)
     return Check(name, ok, f"the chain probe's counts equal alone and behind DynamICCL, DynamICCL's records "
                  f"equal with and without it, {len(logged)}/{len(chained)} ranks log 'chained to': {ok}", {}, rows)
@@ -195,8 +195,8 @@ def extra_checks(out: str, launches: list[dict], events: np.ndarray, peers: np.n
     by = {la["name"]: sorted(la["results"], key=lambda r: r["rank"]) for la in launches}
     if "probe_ref" not in by:
         return []
-    logs = [open(p, errors="replace").read() for p in glob.glob(os.path.join(out, "nccl.probe_tsc.*.log"))]
-    logs += [open(p, errors="replace").read() for p in glob.glob(os.path.join(out, "worker.probe_tsc.rank*.log"))]
+    logs = [_read(p) for pattern in ("nccl.probe_tsc.*.log", "worker.probe_tsc.rank*.log")
+            for p in glob.glob(os.path.join(out, pattern))]
     checks = [check_clock(by["probe_ref"], by.get("probe_tsc", []), events, logs),
               check_peers(by.get("probe_peer", []), events, peers, shared)]
     if "probe_chained" in by:
