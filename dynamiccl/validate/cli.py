@@ -119,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
     from .analyse import analyse
 
     if args.analyse:
+        missing = [f for f in ("run.json", "env.json", "events.npy") if not os.path.isfile(os.path.join(args.analyse, f))]
+        if missing:
+            print(f"validate-nccl: error: {args.analyse} is not a validate-nccl run folder (missing "
+                  f"{', '.join(missing)})", file=sys.stderr)
+            return 2
         return 0 if analyse(args.analyse) else 1
     if args.ranks < 2:
         print("validate-nccl: error: --ranks must be at least 2", file=sys.stderr)

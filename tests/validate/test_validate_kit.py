@@ -38,6 +38,12 @@ def test_fewer_than_two_ranks_is_a_usage_error(capsys):
     assert "--ranks" in capsys.readouterr().err
 
 
+def test_analyse_of_a_folder_that_is_no_run_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["--analyse", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "not a validate-nccl run folder" in err and "run.json" in err
+
+
 def test_recorded_nccl_log_sample_parses():
     log = parse_file(str(SAMPLE))
     assert log.version and log.version.startswith("2.")
