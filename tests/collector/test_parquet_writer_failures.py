@@ -110,6 +110,32 @@ def test_files_a_writer_finished_before_dying_are_not_counted_lost(tmp_path):
     exp.shutdown()
 
 
+def test_a_finished_file_whose_confirmation_died_with_the_writer_is_counted_from_disk(tmp_path):
+    """The writer renamed the part file (complete, on disk) and died before its reply went out: the
+    file is counted as written from its own footer, not as lost (the race the test above can hit)."""
+    from dynamiccl.collector.exporters.parquet_channel import WriterDied
+    now = [0.0]
+    exp = ParquetExporter(ParquetConfig(directory=str(tmp_path), row_group_rows=1000, max_buffered_rows=2000,
+                                        flush_interval_s=5, writer="thread"), metrics=SelfMetrics(),
+                          clock=lambda: now[0])
+    exp.start()
+    exp.consume(_batch(0))
+    now[0] = 6.0
+    exp.tick()
+    assert wait_until(lambda: _rows(tmp_path) == 200, 30)
+    rep = exp._channel._rep
+    assert wait_until(lambda: not rep.empty(), 10)
+    replies = []
+    while not rep.empty():
+        replies.append(rep.get_nowait())
+    assert any(r[0] == "closed" for r in replies)  # the reply that is now "lost"
+    exp._on_death(WriterDied("test: the writer went before its reply"))
+    m = exp.metrics
+    assert m.parquet_writer_deaths == 1 and m.parquet_files == 1 and m.parquet_rows == 200 == _rows(tmp_path)
+    assert m.dropped["parquet_write_failed"] == 0 and m.parquet_errors == 0
+    exp.shutdown()
+
+
 def test_hung_writer_is_killed_after_the_timeout(tmp_path):
     exp = _exporter(tmp_path, writer_timeout_s=2.0)
     pid = exp.writer_pid

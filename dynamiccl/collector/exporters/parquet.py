@@ -36,6 +36,7 @@ from collections import deque
 from typing import Callable
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from dynamiccl.collector.component import RecordBatch
 from dynamiccl.collector.config import ParquetConfig
@@ -377,6 +378,7 @@ class ParquetExporter:
         if self._channel is not None:
             self._channel.kill()
             self._handle(self._channel.drain())  # what it finished before it went
+        self._count_finished_unconfirmed()
         lost_files = [f for f in self._files.values() if f.sent] + list(self._closing.values())
         lost_rows = sum(f.sent for f in self._files.values()) + sum(f.rows for f in self._closing.values())
         channel, self._channel = self._channel, None
@@ -412,6 +414,25 @@ class ParquetExporter:
                            "writing in a thread of the collector from now on", DEATHS_BEFORE_THREAD, DEATH_WINDOW_S)
             kind = "thread"
         self._channel = self._new_channel(kind)
+
+    def _count_finished_unconfirmed(self) -> None:
+        """A close whose reply died with the writer: the writer renames a part file to its final
+        name only once it is complete and on disk, so a file found under that name was finished
+        (its rows are counted as written, from its own footer) and only the rest is lost."""
+        m = self.metrics
+        for file_id, f in list(self._closing.items()):
+            try:
+                kept = pq.read_metadata(f.path).num_rows
+            except Exception:  # not there (or unreadable): not finished
+                continue
+            del self._closing[file_id]
+            with m._lock:
+                m.parquet_files += 1
+                m.parquet_rows += kept
+            if kept < f.rows:
+                with m._lock:
+                    m.parquet_errors += 1
+                m.drop("parquet_write_failed", f.rows - kept)
 
     def _log_once(self, what: str, level: int, msg: str, *args) -> None:
         if what not in self._logged:
