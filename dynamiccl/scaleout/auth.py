@@ -3,10 +3,11 @@ with publish permissions on its own subjects only, enforced by ``nats-server`` (
 
 A node ``<node>`` of job ``<job>`` may publish its partials on ``dynamiccl.partials.<job>.<node>`` and
 its heartbeat on ``$KV.DYNAMICCL_LIVE.node.<job>.<node>``, read the bucket's stream info, and receive
-replies on its own inbox ``_INBOX.node.<job>.<node>.>``; nothing else (no stream or consumer API, so
-it can neither create, read nor delete what others published). A shard may use the JetStream API of
-the two streams, acknowledge partials and write its own heartbeat and the jobs' checkpoints; it may
-publish no partial. The server rejects anything else (``Permissions Violation``) and a connection
+replies on its own inbox ``_INBOX.node.<job>.<node>.>``, and read its own job's tuner file
+(``dynamiccl.tuner.<job>``: subscribe, and one direct get of the stream); nothing else (no stream or
+consumer API, so it can neither create, read nor delete what others published, nor publish a tuner
+file). A shard may use the JetStream API of the three streams, acknowledge partials, write its own
+heartbeat and the jobs' checkpoints, and publish the jobs' tuner files; it may publish no partial. The server rejects anything else (``Permissions Violation``) and a connection
 without a known user (``Authorization Violation``); the clients count both.
 
 Secrets never travel on the command line nor into logs: each client reads its user and password
@@ -35,6 +36,7 @@ __all__ = ["NatsCredentials", "load_credentials", "node_user", "shard_user", "in
 AUTH_CONF = "nats-auth.conf"
 _STREAM = "DYNAMICCL_PARTIALS"            # nats_bus.STREAM (not imported: nats-py stays optional here)
 _KV_STREAM = f"KV_{LIVE_BUCKET}"
+_TUNER_STREAM, _TUNER_PREFIX = "DYNAMICCL_TUNER", "dynamiccl.tuner"   # tuner_bus (nats-py stays optional here)
 
 
 @dataclass(frozen=True)
@@ -69,17 +71,21 @@ def inbox_of(user: str) -> str:
 
 
 def node_permissions(job: str, node: str) -> dict:
+    """Its own subjects; of the tuner stream only a direct get of its own job's file and the live
+    subject of it (another job's file stays unreadable; nothing of it is writable)."""
+    tuner = f"{_TUNER_PREFIX}.{job}"
     return {"publish": {"allow": [subject(job, node), f"$KV.{LIVE_BUCKET}.{node_key(job, node)}",
-                                  f"$JS.API.STREAM.INFO.{_KV_STREAM}"]},
-            "subscribe": {"allow": [f"{inbox_of(node_user(job, node))}.>"]}}
+                                  f"$JS.API.STREAM.INFO.{_KV_STREAM}", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.{tuner}"]},
+            "subscribe": {"allow": [f"{inbox_of(node_user(job, node))}.>", tuner]}}
 
 
 def shard_permissions(shard: str) -> dict:
-    api = [f"$JS.API.{verb}.{s}" for s in (_STREAM, _KV_STREAM) for verb in ("STREAM.CREATE", "STREAM.INFO")]
+    api = [f"$JS.API.{verb}.{s}" for s in (_STREAM, _KV_STREAM, _TUNER_STREAM) for verb in ("STREAM.CREATE", "STREAM.INFO")]
     consumers = [f"$JS.API.CONSUMER.{pat}.{s}{tail}" for s in (_STREAM, _KV_STREAM) for pat in ("*", "*.*")
                  for tail in ("", ".>")]   # CREATE.<stream>[.<name>.<filter>], DURABLE.CREATE.<stream>.<name>, MSG.NEXT...
     return {"publish": {"allow": ["$JS.API.INFO", *api, *consumers, f"$JS.ACK.{_STREAM}.>", "$JS.FC.>",
-                                  f"$KV.{LIVE_BUCKET}.{shard_key(shard)}", f"$KV.{LIVE_BUCKET}.{ckpt_key('*')}"]},
+                                  f"$KV.{LIVE_BUCKET}.{shard_key(shard)}", f"$KV.{LIVE_BUCKET}.{ckpt_key('*')}",
+                                  f"{_TUNER_PREFIX}.*", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.>"]},
             "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>"]}}
 
 

@@ -42,6 +42,9 @@ def register(subparsers) -> None:
                         "authenticated at the central tier, which applying tuning requires)")
     n.add_argument("--max-message", type=int, default=1 << 20, metavar="BYTES",
                    help="the bus's max payload (NATS max_payload): a larger partial is sent in parts")
+    n.add_argument("--tuner-config", default=None, metavar="PATH",
+                   help="write the job's applied tuner config (from `dynamiccl central --apply`, over the bus) "
+                        "here, where this node's ranks' tuner plugin reads it (DYNAMICCL_TUNER_CONFIG)")
     _nats_args(n)
     n.set_defaults(func=main_node)
     c = subparsers.add_parser("central", help="central shard: partials from NATS → merged windows → detector",
@@ -78,7 +81,8 @@ def node_config(args):
                               tokens_file=getattr(args, "tokens_file", None))
     return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
                                         max_message_bytes=args.max_message),
-                             receiver=receiver, nats=_nats(args), metrics=_off(args.metrics)).validate()
+                             receiver=receiver, nats=_nats(args), metrics=_off(args.metrics),
+                             tuner_config=getattr(args, "tuner_config", None)).validate()
 
 
 def central_config(args):
@@ -196,9 +200,16 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
+    after_round = None
+    if retuning is not None and not retuning.base.dry_run:      # applied versions go to the jobs' nodes
+        from dynamiccl.scaleout.tuner_bus import TunerPublisher
+        publisher = TunerPublisher(js, shard.counters)
+
+        def after_round():
+            return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
     try:
         await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,
-                          bucket_clock=bucket_clock).run(lambda: not stop.is_set())
+                          bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round)
     finally:
         await watcher
         await nc.close()

@@ -2,6 +2,7 @@
 at start-up (``validate()`` raises ``ValueError`` naming the field)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from dynamiccl.collector.config import ReceiverConfig
@@ -44,6 +45,10 @@ class NodeServiceConfig:
     # messages kept while the bus is unreachable (oldest dropped, counted); the outbox's 16 MiB bounds the
     # memory: a window's partial may go in up to 256 parts, and the last windows close together at stop
     outbox_messages: int = 1024
+    # where this node's ranks' tuner plugin reads its file (DYNAMICCL_TUNER_CONFIG): the central tier's
+    # applied versions arrive over the bus and are written there (scaleout/tuner_bus.py); None: not fetched
+    tuner_config: str | None = None
+    tuner_poll_s: float = 5.0            # the job's last file is read again this often (missed while disconnected)
 
     @property
     def peers_authenticated(self) -> bool:
@@ -59,6 +64,10 @@ class NodeServiceConfig:
         _address(self.metrics)
         if self.max_queued_records < 1 or self.outbox_messages < 1:
             raise ValueError("node: max_queued_records and outbox_messages must be >= 1")
+        if not self.tuner_poll_s > 0:
+            raise ValueError(f"node.tuner_poll_s must be > 0 (got {self.tuner_poll_s})")
+        if self.tuner_config is not None and not os.path.isdir(os.path.dirname(os.path.abspath(self.tuner_config))):
+            raise ValueError(f"node.tuner_config {self.tuner_config!r}: its directory does not exist")
         return self
 
 

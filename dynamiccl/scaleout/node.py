@@ -132,7 +132,7 @@ class NodeCollector:
 def registry(node: NodeCollector):
     """A prometheus-client registry exposing the node's counters (served by the CLI's /metrics)."""
     from prometheus_client import CollectorRegistry
-    from prometheus_client.core import CounterMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     class _Node:
         def collect(self):
@@ -156,6 +156,15 @@ def registry(node: NodeCollector):
             for k in ("auth_refused", "publish_refused"):
                 refused.add_metric([k], c.get(k, 0))
             yield refused
+            if "tuner_version" in c:      # --tuner-config: the job's tuner file from the bus (scaleout/tuner_bus.py)
+                tuner = CounterMetricFamily("dynamiccl_node_tuner_configs", "tuner files received from the bus, "
+                                            "by outcome (refused_<reason>: not written)", labels=["outcome"])
+                for k, v in sorted(c.items()):
+                    if k.startswith("tuner_") and k != "tuner_version":
+                        tuner.add_metric([k[len("tuner_"):]], v)
+                yield tuner
+                yield GaugeMetricFamily("dynamiccl_node_tuner_version", "tuner config version written",
+                                        value=c["tuner_version"])
 
     reg = CollectorRegistry()
     reg.register(_Node())

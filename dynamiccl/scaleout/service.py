@@ -26,6 +26,7 @@ from dynamiccl.scaleout.config import NodeServiceConfig
 from dynamiccl.scaleout.liveness import LIVE_BUCKET, BucketClock, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
+from dynamiccl.scaleout.tuner_bus import TunerSink, ensure_tuner_stream, fetch_latest
 
 __all__ = ["NodeIngest", "run_node", "ShardRunner", "connect"]
 
@@ -84,6 +85,7 @@ async def connect(servers, *, replicas: int, credentials: str | None = None, cou
     js = nc.jetstream()
     if create:
         await ensure_stream(js, replicas=replicas)
+        await ensure_tuner_stream(js, replicas=replicas)
     return nc, js
 
 
@@ -98,8 +100,9 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
     receiver = StreamReceiver(cfg.receiver, next_consumer=queue, metrics=SelfMetrics())
     queue.start()
     receiver.start()
-    nc = js = kv = None
-    beat_at = -1e300
+    nc = js = kv = tuner_sub = None
+    beat_at = tuner_at = -1e300
+    tuner = TunerSink(cfg.node.job_id, cfg.tuner_config, node.counters) if cfg.tuner_config else None
     try:
         if ready is not None:
             ready(node, receiver.addresses)
@@ -115,6 +118,8 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
                 kv = await _bucket(js)
             if js is not None:
                 await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=1))
+            if js is not None and tuner is not None:
+                tuner_sub, tuner_at = await _tuner_round(nc, js, tuner, tuner_sub, tuner_at, cfg.tuner_poll_s)
             if kv is not None and time.monotonic() - beat_at >= 1.0:     # liveness: every second
                 beat_at = time.monotonic()
                 try:
@@ -134,6 +139,23 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
             await node.outbox.aflush(lambda m: publish(js, m, cfg.nats.publish_timeout_s, attempts=3))
             await nc.close()
     return node
+
+
+async def _tuner_round(nc, js, tuner: TunerSink, sub, fetched_at: float, poll_s: float):
+    """The job's tuner file: live versions through a subscription, and its last one read at start and
+    every ``poll_s`` (a version published while this node was cut off reaches it at the next read)."""
+    if sub is None:
+        async def deliver(m):
+            tuner.offer(m.subject, m.headers, m.data)
+        try:
+            sub = await nc.subscribe(tuner.subject, cb=deliver)
+        except Exception as e:  # noqa: BLE001 - retried next round
+            tuner.counters["tuner_fetch_errors"] += 1
+            log.debug("tuner subscription: %r", e)
+    if time.monotonic() - fetched_at >= poll_s:
+        fetched_at = time.monotonic()
+        await fetch_latest(js, tuner)
+    return sub, fetched_at
 
 
 async def _bucket(js):
@@ -266,13 +288,16 @@ class ShardRunner:
         return steps
 
     async def run(self, alive: Callable[[], bool], on_steps: Callable[[list], None] | None = None,
-                  pause_s: float = 0.05) -> None:
+                  pause_s: float = 0.05, after_round: Callable[[], Awaitable[Any]] | None = None) -> None:
+        """Rounds until ``alive()`` fails; ``after_round``: awaited after each (the tuner files' publisher)."""
         beat = asyncio.create_task(self._beat(alive)) if self.kv is not None else None
         try:
             while alive():
                 steps = await self.step()
                 if on_steps is not None and steps:
                     on_steps(steps)
+                if after_round is not None:
+                    await after_round()
                 await asyncio.sleep(pause_s)
         finally:
             if beat is not None:

@@ -30,10 +30,14 @@ def test_each_node_may_publish_only_its_own_subjects(tmp_path):
     users = _conf(tmp_path)
     assert sorted(users) == ["node.a.n0", "node.a.n1", "node.b.n0", "shard.s0"] == sorted(files)
     pub = users["node.a.n0"]["permissions"]["publish"]["allow"]
-    assert pub == ["dynamiccl.partials.a.n0", "$KV.DYNAMICCL_LIVE.node.a.n0", "$JS.API.STREAM.INFO.KV_DYNAMICCL_LIVE"]
-    assert users["node.a.n0"]["permissions"]["subscribe"]["allow"] == ["_INBOX.node.a.n0.>"]
+    assert pub == ["dynamiccl.partials.a.n0", "$KV.DYNAMICCL_LIVE.node.a.n0", "$JS.API.STREAM.INFO.KV_DYNAMICCL_LIVE",
+                   "$JS.API.DIRECT.GET.DYNAMICCL_TUNER.dynamiccl.tuner.a"]    # reads its own job's tuner file only
+    assert users["node.a.n0"]["permissions"]["subscribe"]["allow"] == ["_INBOX.node.a.n0.>", "dynamiccl.tuner.a"]
+    assert not any("tuner" in p for p in users["node.b.n0"]["permissions"]["publish"]["allow"]
+                   + users["node.b.n0"]["permissions"]["subscribe"]["allow"] if ".a" in p)
     shard = users["shard.s0"]["permissions"]["publish"]["allow"]
     assert not any(p.startswith("dynamiccl.partials") for p in shard)       # a shard publishes no partial
+    assert "dynamiccl.tuner.*" in shard                                      # and the jobs' tuner files
     assert "$KV.DYNAMICCL_LIVE.shard.s0" in shard and "$KV.DYNAMICCL_LIVE.ckpt.*" in shard
     assert node_permissions("a", "n0") == users["node.a.n0"]["permissions"]
     assert shard_permissions("s0") == users["shard.s0"]["permissions"]

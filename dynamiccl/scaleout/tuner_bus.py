@@ -1,0 +1,192 @@
+"""The applied tuner config, from the central tier to every node of the job over the bus.
+
+The tuner plugin reads a local file; a job past one machine often has no shared file system. So the
+central retuner's file travels over NATS: after each version it applies (or rolls back to, which is a
+new version too) the shard publishes the whole file (:func:`~dynamiccl.nccl_tuner_plugin.config.format_configs`
+of the pusher's history: its last versions, format 2 with its CRC trailer) on ``dynamiccl.tuner.<job>``.
+The stream ``DYNAMICCL_TUNER`` keeps one message per subject (the latest version of each job), so a
+node that starts or reconnects after the apply reads it (a direct get of the subject's last message);
+a node also subscribes to the subject for the versions published while it runs.
+
+Each node (:class:`TunerSink`) writes the file atomically where its ranks' tuner plugin reads it, after
+checking what it received: size (``MAX_FILE_BYTES``), the subject and the ``Dynamiccl-Job`` header
+name its job, the text parses with the plugin's own parser, the header's version is the file's newest,
+that version is newer than the one the node last wrote, and no version number is reused with other
+rules. The payload is written only whole and only when all of that holds; every refusal is counted
+by reason (``tuner_refused_<reason>``) and the file stays as it was. Since every node writes the same
+bytes, the plugin's agreement step (the MIN over ranks of the staged versions; a file keeps the last
+8) switches every rank of the job consistently, as with a shared file.
+
+Who may do what is the server's to enforce (scaleout/auth.py): only shard users publish on
+``dynamiccl.tuner.*``; a node user may read (subscribe, direct get) only its own job's subject.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Mapping
+
+from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
+from dynamiccl.nccl_tuner_plugin.config import format_configs, parse_configs, read_configs, write_configs
+from dynamiccl.scaleout.bus import _token
+
+__all__ = ["TUNER_STREAM", "TUNER_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "tuner_subject", "tuner_headers",
+           "TunerSink", "TunerPublisher", "ensure_tuner_stream", "fetch_latest"]
+
+log = logging.getLogger(__name__)
+
+TUNER_STREAM = "DYNAMICCL_TUNER"
+TUNER_PREFIX = "dynamiccl.tuner"
+H_JOB = "Dynamiccl-Job"
+H_VERSION = "Dynamiccl-Tuner-Version"
+# why a node refuses a payload (each counted as ``tuner_refused_<reason>``)
+REFUSALS = ("oversize", "wrong_job", "malformed", "older_version", "version_reused", "write_failed")
+
+
+def tuner_subject(job: str) -> str:
+    """>>> tuner_subject("j1")
+    'dynamiccl.tuner.j1'"""
+    return f"{TUNER_PREFIX}.{_token('job', job)}"
+
+
+def tuner_headers(job: str, version: int) -> dict[str, str]:
+    return {H_JOB: job, H_VERSION: str(version), "Nats-Msg-Id": f"{job}/tuner/{version}"}
+
+
+class _Refused(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class TunerSink:
+    """One node's tuner file: validated payloads in, atomic writes out, refusals counted in ``counters``.
+
+    ``offer`` returns ``"written"``, ``"current"`` (the version it already wrote: a repeated delivery,
+    not a refusal) or the refusal's reason. The version it compares with is the newest in the file at
+    start-up (0 when absent or unreadable), then the newest it wrote."""
+
+    def __init__(self, job: str, path: str, counters: dict[str, Any]):
+        self.job, self.path, self.counters = job, path, counters
+        self.subject = tuner_subject(job)
+        self.fetched_seq: int | None = None     # the stream sequence of the last message read by a direct get
+        for k in ("received", "written", "current", "fetch_errors", *(f"refused_{r}" for r in REFUSALS)):
+            counters.setdefault(f"tuner_{k}", 0)
+        try:
+            configs = read_configs(path)
+        except (OSError, ValueError, UnicodeDecodeError):
+            configs = []                 # absent or unreadable: any valid version replaces it
+        self.newest = configs[-1] if configs else None
+        self.version = self.newest.version if configs else 0
+        counters["tuner_version"] = self.version
+
+    def offer(self, subject: str, headers: Mapping[str, str] | None, data: bytes) -> str:
+        self.counters["tuner_received"] += 1
+        try:
+            configs = self._check(subject, headers or {}, data)
+            if configs[-1] == self.newest:
+                self.counters["tuner_current"] += 1
+                return "current"
+            self._write(configs)
+        except _Refused as e:
+            self.counters[f"tuner_refused_{e.reason}"] += 1
+            log.warning("tuner config for job %s refused (%s): %s; %s keeps version %d", self.job, e.reason, e,
+                        self.path, self.version)
+            return e.reason
+        self.newest, self.version = configs[-1], configs[-1].version
+        self.counters["tuner_written"] += 1
+        self.counters["tuner_version"] = self.version
+        log.info("tuner config version %d of job %s written to %s", self.version, self.job, self.path)
+        return "written"
+
+    def _check(self, subject: str, headers: Mapping[str, str], data: bytes) -> list:
+        if len(data) > MAX_FILE_BYTES:
+            raise _Refused("oversize", f"{len(data)} bytes, a tuner file holds at most {MAX_FILE_BYTES}")
+        if subject != self.subject or headers.get(H_JOB) != self.job:
+            raise _Refused("wrong_job", f"subject {subject!r}, job header {headers.get(H_JOB)!r}")
+        try:
+            configs = parse_configs(data.decode("utf-8"), f"bus:{subject}")
+        except (UnicodeDecodeError, ValueError) as e:
+            raise _Refused("malformed", str(e)[:200]) from None
+        if not configs or headers.get(H_VERSION) != str(configs[-1].version):
+            raise _Refused("malformed", f"version header {headers.get(H_VERSION)!r} is not the file's newest "
+                                        f"({configs[-1].version if configs else 'none'})")
+        if configs[-1].version < self.version:
+            raise _Refused("older_version", f"version {configs[-1].version} is older than {self.version}")
+        if configs[-1].version == self.version and configs[-1] != self.newest:
+            raise _Refused("version_reused", f"version {self.version} again, with other rules")
+        return configs
+
+    def _write(self, configs: list) -> None:
+        try:
+            write_configs(self.path, configs)   # atomic; refuses a version number reused with other rules
+        except ValueError as e:
+            raise _Refused("version_reused", str(e)[:200]) from None
+        except OSError as e:
+            raise _Refused("write_failed", f"{self.path}: {e.strerror or e}") from None
+
+
+async def fetch_latest(js, sink: TunerSink, timeout_s: float = 1.0) -> str | None:
+    """The job's last published file (a direct get: the one request a node user may make of the
+    stream), offered to ``sink``; None when there is none yet or the bus did not answer (counted)."""
+    import nats.js.errors
+    try:
+        m = await asyncio.wait_for(js.get_last_msg(TUNER_STREAM, sink.subject, direct=True), timeout_s)
+    except nats.js.errors.NotFoundError:
+        return None                       # nothing applied yet
+    except Exception as e:  # noqa: BLE001 - no stream yet, no responders, timeout: retried next round
+        sink.counters["tuner_fetch_errors"] += 1
+        log.debug("tuner config of job %s: %r", sink.job, e)
+        return None
+    if m.seq is not None and m.seq == sink.fetched_seq:
+        return None                       # the stored message already offered (counted once, not per read)
+    sink.fetched_seq = m.seq
+    return sink.offer(m.subject or "", m.headers, m.data or b"")
+
+
+async def ensure_tuner_stream(js, replicas: int = 1):
+    """The last-value stream of the jobs' tuner files: one message per subject, direct gets allowed."""
+    from nats.js.api import StreamConfig
+    cfg = StreamConfig(name=TUNER_STREAM, subjects=[f"{TUNER_PREFIX}.*"], num_replicas=replicas,
+                       max_msgs_per_subject=1, allow_direct=True, max_msg_size=MAX_FILE_BYTES + 4096,
+                       duplicate_window=120.0)
+    for _ in range(60):                  # the cluster elects a meta leader first
+        try:
+            return await js.add_stream(cfg)
+        except Exception:  # noqa: BLE001 - not ready yet: retry, bounded
+            await asyncio.sleep(0.5)
+    return await js.add_stream(cfg)
+
+
+class TunerPublisher:
+    """The central side: each job's newest applied version, published once (a failed publish is
+    retried next round; the message id ``<job>/tuner/<version>`` makes a retry of a stored one a no-op).
+    ``pushers``: {job: the retuner's ``ConfigPusher``} (``dry_run``, ``version``, ``history``)."""
+
+    def __init__(self, js, counters: dict[str, Any], timeout_s: float = 1.0):
+        self.js, self.counters, self.timeout_s = js, counters, timeout_s
+        self.published: dict[str, int] = {}
+        for k in ("published", "publish_errors", "oversize"):
+            counters.setdefault(f"tuner_{k}", 0)
+
+    async def publish_due(self, pushers: Mapping[str, Any]) -> int:
+        n = 0
+        for job, p in sorted(pushers.items()):
+            if p.dry_run or not p.history or p.version <= self.published.get(job, 0):
+                continue
+            data = format_configs(list(p.history)).encode()
+            if len(data) > MAX_FILE_BYTES:        # the pusher's own limits keep it below; never send one a node refuses
+                self.counters["tuner_oversize"] += 1
+                self.published[job] = p.version
+                continue
+            try:
+                await asyncio.wait_for(self.js.publish(tuner_subject(job), data, timeout=self.timeout_s,
+                                                       headers=tuner_headers(job, p.version)), self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - bus unavailable or refused: retried next round, counted
+                self.counters["tuner_publish_errors"] += 1
+                log.warning("tuner config version %d of job %s not published: %r", p.version, job, e)
+                continue
+            self.published[job] = p.version
+            self.counters["tuner_published"] += 1
+            n += 1
+        return n

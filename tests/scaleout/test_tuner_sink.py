@@ -1,0 +1,105 @@
+"""A node's tuner file from the bus, without a server (scaleout/tuner_bus.py): what it writes, what it
+refuses (counted by reason, the file untouched), and that a reader never sees a partial file."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
+from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, format_configs, parse_configs, read_configs
+from dynamiccl.scaleout.tuner_bus import H_JOB, H_VERSION, TunerSink, tuner_headers, tuner_subject
+
+
+def _file(*versions, proto="LL"):
+    return format_configs([TunerConfig(v, (Rule("AllReduce", 0, 65535 + v, "RING", proto, 4),)) for v in versions]).encode()
+
+
+def _offer(sink, data, job="j", version=None, subject=None):
+    v = version if version is not None else parse_configs(data.decode())[-1].version
+    return sink.offer(subject or tuner_subject(job), tuner_headers(job, v), data)
+
+
+def test_newer_versions_are_written_whole_and_repeats_are_not_refusals(tmp_path):
+    path = tmp_path / "tuner.conf"
+    counters = {}
+    sink = TunerSink("j", str(path), counters)
+    assert sink.version == 0 and counters["tuner_version"] == 0
+    assert _offer(sink, _file(1)) == "written" and path.read_bytes() == _file(1)
+    assert _offer(sink, _file(1, 2, 3)) == "written" and path.read_bytes() == _file(1, 2, 3)
+    assert _offer(sink, _file(1, 2, 3)) == "current"            # a redelivery: nothing written, nothing refused
+    assert counters["tuner_written"] == 2 and counters["tuner_current"] == 1 and counters["tuner_version"] == 3
+    assert not any(v for k, v in counters.items() if k.startswith("tuner_refused_"))
+    assert [p.name for p in tmp_path.iterdir()] == ["tuner.conf"]   # no temporary file left
+    # a restarted node continues from the file it finds
+    assert TunerSink("j", str(path), {}).version == 3
+
+
+@pytest.mark.parametrize("reason, make", [
+    ("oversize", lambda: (b"#" * (MAX_FILE_BYTES + 1), {}, None)),
+    ("wrong_job", lambda: (_file(5), {"job": "k"}, None)),                       # header names another job
+    ("wrong_job", lambda: (_file(5), {"subject": tuner_subject("k")}, None)),    # delivered on another job's subject
+    ("malformed", lambda: (b"\xff\xfe garbage", {"version": 5}, None)),
+    ("malformed", lambda: (_file(4, 5)[:-20], {"version": 5}, None)),           # cut short: no CRC trailer
+    ("malformed", lambda: (_file(5), {"version": 6}, None)),                     # header disagrees with the file
+    ("older_version", lambda: (_file(1, 2), {}, None)),
+    ("version_reused", lambda: (_file(2, 3, proto="SIMPLE"), {}, None)),         # version 3 again, other rules
+])
+def test_bad_payloads_are_refused_counted_and_leave_the_file(tmp_path, reason, make):
+    path = tmp_path / "tuner.conf"
+    counters = {}
+    sink = TunerSink("j", str(path), counters)
+    assert _offer(sink, _file(1, 2, 3)) == "written"
+    data, how, _ = make()
+    job, subject = how.get("job", "j"), how.get("subject")
+    headers = tuner_headers(job, how.get("version", 0))
+    if "version" not in how:
+        headers[H_VERSION] = str(parse_configs(data.decode())[-1].version) if len(data) <= MAX_FILE_BYTES else "9"
+    assert sink.offer(subject or tuner_subject("j"), headers, data) == reason
+    assert counters[f"tuner_refused_{reason}"] == 1 and counters["tuner_written"] == 1
+    assert path.read_bytes() == _file(1, 2, 3) and sink.version == 3 and counters["tuner_version"] == 3
+
+
+def test_missing_headers_are_refused(tmp_path):
+    counters = {}
+    sink = TunerSink("j", str(tmp_path / "t.conf"), counters)
+    assert sink.offer(tuner_subject("j"), None, _file(1)) == "wrong_job"
+    assert sink.offer(tuner_subject("j"), {H_JOB: "j"}, _file(1)) == "malformed"   # no version header
+    assert not (tmp_path / "t.conf").exists()
+
+
+def test_an_unwritable_place_is_counted_and_retried(tmp_path):
+    counters = {}
+    sink = TunerSink("j", str(tmp_path / "gone" / "t.conf"), counters)
+    assert _offer(sink, _file(1)) == "write_failed" and sink.version == 0
+    (tmp_path / "gone").mkdir()
+    assert _offer(sink, _file(1)) == "written"          # the same version, once it can be written
+
+
+def test_a_reader_never_sees_a_partial_file(tmp_path):
+    """The plugin rereads while versions arrive: every read is a whole file (the format-2 trailer
+    would refuse a torn one)."""
+    path = tmp_path / "tuner.conf"
+    sink = TunerSink("j", str(path), {})
+    big = [Rule("AllReduce", i * 100, i * 100 + 99, "RING", "LL", 4) for i in range(200)]
+    assert sink.offer(tuner_subject("j"), tuner_headers("j", 1), format_configs([TunerConfig(1, tuple(big))]).encode()) == "written"
+    done, reads, torn = threading.Event(), [0], []
+
+    def reader():
+        while not done.is_set():
+            try:
+                read_configs(path)
+                reads[0] += 1
+            except ValueError as e:
+                torn.append(str(e))
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for v in range(2, 60):
+            hist = [TunerConfig(x, tuple(big)) for x in range(max(1, v - 7), v + 1)]
+            data = format_configs(hist).encode()
+            assert sink.offer(tuner_subject("j"), tuner_headers("j", v), data) == "written"
+    finally:
+        done.set()
+        t.join()
+    assert torn == [] and reads[0] > 0 and read_configs(path)[-1].version == 59
