@@ -152,11 +152,12 @@ def load_credentials(path: str | Path) -> NatsCredentials:
 
 
 # the server's two refusals, as nats-py reports them to the error callback (lower-cased)
-_REFUSALS = {"authorization violation": "auth_refused", "permissions violation": "publish_refused"}
+_REFUSALS = {"authorization violation": "auth_refused", "permissions violation for subscription": "subscribe_refused",
+             "permissions violation": "publish_refused"}
 
 
 def classify_refusal(exc: BaseException) -> str | None:
-    """``auth_refused``, ``publish_refused`` or None (another error)."""
+    """``auth_refused``, ``subscribe_refused``, ``publish_refused`` or None (another error)."""
     text = f"{type(exc).__name__} {exc}".lower()
     if type(exc).__name__ == "AuthorizationError":
         return "auth_refused"

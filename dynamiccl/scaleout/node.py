@@ -153,7 +153,7 @@ def registry(node: NodeCollector):
                                       value=node.outbox.counters["bytes_emitted"])
             refused = CounterMetricFamily("dynamiccl_node_bus_refusals", "the NATS server refused this node "
                                           "(scaleout/auth.py)", labels=["why"])
-            for k in ("auth_refused", "publish_refused"):
+            for k in ("auth_refused", "publish_refused", "subscribe_refused"):
                 refused.add_metric([k], c.get(k, 0))
             yield refused
             if "tuner_version" in c:      # --tuner-config: the job's tuner file from the bus (scaleout/tuner_bus.py)

@@ -57,7 +57,8 @@ class NodeIngest:
 
 def refusal_counter(counters: dict, who: str) -> Callable[[Exception], Awaitable[None]]:
     """nats-py's error callback: the server's refusals (unknown user, a subject the user may not
-    publish to) counted in ``counters`` (``auth_refused``, ``publish_refused``) and logged once each;
+    publish to or read) counted in ``counters`` (``auth_refused``, ``publish_refused``, ``subscribe_refused``)
+    and logged once each;
     other errors logged at debug (the client reconnects by itself)."""
     async def on_error(e: Exception) -> None:
         kind = classify_refusal(e)

@@ -96,6 +96,7 @@ def test_the_servers_refusals_are_classified():
     assert classify_refusal(nats.errors.AuthorizationError()) == "auth_refused"
     assert classify_refusal(nats.errors.Error("nats: 'Authorization Violation'")) == "auth_refused"
     assert classify_refusal(nats.errors.Error('nats: permissions violation for publish to "x"')) == "publish_refused"
+    assert classify_refusal(nats.errors.Error('nats: permissions violation for subscription to "x"')) == "subscribe_refused"
     assert classify_refusal(nats.errors.Error("nats: stale connection")) is None
 
 
