@@ -86,7 +86,7 @@ def shard_permissions(shard: str) -> dict:
     return {"publish": {"allow": ["$JS.API.INFO", *api, *consumers, f"$JS.ACK.{_STREAM}.>", "$JS.FC.>",
                                   f"$KV.{LIVE_BUCKET}.{shard_key(shard)}", f"$KV.{LIVE_BUCKET}.{ckpt_key('*')}",
                                   f"{_TUNER_PREFIX}.*", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.>"]},
-            "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>"]}}
+            "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>", f"{_TUNER_PREFIX}.*"]}}
 
 
 def server_authorization(jobs: Mapping[str, frozenset[str]], shards: list[str], passwords: Mapping[str, str]) -> str:

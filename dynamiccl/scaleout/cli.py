@@ -182,15 +182,21 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
         return [record]
     bucket_clock = BucketClock(time.monotonic)      # heartbeats are judged by it: stops while the bucket fails us
     table, checkpoints, retuners = ShardTable(cfg.heartbeat_ttl_s, bucket_clock), {}, {}
-    make_retuner = None
+    make_retuner = mirror = None
+    applying = retuning is not None and not retuning.base.dry_run
     if retuning is not None:
         from dynamiccl.scaleout.retuning import retuner_factory
-        make_retuner = retuner_factory(retuning, retuners)
+        # the mirror (below, once the shard's counters exist) seeds a job's retuner from the bus's file
+        make_retuner = retuner_factory(retuning, retuners,
+                                       seed=(lambda job, path: mirror.seed(job, path)) if applying else None)
     shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
                          detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
                                                       autoencoder=AutoencoderConfig(enabled=False)).validate(),
                                        make_retuner=make_retuner, sinks=sinks),
                          time.monotonic, bus_authenticated=cfg.nats.credentials is not None)
+    if applying:
+        from dynamiccl.scaleout.tuner_publish import TunerMirror
+        mirror = TunerMirror(cfg.merger.expected_nodes, shard.counters)
     live = Liveness(table, checkpoints, cfg.node_ttl_s, bucket_clock)
     _serve_metrics(cfg.metrics, central_registry(shard, retuners if retuning is not None else None))
     if on_shard is not None:
@@ -201,9 +207,10 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
     after_round = None
-    if retuning is not None and not retuning.base.dry_run:      # applied versions go to the jobs' nodes
-        from dynamiccl.scaleout.tuner_bus import TunerPublisher
-        publisher = TunerPublisher(js, shard.counters)
+    if mirror is not None:                     # applied versions go to the jobs' nodes (scaleout/tuner_publish.py)
+        from dynamiccl.scaleout.tuner_publish import TunerPublisher
+        await mirror.start(nc, js)
+        publisher = TunerPublisher(js, shard.counters, mirror)
 
         def after_round():
             return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})

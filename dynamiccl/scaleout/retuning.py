@@ -107,17 +107,22 @@ class JobRetuner:
 
 
 def retuner_factory(retuning: CentralRetuning, retuners: dict[str, JobRetuner],
-                    clock: Callable[[], float] | None = None) -> Callable[[str], JobRetuner]:
+                    clock: Callable[[], float] | None = None,
+                    seed: Callable[[str, str], bool] | None = None) -> Callable[[str], JobRetuner]:
     """``make_retuner`` for :func:`~dynamiccl.scaleout.central.detector_loop`: each job's retuner,
-    kept in ``retuners`` (its counters for /metrics; closed by the caller)."""
+    kept in ``retuners`` (its counters for /metrics; closed by the caller). ``seed(job, path)``: puts
+    the job's newer tuner file from the bus at ``path`` (True if it did; scaleout/tuner_publish.py):
+    a retuner then continues the job's version numbers, and one left behind them is rebuilt."""
     import time
 
     from dynamiccl.retuner.agent import Retuner
     from dynamiccl.retuner.inputs import InputGate
 
     def make(job: str) -> JobRetuner:
+        cfg = retuning.for_job(job)
+        if seed is not None and seed(job, cfg.tuner_config_path) and job in retuners:
+            retuners.pop(job).close()        # another shard moved the job's versions on meanwhile
         if job not in retuners:      # a job moved away and back keeps its retuner (its versions, its memory)
-            cfg = retuning.for_job(job)
             rt = Retuner(cfg, clock=clock or time.time)
             gate = InputGate(jobs=cfg.jobs or ("*",), comms=cfg.comms,
                              allow_unauthenticated=cfg.allow_unauthenticated or cfg.dry_run, metrics=rt.metrics)

@@ -27,11 +27,11 @@ import logging
 from typing import Any, Mapping
 
 from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
-from dynamiccl.nccl_tuner_plugin.config import format_configs, parse_configs, read_configs, write_configs
+from dynamiccl.nccl_tuner_plugin.config import parse_configs, read_configs, write_configs
 from dynamiccl.scaleout.bus import _token
 
-__all__ = ["TUNER_STREAM", "TUNER_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "tuner_subject", "tuner_headers",
-           "TunerSink", "TunerPublisher", "ensure_tuner_stream", "fetch_latest"]
+__all__ = ["TUNER_STREAM", "TUNER_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "Refused", "tuner_subject",
+           "tuner_headers", "parse_payload", "TunerSink", "ensure_tuner_stream", "fetch_latest"]
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,30 @@ def tuner_headers(job: str, version: int) -> dict[str, str]:
     return {H_JOB: job, H_VERSION: str(version), "Nats-Msg-Id": f"{job}/tuner/{version}"}
 
 
-class _Refused(Exception):
+class Refused(Exception):
+    """A payload not written, and why (one of :data:`REFUSALS`)."""
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason
+
+
+def parse_payload(job: str, subject: str, headers: Mapping[str, str] | None, data: bytes) -> list:
+    """The versions of a tuner file received for ``job``, or :class:`Refused` naming why not: larger
+    than a tuner file may be, on another job's subject or naming another job, not a file the plugin's
+    parser accepts, or a version header that is not the file's newest."""
+    headers = headers or {}
+    if len(data) > MAX_FILE_BYTES:
+        raise Refused("oversize", f"{len(data)} bytes, a tuner file holds at most {MAX_FILE_BYTES}")
+    if subject != tuner_subject(job) or headers.get(H_JOB) != job:
+        raise Refused("wrong_job", f"subject {subject!r}, job header {headers.get(H_JOB)!r}")
+    try:
+        configs = parse_configs(data.decode("utf-8"), f"bus:{subject}")
+    except (UnicodeDecodeError, ValueError) as e:
+        raise Refused("malformed", str(e)[:200]) from None
+    if not configs or headers.get(H_VERSION) != str(configs[-1].version):
+        raise Refused("malformed", f"version header {headers.get(H_VERSION)!r} is not the file's newest "
+                                   f"({configs[-1].version if configs else 'none'})")
+    return configs
 
 
 class TunerSink:
@@ -88,7 +108,7 @@ class TunerSink:
                 self.counters["tuner_current"] += 1
                 return "current"
             self._write(configs)
-        except _Refused as e:
+        except Refused as e:
             self.counters[f"tuner_refused_{e.reason}"] += 1
             log.warning("tuner config for job %s refused (%s): %s; %s keeps version %d", self.job, e.reason, e,
                         self.path, self.version)
@@ -100,30 +120,20 @@ class TunerSink:
         return "written"
 
     def _check(self, subject: str, headers: Mapping[str, str], data: bytes) -> list:
-        if len(data) > MAX_FILE_BYTES:
-            raise _Refused("oversize", f"{len(data)} bytes, a tuner file holds at most {MAX_FILE_BYTES}")
-        if subject != self.subject or headers.get(H_JOB) != self.job:
-            raise _Refused("wrong_job", f"subject {subject!r}, job header {headers.get(H_JOB)!r}")
-        try:
-            configs = parse_configs(data.decode("utf-8"), f"bus:{subject}")
-        except (UnicodeDecodeError, ValueError) as e:
-            raise _Refused("malformed", str(e)[:200]) from None
-        if not configs or headers.get(H_VERSION) != str(configs[-1].version):
-            raise _Refused("malformed", f"version header {headers.get(H_VERSION)!r} is not the file's newest "
-                                        f"({configs[-1].version if configs else 'none'})")
+        configs = parse_payload(self.job, subject, headers, data)
         if configs[-1].version < self.version:
-            raise _Refused("older_version", f"version {configs[-1].version} is older than {self.version}")
+            raise Refused("older_version", f"version {configs[-1].version} is older than {self.version}")
         if configs[-1].version == self.version and configs[-1] != self.newest:
-            raise _Refused("version_reused", f"version {self.version} again, with other rules")
+            raise Refused("version_reused", f"version {self.version} again, with other rules")
         return configs
 
     def _write(self, configs: list) -> None:
         try:
             write_configs(self.path, configs)   # atomic; refuses a version number reused with other rules
         except ValueError as e:
-            raise _Refused("version_reused", str(e)[:200]) from None
+            raise Refused("version_reused", str(e)[:200]) from None
         except OSError as e:
-            raise _Refused("write_failed", f"{self.path}: {e.strerror or e}") from None
+            raise Refused("write_failed", f"{self.path}: {e.strerror or e}") from None
 
 
 async def fetch_latest(js, sink: TunerSink, timeout_s: float = 1.0) -> str | None:
@@ -156,37 +166,3 @@ async def ensure_tuner_stream(js, replicas: int = 1):
         except Exception:  # noqa: BLE001 - not ready yet: retry, bounded
             await asyncio.sleep(0.5)
     return await js.add_stream(cfg)
-
-
-class TunerPublisher:
-    """The central side: each job's newest applied version, published once (a failed publish is
-    retried next round; the message id ``<job>/tuner/<version>`` makes a retry of a stored one a no-op).
-    ``pushers``: {job: the retuner's ``ConfigPusher``} (``dry_run``, ``version``, ``history``)."""
-
-    def __init__(self, js, counters: dict[str, Any], timeout_s: float = 1.0):
-        self.js, self.counters, self.timeout_s = js, counters, timeout_s
-        self.published: dict[str, int] = {}
-        for k in ("published", "publish_errors", "oversize"):
-            counters.setdefault(f"tuner_{k}", 0)
-
-    async def publish_due(self, pushers: Mapping[str, Any]) -> int:
-        n = 0
-        for job, p in sorted(pushers.items()):
-            if p.dry_run or not p.history or p.version <= self.published.get(job, 0):
-                continue
-            data = format_configs(list(p.history)).encode()
-            if len(data) > MAX_FILE_BYTES:        # the pusher's own limits keep it below; never send one a node refuses
-                self.counters["tuner_oversize"] += 1
-                self.published[job] = p.version
-                continue
-            try:
-                await asyncio.wait_for(self.js.publish(tuner_subject(job), data, timeout=self.timeout_s,
-                                                       headers=tuner_headers(job, p.version)), self.timeout_s)
-            except Exception as e:  # noqa: BLE001 - bus unavailable or refused: retried next round, counted
-                self.counters["tuner_publish_errors"] += 1
-                log.warning("tuner config version %d of job %s not published: %r", p.version, job, e)
-                continue
-            self.published[job] = p.version
-            self.counters["tuner_published"] += 1
-            n += 1
-        return n

@@ -18,6 +18,7 @@ from dynamiccl.scaleout.config import NatsConfig, NodeServiceConfig
 from dynamiccl.scaleout.node import NodeConfig
 from dynamiccl.scaleout.retuning import CentralRetuning
 from dynamiccl.scaleout.tuner_bus import TUNER_STREAM, tuner_headers, tuner_subject
+from dynamiccl.scaleout.tuner_publish import TunerMirror
 from tests.scaleout.helpers import events, run_then_stop, until
 from tests.scaleout.test_cli import _send
 
@@ -118,6 +119,10 @@ def test_applied_versions_reach_the_jobs_nodes_and_nothing_else(tmp_path):
         out["v3"] = central_file.read_bytes()
         assert await until(lambda: _bytes(paths["late"]) == out["v3"], tries=200)
         out["nodec"], out["kc"] = dict(nodec), dict(kc)
+        # a shard starting now (e.g. taking the job over) learns the job's newest version from the bus
+        mirror = TunerMirror(["j"], {})
+        await mirror.start(nc, js)
+        out["mirror"] = mirror.version("j")
         for c in (nc, nn, kn):
             await c.close()
         stop_late.set()
@@ -143,6 +148,7 @@ def test_applied_versions_reach_the_jobs_nodes_and_nothing_else(tmp_path):
     assert '"$G/user:node.j.node0" - Publish Violation - Subject "dynamiccl.tuner.j"' in log
     assert '"$G/user:node.k.node5" - Subscription Violation - Subject "dynamiccl.tuner.j"' in log
     assert '"$G/user:node.k.node5" - Publish Violation - Subject "$JS.API.DIRECT.GET.DYNAMICCL_TUNER.dynamiccl.tuner.j"' in log
+    assert out["mirror"] == 3
     assert out["stored_after_node_publish"]["Dynamiccl-Tuner-Version"] == "1"   # the shard user's last, not the node's 77
 
 

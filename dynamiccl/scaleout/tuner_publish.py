@@ -1,0 +1,134 @@
+"""The central side of the tuner files on the bus (scaleout/tuner_bus.py): publishing each job's applied
+versions, and knowing what the bus already holds.
+
+:class:`TunerPublisher` publishes a job's file after each version its retuner writes (a failed publish is
+retried next round; the message id ``<job>/tuner/<version>`` makes a retry of a stored one a no-op).
+:class:`TunerMirror` keeps the latest file the bus holds per job (read at start, then every one published
+by any shard): the job's version numbers belong to the job, not to the shard that wrote them. A shard that
+takes a job over — after a failover, or from a shard on another machine — first writes the bus's file to
+its own ``--tuner-config`` (``seed``), so its retuner continues above the nodes' version instead of
+starting below it (the nodes would refuse every version until it caught up); a shard whose retuner is
+behind the bus publishes nothing (``tuner_publish_stale``), since it would only roll the stream's last
+value back for the nodes that start next.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Iterable, Mapping
+
+from dynamiccl.contracts.atomic import atomic_write
+from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
+from dynamiccl.nccl_tuner_plugin.config import format_configs, read_configs
+from dynamiccl.scaleout.tuner_bus import (TUNER_PREFIX, TUNER_STREAM, Refused, parse_payload, tuner_headers,
+                                          tuner_subject)
+
+__all__ = ["TunerPublisher", "TunerMirror"]
+
+log = logging.getLogger(__name__)
+
+
+class TunerMirror:
+    """The newest tuner file the bus holds for each of ``jobs`` (validated as a node would)."""
+
+    def __init__(self, jobs: Iterable[str], counters: dict[str, Any]):
+        self.jobs, self.counters = frozenset(jobs), counters
+        self.latest: dict[str, list] = {}
+        for k in ("mirror_refused", "seeded", "seed_errors"):
+            counters.setdefault(f"tuner_{k}", 0)
+
+    def version(self, job: str) -> int:
+        return self.latest[job][-1].version if job in self.latest else 0
+
+    def offer(self, subject: str, headers: Mapping[str, str] | None, data: bytes) -> bool:
+        job = subject.rpartition(".")[2]
+        if job not in self.jobs:
+            return False                          # another shard's jobs: not ours to continue
+        try:
+            configs = parse_payload(job, subject, headers, data)
+        except Refused as e:
+            self.counters["tuner_mirror_refused"] += 1
+            log.warning("tuner file of job %s on the bus refused (%s): %s", job, e.reason, e)
+            return False
+        if configs[-1].version <= self.version(job):
+            return False
+        self.latest[job] = configs
+        return True
+
+    async def start(self, nc, js, timeout_s: float = 1.0) -> None:
+        """Every file published from now on, and the one each job already has (direct gets)."""
+        async def deliver(m):
+            self.offer(m.subject, m.headers, m.data)
+        await nc.subscribe(f"{TUNER_PREFIX}.*", cb=deliver)
+        for job in sorted(self.jobs):
+            try:
+                m = await asyncio.wait_for(js.get_last_msg(TUNER_STREAM, tuner_subject(job), direct=True), timeout_s)
+            except Exception as e:  # noqa: BLE001 - none yet (not found) or not answered: the subscription follows
+                log.debug("tuner file of job %s: %r", job, e)
+                continue
+            self.offer(m.subject or "", m.headers, m.data or b"")
+
+    def seed(self, job: str, path: str) -> bool:
+        """Write the bus's file for ``job`` to ``path`` when it is newer than what ``path`` holds; True if so."""
+        configs = self.latest.get(job)
+        if not configs:
+            return False
+        try:
+            local = read_configs(path)
+        except (OSError, ValueError, UnicodeDecodeError):
+            local = []
+        if local and local[-1].version >= configs[-1].version:
+            return False
+        try:
+            atomic_write(path, format_configs(configs))   # the nodes' file is the job's truth, not this copy
+        except OSError as e:
+            self.counters["tuner_seed_errors"] += 1
+            log.error("tuner file of job %s not written to %s: %s", job, path, e)
+            return False
+        self.counters["tuner_seeded"] += 1
+        log.info("job %s: continuing from the bus's tuner config version %d", job, configs[-1].version)
+        return True
+
+
+class TunerPublisher:
+    """Each job's newest applied version, published once. ``pushers``: {job: the retuner's
+    ``ConfigPusher``} (``dry_run``, ``version``, ``history``); ``mirror``: what the bus holds."""
+
+    def __init__(self, js, counters: dict[str, Any], mirror: TunerMirror | None = None, timeout_s: float = 1.0):
+        self.js, self.counters, self.mirror, self.timeout_s = js, counters, mirror, timeout_s
+        self.published: dict[str, int] = {}
+        for k in ("published", "publish_errors", "publish_stale", "oversize"):
+            counters.setdefault(f"tuner_{k}", 0)
+
+    def _behind(self, job: str, p) -> bool:
+        if self.mirror is None or self.mirror.version(job) < p.version:
+            return False
+        if self.mirror.latest[job][-1] != p.history[-1]:
+            self.counters["tuner_publish_stale"] += 1
+            log.warning("job %s: this shard's tuner config version %d is behind the bus's %d: not published",
+                        job, p.version, self.mirror.version(job))
+        return True
+
+    async def publish_due(self, pushers: Mapping[str, Any]) -> int:
+        n = 0
+        for job, p in sorted(pushers.items()):
+            if p.dry_run or not p.history or p.version <= self.published.get(job, 0):
+                continue
+            data = format_configs(list(p.history)).encode()
+            if len(data) > MAX_FILE_BYTES or self._behind(job, p):   # never send what every node refuses
+                self.counters["tuner_oversize"] += len(data) > MAX_FILE_BYTES
+                self.published[job] = p.version
+                continue
+            try:
+                await asyncio.wait_for(self.js.publish(tuner_subject(job), data, timeout=self.timeout_s,
+                                                       headers=tuner_headers(job, p.version)), self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - bus unavailable or refused: retried next round, counted
+                self.counters["tuner_publish_errors"] += 1
+                log.warning("tuner config version %d of job %s not published: %r", p.version, job, e)
+                continue
+            self.published[job] = p.version
+            self.counters["tuner_published"] += 1
+            if self.mirror is not None:
+                self.mirror.offer(tuner_subject(job), tuner_headers(job, p.version), data)
+            n += 1
+        return n
