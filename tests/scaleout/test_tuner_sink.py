@@ -103,3 +103,29 @@ def test_a_reader_never_sees_a_partial_file(tmp_path):
         done.set()
         t.join()
     assert torn == [] and reads[0] > 0 and read_configs(path)[-1].version == 59
+
+
+def test_the_nodes_metrics_name_each_refusal(tmp_path):
+    from prometheus_client import generate_latest
+
+    from dynamiccl.scaleout.bus import Outbox
+    from dynamiccl.scaleout.node import NodeCollector, NodeConfig, registry
+    node = NodeCollector(NodeConfig("n0", "j"), Outbox(None))
+    assert "tuner" not in generate_latest(registry(node)).decode()       # no --tuner-config: no such series
+    sink = TunerSink("j", str(tmp_path / "t.conf"), node.counters)
+    _offer(sink, _file(2))
+    _offer(sink, _file(1))
+    _offer(sink, _file(3), job="k")
+    text = generate_latest(registry(node)).decode()
+    for line in ('dynamiccl_node_tuner_configs_total{outcome="written"} 1.0',
+                 'dynamiccl_node_tuner_configs_total{outcome="refused_older_version"} 1.0',
+                 'dynamiccl_node_tuner_configs_total{outcome="refused_wrong_job"} 1.0',
+                 'dynamiccl_node_tuner_configs_total{outcome="refused_oversize"} 0.0',
+                 "dynamiccl_node_tuner_version 2.0"):
+        assert line in text, line
+
+
+def test_the_tuner_file_flag_is_validated_at_start_up(tmp_path, capsys):
+    from dynamiccl.cli import main
+    assert main(["node", "--node", "n0", "--job", "j", "--tuner-config", str(tmp_path / "absent" / "t.conf")]) == 2
+    assert "node.tuner_config" in capsys.readouterr().err
