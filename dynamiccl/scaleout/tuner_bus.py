@@ -26,8 +26,9 @@ import asyncio
 import logging
 from typing import Any, Mapping
 
-from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
-from dynamiccl.nccl_tuner_plugin.config import parse_configs, read_configs, write_configs
+from dynamiccl.contracts.tuner_file import HEADER, MAX_FILE_BYTES
+from dynamiccl.contracts.atomic import atomic_write
+from dynamiccl.nccl_tuner_plugin.config import parse_configs, read_configs
 from dynamiccl.scaleout.bus import _token
 
 __all__ = ["TUNER_STREAM", "TUNER_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "Refused", "tuner_subject",
@@ -63,12 +64,15 @@ class Refused(Exception):
 def parse_payload(job: str, subject: str, headers: Mapping[str, str] | None, data: bytes) -> list:
     """The versions of a tuner file received for ``job``, or :class:`Refused` naming why not: larger
     than a tuner file may be, on another job's subject or naming another job, not a file the plugin's
-    parser accepts, or a version header that is not the file's newest."""
+    parser accepts as format 2 (the CRC trailer: nothing cut short), or a version header that is not the
+    file's newest."""
     headers = headers or {}
     if len(data) > MAX_FILE_BYTES:
         raise Refused("oversize", f"{len(data)} bytes, a tuner file holds at most {MAX_FILE_BYTES}")
     if subject != tuner_subject(job) or headers.get(H_JOB) != job:
         raise Refused("wrong_job", f"subject {subject!r}, job header {headers.get(H_JOB)!r}")
+    if not data.startswith(HEADER.encode() + b"\n"):
+        raise Refused("malformed", "not a format-2 tuner file (its header and CRC trailer are required)")
     try:
         configs = parse_configs(data.decode("utf-8"), f"bus:{subject}")
     except (UnicodeDecodeError, ValueError) as e:
@@ -93,45 +97,53 @@ class TunerSink:
         for k in ("received", "written", "current", "fetch_errors", *(f"refused_{r}" for r in REFUSALS)):
             counters.setdefault(f"tuner_{k}", 0)
         try:
-            configs = read_configs(path)
+            self.configs = read_configs(path)
         except (OSError, ValueError, UnicodeDecodeError):
-            configs = []                 # absent or unreadable: any valid version replaces it
-        self.newest = configs[-1] if configs else None
-        self.version = self.newest.version if configs else 0
+            self.configs = []            # absent or unreadable: any valid version replaces it
         counters["tuner_version"] = self.version
+
+    @property
+    def version(self) -> int:
+        return self.configs[-1].version if self.configs else 0
 
     def offer(self, subject: str, headers: Mapping[str, str] | None, data: bytes) -> str:
         self.counters["tuner_received"] += 1
         try:
             configs = self._check(subject, headers or {}, data)
-            if configs[-1] == self.newest:
+            if self.configs and configs[-1] == self.configs[-1]:
                 self.counters["tuner_current"] += 1
                 return "current"
-            self._write(configs)
+            self._write(data)
         except Refused as e:
             self.counters[f"tuner_refused_{e.reason}"] += 1
-            log.warning("tuner config for job %s refused (%s): %s; %s keeps version %d", self.job, e.reason, e,
-                        self.path, self.version)
+            n = sum(self.counters[f"tuner_refused_{r}"] for r in REFUSALS)
+            if n & (n - 1) == 0:                  # logged at 1, 2, 4, 8, ... refusals: never a flood
+                log.warning("tuner config for job %s refused (%s): %s; %s keeps version %d (%d refused so far)",
+                            self.job, e.reason, e, self.path, self.version, n)
             return e.reason
-        self.newest, self.version = configs[-1], configs[-1].version
+        self.configs = configs
         self.counters["tuner_written"] += 1
         self.counters["tuner_version"] = self.version
         log.info("tuner config version %d of job %s written to %s", self.version, self.job, self.path)
         return "written"
 
     def _check(self, subject: str, headers: Mapping[str, str], data: bytes) -> list:
+        """The payload's versions, refused when older than the file's newest or when a version number
+        the file holds comes with other rules (ranks that read the old file would apply other rules
+        under the same number: the rule of ``write_configs``)."""
         configs = parse_payload(self.job, subject, headers, data)
         if configs[-1].version < self.version:
             raise Refused("older_version", f"version {configs[-1].version} is older than {self.version}")
-        if configs[-1].version == self.version and configs[-1] != self.newest:
-            raise Refused("version_reused", f"version {self.version} again, with other rules")
+        held = {c.version: c for c in self.configs}
+        reused = [c.version for c in configs if held.get(c.version, c) != c]
+        if reused:
+            raise Refused("version_reused", f"version {reused[0]} again, with other rules")
         return configs
 
-    def _write(self, configs: list) -> None:
+    def _write(self, data: bytes) -> None:
+        """The bytes received, checked above (format 2: the plugin refuses a torn copy by its trailer)."""
         try:
-            write_configs(self.path, configs)   # atomic; refuses a version number reused with other rules
-        except ValueError as e:
-            raise Refused("version_reused", str(e)[:200]) from None
+            atomic_write(self.path, data)
         except OSError as e:
             raise Refused("write_failed", f"{self.path}: {e.strerror or e}") from None
 

@@ -42,6 +42,7 @@ def test_newer_versions_are_written_whole_and_repeats_are_not_refusals(tmp_path)
     ("malformed", lambda: (b"\xff\xfe garbage", {"version": 5}, None)),
     ("malformed", lambda: (_file(4, 5)[:-20], {"version": 5}, None)),           # cut short: no CRC trailer
     ("malformed", lambda: (_file(5), {"version": 6}, None)),                     # header disagrees with the file
+    ("malformed", lambda: (b"version 5\nAllReduce 0 100 RING LL 4 0 *\n", {"version": 5}, None)),  # format 1: no trailer
     ("older_version", lambda: (_file(1, 2), {}, None)),
     ("version_reused", lambda: (_file(2, 3, proto="SIMPLE"), {}, None)),         # version 3 again, other rules
 ])
