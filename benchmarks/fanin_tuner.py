@@ -34,7 +34,7 @@ from dynamiccl.nccl_tuner_plugin.config import FUNCS, Rule  # noqa: E402
 from dynamiccl.retuner.push import ConfigPusher  # noqa: E402
 from dynamiccl.scaleout.auth import AUTH_CONF, load_credentials, write_auth  # noqa: E402
 from dynamiccl.scaleout.nats_bus import loopback_cluster  # noqa: E402
-from dynamiccl.scaleout.tuner_bus import TunerSink, ensure_tuner_stream, fetch_latest  # noqa: E402
+from dynamiccl.scaleout.tuner_bus import TunerSink, ensure_tuner_stream, fetch_latest, stored_subject  # noqa: E402
 from dynamiccl.scaleout.tuner_publish import TunerMirror, TunerPublisher  # noqa: E402
 
 ALGO_PROTO = [("RING", "LL"), ("RING", "LL128"), ("RING", "SIMPLE"), ("TREE", "LL"), ("TREE", "SIMPLE")]
@@ -83,10 +83,10 @@ async def _measure(args, root, nodes, files, urls) -> dict:
 
         async def deliver(m, sink=sink, n=n):
             t = time.monotonic()
-            if sink.offer(m.subject, m.headers, m.data) == "written":
+            if sink.offer(stored_subject(m.subject, m.headers)[0], m.headers, m.data) == "written":
                 written_at[(n, sink.version)] = time.monotonic()
                 work.append(written_at[(n, sink.version)] - t)
-        await nc.subscribe(sink.subject, cb=deliver)
+        await nc.subscribe(sink.live, cb=deliver)        # the stream's republish, as dynamiccl node does
         await nc.flush()
         conns.append(nc)
         sinks.append(sink)

@@ -4,7 +4,7 @@ with publish permissions on its own subjects only, enforced by ``nats-server`` (
 A node ``<node>`` of job ``<job>`` may publish its partials on ``dynamiccl.partials.<job>.<node>`` and
 its heartbeat on ``$KV.DYNAMICCL_LIVE.node.<job>.<node>``, read the bucket's stream info, and receive
 replies on its own inbox ``_INBOX.node.<job>.<node>.>``, and read its own job's tuner file
-(``dynamiccl.tuner.<job>``: subscribe, and one direct get of the stream); nothing else (no stream or
+(``dynamiccl.tunerlive.<job>``, the stream's republish, and a direct get of ``dynamiccl.tuner.<job>``); nothing else (no stream or
 consumer API, so it can neither create, read nor delete what others published, nor publish a tuner
 file). A shard may use the JetStream API of the three streams, acknowledge partials, write its own
 heartbeat and the jobs' checkpoints, and publish the jobs' tuner files; it may publish no partial. The server rejects anything else (``Permissions Violation``) and a connection
@@ -36,7 +36,8 @@ __all__ = ["NatsCredentials", "load_credentials", "node_user", "shard_user", "in
 AUTH_CONF = "nats-auth.conf"
 _STREAM = "DYNAMICCL_PARTIALS"            # nats_bus.STREAM (not imported: nats-py stays optional here)
 _KV_STREAM = f"KV_{LIVE_BUCKET}"
-_TUNER_STREAM, _TUNER_PREFIX = "DYNAMICCL_TUNER", "dynamiccl.tuner"   # tuner_bus (nats-py stays optional here)
+# tuner_bus's stream, publish subjects and the stream's republish of what it stored (nats-py stays optional here)
+_TUNER_STREAM, _TUNER_PREFIX, _TUNER_LIVE = "DYNAMICCL_TUNER", "dynamiccl.tuner", "dynamiccl.tunerlive"
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,10 @@ def inbox_of(user: str) -> str:
 def node_permissions(job: str, node: str) -> dict:
     """Its own subjects; of the tuner stream only a direct get of its own job's file and the live
     subject of it (another job's file stays unreadable; nothing of it is writable)."""
-    tuner = f"{_TUNER_PREFIX}.{job}"
     return {"publish": {"allow": [subject(job, node), f"$KV.{LIVE_BUCKET}.{node_key(job, node)}",
-                                  f"$JS.API.STREAM.INFO.{_KV_STREAM}", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.{tuner}"]},
-            "subscribe": {"allow": [f"{inbox_of(node_user(job, node))}.>", tuner]}}
+                                  f"$JS.API.STREAM.INFO.{_KV_STREAM}",
+                                  f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.{_TUNER_PREFIX}.{job}"]},
+            "subscribe": {"allow": [f"{inbox_of(node_user(job, node))}.>", f"{_TUNER_LIVE}.{job}"]}}
 
 
 def shard_permissions(shard: str) -> dict:
@@ -86,7 +87,7 @@ def shard_permissions(shard: str) -> dict:
     return {"publish": {"allow": ["$JS.API.INFO", *api, *consumers, f"$JS.ACK.{_STREAM}.>", "$JS.FC.>",
                                   f"$KV.{LIVE_BUCKET}.{shard_key(shard)}", f"$KV.{LIVE_BUCKET}.{ckpt_key('*')}",
                                   f"{_TUNER_PREFIX}.*", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.>"]},
-            "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>", f"{_TUNER_PREFIX}.*"]}}
+            "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>", f"{_TUNER_LIVE}.*"]}}
 
 
 def server_authorization(jobs: Mapping[str, frozenset[str]], shards: list[str], passwords: Mapping[str, str]) -> str:

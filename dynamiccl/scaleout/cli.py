@@ -210,7 +210,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     if mirror is not None:                     # applied versions go to the jobs' nodes (scaleout/tuner_publish.py)
         from dynamiccl.scaleout.tuner_publish import TunerPublisher
         await mirror.start(nc, js)
-        publisher = TunerPublisher(js, shard.counters, mirror)
+        publisher = TunerPublisher(js, shard.counters, mirror, on_conflict=make_retuner.rebuild)
 
         def after_round():
             return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
@@ -219,6 +219,8 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
                           bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round)
     finally:
         await watcher
+        if after_round is not None:            # a version applied in the last round still reaches the nodes
+            await after_round()
         await nc.close()
         for jr in retuners.values():
             jr.close()

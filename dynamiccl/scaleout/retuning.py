@@ -11,8 +11,9 @@ safety: the same :class:`~dynamiccl.retuner.agent.Retuner` behind the same
   templates with ``{job}`` (job ids are subject tokens, ``[A-Za-z0-9_-]``, so they stay one path
   component). Every job's configuration is built and validated at start-up.
 
-The file reaches the job's ranks only where the path is on storage their nodes read (a shared file
-system): the tuner plugin reads a local file; sending it over the bus is not implemented.
+With ``--apply`` each version written is also published on the bus to the job's nodes
+(``dynamiccl node --tuner-config``; scaleout/tuner_bus.py, scaleout/tuner_publish.py), which write it
+where their ranks' tuner plugin reads it: no shared file system is needed.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["CentralRetuning", "JobRetuner", "add_retuner_args", "retuning_from_args", "retuner_factory",
-           "retuner_collector"]
+__all__ = ["CentralRetuning", "JobRetuner", "RetunerFactory", "add_retuner_args", "retuning_from_args",
+           "retuner_factory", "retuner_collector"]
 
 DEFAULT_TUNER_CONFIG = "./runs/tuner-{job}.conf"
 DEFAULT_AUDIT = "./runs/retuner-audit-{job}.jsonl"
@@ -108,27 +109,49 @@ class JobRetuner:
 
 def retuner_factory(retuning: CentralRetuning, retuners: dict[str, JobRetuner],
                     clock: Callable[[], float] | None = None,
-                    seed: Callable[[str, str], bool] | None = None) -> Callable[[str], JobRetuner]:
+                    seed: Callable[[str, str], bool] | None = None) -> "RetunerFactory":
     """``make_retuner`` for :func:`~dynamiccl.scaleout.central.detector_loop`: each job's retuner,
     kept in ``retuners`` (its counters for /metrics; closed by the caller). ``seed(job, path)``: puts
-    the job's newer tuner file from the bus at ``path`` (True if it did; scaleout/tuner_publish.py):
-    a retuner then continues the job's version numbers, and one left behind them is rebuilt."""
-    import time
+    the job's tuner file from the bus at ``path`` when the bus's is the job's (True if it did;
+    scaleout/tuner_publish.py): a retuner then continues the job's version numbers, and one left
+    behind them is rebuilt in place (``rebuild``: the loop holding it keeps its detector)."""
+    return RetunerFactory(retuning, retuners, clock, seed)
 
-    from dynamiccl.retuner.agent import Retuner
-    from dynamiccl.retuner.inputs import InputGate
 
-    def make(job: str) -> JobRetuner:
-        cfg = retuning.for_job(job)
-        if seed is not None and seed(job, cfg.tuner_config_path) and job in retuners:
-            retuners.pop(job).close()        # another shard moved the job's versions on meanwhile
-        if job not in retuners:      # a job moved away and back keeps its retuner (its versions, its memory)
-            rt = Retuner(cfg, clock=clock or time.time)
-            gate = InputGate(jobs=cfg.jobs or ("*",), comms=cfg.comms,
-                             allow_unauthenticated=cfg.allow_unauthenticated or cfg.dry_run, metrics=rt.metrics)
-            retuners[job] = JobRetuner(rt, gate)
-        return retuners[job]
-    return make
+class RetunerFactory:
+    def __init__(self, retuning: CentralRetuning, retuners: dict[str, JobRetuner],
+                 clock: Callable[[], float] | None, seed: Callable[[str, str], bool] | None):
+        import time
+        self.retuning, self.retuners, self.seed = retuning, retuners, seed
+        self.clock = clock or time.time
+
+    def _build(self, job: str):
+        from dynamiccl.retuner.agent import Retuner
+        from dynamiccl.retuner.inputs import InputGate
+        cfg = self.retuning.for_job(job)
+        rt = Retuner(cfg, clock=self.clock)
+        gate = InputGate(jobs=cfg.jobs or ("*",), comms=cfg.comms,
+                         allow_unauthenticated=cfg.allow_unauthenticated or cfg.dry_run, metrics=rt.metrics)
+        return rt, gate
+
+    def _seeded(self, job: str) -> bool:
+        return self.seed is not None and self.seed(job, self.retuning.for_job(job).tuner_config_path)
+
+    def __call__(self, job: str) -> JobRetuner:
+        if self._seeded(job) and job in self.retuners:
+            self.rebuild(job, seeded=True)   # another shard moved the job's versions on meanwhile
+        if job not in self.retuners:  # a job moved away and back keeps its retuner (its versions, its memory)
+            self.retuners[job] = JobRetuner(*self._build(job))
+        return self.retuners[job]
+
+    def rebuild(self, job: str, seeded: bool = False) -> None:
+        """The job's retuner again from its (freshly seeded) tuner file, in place."""
+        if not seeded:
+            self._seeded(job)
+        jr = self.retuners.get(job)
+        if jr is not None:
+            jr.retuner.close()
+            jr.retuner, jr.gate = self._build(job)
 
 
 def retuner_collector(retuners: Mapping[str, JobRetuner]):

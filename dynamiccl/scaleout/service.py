@@ -26,7 +26,7 @@ from dynamiccl.scaleout.config import NodeServiceConfig
 from dynamiccl.scaleout.liveness import LIVE_BUCKET, BucketClock, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
-from dynamiccl.scaleout.tuner_bus import TunerSink, ensure_tuner_stream, fetch_latest
+from dynamiccl.scaleout.tuner_bus import TunerSink, ensure_tuner_stream, fetch_latest, stored_subject
 
 __all__ = ["NodeIngest", "run_node", "ShardRunner", "connect"]
 
@@ -146,10 +146,10 @@ async def _tuner_round(nc, js, tuner: TunerSink, sub, fetched_at: float, poll_s:
     """The job's tuner file: live versions through a subscription, and its last one read at start and
     every ``poll_s`` (a version published while this node was cut off reaches it at the next read)."""
     if sub is None:
-        async def deliver(m):
-            tuner.offer(m.subject, m.headers, m.data)
+        async def deliver(m):                   # the stream's republish: only what it stored
+            tuner.offer(stored_subject(m.subject, m.headers)[0], m.headers, m.data)
         try:
-            sub = await nc.subscribe(tuner.subject, cb=deliver)
+            sub = await nc.subscribe(tuner.live, cb=deliver)
         except Exception as e:  # noqa: BLE001 - retried next round
             tuner.counters["tuner_fetch_errors"] += 1
             log.debug("tuner subscription: %r", e)

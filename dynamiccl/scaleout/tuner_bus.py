@@ -5,8 +5,13 @@ central retuner's file travels over NATS: after each version it applies (or roll
 new version too) the shard publishes the whole file (:func:`~dynamiccl.nccl_tuner_plugin.config.format_configs`
 of the pusher's history: its last versions, format 2 with its CRC trailer) on ``dynamiccl.tuner.<job>``.
 The stream ``DYNAMICCL_TUNER`` keeps one message per subject (the latest version of each job), so a
-node that starts or reconnects after the apply reads it (a direct get of the subject's last message);
-a node also subscribes to the subject for the versions published while it runs.
+node that starts or reconnects after the apply reads it (a direct get of the subject's last message).
+The stream republishes each message it *stored* on ``dynamiccl.tunerlive.<job>``, where nodes listen
+for the versions published while they run: a publish the stream refused (below) reaches no node, as
+it would on the publish subject itself. Publishes are compare-and-set on the subject's last stream
+sequence (``Nats-Expected-Last-Subject-Sequence``), so two shards that both believe they own a job
+for a moment cannot both store a version N with different rules: one is refused, and that shard's
+retuner is rebuilt from the bus's file (scaleout/tuner_publish.py).
 
 Each node (:class:`TunerSink`) writes the file atomically where its ranks' tuner plugin reads it, after
 checking what it received: size (``MAX_FILE_BYTES``), the subject and the ``Dynamiccl-Job`` header
@@ -18,7 +23,8 @@ bytes, the plugin's agreement step (the MIN over ranks of the staged versions; a
 8) switches every rank of the job consistently, as with a shared file.
 
 Who may do what is the server's to enforce (scaleout/auth.py): only shard users publish on
-``dynamiccl.tuner.*``; a node user may read (subscribe, direct get) only its own job's subject.
+``dynamiccl.tuner.*``; nobody publishes on ``dynamiccl.tunerlive.*`` (the server's republish does); a
+node user may read (subscribe to the live subject, direct get) only its own job's file.
 """
 from __future__ import annotations
 
@@ -31,13 +37,15 @@ from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.nccl_tuner_plugin.config import parse_configs, read_configs
 from dynamiccl.scaleout.bus import _token
 
-__all__ = ["TUNER_STREAM", "TUNER_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "Refused", "tuner_subject",
-           "tuner_headers", "parse_payload", "TunerSink", "ensure_tuner_stream", "fetch_latest"]
+__all__ = ["TUNER_STREAM", "TUNER_PREFIX", "LIVE_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "Refused",
+           "tuner_subject", "live_subject", "stored_subject", "tuner_headers", "parse_payload", "TunerSink",
+           "ensure_tuner_stream", "fetch_latest"]
 
 log = logging.getLogger(__name__)
 
 TUNER_STREAM = "DYNAMICCL_TUNER"
 TUNER_PREFIX = "dynamiccl.tuner"
+LIVE_PREFIX = "dynamiccl.tunerlive"      # the stream's republish of what it stored (not in its subjects)
 H_JOB = "Dynamiccl-Job"
 H_VERSION = "Dynamiccl-Tuner-Version"
 # why a node refuses a payload (each counted as ``tuner_refused_<reason>``)
@@ -48,6 +56,20 @@ def tuner_subject(job: str) -> str:
     """>>> tuner_subject("j1")
     'dynamiccl.tuner.j1'"""
     return f"{TUNER_PREFIX}.{_token('job', job)}"
+
+
+def live_subject(job: str) -> str:
+    return f"{LIVE_PREFIX}.{_token('job', job)}"
+
+
+def stored_subject(subject: str, headers: Mapping[str, str] | None) -> tuple[str, int | None]:
+    """The subject a message was stored under, and its stream sequence: a republished message (on
+    ``dynamiccl.tunerlive.*``, which only the server publishes) carries both in its headers."""
+    h = headers or {}
+    if not subject.startswith(LIVE_PREFIX + "."):
+        return subject, None
+    seq = h.get("Nats-Sequence", "")
+    return h.get("Nats-Subject", ""), int(seq) if seq.isdigit() else None
 
 
 def tuner_headers(job: str, version: int) -> dict[str, str]:
@@ -92,7 +114,7 @@ class TunerSink:
 
     def __init__(self, job: str, path: str, counters: dict[str, Any]):
         self.job, self.path, self.counters = job, path, counters
-        self.subject = tuner_subject(job)
+        self.subject, self.live = tuner_subject(job), live_subject(job)
         self.fetched_seq: int | None = None     # the stream sequence of the last message read by a direct get
         for k in ("received", "written", "current", "fetch_errors", *(f"refused_{r}" for r in REFUSALS)):
             counters.setdefault(f"tuner_{k}", 0)
@@ -167,11 +189,14 @@ async def fetch_latest(js, sink: TunerSink, timeout_s: float = 1.0) -> str | Non
 
 
 async def ensure_tuner_stream(js, replicas: int = 1):
-    """The last-value stream of the jobs' tuner files: one message per subject, direct gets allowed."""
+    """The last-value stream of the jobs' tuner files: one message per subject, direct gets allowed,
+    each stored message republished on ``dynamiccl.tunerlive.<job>``."""
     from nats.js.api import StreamConfig
+    from nats.js.api import RePublish
     cfg = StreamConfig(name=TUNER_STREAM, subjects=[f"{TUNER_PREFIX}.*"], num_replicas=replicas,
                        max_msgs_per_subject=1, allow_direct=True, max_msg_size=MAX_FILE_BYTES + 4096,
-                       duplicate_window=120.0)
+                       duplicate_window=120.0,
+                       republish=RePublish(src=f"{TUNER_PREFIX}.*", dest=f"{LIVE_PREFIX}.{{{{wildcard(1)}}}}"))
     for _ in range(60):                  # the cluster elects a meta leader first
         try:
             return await js.add_stream(cfg)

@@ -32,7 +32,7 @@ def test_each_node_may_publish_only_its_own_subjects(tmp_path):
     pub = users["node.a.n0"]["permissions"]["publish"]["allow"]
     assert pub == ["dynamiccl.partials.a.n0", "$KV.DYNAMICCL_LIVE.node.a.n0", "$JS.API.STREAM.INFO.KV_DYNAMICCL_LIVE",
                    "$JS.API.DIRECT.GET.DYNAMICCL_TUNER.dynamiccl.tuner.a"]    # reads its own job's tuner file only
-    assert users["node.a.n0"]["permissions"]["subscribe"]["allow"] == ["_INBOX.node.a.n0.>", "dynamiccl.tuner.a"]
+    assert users["node.a.n0"]["permissions"]["subscribe"]["allow"] == ["_INBOX.node.a.n0.>", "dynamiccl.tunerlive.a"]
     assert not any("tuner" in p for p in users["node.b.n0"]["permissions"]["publish"]["allow"]
                    + users["node.b.n0"]["permissions"]["subscribe"]["allow"] if ".a" in p)
     shard = users["shard.s0"]["permissions"]["publish"]["allow"]

@@ -9,6 +9,7 @@ import asyncio
 import shutil
 
 import pytest
+import nats.js.errors
 
 from dynamiccl.collector.config import ReceiverConfig
 from dynamiccl.nccl_tuner_plugin.config import Rule, format_configs
@@ -17,7 +18,7 @@ from dynamiccl.scaleout.auth import AUTH_CONF, load_credentials, write_auth
 from dynamiccl.scaleout.config import NatsConfig, NodeServiceConfig
 from dynamiccl.scaleout.node import NodeConfig
 from dynamiccl.scaleout.retuning import CentralRetuning
-from dynamiccl.scaleout.tuner_bus import TUNER_STREAM, tuner_headers, tuner_subject
+from dynamiccl.scaleout.tuner_bus import TUNER_STREAM, live_subject, tuner_headers, tuner_subject
 from dynamiccl.scaleout.tuner_publish import TunerMirror
 from tests.scaleout.helpers import events, run_then_stop, until
 from tests.scaleout.test_cli import _send
@@ -90,9 +91,11 @@ def test_applied_versions_reach_the_jobs_nodes_and_nothing_else(tmp_path):
         stop_nodes.set()
         out["nodes"] = dict(zip(tasks, await asyncio.gather(*tasks.values())))
         # a node (re)started after the apply, with no file yet: gets the latest version from the stream
+        late_nodes = []
         late = asyncio.create_task(run_node(_node("node1", tmp_path / "late.sock", url, files["node.j.node1"],
-                                                  paths["late"]), stop_late))
+                                                  paths["late"]), stop_late, ready=lambda node, a: late_nodes.append(node)))
         assert await until(lambda: _bytes(paths["late"]) == out["v2"], tries=200)
+        late_counters = late_nodes[0].counters
         # bad payloads from a publisher the server lets through (a shard's user): refused by the node
         sc = {}
         nc, js = await _raw(url, files["shard.s0"], sc)
@@ -108,7 +111,7 @@ def test_applied_versions_reach_the_jobs_nodes_and_nothing_else(tmp_path):
             await njs.publish(tuner_subject("j"), out["v2"], headers=tuner_headers("j", 77))
         # a node of job k may not read job j's file: neither subscribe nor get it
         kn, kjs = await _raw(url, files["node.k.node5"], kc)
-        await kn.subscribe(tuner_subject("j"))
+        await kn.subscribe(live_subject("j"))
         with pytest.raises(Exception):
             await kjs.get_last_msg(TUNER_STREAM, tuner_subject("j"), direct=True)
         await asyncio.sleep(1.0)                  # the late node's subscription and its next direct get
@@ -118,6 +121,14 @@ def test_applied_versions_reach_the_jobs_nodes_and_nothing_else(tmp_path):
         pusher.push([Rule("AllGather", 0, 1 << 20, "RING", "SIMPLE", 2)])
         out["v3"] = central_file.read_bytes()
         assert await until(lambda: _bytes(paths["late"]) == out["v3"], tries=200)
+        # a publish on a stale expectation (a shard that lost a race) is refused by the stream, and the
+        # node never sees it (it listens to the stream's republish of what it stored, not the subject)
+        with pytest.raises(nats.js.errors.APIError) as refused:
+            await js.publish(tuner_subject("j"), _newer(out["v3"]),
+                             headers={**tuner_headers("j", 4), "Nats-Expected-Last-Subject-Sequence": "1"})
+        out["cas_code"] = refused.value.err_code
+        await asyncio.sleep(1.0)                 # a live delivery, and the late node's next direct get
+        out["version_after_cas"] = late_counters["tuner_version"]
         out["nodec"], out["kc"] = dict(nodec), dict(kc)
         # a shard starting now (e.g. taking the job over) learns the job's newest version from the bus
         mirror = TunerMirror(["j"], {})
@@ -146,9 +157,10 @@ def test_applied_versions_reach_the_jobs_nodes_and_nothing_else(tmp_path):
     assert out["nodec"].get("publish_refused", 0) >= 1
     assert out["kc"].get("subscribe_refused", 0) >= 1
     assert '"$G/user:node.j.node0" - Publish Violation - Subject "dynamiccl.tuner.j"' in log
-    assert '"$G/user:node.k.node5" - Subscription Violation - Subject "dynamiccl.tuner.j"' in log
+    assert '"$G/user:node.k.node5" - Subscription Violation - Subject "dynamiccl.tunerlive.j"' in log
     assert '"$G/user:node.k.node5" - Publish Violation - Subject "$JS.API.DIRECT.GET.DYNAMICCL_TUNER.dynamiccl.tuner.j"' in log
     assert out["mirror"] == 3
+    assert out["cas_code"] == 10071 and out["version_after_cas"] == 3
     assert out["stored_after_node_publish"]["Dynamiccl-Tuner-Version"] == "1"   # the shard user's last, not the node's 77
 
 
@@ -156,3 +168,10 @@ def _older(text: bytes) -> bytes:
     """The file's first version alone: well-formed, older than what the nodes hold."""
     from dynamiccl.nccl_tuner_plugin.config import parse_configs
     return format_configs(parse_configs(text.decode())[:1]).encode()
+
+
+def _newer(text: bytes) -> bytes:
+    """The file with one more version: what a node would write if it ever saw it."""
+    from dynamiccl.nccl_tuner_plugin.config import TunerConfig, parse_configs
+    configs = parse_configs(text.decode())
+    return format_configs(configs[-7:] + [TunerConfig(configs[-1].version + 1, (Rule("AllReduce", 0, 1, "TREE", "LL", 1),))]).encode()

@@ -15,15 +15,29 @@ from dynamiccl.scaleout.tuner_publish import TunerMirror, TunerPublisher
 RULE = Rule("AllReduce", 0, 65535, "RING", "LL", 4)
 
 
+class WrongLastSequence(Exception):
+    err_code = 10071                      # what nats-py's APIError carries when the compare-and-set fails
+
+
 class FakeJS:
+    """The stream's side of a publish: its compare-and-set on the subject's last sequence."""
+
     def __init__(self, fail: int = 0):
-        self.sent, self.fail = [], fail
+        self.sent, self.fail, self.last_seq = [], fail, 0
 
     async def publish(self, subject, data, timeout=None, headers=None):
         if self.fail:
             self.fail -= 1
             raise TimeoutError("no responders")
+        if int(headers.get("Nats-Expected-Last-Subject-Sequence", self.last_seq)) != self.last_seq:
+            raise WrongLastSequence("wrong last sequence")
+        self.last_seq += 1
         self.sent.append((subject, headers, data))
+        return type("Ack", (), {"seq": self.last_seq})()
+
+    async def get_last_msg(self, stream, subject, direct=False):
+        s, h, d = self.sent[-1]
+        return type("Msg", (), {"subject": s, "headers": h, "data": d, "seq": self.last_seq})()
 
 
 def _bus_file(*versions, proto="LL"):
@@ -87,10 +101,47 @@ def test_a_job_taken_over_continues_the_buses_version_numbers(tmp_path):
         other.push(rules)
     assert other.history[0] == first.retuner.pusher.history[0]     # it continued from version 1 the same way
     mirror.offer(tuner_subject("j"), tuner_headers("j", 4), format_configs(other.history).encode())
-    again = make("j")                              # the job moves back: its retuner was behind, rebuilt
-    assert again is not first and retuners["j"] is again and counters["tuner_seeded"] == 1
+    old = first.retuner
+    again = make("j")                              # the job moves back: its retuner was behind, rebuilt in place
+    assert again is first and again.retuner is not old and counters["tuner_seeded"] == 1
     assert again.retuner.pusher.version == 4 and again.retuner.pusher.push([RULE]) == 5
     assert [c.version for c in read_configs(tmp_path / "c-j.conf")] == [1, 2, 3, 4, 5]
-    assert make("j") is again                      # not behind: kept (its versions, its memory)
+    kept = again.retuner
+    assert make("j").retuner is kept               # not behind: kept (its versions, its memory)
     for jr in retuners.values():
+        jr.close()
+
+
+def test_two_shards_racing_for_a_job_store_one_version_and_the_loser_continues_from_it(tmp_path):
+    """Both believe they own the job for a moment and both apply a version 2 with other rules: the
+    stream's compare-and-set stores the first; the second is refused, counted, and its retuner rebuilt
+    from the stored file, so its next version is 3 above the stored 2 (never a second, different 2)."""
+    js = FakeJS()
+    rebuilt = []
+    shards = {}
+    for name in ("a", "b"):
+        counters = {}
+        mirror = TunerMirror(["j"], counters)
+        retuning = CentralRetuning(RetunerConfig(dry_run=False, jobs=("j",)), str(tmp_path / f"{name}-{{job}}.conf"),
+                                   None).validate(["j"])
+        factory = retuner_factory(retuning, {}, seed=mirror.seed)
+        pub = TunerPublisher(js, counters, mirror, on_conflict=lambda job, f=factory: (rebuilt.append(job), f.rebuild(job)))
+        shards[name] = (factory, pub, counters, mirror)
+    (fa, pa, ca, ma), (fb, pb, cb, mb) = shards["a"], shards["b"]
+    ja = fa("j")
+    ja.retuner.pusher.push([RULE])
+    asyncio.run(pa.publish_due({"j": ja.retuner.pusher}))
+    mb.offer(tuner_subject("j"), tuner_headers("j", 1), js.sent[-1][2], 1)      # b hears version 1 ...
+    jb = fb("j")                                                                # ... and gets the job
+    assert jb.retuner.pusher.version == 1 and cb["tuner_seeded"] == 1
+    ja.retuner.pusher.push([])                                                  # both apply a version 2
+    jb.retuner.pusher.push([RULE, RULE])
+    assert asyncio.run(pa.publish_due({"j": ja.retuner.pusher})) == 1
+    assert asyncio.run(pb.publish_due({"j": jb.retuner.pusher})) == 0           # refused by the stream
+    assert cb["tuner_publish_conflicts"] == 1 and rebuilt == ["j"] and len(js.sent) == 2
+    assert jb.retuner.pusher.version == 2 and jb.retuner.pusher.history[-1] == ja.retuner.pusher.history[-1]
+    assert jb.retuner.pusher.push([RULE]) == 3
+    assert asyncio.run(pb.publish_due({"j": jb.retuner.pusher})) == 1           # continues above the stored 2
+    assert [h["Dynamiccl-Tuner-Version"] for _, h, _ in js.sent] == ["1", "2", "3"]
+    for jr in (ja, jb):
         jr.close()

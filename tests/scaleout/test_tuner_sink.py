@@ -8,7 +8,7 @@ import pytest
 
 from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
 from dynamiccl.nccl_tuner_plugin.config import Rule, TunerConfig, format_configs, parse_configs, read_configs
-from dynamiccl.scaleout.tuner_bus import H_JOB, H_VERSION, TunerSink, tuner_headers, tuner_subject
+from dynamiccl.scaleout.tuner_bus import H_JOB, H_VERSION, TunerSink, stored_subject, tuner_headers, tuner_subject
 
 
 def _file(*versions, proto="LL"):
@@ -130,3 +130,10 @@ def test_the_tuner_file_flag_is_validated_at_start_up(tmp_path, capsys):
     from dynamiccl.cli import main
     assert main(["node", "--node", "n0", "--job", "j", "--tuner-config", str(tmp_path / "absent" / "t.conf")]) == 2
     assert "node.tuner_config" in capsys.readouterr().err
+
+
+def test_a_republished_message_names_the_subject_it_was_stored_under():
+    h = {"Nats-Subject": "dynamiccl.tuner.j", "Nats-Sequence": "7"}
+    assert stored_subject("dynamiccl.tunerlive.j", h) == ("dynamiccl.tuner.j", 7)
+    assert stored_subject("dynamiccl.tuner.j", h) == ("dynamiccl.tuner.j", None)   # not a republish: as it came
+    assert stored_subject("dynamiccl.tunerlive.j", {}) == ("", None)               # refused as wrong_job then
