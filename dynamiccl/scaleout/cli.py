@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     n.add_argument("--tuner-config", default=None, metavar="PATH",
                    help="write the job's applied tuner config (from `dynamiccl central --apply`, over the bus) "
                         "here, where this node's ranks' tuner plugin reads it (DYNAMICCL_TUNER_CONFIG)")
+    n.add_argument("--tuner-poll", type=float, default=5.0, metavar="S",
+                   help="read the job's latest tuner config from the stream this often (besides the live updates)")
     _nats_args(n)
     n.set_defaults(func=main_node)
     c = subparsers.add_parser("central", help="central shard: partials from NATS → merged windows → detector",
@@ -82,7 +84,8 @@ def node_config(args):
     return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
                                         max_message_bytes=args.max_message),
                              receiver=receiver, nats=_nats(args), metrics=_off(args.metrics),
-                             tuner_config=getattr(args, "tuner_config", None)).validate()
+                             tuner_config=getattr(args, "tuner_config", None),
+                             tuner_poll_s=getattr(args, "tuner_poll", 5.0)).validate()
 
 
 def central_config(args):

@@ -130,6 +130,8 @@ def test_the_tuner_file_flag_is_validated_at_start_up(tmp_path, capsys):
     from dynamiccl.cli import main
     assert main(["node", "--node", "n0", "--job", "j", "--tuner-config", str(tmp_path / "absent" / "t.conf")]) == 2
     assert "node.tuner_config" in capsys.readouterr().err
+    assert main(["node", "--node", "n0", "--job", "j", "--tuner-config", str(tmp_path / "t.conf"), "--tuner-poll", "0"]) == 2
+    assert "node.tuner_poll_s" in capsys.readouterr().err
 
 
 def test_a_republished_message_names_the_subject_it_was_stored_under():
