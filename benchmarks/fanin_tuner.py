@@ -140,14 +140,15 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         r = asyncio.run(run(args, Path(d)))
+    line = {"nodes": args.nodes, "servers": args.servers, "versions": r["versions"], "rules": args.rules,
+            "file_bytes": r["bytes"], "first_node_p50_s": f"{r['first_p50']:.3f}",
+            "first_node_max_s": f"{r['first_max']:.3f}", "node_ms_p50": f"{r['node_ms']:.1f}",
+            "all_nodes_in_process_p50_s": f"{r['p50']:.3f}", "all_nodes_in_process_max_s": f"{r['max']:.3f}",
+            "cpu_ms_per_version": f"{r['cpu_per_version_ms']:.1f}", "identical": f"{r['identical']}/{args.nodes}",
+            "refused": r["refused"], "late": r["late"], "published": r["published"], "pass": int(r["passed"])}
     print(f"load {os.getloadavg()}")
-    print(f"nodes={args.nodes} servers={args.servers} versions={r['versions']} rules={args.rules} "
-          f"file_bytes={r['bytes']} first_node_p50_s={r['first_p50']:.3f} first_node_max_s={r['first_max']:.3f} "
-          f"node_ms_p50={r['node_ms']:.1f} all_nodes_in_process_p50_s={r['p50']:.3f} all_nodes_in_process_max_s={r['max']:.3f} "
-          f"cpu_ms_per_version={r['cpu_per_version_ms']:.1f} identical={r['identical']}/{args.nodes} "
-          f"refused={r['refused']} late={r['late']} published={r['published']} pass={int(r['passed'])}")
+    print(" ".join(f"{k}={v}" for k, v in line.items()))
     return 0 if r["passed"] else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
