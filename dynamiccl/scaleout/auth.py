@@ -82,6 +82,7 @@ def node_permissions(job: str, node: str) -> dict:
 
 def shard_permissions(shard: str) -> dict:
     api = [f"$JS.API.{verb}.{s}" for s in (_STREAM, _KV_STREAM, _TUNER_STREAM) for verb in ("STREAM.CREATE", "STREAM.INFO")]
+    api.append(f"$JS.API.STREAM.UPDATE.{_TUNER_STREAM}")      # its configuration moves with the release
     consumers = [f"$JS.API.CONSUMER.{pat}.{s}{tail}" for s in (_STREAM, _KV_STREAM) for pat in ("*", "*.*")
                  for tail in ("", ".>")]   # CREATE.<stream>[.<name>.<filter>], DURABLE.CREATE.<stream>.<name>, MSG.NEXT...
     return {"publish": {"allow": ["$JS.API.INFO", *api, *consumers, f"$JS.ACK.{_STREAM}.>", "$JS.FC.>",

@@ -48,6 +48,7 @@ TUNER_PREFIX = "dynamiccl.tuner"
 LIVE_PREFIX = "dynamiccl.tunerlive"      # the stream's republish of what it stored (not in its subjects)
 H_JOB = "Dynamiccl-Job"
 H_VERSION = "Dynamiccl-Tuner-Version"
+STREAM_EXISTS_OTHERWISE = 10058          # JetStream: "stream name already in use with a different configuration"
 # why a node refuses a payload (each counted as ``tuner_refused_<reason>``)
 REFUSALS = ("oversize", "wrong_job", "malformed", "older_version", "version_reused", "write_failed")
 
@@ -200,6 +201,8 @@ async def ensure_tuner_stream(js, replicas: int = 1):
     for _ in range(60):                  # the cluster elects a meta leader first
         try:
             return await js.add_stream(cfg)
-        except Exception:  # noqa: BLE001 - not ready yet: retry, bounded
+        except Exception as e:  # noqa: BLE001 - not ready yet: retry, bounded
+            if getattr(e, "err_code", None) == STREAM_EXISTS_OTHERWISE:
+                return await js.update_stream(cfg)     # an older release's or other replicas: brought to this one
             await asyncio.sleep(0.5)
     return await js.add_stream(cfg)

@@ -175,3 +175,25 @@ def _newer(text: bytes) -> bytes:
     from dynamiccl.nccl_tuner_plugin.config import TunerConfig, parse_configs
     configs = parse_configs(text.decode())
     return format_configs(configs[-7:] + [TunerConfig(configs[-1].version + 1, (Rule("AllReduce", 0, 1, "TREE", "LL", 1),))]).encode()
+
+
+def test_an_older_tuner_stream_is_brought_to_this_configuration(tmp_path):
+    """A ``DYNAMICCL_TUNER`` stream left by an older release (no republish, no direct gets) is updated
+    by the shard user at start-up, not refused (which would stop the shard)."""
+    from nats.js.api import StreamConfig
+
+    from dynamiccl.scaleout.nats_bus import loopback_cluster
+    from dynamiccl.scaleout.tuner_bus import LIVE_PREFIX, ensure_tuner_stream
+
+    files = write_auth(tmp_path / "auth", {"j": frozenset({"n0"})}, ["s0"])
+    server = loopback_cluster(tmp_path / "nats", 1, config=tmp_path / "auth" / AUTH_CONF)
+
+    async def run():
+        nc, js = await _raw(server.urls[0], str(files["shard.s0"]), {})
+        await js.add_stream(StreamConfig(name=TUNER_STREAM, subjects=["dynamiccl.tuner.*"], max_msgs_per_subject=1))
+        info = await ensure_tuner_stream(js)
+        await nc.close()
+        return info.config
+
+    cfg = run_then_stop(server, run())
+    assert cfg.allow_direct and cfg.republish.dest.startswith(LIVE_PREFIX)
