@@ -14,13 +14,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
-__all__ = ["subject", "msg_id", "window_of", "Bus", "InProcessBus", "Outbox", "Message"]
+__all__ = ["token", "subject", "msg_id", "window_of", "Bus", "InProcessBus", "Outbox", "Message"]
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SUBJECT_PREFIX = "dynamiccl.partials"
 
 
-def _token(kind: str, value: str) -> str:
+def token(kind: str, value: str) -> str:
+    """``value`` when it is one subject token (ValueError naming ``kind`` otherwise)."""
     if not _TOKEN.match(value):
         raise ValueError(f"{kind} {value!r}: a subject token is 1-64 of [A-Za-z0-9_-]")
     return value
@@ -29,7 +30,7 @@ def _token(kind: str, value: str) -> str:
 def subject(job: str, node: str) -> str:
     """>>> subject("j1", "node-7")
     'dynamiccl.partials.j1.node-7'"""
-    return f"{SUBJECT_PREFIX}.{_token('job', job)}.{_token('node', node)}"
+    return f"{SUBJECT_PREFIX}.{token('job', job)}.{token('node', node)}"
 
 
 def msg_id(job: str, node: str, window: int, part: int = 0, parts: int = 1) -> str:

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 from dynamiccl.contracts.tuner_file import HEADER, MAX_FILE_BYTES
 from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.nccl_tuner_plugin.config import parse_configs, read_configs
-from dynamiccl.scaleout.bus import _token
+from dynamiccl.scaleout.bus import token
 
 __all__ = ["TUNER_STREAM", "TUNER_PREFIX", "LIVE_PREFIX", "H_JOB", "H_VERSION", "REFUSALS", "Refused",
            "tuner_subject", "live_subject", "stored_subject", "tuner_headers", "parse_payload", "TunerSink",
@@ -56,11 +56,11 @@ REFUSALS = ("oversize", "wrong_job", "malformed", "older_version", "version_reus
 def tuner_subject(job: str) -> str:
     """>>> tuner_subject("j1")
     'dynamiccl.tuner.j1'"""
-    return f"{TUNER_PREFIX}.{_token('job', job)}"
+    return f"{TUNER_PREFIX}.{token('job', job)}"
 
 
 def live_subject(job: str) -> str:
-    return f"{LIVE_PREFIX}.{_token('job', job)}"
+    return f"{LIVE_PREFIX}.{token('job', job)}"
 
 
 def stored_subject(subject: str, headers: Mapping[str, str] | None) -> tuple[str, int | None]:

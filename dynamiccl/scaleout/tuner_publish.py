@@ -154,10 +154,10 @@ class TunerPublisher:
                     await self._lost(job, p.version)
                     continue
                 self.counters["tuner_publish_errors"] += 1
-                n = self.counters["tuner_publish_errors"]
-                if n & (n - 1) == 0:                  # logged at 1, 2, 4, ... errors: retried every round
+                errors = self.counters["tuner_publish_errors"]
+                if errors & (errors - 1) == 0:        # logged at 1, 2, 4, ... errors: retried every round
                     log.warning("tuner config version %d of job %s not published (%d errors): %r", p.version,
-                                job, n, e)
+                                job, errors, e)
                 continue
             self.published[job] = p.version
             self.counters["tuner_published"] += 1
