@@ -2,8 +2,6 @@
 refuses (counted by reason, the file untouched), and that a reader never sees a partial file."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from dynamiccl.contracts.tuner_file import MAX_FILE_BYTES
@@ -77,33 +75,24 @@ def test_an_unwritable_place_is_counted_and_retried(tmp_path):
     assert _offer(sink, _file(1)) == "written"          # the same version, once it can be written
 
 
-def test_a_reader_never_sees_a_partial_file(tmp_path):
-    """The plugin rereads while versions arrive: every read is a whole file (the format-2 trailer
-    would refuse a torn one)."""
+def test_a_write_that_fails_midway_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    """The plugin rereads the file at any moment: a node that dies or fails while writing must leave
+    the previous version whole (the new bytes go to a temporary file, fsync'd, then renamed). A
+    truncate-and-write in place would leave the new or a cut file here instead."""
+    import os
     path = tmp_path / "tuner.conf"
-    sink = TunerSink("j", str(path), {})
-    big = [Rule("AllReduce", i * 100, i * 100 + 99, "RING", "LL", 4) for i in range(200)]
-    assert sink.offer(tuner_subject("j"), tuner_headers("j", 1), format_configs([TunerConfig(1, tuple(big))]).encode()) == "written"
-    done, reads, torn = threading.Event(), [0], []
+    counters = {}
+    sink = TunerSink("j", str(path), counters)
+    assert _offer(sink, _file(1)) == "written"
 
-    def reader():
-        while not done.is_set():
-            try:
-                read_configs(path)
-                reads[0] += 1
-            except ValueError as e:
-                torn.append(str(e))
-    t = threading.Thread(target=reader)
-    t.start()
-    try:
-        for v in range(2, 60):
-            hist = [TunerConfig(x, tuple(big)) for x in range(max(1, v - 7), v + 1)]
-            data = format_configs(hist).encode()
-            assert sink.offer(tuner_subject("j"), tuner_headers("j", v), data) == "written"
-    finally:
-        done.set()
-        t.join()
-    assert torn == [] and reads[0] > 0 and read_configs(path)[-1].version == 59
+    def fail(_fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(os, "fsync", fail)
+    assert _offer(sink, _file(1, 2)) == "write_failed"
+    assert path.read_bytes() == _file(1) and sink.version == 1 and counters["tuner_refused_write_failed"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["tuner.conf"]      # no temporary file left behind
+    monkeypatch.undo()
+    assert _offer(sink, _file(1, 2)) == "written" and read_configs(path)[-1].version == 2
 
 
 def test_the_nodes_metrics_name_each_refusal(tmp_path):
