@@ -127,7 +127,7 @@ def test_two_shards_racing_for_a_job_store_one_version_and_the_loser_continues_f
         factory = retuner_factory(retuning, {}, seed=mirror.seed)
         pub = TunerPublisher(js, counters, mirror, on_conflict=lambda job, f=factory: (rebuilt.append(job), f.rebuild(job)))
         shards[name] = (factory, pub, counters, mirror)
-    (fa, pa, ca, ma), (fb, pb, cb, mb) = shards["a"], shards["b"]
+    (fa, pa, _ca, _ma), (fb, pb, cb, mb) = shards["a"], shards["b"]
     ja = fa("j")
     ja.retuner.pusher.push([RULE])
     asyncio.run(pa.publish_due({"j": ja.retuner.pusher}))
