@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "chain.h"
+#include "net.h"
 
 /* The chained library, loaded at the first init of a plugin lifetime (lifecycle lock). */
 static struct {
@@ -19,6 +20,12 @@ static struct {
   int abi;
   int tried; /* 1 once this lifetime looked at DYNAMICCL_PROFILER_CHAIN (a failure is logged once) */
 } g_chain;
+
+/* Its stop and state for the handles it gave out alone (chain_handle), the same for every
+   communicator. Set at load; the library stays mapped for the process (dccl_chain_unload), so a
+   late event forwarded while the last finalize runs still finds its code. */
+static _Atomic(dccl_chain_stop_fn) g_raw_stop;
+static _Atomic(dccl_chain_record_fn) g_raw_record;
 
 /* ------------------------------------------------------------------------------------------ */
 /* The ring: one atomic add and a seqlock-stamped write per chained event                      */
@@ -55,17 +62,84 @@ stale:
   return NULL;
 }
 
-/* A child's parent: a chain handle splits into the two plugins' handles (a stale one into two
-   NULLs, as NCCL passes after a dropped parent); anything else (NULL, a PXN parent from another
-   process) goes to both unchanged. */
-static inline void chain_parent(void* p, void** ours, void** theirs) {
+/* ------------------------------------------------------------------------------------------ */
+/* The handles kept beside our slots (chain.h)                                                 */
+
+/* Our own chained Coll/P2p or KernelCh handle (tag 1 or 2 with DCCL_H_CHAINED)? */
+static inline int chain_is_kept(uint64_t h) {
+  uint32_t r = DCCL_H_ROUTE(h);
+  return r == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) || r == (DCCL_H_TAG_KCH | DCCL_H_CHAINED);
+}
+
+/* The chained plugin's handle kept for our own handle h (Coll/P2p or KernelCh of ctx), or 0 when
+   the slot or channel entry has moved on to another operation (counted). */
+static inline uintptr_t chain_kept(const dccl_ctx_t* ctx, const dccl_chain_t* c, uint64_t h) {
+  uint32_t i = DCCL_H_SLOT(h);
+  if (i >= ctx->pool_size) goto stale;
+  const dccl_slot_t* s = &ctx->slots[i];
+  uintptr_t t;
+  uint32_t gen;
+  if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) {
+    t = atomic_load_explicit(&c->kch[(size_t)i * DCCL_MAX_CHANNELS + DCCL_H_CH(h)], memory_order_acquire);
+    gen = atomic_load_explicit(&s->ch[DCCL_H_CH(h)].gen, memory_order_relaxed);
+  } else {
+    t = atomic_load_explicit(&c->op[i], memory_order_acquire);
+    gen = (uint32_t)(atomic_load_explicit(&s->ctl, memory_order_relaxed) >> 1);
+  }
+  if ((gen & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
+stale:
+  atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed);
+  return 0;
+}
+
+/* Keep the chained plugin's handle beside ours (after our start stamped the generation). */
+static inline void chain_keep(dccl_chain_t* c, uint64_t ours, void* theirs) {
+  uint32_t i = DCCL_H_SLOT(ours);
+  _Atomic uintptr_t* at = DCCL_H_TAG(ours) == DCCL_H_TAG_KCH ? &c->kch[(size_t)i * DCCL_MAX_CHANNELS + DCCL_H_CH(ours)]
+                                                             : &c->op[i];
+  atomic_store_explicit(at, (uintptr_t)theirs, memory_order_release);
+}
+
+/* A handle the chained plugin gave out that can reach NCCL as it is: no handle of ours has tag 0
+   (internal.h), so its stop and states go straight back. */
+static inline int chain_raw_ok(uint64_t t) { return t != 0 && DCCL_H_TAG(t) == 0; }
+
+/* A child's parent, split into the two plugins' handles: a chained handle of ours gives ours and
+   the kept one, a ring handle its entry (a stale one two NULLs, as NCCL passes after a dropped
+   parent), another handle of ours (a dummy, a proxy event) ours only, and anything else (the
+   chained plugin's own handle, a PXN parent from another process) theirs only. */
+static inline void chain_parent(dccl_ctx_t* ctx, void* p, void** ours, void** theirs) {
   uint64_t h = (uint64_t)(uintptr_t)p;
-  *ours = *theirs = p;
-  if (!DCCL_H_IS_CHAIN(h)) return;
-  uintptr_t o = 0, t = 0;
-  if (chain_get(h, &o, &t) == NULL) o = t = 0;
-  *ours = (void*)o;
-  *theirs = (void*)t;
+  *ours = *theirs = NULL;
+  if (h == 0) return;
+  if (chain_is_kept(h) && DCCL_H_CTX(h) == ctx->index) {
+    *ours = (void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED);
+    *theirs = (void*)chain_kept(ctx, ctx->chain, h);
+  } else if (DCCL_H_IS_CHAIN(h)) {
+    uintptr_t o = 0, t = 0;
+    if (chain_get(h, &o, &t) == NULL) o = t = 0;
+    *ours = (void*)o;
+    *theirs = (void*)t;
+  } else if (DCCL_H_TAG(h) != 0) {
+    *ours = p;
+  } else {
+    *theirs = p;
+  }
+}
+
+/* The handle NCCL gets for an event both plugins were asked about: ours with the chained bit
+   (theirs kept beside our slot), either one alone when the other needs nothing back (our dummy
+   for an untracked parent: its stop and states do nothing), else a ring entry. */
+static inline void* chain_handle(dccl_ctx_t* ctx, void* ours, void* theirs) {
+  uint64_t o = (uint64_t)(uintptr_t)ours, t = (uint64_t)(uintptr_t)theirs;
+  uint32_t tag = DCCL_H_TAG(o);
+  if (tag == DCCL_H_TAG_SLOT || tag == DCCL_H_TAG_KCH) {
+    chain_keep(ctx->chain, o, theirs);
+    return (void*)(uintptr_t)(o | DCCL_H_CHAINED);
+  }
+  if (t == 0) return ours;
+  if ((o == 0 || o == DCCL_H_TAG_DUMMY) && chain_raw_ok(t)) return theirs;
+  return chain_put(ctx, ours, theirs);
 }
 
 /* Our start with our parent, theirs with theirs. The descriptor is NCCL's per-call object, passed
@@ -74,14 +148,14 @@ static inline void chain_parent(void* p, void** ours, void** theirs) {
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     void *parent = d->parentObj, *po, *pt, *ours = NULL, *theirs = NULL;                                     \
-    chain_parent(parent, &po, &pt);                                                                         \
+    chain_parent(ctx, parent, &po, &pt);                                                                    \
     d->parentObj = po;                                                                                      \
     dccl_start_v##V##_core(ctx, &ours, d);                                                                  \
     d->parentObj = pt;                                                                                      \
     const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
     t->startEvent(ctx->chain->ctx, &theirs, d);                                                             \
     d->parentObj = parent;                                                                                  \
-    *eHandle = (ours || theirs) ? chain_put(ctx, ours, theirs) : NULL;                                      \
+    *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
   }
 DCCL_DEFINE_CHAIN_START(4)
@@ -89,7 +163,26 @@ DCCL_DEFINE_CHAIN_START(5)
 DCCL_DEFINE_CHAIN_START(6)
 DCCL_DEFINE_CHAIN_START(7)
 
+static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
+
+/* A handle that is not ours (tag 0, chain_raw_ok): the chained plugin's own. */
+static inline ncclResult_t chain_raw_stop(uint64_t h) {
+  dccl_chain_stop_fn f = atomic_load_explicit(&g_raw_stop, memory_order_relaxed);
+  return f ? f((void*)(uintptr_t)h) : ncclSuccess;
+}
+
 ncclResult_t dccl_chain_stop(uint64_t h) {
+  if (chain_is_kept(h)) { /* ours (a KernelCh's stop does nothing: it counted at KernelChStop), then theirs */
+    dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+    if (ctx == NULL) {
+      chain_stale_count();
+      return ncclSuccess;
+    }
+    uintptr_t t = chain_kept(ctx, ctx->chain, h);
+    if (DCCL_H_TAG(h) == DCCL_H_TAG_SLOT) dccl_stop_core((void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED));
+    return t ? ctx->chain->stop((void*)t) : ncclSuccess;
+  }
+  if (!DCCL_H_IS_CHAIN(h)) return DCCL_H_TAG(h) == 0 ? chain_raw_stop(h) : ncclSuccess;
   uintptr_t o, t;
   dccl_ctx_t* ctx = chain_get(h, &o, &t);
   if (ctx == NULL) return ncclSuccess;
@@ -99,6 +192,22 @@ ncclResult_t dccl_chain_stop(uint64_t h) {
 }
 
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
+  if (chain_is_kept(h)) { /* the kept handle first: our KernelChStop may complete the operation */
+    dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+    if (ctx == NULL) {
+      chain_stale_count();
+      return ncclSuccess;
+    }
+    uintptr_t t = chain_kept(ctx, ctx->chain, h);
+    if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) /* a Coll/P2p has no state we use */
+      dccl_record_state_core((void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED), eState, args);
+    return t ? ctx->chain->record((void*)t, eState, args) : ncclSuccess;
+  }
+  if (!DCCL_H_IS_CHAIN(h)) {
+    dccl_chain_record_fn f = atomic_load_explicit(&g_raw_record, memory_order_relaxed);
+    if (DCCL_H_TAG(h) != 0) return ncclSuccess; /* not a handle anyone issued */
+    return f ? f((void*)(uintptr_t)h, eState, args) : ncclSuccess;
+  }
   uintptr_t o, t;
   dccl_ctx_t* ctx = chain_get(h, &o, &t);
   if (ctx == NULL) return ncclSuccess;
@@ -134,6 +243,9 @@ static const void* chain_load(const char* path, int abi) {
   g_chain.dl = dl;
   g_chain.table = table;
   g_chain.abi = abi;
+  const ncclProfiler_v5_t* t5 = table; /* stop and state sit at the same place in every version */
+  atomic_store_explicit(&g_raw_stop, t5->stopEvent, memory_order_relaxed);
+  atomic_store_explicit(&g_raw_record, (dccl_chain_record_fn)t5->recordEventState, memory_order_relaxed);
   DCCL_INFO("DynamICCL profiler: chained to %s (%s, v%d)", path, *(const char* const*)table, abi);
   return table;
 }
@@ -164,20 +276,28 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   if (table == NULL) return;
   dccl_chain_t* c = aligned_alloc(64, (sizeof *c + 63) & ~(size_t)63);
   dccl_chain_entry_t* ring = malloc(sizeof(dccl_chain_entry_t) * DCCL_CHAIN_ENTRIES);
-  if (c == NULL || ring == NULL) {
+  _Atomic uintptr_t* op = calloc(ctx->pool_size, sizeof *op);
+  _Atomic uintptr_t* kch = calloc((size_t)ctx->pool_size * DCCL_MAX_CHANNELS, sizeof *kch);
+  if (c == NULL || ring == NULL || op == NULL || kch == NULL) {
     DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: out of memory; communicator not chained");
     free(c);
     free(ring);
+    free(op);
+    free(kch);
     return;
   }
   memset(c, 0, sizeof *c);
   for (uint32_t i = 0; i < DCCL_CHAIN_ENTRIES; i++) atomic_init(&ring[i].stamp, DCCL_CHAIN_STAMP_WRITING);
   c->table = table;
   c->ring = ring;
+  c->op = op;
+  c->kch = kch;
   if (chain_init(c, abi, commId, commName, nNodes, nranks, rank, logfn) != 0) {
     DCCL_WARN("DynamICCL profiler: the chained profiler's init failed for comm %016llx; not chained",
               (unsigned long long)commId);
     free(ring);
+    free(op);
+    free(kch);
     free(c);
     return;
   }
@@ -196,12 +316,14 @@ void dccl_chain_detach(dccl_ctx_t* ctx) {
 void dccl_chain_free(dccl_ctx_t* ctx) {
   if (ctx->chain == NULL) return;
   free(ctx->chain->ring);
+  free((void*)ctx->chain->op);
+  free((void*)ctx->chain->kch);
   free(ctx->chain);
   ctx->chain = NULL;
 }
 
-/* At the last finalize: no communicator refers to the library any more. */
-void dccl_chain_unload(void) {
-  if (g_chain.dl) dlclose(g_chain.dl);
-  memset(&g_chain, 0, sizeof g_chain);
-}
+/* At the last finalize: no communicator refers to the library any more. It is not unloaded: a
+   stop of one of its own handles (chain_handle) needs no communicator of ours to be forwarded, so
+   one racing this finalize must still find its code (a later lifetime's dlopen of the same path
+   gets the same mapping). */
+void dccl_chain_unload(void) { memset(&g_chain, 0, sizeof g_chain); }

@@ -389,10 +389,11 @@ DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d
    and the channel is counted there, so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  uint32_t tag = DCCL_H_TAG(h);
-  if (tag != DCCL_H_TAG_SLOT) {
-    if (tag != 0) return ncclSuccess; /* KernelCh (counted at its KernelChStop state), or a dummy */
-    return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
+  uint32_t route = DCCL_H_ROUTE(h);
+  if (route != DCCL_H_TAG_SLOT) {
+    /* KernelCh (counted at its KernelChStop state), or a dummy */
+    if (route == DCCL_H_TAG_KCH || route == DCCL_H_TAG_DUMMY || h == 0) return ncclSuccess;
+    return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h); /* a proxy event, or chained (chain.h) */
   }
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
@@ -431,8 +432,8 @@ static inline void phase_stopped(uint64_t h, uint64_t t) {
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  uint32_t tag = DCCL_H_TAG(h);
-  if (tag == DCCL_H_TAG_KCH) {
+  uint32_t route = DCCL_H_ROUTE(h);
+  if (route == DCCL_H_TAG_KCH) {
     if (eState != ncclProfilerKernelChStop) return ncclSuccess;
     dccl_ctx_t* ctx;
     dccl_slot_t* s = handle_slot_ctx(h, &ctx);
@@ -440,13 +441,12 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
     else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (tag == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
+  if (route == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
     if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (__builtin_expect(tag == 0 && h != 0, 0)) /* a chained profiler's or a proxy event's handle */
-    return DCCL_H_IS_CHAIN(h) ? dccl_chain_record(h, eState, args)
-           : DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : ncclSuccess;
+  if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* a proxy event's, or chained (chain.h) */
+    return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);
   return ncclSuccess;
 }
 
