@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "chain.h"
+#include "kch.h"
 #include "net.h"
 
 /* The chained library, loaded at the first init of a plugin lifetime (lifecycle lock). */
@@ -64,6 +65,8 @@ stale:
 
 /* ------------------------------------------------------------------------------------------ */
 /* The handles kept beside our slots (chain.h)                                                 */
+
+static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
 
 /* Our own chained Coll/P2p or KernelCh handle (tag 1 or 2 with DCCL_H_CHAINED)? */
 static inline int chain_is_kept(uint64_t h) {
@@ -142,11 +145,46 @@ static inline void* chain_handle(dccl_ctx_t* ctx, void* ours, void* theirs) {
   return chain_put(ctx, ours, theirs);
 }
 
+/* A KernelCh start whose parent is a kept Coll/P2p handle of ours (the most frequent chained start):
+   the parent decoded once for both plugins. Our start (or its refusal, counted as alone) goes to
+   *ours; returns the chained plugin's parent (NULL, counted, when the slot moved on). */
+static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* ctx, uint64_t p, uint8_t ch, uint64_t pTimer, void** ours) {
+  uint32_t i = DCCL_H_SLOT(p);
+  if (DCCL_H_CTX(p) != ctx->index || i >= ctx->pool_size) {
+    chain_stale_count();
+    return NULL;
+  }
+  dccl_slot_t* s = &ctx->slots[i];
+  uintptr_t t = atomic_load_explicit(&ctx->chain->op[i], memory_order_acquire);
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  if (((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(p)) { /* the slot's next operation: neither plugin's */
+    kch_reject();
+    chain_stale_count();
+    return NULL;
+  }
+  if (c & 1) kch_reject(); /* ours finished (theirs still gets its parent) */
+  else start_kch_in(ctx, s, p & ~(uint64_t)DCCL_H_CHAINED, ours, ch, pTimer);
+  return (void*)t;
+}
+
 /* Our start with our parent, theirs with theirs. The descriptor is NCCL's per-call object, passed
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
    restored before returning (a copy of the whole descriptor per start would cost more than the rest). */
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
-  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
+  /* KernelCh under a kept Coll/P2p: its own frame, few live values; ours goes straight to *eHandle. */     \
+  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+    void *parent = d->parentObj, *theirs = NULL;                                                             \
+    const dccl_chain_t* c = ctx->chain;                                                                      \
+    d->parentObj = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId,                  \
+                                   d->kernelCh.pTimer, eHandle);                                             \
+    ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, &theirs, d);                                \
+    d->parentObj = parent;                                                                                  \
+    *eHandle = chain_handle(ctx, *eHandle, theirs);                                                         \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  static __attribute__((noinline)) ncclResult_t chain_start_v##V(dccl_ctx_t* ctx, void** eHandle,            \
+                                                                  ncclProfilerEventDescr_v##V##_t* d) {     \
     void *parent = d->parentObj, *po, *pt, *ours = NULL, *theirs = NULL;                                     \
     chain_parent(ctx, parent, &po, &pt);                                                                    \
     d->parentObj = po;                                                                                      \
@@ -157,18 +195,60 @@ static inline void* chain_handle(dccl_ctx_t* ctx, void* ours, void* theirs) {
     d->parentObj = parent;                                                                                  \
     *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* Two tail calls: neither path pays the other's register saves. */                                       \
+  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
+    if ((uint64_t)d->type == ncclProfileKernelCh &&                                                          \
+        DCCL_H_ROUTE((uint64_t)(uintptr_t)d->parentObj) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED))               \
+      return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
+    return chain_start_v##V(ctx, eHandle, d);                                                                \
   }
 DCCL_DEFINE_CHAIN_START(4)
 DCCL_DEFINE_CHAIN_START(5)
 DCCL_DEFINE_CHAIN_START(6)
 DCCL_DEFINE_CHAIN_START(7)
 
-static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
-
 /* A handle that is not ours (tag 0, chain_raw_ok): the chained plugin's own. */
 static inline ncclResult_t chain_raw_stop(uint64_t h) {
   dccl_chain_stop_fn f = atomic_load_explicit(&g_raw_stop, memory_order_relaxed);
   return f ? f((void*)(uintptr_t)h) : ncclSuccess;
+}
+
+/* A chained KernelCh handle of ours: its slot (*sp, NULL when gone) and the kept handle of the
+   chained plugin (0, counted, once the channel entry moved on to another operation). */
+static inline uintptr_t chain_kch_kept(uint64_t h, dccl_ctx_t** cp, dccl_slot_t** sp) {
+  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+  uint32_t i = DCCL_H_SLOT(h), ch = DCCL_H_CH(h);
+  *sp = NULL;
+  if (ctx == NULL || i >= ctx->pool_size) goto stale;
+  dccl_slot_t* s = &ctx->slots[i];
+  *cp = ctx;
+  *sp = s;
+  uintptr_t t = atomic_load_explicit(&ctx->chain->kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
+  if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
+stale:
+  chain_stale_count();
+  return 0;
+}
+
+/* KernelCh stop: ours does nothing (it counted at KernelChStop), so only the kept handle's. */
+ncclResult_t dccl_chain_kch_stop(uint64_t h) {
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s;
+  uintptr_t t = chain_kch_kept(h, &ctx, &s);
+  return t ? ctx->chain->stop((void*)t) : ncclSuccess;
+}
+
+/* KernelCh state: the kept handle is read first, as our KernelChStop may complete the operation. */
+ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s;
+  uintptr_t t = chain_kch_kept(h, &ctx, &s);
+  if (eState == ncclProfilerKernelChStop) {
+    if (s == NULL) kch_reject(); /* its communicator is gone */
+    else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
+  }
+  return t ? ctx->chain->record((void*)t, eState, args) : ncclSuccess;
 }
 
 ncclResult_t dccl_chain_stop(uint64_t h) {

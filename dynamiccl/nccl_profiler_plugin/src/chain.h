@@ -65,6 +65,9 @@ void dccl_chain_unload(void);
 /* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
+/* the most frequent of them: a KernelCh of ours (DCCL_H_TAG_KCH | DCCL_H_CHAINED) */
+ncclResult_t dccl_chain_kch_stop(uint64_t h);
+ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
 
 /* plugin.c: our own start per version (no chain), and the chained start (chain.c) */
 #define DCCL_DECLARE_START(V)                                                                               \
