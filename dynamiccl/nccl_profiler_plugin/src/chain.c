@@ -180,7 +180,14 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
                                    d->kernelCh.pTimer, eHandle);                                             \
     ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, &theirs, d);                                \
     d->parentObj = parent;                                                                                  \
-    *eHandle = chain_handle(ctx, *eHandle, theirs);                                                         \
+    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle */                           \
+    if (o == 0) {                                                                                            \
+      *eHandle = chain_handle(ctx, NULL, theirs);                                                            \
+      return ncclSuccess;                                                                                    \
+    }                                                                                                        \
+    atomic_store_explicit(&ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)],        \
+                          (uintptr_t)theirs, memory_order_release);                                          \
+    *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
   static __attribute__((noinline)) ncclResult_t chain_start_v##V(dccl_ctx_t* ctx, void** eHandle,            \
@@ -224,7 +231,7 @@ static inline uintptr_t chain_kch_kept(uint64_t h, dccl_ctx_t** cp, dccl_slot_t*
   dccl_slot_t* s = &ctx->slots[i];
   *cp = ctx;
   *sp = s;
-  uintptr_t t = atomic_load_explicit(&ctx->chain->kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
+  uintptr_t t = atomic_load_explicit(&ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
   if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
 stale:
   chain_stale_count();
@@ -236,7 +243,7 @@ ncclResult_t dccl_chain_kch_stop(uint64_t h) {
   dccl_ctx_t* ctx;
   dccl_slot_t* s;
   uintptr_t t = chain_kch_kept(h, &ctx, &s);
-  return t ? ctx->chain->stop((void*)t) : ncclSuccess;
+  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
 }
 
 /* KernelCh state: the kept handle is read first, as our KernelChStop may complete the operation. */
@@ -248,7 +255,7 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
     if (s == NULL) kch_reject(); /* its communicator is gone */
     else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
   }
-  return t ? ctx->chain->record((void*)t, eState, args) : ncclSuccess;
+  return t ? ctx->chain_record((void*)t, eState, args) : ncclSuccess;
 }
 
 ncclResult_t dccl_chain_stop(uint64_t h) {
@@ -382,6 +389,9 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
     return;
   }
   ctx->chain = c;
+  ctx->chain_kch = kch;
+  ctx->chain_stop = c->stop;
+  ctx->chain_record = c->record;
 }
 
 /* After the context left the handle table (no event reaches either plugin any more): the chained

@@ -200,6 +200,9 @@ typedef struct dccl_ctx {
   char name[88];
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
   struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
+  _Atomic uintptr_t* chain_kch;  /* chain->kch, one load nearer for the chained KernelCh paths */
+  ncclResult_t (*chain_stop)(void*); /* chain->stop and ->record, likewise */
+  ncclResult_t (*chain_record)(void*, ncclProfilerEventState_t, ncclProfilerEventStateArgs_v4_t*);
   struct dccl_net* net;          /* [pool_size] per-peer network timing, NULL unless opted in (net.h) */
   /* [pool_size], the reaper's only (registry lock): the ctl value it last saw in flight in slot i
      and when (CLOCK_MONOTONIC). An operation's age counts from the reaper's first sight of it, so
