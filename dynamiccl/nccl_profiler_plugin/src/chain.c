@@ -203,11 +203,24 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
-  /* Two tail calls: neither path pays the other's register saves. */                                       \
+  /* An untracked parent (our dummy): only the chained plugin's start. */                                   \
+  static __attribute__((noinline)) ncclResult_t chain_dummy_start_v##V(dccl_ctx_t* ctx, void** eHandle,      \
+                                                                        ncclProfilerEventDescr_v##V##_t* d) { \
+    void *parent = d->parentObj, *po, *pt, *ours = NULL, *theirs = NULL;                                     \
+    chain_parent(ctx, parent, &po, &pt);                                                                    \
+    start_dummy(ctx, &ours, (uint64_t)d->type);                                                             \
+    d->parentObj = pt;                                                                                      \
+    ((const ncclProfiler_v##V##_t*)ctx->chain->table)->startEvent(ctx->chain->ctx, &theirs, d);              \
+    d->parentObj = parent;                                                                                  \
+    *eHandle = chain_handle(ctx, ours, theirs);                                                             \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     if ((uint64_t)d->type == ncclProfileKernelCh &&                                                          \
         DCCL_H_ROUTE((uint64_t)(uintptr_t)d->parentObj) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED))               \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
+    if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                \
     return chain_start_v##V(ctx, eHandle, d);                                                                \
   }
 DCCL_DEFINE_CHAIN_START(4)
@@ -259,6 +272,7 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
 }
 
 ncclResult_t dccl_chain_stop(uint64_t h) {
+  if (DCCL_H_TAG(h) == 0) return chain_raw_stop(h);
   if (chain_is_kept(h)) { /* ours (a KernelCh's stop does nothing: it counted at KernelChStop), then theirs */
     dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
     if (ctx == NULL) {
@@ -269,7 +283,7 @@ ncclResult_t dccl_chain_stop(uint64_t h) {
     if (DCCL_H_TAG(h) == DCCL_H_TAG_SLOT) dccl_stop_core((void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED));
     return t ? ctx->chain->stop((void*)t) : ncclSuccess;
   }
-  if (!DCCL_H_IS_CHAIN(h)) return DCCL_H_TAG(h) == 0 ? chain_raw_stop(h) : ncclSuccess;
+  if (!DCCL_H_IS_CHAIN(h)) return ncclSuccess; /* not a handle anyone issued */
   uintptr_t o, t;
   dccl_ctx_t* ctx = chain_get(h, &o, &t);
   if (ctx == NULL) return ncclSuccess;
@@ -279,6 +293,10 @@ ncclResult_t dccl_chain_stop(uint64_t h) {
 }
 
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
+  if (DCCL_H_TAG(h) == 0) { /* the chained plugin's own (chain_raw_ok) */
+    dccl_chain_record_fn f = atomic_load_explicit(&g_raw_record, memory_order_relaxed);
+    return f ? f((void*)(uintptr_t)h, eState, args) : ncclSuccess;
+  }
   if (chain_is_kept(h)) { /* the kept handle first: our KernelChStop may complete the operation */
     dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
     if (ctx == NULL) {
@@ -290,11 +308,7 @@ ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, nccl
       dccl_record_state_core((void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED), eState, args);
     return t ? ctx->chain->record((void*)t, eState, args) : ncclSuccess;
   }
-  if (!DCCL_H_IS_CHAIN(h)) {
-    dccl_chain_record_fn f = atomic_load_explicit(&g_raw_record, memory_order_relaxed);
-    if (DCCL_H_TAG(h) != 0) return ncclSuccess; /* not a handle anyone issued */
-    return f ? f((void*)(uintptr_t)h, eState, args) : ncclSuccess;
-  }
+  if (!DCCL_H_IS_CHAIN(h)) return ncclSuccess; /* not a handle anyone issued */
   uintptr_t o, t;
   dccl_ctx_t* ctx = chain_get(h, &o, &t);
   if (ctx == NULL) return ncclSuccess;

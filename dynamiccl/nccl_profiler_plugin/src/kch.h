@@ -1,6 +1,7 @@
-/* DynamICCL profiler plugin: the KernelCh hot path and the completion marks, shared by our own
- * entry points (plugin.c) and the chained profiler's (chain.c), which decode a handle once for both
- * plugins. Every function here runs on NCCL's threads: no allocation, no lock.
+/* DynamICCL profiler plugin: the KernelCh hot path, the completion marks and the untracked parents'
+ * dummy, shared by our own entry points (plugin.c) and the chained profiler's (chain.c), which
+ * decode a handle once for both plugins. Every function here runs on NCCL's threads: no
+ * allocation, no lock.
  */
 #ifndef DYNAMICCL_KCH_H_
 #define DYNAMICCL_KCH_H_
@@ -18,6 +19,18 @@ static inline void slot_mark(dccl_slot_t* s, uint64_t h, uint64_t part) {
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
   dccl_slot_finish(s, 0);
+}
+
+#define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
+
+/* Parents we do not track (Group, GroupApi, CollApi, P2pApi, KernelLaunch; NCCL's event types are
+   single bits): a non-NULL dummy so NCCL keeps starting the children. Five of a collective's eleven
+   starts in eager mode, so they are taken inline, before the out-of-line switch and its register saves. */
+#define DCCL_DUMMY_TYPES \
+  ((uint64_t)(ncclProfileGroup | ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileKernelLaunch))
+static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, void** eHandle, uint64_t type) {
+  if (type == ncclProfileCollApi) dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */
+  *eHandle = DUMMY_HANDLE;
 }
 
 static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_dropped, 1, memory_order_relaxed); }

@@ -28,7 +28,6 @@
 
 
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
-#define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
 
 /* ------------------------------------------------------------------------------------------ */
 /* NCCL string -> wire code. The strings are static in NCCL, so a tiny direct-mapped cache of   */
@@ -249,15 +248,6 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
 }
 
-/* Parents we do not track (Group, GroupApi, CollApi, P2pApi, KernelLaunch; NCCL's event types are
-   single bits): a non-NULL dummy so NCCL keeps starting the children. Five of a collective's eleven
-   starts in eager mode, so they are taken inline, before the out-of-line switch and its register saves. */
-#define DCCL_DUMMY_TYPES \
-  ((uint64_t)(ncclProfileGroup | ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileKernelLaunch))
-static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, void** eHandle, uint64_t type) {
-  if (type == ncclProfileCollApi) dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */
-  *eHandle = DUMMY_HANDLE;
-}
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
