@@ -325,9 +325,11 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
     /* KernelCh (counted at its KernelChStop state), or a dummy */
-    if (route == DCCL_H_TAG_KCH || route == DCCL_H_TAG_DUMMY || h == 0) return ncclSuccess;
+    if (route == DCCL_H_TAG_KCH || route == DCCL_H_TAG_DUMMY) return ncclSuccess;
+    if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
+      return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
     if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_stop(h);
-    return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h); /* a proxy event, or chained (chain.h) */
+    return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */
   }
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
