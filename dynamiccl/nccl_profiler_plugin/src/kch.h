@@ -65,8 +65,7 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
   }
   atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
   dccl_kch_t* e = &s->ch[channelId];
-  e->start_ptimer = pTimer;
-  e->stop_ptimer = 0;
+  e->start_ptimer = pTimer; /* stop_ptimer is written before DCCL_KCH_STOPPED, the only way it is read */
   e->sync_start = 0;
   e->sync_ns = 0;
   e->order = kch_order(ctx, s, channelId, pTimer);
