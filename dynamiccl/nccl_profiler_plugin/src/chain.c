@@ -190,27 +190,22 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
+  /* Any other start; `dummy`: an untracked parent (ours is the dummy, whatever its parent). Called with \
+     a constant `dummy`, so each caller gets its own copy. */                                                \
   static __attribute__((noinline)) ncclResult_t chain_start_v##V(dccl_ctx_t* ctx, void** eHandle,            \
-                                                                  ncclProfilerEventDescr_v##V##_t* d) {     \
+                                                                  ncclProfilerEventDescr_v##V##_t* d,        \
+                                                                  int dummy) {                               \
     void *parent = d->parentObj, *po, *pt, *ours = NULL, *theirs = NULL;                                     \
     chain_parent(ctx, parent, &po, &pt);                                                                    \
-    d->parentObj = po;                                                                                      \
-    dccl_start_v##V##_core(ctx, &ours, d);                                                                  \
+    if (dummy) {                                                                                             \
+      start_dummy(ctx, &ours, (uint64_t)d->type);                                                            \
+    } else {                                                                                                 \
+      d->parentObj = po;                                                                                     \
+      dccl_start_v##V##_core(ctx, &ours, d);                                                                 \
+    }                                                                                                        \
     d->parentObj = pt;                                                                                      \
     const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
     t->startEvent(ctx->chain->ctx, &theirs, d);                                                             \
-    d->parentObj = parent;                                                                                  \
-    *eHandle = chain_handle(ctx, ours, theirs);                                                             \
-    return ncclSuccess;                                                                                     \
-  }                                                                                                          \
-  /* An untracked parent (our dummy): only the chained plugin's start. */                                   \
-  static __attribute__((noinline)) ncclResult_t chain_dummy_start_v##V(dccl_ctx_t* ctx, void** eHandle,      \
-                                                                        ncclProfilerEventDescr_v##V##_t* d) { \
-    void *parent = d->parentObj, *po, *pt, *ours = NULL, *theirs = NULL;                                     \
-    chain_parent(ctx, parent, &po, &pt);                                                                    \
-    start_dummy(ctx, &ours, (uint64_t)d->type);                                                             \
-    d->parentObj = pt;                                                                                      \
-    ((const ncclProfiler_v##V##_t*)ctx->chain->table)->startEvent(ctx->chain->ctx, &theirs, d);              \
     d->parentObj = parent;                                                                                  \
     *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
@@ -220,8 +215,8 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     if ((uint64_t)d->type == ncclProfileKernelCh &&                                                          \
         DCCL_H_ROUTE((uint64_t)(uintptr_t)d->parentObj) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED))               \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
-    if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                \
-    return chain_start_v##V(ctx, eHandle, d);                                                                \
+    if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                   \
+    return chain_start_v##V(ctx, eHandle, d, 0);                                                             \
   }
 DCCL_DEFINE_CHAIN_START(4)
 DCCL_DEFINE_CHAIN_START(5)
