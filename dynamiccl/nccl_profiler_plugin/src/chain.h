@@ -62,6 +62,10 @@ void dccl_chain_detach(dccl_ctx_t* ctx);
 void dccl_chain_free(dccl_ctx_t* ctx);
 void dccl_chain_unload(void);
 
+/* the chained plugin's stop and state for its own handles (chain_lifecycle.c sets them at load) */
+extern _Atomic(dccl_chain_stop_fn) dccl_chain_raw_stop;
+extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
+
 /* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
