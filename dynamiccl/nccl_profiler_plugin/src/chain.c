@@ -96,9 +96,12 @@ static inline void chain_parent(dccl_ctx_t* ctx, void* p, void** ours, void** th
   uint64_t h = (uint64_t)(uintptr_t)p;
   *ours = *theirs = NULL;
   if (h == 0) return;
-  if (chain_is_kept(h) && DCCL_H_CTX(h) == ctx->index) {
+  if (chain_is_kept(h)) { /* its communicator's table (a parent of another communicator is decoded too) */
+    dccl_ctx_t* pc = ctx;
+    if (DCCL_H_CTX(h) != ctx->index) pc = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
     *ours = (void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED);
-    *theirs = (void*)chain_kept(ctx, ctx->chain, h);
+    if (pc != NULL && pc->chain != NULL) *theirs = (void*)chain_kept(pc, pc->chain, h);
+    else chain_stale_count();
   } else if (DCCL_H_IS_CHAIN(h)) {
     uintptr_t o = 0, t = 0;
     if (chain_get(h, &o, &t) == NULL) o = t = 0;
@@ -117,8 +120,8 @@ static inline void chain_parent(dccl_ctx_t* ctx, void* p, void** ours, void** th
 static inline void* chain_handle(dccl_ctx_t* ctx, void* ours, void* theirs) {
   uint64_t o = (uint64_t)(uintptr_t)ours, t = (uint64_t)(uintptr_t)theirs;
   uint32_t tag = DCCL_H_TAG(o);
-  if (tag == DCCL_H_TAG_SLOT || tag == DCCL_H_TAG_KCH) {
-    chain_keep(ctx->chain, o, theirs);
+  if ((tag == DCCL_H_TAG_SLOT || tag == DCCL_H_TAG_KCH) && DCCL_H_CTX(o) == ctx->index) {
+    chain_keep(ctx->chain, o, theirs); /* (a KernelCh under another communicator's parent takes the ring) */
     return (void*)(uintptr_t)(o | DCCL_H_CHAINED);
   }
   if (t == 0) return ours;
@@ -131,7 +134,7 @@ static inline void* chain_handle(dccl_ctx_t* ctx, void* ours, void* theirs) {
    *ours; returns the chained plugin's parent (NULL, counted, when the slot moved on). */
 static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* ctx, uint64_t p, uint8_t ch, uint64_t pTimer, void** ours) {
   uint32_t i = DCCL_H_SLOT(p);
-  if (DCCL_H_CTX(p) != ctx->index || i >= ctx->pool_size) {
+  if (i >= ctx->pool_size) { /* (the caller checked that p names this communicator) */
     chain_stale_count();
     return NULL;
   }
@@ -193,8 +196,9 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
   }                                                                                                          \
   /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
-    if ((uint64_t)d->type == ncclProfileKernelCh &&                                                          \
-        DCCL_H_ROUTE((uint64_t)(uintptr_t)d->parentObj) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED))               \
+    uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
+    if ((uint64_t)d->type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&  \
+        DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
     if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                   \
     return chain_start_v##V(ctx, eHandle, d, 0);                                                             \

@@ -480,6 +480,44 @@ static int test_chain_handles(void) {
   return 0;
 }
 
+/* A KernelCh started with another chained communicator's context than its parent Coll's (NCCL passes
+   the operation's own context, but a shared proxy must not lose it): ours counts it in the parent's
+   slot as it would unchained, the chained plugin gets its parent, and its stop and state reach it. */
+static int test_chain_child_under_other_comm(void) {
+  clear_env();
+  char probe[4096];
+  ssize_t n = readlink("/proc/self/exe", probe, sizeof probe - 32);
+  TEST_ASSERT(n > 0, "own path");
+  probe[n] = '\0';
+  snprintf(strrchr(probe, '/'), 32, "/libchain-probe.so");
+  setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
+  dccl_ctx_t* a = init6(0xA11, 0, 2);
+  dccl_ctx_t* b = init6(0xB22, 0, 2);
+  unsetenv("DYNAMICCL_PROFILER_CHAIN");
+  TEST_ASSERT(a && b && a->chain && b->chain, "both chained (log: %s)", g_log);
+  void* dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD);
+  uint64_t (*calls)(void) = dl ? (uint64_t (*)(void))dlsym(dl, "chain_probe_calls") : NULL;
+  TEST_ASSERT(calls != NULL, "the probe's counter");
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 3, "AllReduce", "ncclFloat32", 1000, 1);
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(a, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  uint64_t stale0 = atomic_load(&dccl_g.chain_stale), c0 = calls();
+  void* k = kch_start(b, h, 0, 100); /* b's context, a's parent */
+  TEST_ASSERT(k != NULL && atomic_load(&dccl_g.chain_stale) == stale0, "started: stale %llu",
+              (unsigned long long)(atomic_load(&dccl_g.chain_stale) - stale0));
+  kch_stop(k, 200);
+  TEST_ASSERT(calls() == c0 + 2, "its state and stop reached the chained plugin: %llu", (unsigned long long)(calls() - c0));
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1 && out[0].channels_seen == 1 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU,
+              "our record counted the channel: %u", out[0].channels_seen);
+  ncclProfiler_v6.finalize(b);
+  ncclProfiler_v6.finalize(a);
+  if (dl) dlclose(dl);
+  clear_env();
+  return 0;
+}
+
 /* v7 kernelVariant: a hash of the name, the same for the same name wherever it lives; two names that
    share a cache entry (pointers 64 bytes apart) each keep their own hash. */
 static int test_kernel_variant_hash(void) {
