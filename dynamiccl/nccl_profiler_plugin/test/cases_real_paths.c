@@ -402,6 +402,15 @@ static int test_span_check_guard(void) {
   return 0;
 }
 
+/* libchain-probe.so beside this binary (make builds it there). */
+static int probe_path(char* out, size_t len) {
+  ssize_t n = readlink("/proc/self/exe", out, len - 32);
+  if (n <= 0) return -1;
+  out[n] = '\0';
+  snprintf(strrchr(out, '/'), 32, "/libchain-probe.so");
+  return 0;
+}
+
 /* DYNAMICCL_PROFILER_CHAIN (chain.c, chain.h). NCCL gets our own Coll/KernelCh handles with the
    chained bit, the chained plugin's kept beside our slot: our side still sees its own parents (the
    record completes with GPU timing), and the kept handle outlives our completion (a child still finds
@@ -412,10 +421,7 @@ static int test_span_check_guard(void) {
 static int test_chain_handles(void) {
   clear_env();
   char probe[4096];
-  ssize_t n = readlink("/proc/self/exe", probe, sizeof probe - 32);
-  TEST_ASSERT(n > 0, "own path");
-  probe[n] = '\0';
-  snprintf(strrchr(probe, '/'), 32, "/libchain-probe.so");
+  TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
   setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
   setenv("CHAIN_PROBE_MASK", "2050", 1); /* Coll | KernelLaunch */
   setenv("DYNAMICCL_POOL_SIZE", "1", 1);  /* every operation reuses slot 0 */
@@ -424,7 +430,7 @@ static int test_chain_handles(void) {
   unsetenv("CHAIN_PROBE_MASK");
   unsetenv("DYNAMICCL_POOL_SIZE");
   TEST_ASSERT(ctx != NULL && ctx->chain != NULL, "chained (log: %s)", g_log);
-  void* dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD);
+  void* dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD); /* the chained probe, loaded by init */
   uint64_t (*calls)(void) = dl ? (uint64_t (*)(void))dlsym(dl, "chain_probe_calls") : NULL;
   TEST_ASSERT(calls != NULL, "the probe's counter");
   TEST_ASSERT(g_mask == (DCCL_DEFAULT_EVENT_MASK | 2050), "NCCL's mask has both plugins' events: %d", g_mask);
@@ -486,10 +492,7 @@ static int test_chain_handles(void) {
 static int test_chain_child_under_other_comm(void) {
   clear_env();
   char probe[4096];
-  ssize_t n = readlink("/proc/self/exe", probe, sizeof probe - 32);
-  TEST_ASSERT(n > 0, "own path");
-  probe[n] = '\0';
-  snprintf(strrchr(probe, '/'), 32, "/libchain-probe.so");
+  TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
   setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
   dccl_ctx_t* a = init6(0xA11, 0, 2);
   dccl_ctx_t* b = init6(0xB22, 0, 2);
