@@ -38,9 +38,10 @@ the emulator for INSTR_SHORT and INSTR_LONG collectives (1 thread); the differen
 the extra collectives is the per-collective count, start-up costs cancelled. They are reported
 beside the nanoseconds; `pass` is the nanosecond goals (the issue's), never the counts.
 
---breakdown (needs valgrind) prints, for each plugin, the inclusive callgrind count of each entry point
-(startEvent, stopEvent, recordEventState, the sender thread) per collective at 1 and 8 channels, split
-into a per-channel part (KernelCh start, stop, KernelChStop state) and a per-collective part, then exits.
+--breakdown (needs valgrind) prints, for the no-op, ours, and ours with the no-op chained, the inclusive
+callgrind count of each entry point (startEvent, stopEvent, recordEventState, the sender thread) per
+collective at 1 and 8 channels, split into a per-channel part (KernelCh start, stop, KernelChStop state)
+and a per-collective part, then exits.
 
 Usage:  python benchmarks/plugin_overhead.py [--reps 7] [--colls 200000] [--no-callgrind] [--breakdown]
 Last line (machine-readable):  profiler_added_ns_1thread=... profiler_added_ns_2threads=...
@@ -161,18 +162,18 @@ def entry_counts(plugin: Path, colls: int, channels: int, env: dict, out: str) -
     return counts
 
 
-def breakdown(plugins: list[Path], env: dict) -> None:
+def breakdown(runs: list[tuple[str, Path, dict]]) -> None:
     """Per-collective inclusive instructions of each entry point: per channel and per collective parts."""
     extra = INSTR_LONG - INSTR_SHORT
     with tempfile.TemporaryDirectory(prefix="dccl-cg-") as tmp:
-        for plugin in plugins:
+        for label, plugin, env in runs:
             per = {}
             for ch in (1, 8):
                 a, b = (entry_counts(plugin, n, ch, env, f"{tmp}/cg.{n}.{ch}") for n in (INSTR_SHORT, INSTR_LONG))
                 per[ch] = {k: (b.get(k, 0) - a.get(k, 0)) / extra for k in ENTRY_POINTS[plugin.name]}
             for k in ENTRY_POINTS[plugin.name]:
                 chan = (per[8][k] - per[1][k]) / 7
-                print(f"{plugin.name:>30} {k:>24}: per collective at 8 channels {per[8][k]:7.1f}  "
+                print(f"{label:>30} {k:>24}: per collective at 8 channels {per[8][k]:7.1f}  "
                       f"= per channel {chan:6.1f} x 8 + per collective {per[1][k] - chan:6.1f}")
 
 
@@ -194,8 +195,9 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNAMICCL_")}
     env.update(DYNAMICCL_COLLECTOR=f"unix:{sock}", DYNAMICCL_RING_SIZE="262144")
 
-    if args.breakdown:
-        breakdown([noop, ours], env)
+    if args.breakdown:  # ours chained: the entry points' counts include the forwarding and the no-op's calls
+        breakdown([(noop.name, noop, env), (ours.name, ours, env),
+                   ("dynamiccl + chained no-op", ours, dict(env, DYNAMICCL_PROFILER_CHAIN=str(noop)))])
         return 0
     added = {}
     delivered = True

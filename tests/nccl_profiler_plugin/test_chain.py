@@ -60,6 +60,20 @@ def test_events_only_the_chained_plugin_asked_for_and_our_sampling(built):
     assert st["records_emitted"] == COLLS // 4 and st["sampled_out"] == COLLS - COLLS // 4, st
 
 
+@pytest.mark.parametrize("abi, flags, mask", [(7, 0x400, 70 | 32768),  # v7 KernelPhase: our phase handles
+                                              (6, 0x2000, 70 | 8 | 16)])  # per-peer timing: our proxy handles
+def test_events_both_plugins_record_under_their_own_handles(built, abi, flags, mask):
+    """Events both plugins keep a handle for that is not a Coll/KernelCh of ours (KernelPhase, ProxyOp/ProxyStep)
+    go through the chain ring: the probe still counts what it counts alone, and our records are whole."""
+    env = {"CHAIN_PROBE_MASK": str(mask), "DYNAMICCL_EVENT_MASK": str(mask)}
+    alone = probe_counts(emulate(built, built["chain_probe"], abi, flags=flags, env=env).stdout)
+    r = emulate(built, built["plugin"], abi, flags=flags, env={**env, "DYNAMICCL_PROFILER_CHAIN": str(built["chain_probe"])})
+    chained = probe_counts(r.stdout)
+    assert chained == alone and chained["starts"] > COLLS * 11, (chained, alone)
+    assert chained["bad_handles"] == chained["foreign_parents"] == chained["double_stops"] == 0
+    assert our_stats(r.stdout)["records_emitted"] >= COLLS
+
+
 @pytest.mark.parametrize("target", ["missing", "self"])
 def test_a_chain_that_cannot_load_is_logged_and_ours_still_records(built, tmp_path, target):
     path = str(tmp_path / "nope.so") if target == "missing" else str(built["plugin"])

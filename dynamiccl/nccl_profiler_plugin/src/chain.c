@@ -1,24 +1,13 @@
-/* DynamICCL profiler plugin: DYNAMICCL_PROFILER_CHAIN, forwarding every call to a second profiler
- * plugin (chain.h has the design). Loading, init and finalize run under the lifecycle lock; the
- * event paths use only the communicator's chain ring.
+/* DynamICCL profiler plugin: DYNAMICCL_PROFILER_CHAIN, the event paths that forward every call to a
+ * second profiler plugin (chain.h has the design; loading, init and finalize: chain_lifecycle.c).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "chain.h"
-
-/* The chained library, loaded at the first init of a plugin lifetime (lifecycle lock). */
-static struct {
-  void* dl;
-  const void* table;
-  int abi;
-  int tried; /* 1 once this lifetime looked at DYNAMICCL_PROFILER_CHAIN (a failure is logged once) */
-} g_chain;
+#include "kch.h"
+#include "net.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* The ring: one atomic add and a seqlock-stamped write per chained event                      */
@@ -55,41 +44,226 @@ stale:
   return NULL;
 }
 
-/* A child's parent: a chain handle splits into the two plugins' handles (a stale one into two
-   NULLs, as NCCL passes after a dropped parent); anything else (NULL, a PXN parent from another
-   process) goes to both unchanged. */
-static inline void chain_parent(void* p, void** ours, void** theirs) {
+/* ------------------------------------------------------------------------------------------ */
+/* The handles kept beside our slots (chain.h)                                                 */
+
+static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
+
+/* Our own chained Coll/P2p or KernelCh handle (tag 1 or 2 with DCCL_H_CHAINED)? */
+static inline int chain_is_kept(uint64_t h) {
+  uint32_t r = DCCL_H_ROUTE(h);
+  return r == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) || r == (DCCL_H_TAG_KCH | DCCL_H_CHAINED);
+}
+
+/* The chained plugin's handle kept for our own handle h (Coll/P2p or KernelCh of ctx), or 0 when
+   the slot or channel entry has moved on to another operation (counted). */
+static inline uintptr_t chain_kept(const dccl_ctx_t* ctx, const dccl_chain_t* c, uint64_t h) {
+  uint32_t i = DCCL_H_SLOT(h);
+  if (i >= ctx->pool_size) goto stale;
+  const dccl_slot_t* s = &ctx->slots[i];
+  uintptr_t t;
+  uint32_t gen;
+  if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) {
+    t = atomic_load_explicit(&c->kch[(size_t)i * DCCL_MAX_CHANNELS + DCCL_H_CH(h)], memory_order_acquire);
+    gen = atomic_load_explicit(&s->ch[DCCL_H_CH(h)].gen, memory_order_relaxed);
+  } else {
+    t = atomic_load_explicit(&c->op[i], memory_order_acquire);
+    gen = (uint32_t)(atomic_load_explicit(&s->ctl, memory_order_relaxed) >> 1);
+  }
+  if ((gen & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
+stale:
+  atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed);
+  return 0;
+}
+
+/* Keep the chained plugin's handle beside ours (after our start stamped the generation). */
+static inline void chain_keep(dccl_chain_t* c, uint64_t ours, void* theirs) {
+  uint32_t i = DCCL_H_SLOT(ours);
+  _Atomic uintptr_t* at = DCCL_H_TAG(ours) == DCCL_H_TAG_KCH ? &c->kch[(size_t)i * DCCL_MAX_CHANNELS + DCCL_H_CH(ours)]
+                                                             : &c->op[i];
+  atomic_store_explicit(at, (uintptr_t)theirs, memory_order_release);
+}
+
+/* A handle the chained plugin gave out that can reach NCCL as it is: no handle of ours has tag 0
+   (internal.h), so its stop and states go straight back. */
+static inline int chain_raw_ok(uint64_t t) { return t != 0 && DCCL_H_TAG(t) == 0; }
+
+/* A child's parent, split into the two plugins' handles: a chained handle of ours gives ours and
+   the kept one, a ring handle its entry (a stale one two NULLs, as NCCL passes after a dropped
+   parent), another handle of ours (a dummy, a proxy event) ours only, and anything else (the
+   chained plugin's own handle, a PXN parent from another process) theirs only. */
+static inline void chain_parent(dccl_ctx_t* ctx, void* p, void** ours, void** theirs) {
   uint64_t h = (uint64_t)(uintptr_t)p;
-  *ours = *theirs = p;
-  if (!DCCL_H_IS_CHAIN(h)) return;
-  uintptr_t o = 0, t = 0;
-  if (chain_get(h, &o, &t) == NULL) o = t = 0;
-  *ours = (void*)o;
-  *theirs = (void*)t;
+  *ours = *theirs = NULL;
+  if (h == 0) return;
+  if (chain_is_kept(h)) { /* its communicator's table (a parent of another communicator is decoded too) */
+    dccl_ctx_t* pc = ctx;
+    if (DCCL_H_CTX(h) != ctx->index) pc = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+    *ours = (void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED);
+    if (pc != NULL && pc->chain != NULL) *theirs = (void*)chain_kept(pc, pc->chain, h);
+    else chain_stale_count();
+  } else if (DCCL_H_IS_CHAIN(h)) {
+    uintptr_t o = 0, t = 0;
+    if (chain_get(h, &o, &t) == NULL) o = t = 0;
+    *ours = (void*)o;
+    *theirs = (void*)t;
+  } else if (DCCL_H_TAG(h) != 0) {
+    *ours = p;
+  } else {
+    *theirs = p;
+  }
+}
+
+/* The handle NCCL gets for an event both plugins were asked about: ours with the chained bit
+   (theirs kept beside our slot), either one alone when the other needs nothing back (our dummy
+   for an untracked parent: its stop and states do nothing), else a ring entry. */
+static inline void* chain_handle(dccl_ctx_t* ctx, void* ours, void* theirs) {
+  uint64_t o = (uint64_t)(uintptr_t)ours, t = (uint64_t)(uintptr_t)theirs;
+  uint32_t tag = DCCL_H_TAG(o);
+  if ((tag == DCCL_H_TAG_SLOT || tag == DCCL_H_TAG_KCH) && DCCL_H_CTX(o) == ctx->index) {
+    chain_keep(ctx->chain, o, theirs); /* (a KernelCh under another communicator's parent takes the ring) */
+    return (void*)(uintptr_t)(o | DCCL_H_CHAINED);
+  }
+  if (t == 0) return ours;
+  if ((o == 0 || o == DCCL_H_TAG_DUMMY) && chain_raw_ok(t)) return theirs;
+  return chain_put(ctx, ours, theirs);
+}
+
+/* A KernelCh start whose parent is a kept Coll/P2p handle of ours (the most frequent chained start):
+   the parent decoded once for both plugins. Our start (or its refusal, counted as alone) goes to
+   *ours; returns the chained plugin's parent (NULL, counted, when the slot moved on). */
+static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* ctx, uint64_t p, uint8_t ch, uint64_t pTimer, void** ours) {
+  uint32_t i = DCCL_H_SLOT(p);
+  if (i >= ctx->pool_size) { /* (the caller checked that p names this communicator) */
+    chain_stale_count();
+    return NULL;
+  }
+  dccl_slot_t* s = &ctx->slots[i];
+  uintptr_t t = atomic_load_explicit(&ctx->chain->op[i], memory_order_acquire);
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  if (((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(p)) { /* the slot's next operation: neither plugin's */
+    kch_reject();
+    chain_stale_count();
+    return NULL;
+  }
+  if (c & 1) kch_reject(); /* ours finished (theirs still gets its parent) */
+  else start_kch_in(ctx, s, p & ~(uint64_t)DCCL_H_CHAINED, ours, ch, pTimer);
+  return (void*)t;
 }
 
 /* Our start with our parent, theirs with theirs. The descriptor is NCCL's per-call object, passed
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
    restored before returning (a copy of the whole descriptor per start would cost more than the rest). */
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
-  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
+  /* KernelCh under a kept Coll/P2p: its own frame, few live values; ours goes straight to *eHandle. */     \
+  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+    void *parent = d->parentObj, *theirs = NULL;                                                             \
+    const dccl_chain_t* c = ctx->chain;                                                                      \
+    d->parentObj = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId,                  \
+                                   d->kernelCh.pTimer, eHandle);                                             \
+    ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, &theirs, d);                                \
+    d->parentObj = parent;                                                                                  \
+    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle */                           \
+    if (o == 0) {                                                                                            \
+      *eHandle = chain_handle(ctx, NULL, theirs);                                                            \
+      return ncclSuccess;                                                                                    \
+    }                                                                                                        \
+    atomic_store_explicit(&ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)],        \
+                          (uintptr_t)theirs, memory_order_release);                                          \
+    *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* Any other start; `dummy`: an untracked parent (ours is the dummy, whatever its parent). Called with \
+     a constant `dummy`, so each caller gets its own copy. */                                                \
+  static __attribute__((noinline)) ncclResult_t chain_start_v##V(dccl_ctx_t* ctx, void** eHandle,            \
+                                                                  ncclProfilerEventDescr_v##V##_t* d,        \
+                                                                  int dummy) {                               \
     void *parent = d->parentObj, *po, *pt, *ours = NULL, *theirs = NULL;                                     \
-    chain_parent(parent, &po, &pt);                                                                         \
-    d->parentObj = po;                                                                                      \
-    dccl_start_v##V##_core(ctx, &ours, d);                                                                  \
+    chain_parent(ctx, parent, &po, &pt);                                                                    \
+    if (dummy) {                                                                                             \
+      start_dummy(ctx, &ours, (uint64_t)d->type);                                                            \
+    } else {                                                                                                 \
+      d->parentObj = po;                                                                                     \
+      dccl_start_v##V##_core(ctx, &ours, d);                                                                 \
+    }                                                                                                        \
     d->parentObj = pt;                                                                                      \
     const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
     t->startEvent(ctx->chain->ctx, &theirs, d);                                                             \
     d->parentObj = parent;                                                                                  \
-    *eHandle = (ours || theirs) ? chain_put(ctx, ours, theirs) : NULL;                                      \
+    *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* Tail calls: no path pays another's register saves. */                                                  \
+  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
+    uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
+    if ((uint64_t)d->type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&  \
+        DCCL_H_CTX(p) == ctx->index)                                                                         \
+      return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
+    if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                   \
+    return chain_start_v##V(ctx, eHandle, d, 0);                                                             \
   }
 DCCL_DEFINE_CHAIN_START(4)
 DCCL_DEFINE_CHAIN_START(5)
 DCCL_DEFINE_CHAIN_START(6)
 DCCL_DEFINE_CHAIN_START(7)
 
+/* A handle that is not ours (tag 0, chain_raw_ok): the chained plugin's own. */
+static inline ncclResult_t chain_raw_stop(uint64_t h) {
+  dccl_chain_stop_fn f = atomic_load_explicit(&dccl_chain_raw_stop, memory_order_relaxed);
+  return f ? f((void*)(uintptr_t)h) : ncclSuccess;
+}
+
+/* A chained KernelCh handle of ours: its slot (*sp, NULL when gone) and the kept handle of the
+   chained plugin (0, counted, once the channel entry moved on to another operation). */
+static inline uintptr_t chain_kch_kept(uint64_t h, dccl_ctx_t** cp, dccl_slot_t** sp) {
+  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+  uint32_t i = DCCL_H_SLOT(h), ch = DCCL_H_CH(h);
+  *sp = NULL;
+  if (ctx == NULL || i >= ctx->pool_size) goto stale;
+  dccl_slot_t* s = &ctx->slots[i];
+  *cp = ctx;
+  *sp = s;
+  uintptr_t t = atomic_load_explicit(&ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
+  if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
+stale:
+  chain_stale_count();
+  return 0;
+}
+
+/* KernelCh stop: ours does nothing (it counted at KernelChStop), so only the kept handle's. */
+ncclResult_t dccl_chain_kch_stop(uint64_t h) {
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s;
+  uintptr_t t = chain_kch_kept(h, &ctx, &s);
+  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
+}
+
+/* KernelCh state: the kept handle is read first, as our KernelChStop may complete the operation. */
+ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
+  dccl_ctx_t* ctx;
+  dccl_slot_t* s;
+  uintptr_t t = chain_kch_kept(h, &ctx, &s);
+  if (eState == ncclProfilerKernelChStop) {
+    if (s == NULL) kch_reject(); /* its communicator is gone */
+    else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
+  }
+  return t ? ctx->chain_record((void*)t, eState, args) : ncclSuccess;
+}
+
 ncclResult_t dccl_chain_stop(uint64_t h) {
+  if (DCCL_H_TAG(h) == 0) return chain_raw_stop(h);
+  if (chain_is_kept(h)) { /* ours (a KernelCh's stop does nothing: it counted at KernelChStop), then theirs */
+    dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+    if (ctx == NULL) {
+      chain_stale_count();
+      return ncclSuccess;
+    }
+    uintptr_t t = chain_kept(ctx, ctx->chain, h);
+    if (DCCL_H_TAG(h) == DCCL_H_TAG_SLOT) dccl_stop_core((void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED));
+    return t ? ctx->chain->stop((void*)t) : ncclSuccess;
+  }
+  if (!DCCL_H_IS_CHAIN(h)) return ncclSuccess; /* not a handle anyone issued */
   uintptr_t o, t;
   dccl_ctx_t* ctx = chain_get(h, &o, &t);
   if (ctx == NULL) return ncclSuccess;
@@ -99,109 +273,26 @@ ncclResult_t dccl_chain_stop(uint64_t h) {
 }
 
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
+  if (DCCL_H_TAG(h) == 0) { /* the chained plugin's own (chain_raw_ok) */
+    dccl_chain_record_fn f = atomic_load_explicit(&dccl_chain_raw_record, memory_order_relaxed);
+    return f ? f((void*)(uintptr_t)h, eState, args) : ncclSuccess;
+  }
+  if (chain_is_kept(h)) { /* the kept handle first: our KernelChStop may complete the operation */
+    dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+    if (ctx == NULL) {
+      chain_stale_count();
+      return ncclSuccess;
+    }
+    uintptr_t t = chain_kept(ctx, ctx->chain, h);
+    if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) /* a Coll/P2p has no state we use */
+      dccl_record_state_core((void*)(uintptr_t)(h & ~(uint64_t)DCCL_H_CHAINED), eState, args);
+    return t ? ctx->chain->record((void*)t, eState, args) : ncclSuccess;
+  }
+  if (!DCCL_H_IS_CHAIN(h)) return ncclSuccess; /* not a handle anyone issued */
   uintptr_t o, t;
   dccl_ctx_t* ctx = chain_get(h, &o, &t);
   if (ctx == NULL) return ncclSuccess;
   if (o) dccl_record_state_core((void*)o, eState, args);
   if (t) ctx->chain->record((void*)t, eState, args);
   return ncclSuccess;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Lifecycle (lifecycle lock)                                                                  */
-
-/* The chained library's table of NCCL's version `abi`, or NULL (logged). Refuses our own library:
-   it would forward to itself forever. */
-static const void* chain_load(const char* path, int abi) {
-  if (g_chain.tried) return g_chain.abi == abi ? g_chain.table : NULL;
-  g_chain.tried = 1;
-  char sym[32];
-  snprintf(sym, sizeof sym, "ncclProfiler_v%d", abi); /* the version NCCL loaded us with */
-  void* dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  const void* table = dl ? dlsym(dl, sym) : NULL;
-  if (dl == NULL) {
-    DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: cannot load %s: %s; not chained", path, dlerror());
-    return NULL;
-  }
-  Dl_info mine, theirs;
-  int self = table && dladdr((void*)&chain_load, &mine) && dladdr(table, &theirs) && mine.dli_fbase == theirs.dli_fbase;
-  if (table == NULL || self) {
-    DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: %s %s; not chained", path,
-              self ? "is this plugin" : "does not export the profiler ABI NCCL loaded this plugin with");
-    dlclose(dl);
-    return NULL;
-  }
-  g_chain.dl = dl;
-  g_chain.table = table;
-  g_chain.abi = abi;
-  DCCL_INFO("DynamICCL profiler: chained to %s (%s, v%d)", path, *(const char* const*)table, abi);
-  return table;
-}
-
-/* The chained plugin's init for this communicator; 0 and its context in c->ctx on success. */
-static int chain_init(dccl_chain_t* c, int abi, uint64_t commId, const char* commName, int nNodes, int nranks,
-                      int rank, ncclDebugLogger_t logfn) {
-  ncclResult_t r;
-  if (abi == 4) {
-    const ncclProfiler_v4_t* t = c->table;
-    c->stop = t->stopEvent;
-    c->record = t->recordEventState;
-    r = t->init(&c->ctx, &c->mask, commName, commId, nNodes, nranks, rank, logfn);
-  } else { /* v5, v6 and v7 tables share their layout up to the descriptor types */
-    const ncclProfiler_v5_t* t = c->table;
-    c->stop = t->stopEvent;
-    c->record = (dccl_chain_record_fn)t->recordEventState;
-    r = t->init(&c->ctx, commId, &c->mask, commName, nNodes, nranks, rank, logfn);
-  }
-  return r == ncclSuccess && c->ctx != NULL ? 0 : -1;
-}
-
-void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* commName, int nNodes, int nranks,
-                       int rank, ncclDebugLogger_t logfn) {
-  const char* path = getenv("DYNAMICCL_PROFILER_CHAIN");
-  if (path == NULL || *path == '\0') return;
-  const void* table = chain_load(path, abi);
-  if (table == NULL) return;
-  dccl_chain_t* c = aligned_alloc(64, (sizeof *c + 63) & ~(size_t)63);
-  dccl_chain_entry_t* ring = malloc(sizeof(dccl_chain_entry_t) * DCCL_CHAIN_ENTRIES);
-  if (c == NULL || ring == NULL) {
-    DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: out of memory; communicator not chained");
-    free(c);
-    free(ring);
-    return;
-  }
-  memset(c, 0, sizeof *c);
-  for (uint32_t i = 0; i < DCCL_CHAIN_ENTRIES; i++) atomic_init(&ring[i].stamp, DCCL_CHAIN_STAMP_WRITING);
-  c->table = table;
-  c->ring = ring;
-  if (chain_init(c, abi, commId, commName, nNodes, nranks, rank, logfn) != 0) {
-    DCCL_WARN("DynamICCL profiler: the chained profiler's init failed for comm %016llx; not chained",
-              (unsigned long long)commId);
-    free(ring);
-    free(c);
-    return;
-  }
-  ctx->chain = c;
-}
-
-/* After the context left the handle table (no event reaches either plugin any more): the chained
-   plugin's finalize for this communicator. */
-void dccl_chain_detach(dccl_ctx_t* ctx) {
-  if (ctx->chain == NULL) return;
-  ncclResult_t (*fin)(void*) = g_chain.abi == 4 ? ((const ncclProfiler_v4_t*)ctx->chain->table)->finalize
-                                                : ((const ncclProfiler_v5_t*)ctx->chain->table)->finalize;
-  fin(ctx->chain->ctx);
-}
-
-void dccl_chain_free(dccl_ctx_t* ctx) {
-  if (ctx->chain == NULL) return;
-  free(ctx->chain->ring);
-  free(ctx->chain);
-  ctx->chain = NULL;
-}
-
-/* At the last finalize: no communicator refers to the library any more. */
-void dccl_chain_unload(void) {
-  if (g_chain.dl) dlclose(g_chain.dl);
-  memset(&g_chain, 0, sizeof g_chain);
 }

@@ -2,12 +2,24 @@
  *
  * NCCL loads one profiler. With a chain, every call it makes to ours is also made to the chained
  * plugin (loaded at the first init, same ABI version as NCCL loaded ours with), which keeps its own
- * context per communicator and its own event handles. The handle NCCL gets back names an entry of
- * the communicator's chain ring holding both handles (ours, theirs); a child's parentObj is
- * translated through it, so each plugin only ever sees its own handles. The ring is written with
- * one atomic add and a seqlock stamp: no allocation or lock on NCCL's threads. An entry is reused
- * after DCCL_CHAIN_ENTRIES later events of its communicator; a handle that old decodes to nothing
- * (counted in chain_stale), as a stop after its communicator's finalize does.
+ * context per communicator and its own event handles; a child's parentObj is translated, so each
+ * plugin only ever sees its own handles. No allocation or lock on NCCL's threads.
+ *
+ * Where the chained plugin's handle is kept:
+ *  - Coll/P2p and KernelCh events we track (26 of an eager AllReduce's 31 calls at 8 channels): in
+ *    the chain's table beside our slot (op[slot], kch[slot][channel]), written after our start
+ *    stamped the slot's (ctl) or channel entry's (gen) generation. NCCL gets our own handle with
+ *    DCCL_H_CHAINED set. A later call reads the kept handle, then the stamp (acquire on the read
+ *    orders it; the writer's release store of the handle follows its stamp), and forwards only while
+ *    the stamp still names the handle's generation: the stamps outlive our completion (a KernelCh
+ *    stop after its KernelChStop state still finds its entry) until the slot's next operation, and a
+ *    handle of an earlier occupant never reaches the chained plugin (counted in chain_stale).
+ *  - every other event (API events, KernelPhase, proxy events, and events we did not record): an
+ *    entry of the communicator's chain ring holding both handles (ours, theirs), written with one
+ *    atomic add and a seqlock stamp. An entry is reused after DCCL_CHAIN_ENTRIES later ring events
+ *    of its communicator; a handle that old decodes to nothing (counted in chain_stale), as a stop
+ *    after its communicator's finalize does. An event only one plugin answered needs no entry: the
+ *    other plugin's handle is returned alone.
  */
 #ifndef DYNAMICCL_CHAIN_H_
 #define DYNAMICCL_CHAIN_H_
@@ -35,6 +47,8 @@ typedef struct dccl_chain {
   dccl_chain_stop_fn stop;
   dccl_chain_record_fn record;
   int mask;                      /* the events it asked for at its init */
+  _Atomic uintptr_t* op;         /* [pool_size]: its handle of the Coll/P2p in our slot */
+  _Atomic uintptr_t* kch;        /* [pool_size * DCCL_MAX_CHANNELS]: its KernelCh handles */
   dccl_chain_entry_t* ring;      /* [DCCL_CHAIN_ENTRIES] */
   _Atomic uint64_t cursor __attribute__((aligned(64)));
 } dccl_chain_t;
@@ -48,9 +62,16 @@ void dccl_chain_detach(dccl_ctx_t* ctx);
 void dccl_chain_free(dccl_ctx_t* ctx);
 void dccl_chain_unload(void);
 
-/* hot path */
+/* the chained plugin's stop and state for its own handles (chain_lifecycle.c sets them at load) */
+extern _Atomic(dccl_chain_stop_fn) dccl_chain_raw_stop;
+extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
+
+/* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
+/* the most frequent of them: a KernelCh of ours (DCCL_H_TAG_KCH | DCCL_H_CHAINED) */
+ncclResult_t dccl_chain_kch_stop(uint64_t h);
+ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
 
 /* plugin.c: our own start per version (no chain), and the chained start (chain.c) */
 #define DCCL_DECLARE_START(V)                                                                               \

@@ -11,7 +11,7 @@
  * time) can be told from a slow rank (every peer's GPU wait). All of it runs on the operation's proxy
  * thread: plain stores, no lock, no allocation (the entries are allocated with the slots at init).
  *
- * Handles: tag 0 with DCCL_H_NET_MARK in bits 0-3, bit 4 set for a step, the entry index in bits
+ * Handles: DCCL_H_NET_MARK (internal.h) in bits 0-3 and 19, bit 4 set for a step, the entry index in bits
  * 5-7, the communicator and slot as in every handle, the step slot in bits 40-42 and the slot
  * generation's low 21 bits above; a proxy event that arrives after its
  * operation completed no longer matches and is counted (STATS reserved[1], with the chain's).
@@ -24,9 +24,7 @@
 #define DCCL_NET_MASK ncclProfileProxyOp
 #define DCCL_NET_PEERS 8      /* (peer, direction) entries per operation; more are counted, not kept */
 #define DCCL_NET_STEP_SLOTS 8 /* steps in flight per entry (NCCL_STEPS); step s uses slot s % 8 */
-#define DCCL_H_NET_MARK 0x0Cu /* bits 0-3 = 0b1100 (tag 0): never the chain mark's (0xA8: 0b1000) */
 #define DCCL_H_NET_STEP 0x10u /* bit 4: a ProxyStep handle (else its ProxyOp) */
-#define DCCL_H_IS_NET(h) (((uint32_t)(h) & 0x0Fu) == DCCL_H_NET_MARK)
 
 typedef struct dccl_net_peer {
   int32_t peer;

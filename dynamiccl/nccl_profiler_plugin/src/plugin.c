@@ -23,11 +23,11 @@
 #include <unistd.h>
 
 #include "chain.h"
+#include "kch.h"
 #include "net.h"
 
 
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
-#define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)
 
 /* ------------------------------------------------------------------------------------------ */
 /* NCCL string -> wire code. The strings are static in NCCL, so a tiny direct-mapped cache of   */
@@ -133,21 +133,6 @@ static inline uint32_t slot_alloc(dccl_ctx_t* ctx) {
 
 
 
-/* One completion mark (DCCL_DONE_STOPPED or _KERNELS) for the generation `h` names; the mark that
-   completes the word finishes the slot, once (internal.h: the completion rule). */
-static inline void slot_mark(dccl_slot_t* s, uint64_t h, uint64_t part) {
-  uint64_t w = atomic_load_explicit(&s->done, memory_order_relaxed);
-  do {
-    if ((w & DCCL_H_GEN_MASK) != DCCL_H_GEN(h) || (w & part)) return; /* a later occupant's, or marked already */
-  } while (!atomic_compare_exchange_weak_explicit(&s->done, &w, w | part, memory_order_acq_rel, memory_order_relaxed));
-  if ((w & DCCL_DONE_REAPED) || ((w | part) & DCCL_DONE_BOTH) != DCCL_DONE_BOTH) return;
-  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
-  atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
-  dccl_slot_finish(s, 0);
-}
-
-static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_dropped, 1, memory_order_relaxed); }
-
 /* Start a Coll (kind COLL) or P2p (kind P2P). `root` is the peer for P2P. `children`: KernelCh
    stops this operation will get (0: it completes at its stopEvent). */
 /* Out of line: the startEvent dispatcher then needs no callee-saved registers, so its most
@@ -248,49 +233,6 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
            DCCL_FLAG_COPY_ENGINE, 0);
 }
 
-/* The order guard at a KernelCh start (internal.h, DCCL_KCH_*): one relaxed load. */
-static inline uint32_t kch_order(dccl_ctx_t* ctx, const dccl_slot_t* s, uint8_t ch, uint64_t pTimer) {
-  uint32_t f = s->rec.kind == DCCL_KIND_COLL ? DCCL_KCH_COLL : 0;
-  uint64_t last = atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed);
-  if (pTimer != 0 && pTimer + DCCL_KCH_ORDER_SLACK_NS < last) f |= DCCL_KCH_SUSPECT;
-  return f;
-}
-
-/* A collective's KernelCh stop advances its channel's order mark (never backwards: a late or
-   suspect stop only loosens the guard). */
-static inline void kch_order_stop(dccl_ctx_t* ctx, const dccl_kch_t* e, uint32_t ch, uint64_t pTimer) {
-  if (!(e->order & DCCL_KCH_COLL)) return;
-  if (pTimer > atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed))
-    atomic_store_explicit(&ctx->last_stop[ch], pTimer, memory_order_relaxed);
-}
-
-/* Inlined into each version's startEvent: KernelCh is the most frequent start. */
-static inline __attribute__((always_inline)) void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
-                                                            uint64_t pTimer) {
-  uint64_t p = (uint64_t)(uintptr_t)parentObj;
-  if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s = handle_slot_ctx(p, &ctx);
-  if (s == NULL || !handle_live(s, p) || channelId >= DCCL_MAX_CHANNELS) {
-    kch_reject();
-    return;
-  }
-  uint64_t started = atomic_load_explicit(&s->chmask, memory_order_relaxed);
-  if (started & (1ull << channelId)) { /* a second start of one channel */
-    kch_reject();
-    return;
-  }
-  atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
-  dccl_kch_t* e = &s->ch[channelId];
-  e->start_ptimer = pTimer;
-  e->stop_ptimer = 0;
-  e->sync_start = 0;
-  e->sync_ns = 0;
-  e->order = kch_order(ctx, s, channelId, pTimer);
-  atomic_store_explicit(&e->gen, (uint32_t)DCCL_H_GEN(p), memory_order_release);
-  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
-}
-
 /* v7 KernelPhase, a child of a KernelCh fired before the KernelCh stops (profiler.cc:
    profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
    kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
@@ -306,15 +248,6 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
 }
 
-/* Parents we do not track (Group, GroupApi, CollApi, P2pApi, KernelLaunch; NCCL's event types are
-   single bits): a non-NULL dummy so NCCL keeps starting the children. Five of a collective's eleven
-   starts in eager mode, so they are taken inline, before the out-of-line switch and its register saves. */
-#define DCCL_DUMMY_TYPES \
-  ((uint64_t)(ncclProfileGroup | ncclProfileGroupApi | ncclProfileCollApi | ncclProfileP2pApi | ncclProfileKernelLaunch))
-static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, void** eHandle, uint64_t type) {
-  if (type == ncclProfileCollApi) dccl_bump(&ctx->api_colls); /* coverage: a collective call (dccl_ctx_uncovered) */
-  *eHandle = DUMMY_HANDLE;
-}
 
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
@@ -389,32 +322,19 @@ DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d
    and the channel is counted there, so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  uint32_t tag = DCCL_H_TAG(h);
-  if (tag != DCCL_H_TAG_SLOT) {
-    if (tag != 0) return ncclSuccess; /* KernelCh (counted at its KernelChStop state), or a dummy */
-    return DCCL_H_IS_CHAIN(h) ? dccl_chain_stop(h) : DCCL_H_IS_NET(h) ? dccl_net_stop(h) : ncclSuccess;
+  uint32_t route = DCCL_H_ROUTE(h);
+  if (route != DCCL_H_TAG_SLOT) {
+    /* KernelCh (counted at its KernelChStop state), or a dummy */
+    if (route == DCCL_H_TAG_KCH || route == DCCL_H_TAG_DUMMY) return ncclSuccess;
+    if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
+      return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
+    if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_stop(h);
+    return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */
   }
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL || !handle_live(s, h)) return ncclSuccess; /* late: finished, reaped, or its comm is gone */
   slot_mark(s, h, DCCL_DONE_STOPPED);
   return ncclSuccess;
-}
-
-/* KernelChStop: the channel's stop pTimer, the order mark, and the count (DCCL_DONE_*). */
-static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
-  /* A live generation means this entry was stamped by this operation's start (the only way to
-     get a KernelCh handle), so the entry's own stamp need not be checked again. */
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (!handle_live(s, h) || (e->order & DCCL_KCH_STOPPED)) {
-    kch_reject(); /* late (its operation finished or was reaped), or a second stop of one channel */
-    return;
-  }
-  uint32_t need = s->expect_kch;
-  e->stop_ptimer = t;
-  e->order |= DCCL_KCH_STOPPED;
-  kch_order_stop(ctx, e, DCCL_H_CH(h), t);
-  if (++s->kch_stopped != need) return;
-  slot_mark(s, h, DCCL_DONE_KERNELS);
 }
 
 /* A v7 KernelPhaseStop: the initial_sync duration, when the channel entry's generation stamp still
@@ -431,8 +351,8 @@ static inline void phase_stopped(uint64_t h, uint64_t t) {
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
-  uint32_t tag = DCCL_H_TAG(h);
-  if (tag == DCCL_H_TAG_KCH) {
+  uint32_t route = DCCL_H_ROUTE(h);
+  if (route == DCCL_H_TAG_KCH) {
     if (eState != ncclProfilerKernelChStop) return ncclSuccess;
     dccl_ctx_t* ctx;
     dccl_slot_t* s = handle_slot_ctx(h, &ctx);
@@ -440,13 +360,13 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
     else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (tag == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
+  if (route == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
     if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (__builtin_expect(tag == 0 && h != 0, 0)) /* a chained profiler's or a proxy event's handle */
-    return DCCL_H_IS_CHAIN(h) ? dccl_chain_record(h, eState, args)
-           : DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : ncclSuccess;
+  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
+  if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* a proxy event's, or chained (chain.h) */
+    return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);
   return ncclSuccess;
 }
 

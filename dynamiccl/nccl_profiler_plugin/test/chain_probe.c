@@ -73,6 +73,9 @@ static ncclResult_t record(void* h, ncclProfilerEventState_t s, ncclProfilerEven
   return ncclSuccess;
 }
 
+/* For the unit tests (dlopen RTLD_NOLOAD): stops and states received so far. */
+PROBE_EXPORT uint64_t chain_probe_calls(void) { return atomic_load(&g_stops) + atomic_load(&g_states); }
+
 static int mask(void) {
   const char* v = getenv("CHAIN_PROBE_MASK");
   return v && *v ? atoi(v) : (ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh);

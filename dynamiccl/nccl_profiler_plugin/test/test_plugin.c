@@ -12,6 +12,7 @@
 #include "../src/plugin.c"
 #include "../src/finish.c"
 #include "../src/chain.c"
+#include "../src/chain_lifecycle.c"
 #include "../src/net.c"
 #include "../src/ring.c"
 #include "../src/lifecycle.c"
@@ -146,6 +147,7 @@ static const test_case_t k_tests[] = {
     {"kch_order_guard", test_kch_order_guard},
     {"span_check_guard", test_span_check_guard},
     {"chain_handles", test_chain_handles},
+    {"chain_child_under_other_comm", test_chain_child_under_other_comm},
     {"kernel_variant_hash", test_kernel_variant_hash},
     {"net_peers_and_stale", test_net_peers_and_stale},
     {"tsc_clock_anchor", test_tsc_clock_anchor},

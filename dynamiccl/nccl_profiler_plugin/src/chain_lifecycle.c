@@ -1,0 +1,142 @@
+/* DynamICCL profiler plugin: DYNAMICCL_PROFILER_CHAIN's lifecycle (chain.h has the design): loading
+ * the chained library, its init and finalize per communicator, and the state they allocate. All of
+ * it runs under the lifecycle lock; nothing here is on NCCL's event paths.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chain.h"
+
+/* The chained library, loaded at the first init of a plugin lifetime (lifecycle lock). */
+static struct {
+  void* dl;
+  const void* table;
+  int abi;
+  int tried; /* 1 once this lifetime looked at DYNAMICCL_PROFILER_CHAIN (a failure is logged once) */
+} g_chain;
+
+/* Its stop and state for the handles it gave out alone (chain.c: chain_handle), the same for every
+   communicator. Set at load; the library stays mapped for the process (dccl_chain_unload), so a
+   late event forwarded while the last finalize runs still finds its code. */
+_Atomic(dccl_chain_stop_fn) dccl_chain_raw_stop;
+_Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lifecycle (lifecycle lock)                                                                  */
+
+/* The chained library's table of NCCL's version `abi`, or NULL (logged). Refuses our own library:
+   it would forward to itself forever. */
+static const void* chain_load(const char* path, int abi) {
+  if (g_chain.tried) return g_chain.abi == abi ? g_chain.table : NULL;
+  g_chain.tried = 1;
+  char sym[32];
+  snprintf(sym, sizeof sym, "ncclProfiler_v%d", abi); /* the version NCCL loaded us with */
+  void* dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  const void* table = dl ? dlsym(dl, sym) : NULL;
+  if (dl == NULL) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: cannot load %s: %s; not chained", path, dlerror());
+    return NULL;
+  }
+  Dl_info mine, theirs;
+  int self = table && dladdr((void*)&chain_load, &mine) && dladdr(table, &theirs) && mine.dli_fbase == theirs.dli_fbase;
+  if (table == NULL || self) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: %s %s; not chained", path,
+              self ? "is this plugin" : "does not export the profiler ABI NCCL loaded this plugin with");
+    dlclose(dl);
+    return NULL;
+  }
+  g_chain.dl = dl;
+  g_chain.table = table;
+  g_chain.abi = abi;
+  const ncclProfiler_v5_t* t5 = table; /* stop and state sit at the same place in every version */
+  atomic_store_explicit(&dccl_chain_raw_stop, t5->stopEvent, memory_order_relaxed);
+  atomic_store_explicit(&dccl_chain_raw_record, (dccl_chain_record_fn)t5->recordEventState, memory_order_relaxed);
+  DCCL_INFO("DynamICCL profiler: chained to %s (%s, v%d)", path, *(const char* const*)table, abi);
+  return table;
+}
+
+/* The chained plugin's init for this communicator; 0 and its context in c->ctx on success. */
+static int chain_init(dccl_chain_t* c, int abi, uint64_t commId, const char* commName, int nNodes, int nranks,
+                      int rank, ncclDebugLogger_t logfn) {
+  ncclResult_t r;
+  if (abi == 4) {
+    const ncclProfiler_v4_t* t = c->table;
+    c->stop = t->stopEvent;
+    c->record = t->recordEventState;
+    r = t->init(&c->ctx, &c->mask, commName, commId, nNodes, nranks, rank, logfn);
+  } else { /* v5, v6 and v7 tables share their layout up to the descriptor types */
+    const ncclProfiler_v5_t* t = c->table;
+    c->stop = t->stopEvent;
+    c->record = (dccl_chain_record_fn)t->recordEventState;
+    r = t->init(&c->ctx, commId, &c->mask, commName, nNodes, nranks, rank, logfn);
+  }
+  return r == ncclSuccess && c->ctx != NULL ? 0 : -1;
+}
+
+void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* commName, int nNodes, int nranks,
+                       int rank, ncclDebugLogger_t logfn) {
+  const char* path = getenv("DYNAMICCL_PROFILER_CHAIN");
+  if (path == NULL || *path == '\0') return;
+  const void* table = chain_load(path, abi);
+  if (table == NULL) return;
+  dccl_chain_t* c = aligned_alloc(64, (sizeof *c + 63) & ~(size_t)63);
+  dccl_chain_entry_t* ring = malloc(sizeof(dccl_chain_entry_t) * DCCL_CHAIN_ENTRIES);
+  _Atomic uintptr_t* op = calloc(ctx->pool_size, sizeof *op);
+  _Atomic uintptr_t* kch = calloc((size_t)ctx->pool_size * DCCL_MAX_CHANNELS, sizeof *kch);
+  if (c == NULL || ring == NULL || op == NULL || kch == NULL) {
+    DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: out of memory; communicator not chained");
+    free(c);
+    free(ring);
+    free(op);
+    free(kch);
+    return;
+  }
+  memset(c, 0, sizeof *c);
+  for (uint32_t i = 0; i < DCCL_CHAIN_ENTRIES; i++) atomic_init(&ring[i].stamp, DCCL_CHAIN_STAMP_WRITING);
+  c->table = table;
+  c->ring = ring;
+  c->op = op;
+  c->kch = kch;
+  if (chain_init(c, abi, commId, commName, nNodes, nranks, rank, logfn) != 0) {
+    DCCL_WARN("DynamICCL profiler: the chained profiler's init failed for comm %016llx; not chained",
+              (unsigned long long)commId);
+    free(ring);
+    free(op);
+    free(kch);
+    free(c);
+    return;
+  }
+  ctx->chain = c;
+  ctx->chain_kch = kch;
+  ctx->chain_stop = c->stop;
+  ctx->chain_record = c->record;
+}
+
+/* After the context left the handle table (no event reaches either plugin any more): the chained
+   plugin's finalize for this communicator. */
+void dccl_chain_detach(dccl_ctx_t* ctx) {
+  if (ctx->chain == NULL) return;
+  ncclResult_t (*fin)(void*) = g_chain.abi == 4 ? ((const ncclProfiler_v4_t*)ctx->chain->table)->finalize
+                                                : ((const ncclProfiler_v5_t*)ctx->chain->table)->finalize;
+  fin(ctx->chain->ctx);
+}
+
+void dccl_chain_free(dccl_ctx_t* ctx) {
+  if (ctx->chain == NULL) return;
+  free(ctx->chain->ring);
+  free((void*)ctx->chain->op);
+  free((void*)ctx->chain->kch);
+  free(ctx->chain);
+  ctx->chain = NULL;
+}
+
+/* At the last finalize: no communicator refers to the library any more. It is not unloaded: a
+   stop of one of its own handles (chain_handle) needs no communicator of ours to be forwarded, so
+   one racing this finalize must still find its code (a later lifetime's dlopen of the same path
+   gets the same mapping). */
+void dccl_chain_unload(void) { memset(&g_chain, 0, sizeof g_chain); }
