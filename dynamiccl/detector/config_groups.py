@@ -147,6 +147,12 @@ class StreamsConfig(_Group):
     max_streams: int = 2_000_000             # streams beyond are dropped (counted)
     idle_s: float = 3600.0                   # streams unseen this long are forgotten
     history: int = 32                        # windows of per-stream history kept for estimates
+    step_rate: bool = False                  # a step-rate stream per communicator (seconds per
+                                             # instance of a window whose window before had data;
+                                             # `dynamiccl.detector.step_rate`): a slower step whose
+                                             # collectives' latencies hide it in their noise. Off:
+                                             # on the test bed's dev half +1 change for +1 false
+                                             # alarm (docs/evaluation/2026-11-27-detection.md)
 
     def validate(self) -> "StreamsConfig":
         self._positive("min_instances", "max_streams", "history", integer=True)

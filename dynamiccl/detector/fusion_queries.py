@@ -34,10 +34,11 @@ class FusionQueries:
         tab = self.table
         code = tab.jobs.get(job, -2)
         n = tab.n
-        allj = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code))
+        # (a step-rate stream's instances x seconds per instance is the window: no collective time)
+        allj = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code) & ~tab.is_step[:n])
         with np.errstate(invalid="ignore", over="ignore"):
             w_all = tab.instances[allj] * np.exp(tab.current(allj))
-            mine = idx[tab.job_code[idx] == code]
+            mine = idx[(tab.job_code[idx] == code) & ~tab.is_step[idx]]
             w_mine = tab.instances[mine] * np.exp(tab.current(mine))
         tot = float(np.nansum(w_all))
         return float(np.nansum(w_mine)) / tot if tot > 0 else 1.0
@@ -51,7 +52,7 @@ class FusionQueries:
             return False
         code = tab.jobs.get(job, -2)
         n = tab.n
-        ref = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code) & (tab.nnodes[:n] == 1))
+        ref = np.flatnonzero(tab.active[:n] & (tab.job_code[:n] == code) & (tab.nnodes[:n] == 1) & ~tab.is_step[:n])
         if ref.size < cfg.fusion.corroborate:
             return False
         med, scale = tab.baseline(ref)
@@ -106,6 +107,12 @@ class FusionQueries:
         """Classify bandwidth vs latency over the fired streams plus the job's other monitored
         multi-node streams (an unchanged small-message stream is evidence too)."""
         tab = self.table
+        # a step-rate stream has no message size: it says how much, not bandwidth or latency;
+        # alone it is a throughput loss (``bandwidth``)
+        lat = ~tab.is_step[idx]
+        if not lat.any():
+            return "bandwidth", {"step_rate": True}
+        idx, med, scale = idx[lat], med[lat], scale[lat]
         ids, meds, scales = [idx], [med], [scale]
         if (tab.nnodes[idx] > 1).any():
             # a network event: compare sizes on multi-node streams only (intra-node streams
@@ -113,7 +120,7 @@ class FusionQueries:
             multi = tab.nnodes[idx] > 1
             ids, meds, scales = [idx[multi]], [med[multi]], [scale[multi]]
             others = np.flatnonzero(tab.active & (tab.job_code == tab.jobs.get(job, -2)) & (tab.nnodes > 1))
-            others = others[~np.isin(others, idx)]
+            others = others[~np.isin(others, idx) & ~tab.is_step[others]]
             if others.size:
                 om, osc = tab.baseline(others)
                 ok = np.isfinite(osc)

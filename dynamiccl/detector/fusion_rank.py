@@ -47,7 +47,8 @@ class RankTrigger:
                 continue
             code = tab.jobs.get(job, -2)
             n_s = tab.n
-            idx = np.flatnonzero(tab.active[:n_s] & (tab.job_code[:n_s] == code) & (tab.comm_hash[:n_s] == comm))
+            idx = np.flatnonzero(tab.active[:n_s] & (tab.job_code[:n_s] == code) & (tab.comm_hash[:n_s] == comm)
+                                 & ~tab.is_step[:n_s])
             idx = idx[~np.isin(idx, np.fromiter(self.stream_incident, np.int64, len(self.stream_incident)))]
             if idx.size == 0:
                 continue

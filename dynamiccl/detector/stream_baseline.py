@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .step_rate import floor as step_floor
+
 __all__ = ["StreamBaselines", "KNOWN_BASELINE", "FIXED_BASELINE_MIN"]
 
 _GROW = 1024
@@ -64,10 +66,20 @@ class StreamBaselines:
         """Streams ``idx`` are monitored from now on against (median, scale) learned from ``n``
         samples (statistics cleared; the scale floored at ``scale_floor``)."""
         for bank in self.banks:
-            bank.set_baseline(idx, median, np.maximum(scale, self.config.baseline.scale_floor))
+            bank.set_baseline(idx, median, np.maximum(scale, self._floor(idx)))
         self.ss.start(idx, median, scale, n)
         self.carry_n[idx] = 0
         self.early.monitored(idx)
+
+    def _floor(self, idx) -> np.ndarray:
+        """Per stream ``idx``: the smallest baseline scale, ``scale_floor``, or for a step-rate
+        stream its count's noise (`dynamiccl.detector.step_rate.floor`)."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        f = np.full(idx.size, self.config.baseline.scale_floor)
+        step = self.is_step[idx]
+        if step.any():
+            f[step] = step_floor(self.instances_ref[idx[step]], self.config.baseline.scale_floor)
+        return f
 
     def _add_early(self, early, fired, direction, start, base_med, base_scale):
         """This window's alarms with the early chart's (`dynamiccl.detector.early`) appended; their
@@ -110,7 +122,7 @@ class StreamBaselines:
         learned = self.ss.learn(i_ok, x_valid, np.where(np.isfinite(u), u, np.inf), quiet)
         j = i_ok[learned]
         if j.size:
-            scale = np.maximum(np.sqrt(self.ss.var[j]), self.config.baseline.scale_floor)
+            scale = np.maximum(np.sqrt(self.ss.var[j]), self._floor(j))
             for bank in self.banks:
                 bank.move_baseline(j, self.ss.mean[j], scale)
             self.n_refined += int(j.size)

@@ -71,6 +71,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("job", object, None),
     Column("job_code", np.int32, -1),
     Column("func", object, None),
+    Column("is_step", bool, False, True, "a step-rate stream (`dynamiccl.detector.step_rate`)"),
     Column("comm_name", object, None),
 )
 

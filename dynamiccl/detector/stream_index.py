@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 
 from .stream_columns import reset_columns
+from .step_rate import STEP_FUNC
 from .stream_group import STREAM_KEY
 
 __all__ = ["StreamIndex"]
@@ -47,6 +48,7 @@ class StreamIndex:
                 self.job_code[slot] = self.jobs.setdefault(key[0], len(self.jobs))
                 self.comm_hash[slot] = key[1]
                 self.func[slot] = key[2]
+                self.is_step[slot] = key[2] == STEP_FUNC
                 self.size_bucket[slot] = key[3]
                 self.comm_name[slot] = cols["comm_name"][r] or f"{key[1]:x}"
                 self.nnodes[slot] = cols["nnodes"][r] or 1

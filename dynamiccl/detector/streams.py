@@ -36,6 +36,7 @@ from .cusum_bank import CUSUMBank
 from .early import EarlyChart
 from .self_start import SelfStart
 from .sparse import InstancePool, JobCadence
+from .step_rate import StepRate
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
 from .stream_group import STREAM_KEY, group_streams, reporting
@@ -92,6 +93,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)
         self.cadence = JobCadence()
+        self.step_rate = StepRate()
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
@@ -144,7 +146,9 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self._window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
         self.window_starts[t % H] = wf.window_start
         invalid: dict[str, int] = {}
-        agg, h = group_streams(wf.keys)
+        keys = (self.step_rate.with_rows(wf.keys, float(wf.window_start), self._window_s)
+                if cfg.streams.step_rate else wf.keys)
+        agg, h = group_streams(keys)
         n_rows = agg.height
         if n_rows:
             idx = self._lookup(agg, h)
@@ -273,7 +277,8 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
             # sampling variance grows like 1 / instances) and often a phase's edge: its deviation
             # from the baseline enters the CUSUM shrunk by sqrt(instances / (instance_weight x
             # typical)) (history and fusion keep the raw value)
-            mon = ~self.banks[0].warming_up[i_ok] & ~rebase
+            # (not a step-rate stream: its fewer instances are the signal, not a thinner sample)
+            mon = ~self.banks[0].warming_up[i_ok] & ~rebase & ~self.is_step[i_ok]
             with np.errstate(invalid="ignore", divide="ignore"):
                 w = np.sqrt(inst[ok] / (cfg.baseline.instance_weight * iref))
             mon &= np.isfinite(w) & (w < 1.0)
@@ -301,11 +306,10 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
                 sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], sc, cfg.baseline.warmup)
             self.ss.start(done, med[done], sc, cfg.baseline.warmup, nv)
             self.carry_n[done] = 0
-            moved = done[(sc != scale[done]) | (sc < cfg.baseline.scale_floor)]
+            moved = done[(sc != scale[done]) | (sc < self._floor(done))]
             if moved.size:
                 for bank in self.banks:
-                    bank.set_baseline(moved, med[moved],
-                                      np.maximum(np.sqrt(self.ss.var[moved]), cfg.baseline.scale_floor))
+                    bank.set_baseline(moved, med[moved], np.maximum(np.sqrt(self.ss.var[moved]), self._floor(moved)))
             self.rebase_warm[done] = False
         fired_any = self.banks[0].drift_detected.copy()
         for bank in self.banks[1:]:
@@ -363,6 +367,9 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         steps = np.arange(lo, self.t + 1) % H
         if steps.size == 0 or len(idx) == 0:
             return 0
+        idx = np.asarray(idx, np.int64)
+        lat = ~self.is_step[idx]      # a step-rate stream counts every collective of its comm
+        idx = idx[lat] if lat.any() else idx
         return int(self.inst_hist[steps][:, np.asarray(idx, np.int64)].sum(axis=0).max())
 
     def current(self, idx) -> np.ndarray:

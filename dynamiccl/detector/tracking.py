@@ -44,6 +44,12 @@ class Tracking:
         if inc.rank_of is not None:
             return self._track_rank(ws, inc, cur)
         shift = inc.level - inc.base_med
+        # an incident with latency streams is tracked by them: a step-rate stream
+        # (`dynamiccl.detector.step_rate`) is a count whose window-to-window noise is several
+        # times theirs; it tracks only an incident it alone opened
+        step = tab.is_step[inc.streams]
+        if step.any() and not step.all():
+            cur, shift = np.where(step, np.nan, cur), np.where(step, np.nan, shift)
         ok = np.isfinite(cur) & np.isfinite(shift) & (np.abs(shift) > 0)
         if not ok.any() or 2 * int(ok.sum()) < int(np.count_nonzero(np.isfinite(shift) & (shift != 0))):
             # most of its streams silent (a pause, a size mix moving them to other buckets):
