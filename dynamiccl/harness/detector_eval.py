@@ -358,8 +358,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_testbed(args: argparse.Namespace) -> int:
+    from dynamiccl.detector.config import DetectorConfig, parse_overrides
     from dynamiccl.harness import corpus
-    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half)
+    overrides = parse_overrides(getattr(args, "set", None) or [])
+    cfg = DetectorConfig().with_overrides(overrides) if overrides else None
+    if overrides:
+        print(f"config overrides: {overrides}", flush=True)
+    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half, config=cfg)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rep, indent=1, default=str))

@@ -95,3 +95,23 @@ def test_evaluate_suite_testbed_names_a_missing_corpus(tmp_path):
     with pytest.raises(FileNotFoundError, match="none.tar.xz"):
         evaluate.run(args)
     assert p.parse_args([]).suite == "simulated"  # the default suite is unchanged
+
+
+def test_evaluate_suite_testbed_applies_set_overrides(tmp_path, monkeypatch):
+    """``--set`` reaches the test-bed replay's detector config (it was silently ignored)."""
+    import argparse
+
+    from dynamiccl.harness import detector_eval as evaluate
+    seen = {}
+
+    def fake_run_suite(path, half, config=None, print_fn=print):
+        seen["config"] = config
+        return {"half": half}
+    monkeypatch.setattr(corpus, "run_suite", fake_run_suite)
+    monkeypatch.setattr(corpus, "line", lambda rep: "testbed=fake")
+    p = argparse.ArgumentParser()
+    evaluate.add_arguments(p)
+    evaluate.run(p.parse_args(["--suite", "testbed", "--set", "streams.step_rate=true"]))
+    assert seen["config"] is not None and seen["config"].streams.step_rate is True
+    evaluate.run(p.parse_args(["--suite", "testbed"]))
+    assert seen["config"] is None  # defaults: the replay's own DetectorConfig()
