@@ -207,7 +207,7 @@ class Tracking:
         onset says it lasted), and a report made early in a regime of ``transient_s`` leaves
         more than half of it before the end (the report says it was acted on)."""
         limit = self.config.incidents.transient_s
-        if limit <= 0 or inc.step_ids or inc.flapping_id is not None:
+        if limit <= 0 or inc.step_ids or inc.kind == "flapping" or inc.flapping_id is not None:
             return False
         return closed_s - inc.change.start_s < limit and closed_s - inc.change.detected_s < 0.5 * limit
 
