@@ -210,9 +210,15 @@ class IncidentConfig(_Group):
                                              # (a throttle, its release, the next throttle) one
                                              # flapping change whose release came 15 s late
                                              # (docs/evaluation/2026-11-27-detection.md)
+    transient_s: float = 10.0                # an incident of one report back within this of its
+                                             # onset and half of it of its report is a transient:
+                                             # closed without a `recovery`. Twice the 5 s detection
+                                             # target: a regime must outlast a report made within
+                                             # target by as long again to be acted on (0 = off)
 
     def validate(self) -> "IncidentConfig":
         self._positive("merge_s", "merge_similar_s", "flap_window_s")
+        self._within("transient_s", 0)
         self._within("step_ratio", 1, open_lo=True)
         self._within("recovery_fraction", 0, 1, open_lo=True, open_hi=True)
         self._positive("recovery_windows", "flap_transitions", integer=True)

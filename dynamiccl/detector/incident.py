@@ -43,6 +43,7 @@ class Incident:
     closed_step: int | None = None
     rank_of: tuple[int, int] | None = None     # (comm_hash, rank): opened by rank evidence alone
     step_ids: list[str] = field(default_factory=list)   # deeper / softer steps (`dynamiccl.detector.steps`)
+    transient: bool = False                    # closed as a transient excursion (`Tracking._transient`)
 
     @property
     def ids(self) -> list[str]:

@@ -95,7 +95,8 @@ METRICS: tuple[MetricSpec, ...] = (
 BY_NAME = {m.name: m for m in METRICS}
 
 SUPPRESS_REASONS = ("spikes_suppressed", "small_shifts", "alarms_absorbed", "alarms_merged",
-                    "incidents_dropped", "pending_dropped", "workload_changes")
+                    "incidents_dropped", "pending_dropped", "workload_changes",
+                    "transients")
 
 
 def _base(name: str) -> str:

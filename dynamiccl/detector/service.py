@@ -143,6 +143,8 @@ class Detector:
         m.streams.set(self.table.n_active)
         for c in changes:
             self._publish(c)
+        while self.fusion.ended:     # transients: over without a recovery of their own
+            self._regimes.end(self.fusion.ended.popleft())
         if self.windows % max(1, int(round(1.0 / window_s))) == 0:
             self._export_statistics()
         return changes

@@ -4,7 +4,10 @@ Each window an incident's streams are placed between their old baseline (0) and 
 level (1): ``recovery_windows`` windows in a row at ≤ ``recovery_fraction`` emit a ``recovery``
 (and restore the old baselines at once); ``flap_transitions`` off→on transitions within
 ``flap_window_s`` emit one ``flapping`` change; an incident opened by rank evidence is tracked
-by that evidence. A window in which most of an incident's streams are silent counts neither way.
+by that evidence. An incident of one report back within ``transient_s`` of its onset (and half
+of that of its report) closes as a transient (`Tracking._transient`): no ``recovery`` is emitted,
+its ids go to ``ended``. A window in which most of an incident's streams are silent counts
+neither way.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ OLD_SIDE = 0.5   # a window's position (0 old level, 1 degraded) below this is n
 
 class Tracking:
     """Mixin of `Fusion`: needs ``config``, ``table``, ``ranks``, ``active``, ``closed``,
-    ``_n``, ``_window_s`` and ``_release``."""
+    ``_n``, ``_window_s``, ``_release``, ``counters`` and ``ended``."""
 
     def _track(self, ws: WindowStreams, inc: Incident) -> RegimeChange | None:
         cfg, tab = self.config, self.table
@@ -169,7 +172,15 @@ class Tracking:
                                         "n_streams": int(inc.streams.size)})
         return change
 
-    def _recover(self, ws, inc: Incident, cur) -> RegimeChange:
+    def _recover(self, ws, inc: Incident, cur) -> RegimeChange | None:
+        closed_s = float(ws.window_start + self._window_s)
+        if self._transient(inc, closed_s):
+            self._restore(inc)
+            inc.transient = True
+            self.counters["transients"] += 1
+            self.ended.extend(inc.ids)
+            self._close(inc, ws.t)
+            return None
         tab = self.table
         ok = np.isfinite(cur)
         with np.errstate(invalid="ignore"):
@@ -184,6 +195,24 @@ class Tracking:
             magnitude=round(mag, 4), comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
             size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=base.id,
             evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
+        self._restore(inc)
+        self._close(inc, ws.t)
+        return change
+
+    def _transient(self, inc: Incident, closed_s: float) -> bool:
+        """Rule: an incident of one report (no step, no flapping) that is back less than
+        ``transient_s`` after its onset and less than half of it after its report was a
+        transient excursion, not a regime: its closing is no regime change of its own. Both
+        clocks: a late report of a regime that lasted is followed closely by its real end (the
+        onset says it lasted), and a report made early in a regime of ``transient_s`` leaves
+        more than half of it before the end (the report says it was acted on)."""
+        limit = self.config.incidents.transient_s
+        if limit <= 0 or inc.step_ids or inc.kind == "flapping" or inc.flapping_id is not None:
+            return False
+        return closed_s - inc.change.start_s < limit and closed_s - inc.change.detected_s < 0.5 * limit
+
+    def _restore(self, inc: Incident) -> None:
+        tab = self.table
         tab.restore_baseline(inc.streams, inc.base_med, inc.base_scale)
         # streams of the same communicators that learned their baseline during the incident
         # (they were warming up at its onset) learned the degraded level: learn again
@@ -193,8 +222,6 @@ class Tracking:
         same = same[~np.isin(same, inc.streams)]
         if same.size:
             tab.rebase(same)
-        self._close(inc, ws.t)
-        return change
 
     def _close(self, inc: Incident, step: int) -> None:
         lst = self.active.get(inc.job, [])

@@ -35,7 +35,8 @@ def _dotted(flat_key: str) -> str:
 
 # settings added after the grouping (no flat key ever existed for them)
 ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.early_ratio": 1.5, "baseline.early_z": 5.0,
-               "baseline.early_min": 10, "streams.step_rate": False}
+               "baseline.early_min": 10, "streams.step_rate": False,
+               "incidents.transient_s": 10.0}
 
 
 def test_every_default_is_the_flat_configurations():
@@ -60,7 +61,7 @@ def test_each_flat_key_has_one_dotted_key():
     ("streams.min_instances", 0), ("streams.max_latency_s", -1.0), ("streams.idle_s", float("inf")),
     ("streams.history", 0), ("fusion.corroborate", 0), ("fusion.persist_ratio", 0.9), ("fusion.quiet_z", -1.0),
     ("fusion.min_ratio", 0.99), ("fusion.onset_wait", 1), ("incidents.step_ratio", 1.0),
-    ("incidents.recovery_fraction", 1.0), ("incidents.flap_window_s", 0.0), ("incidents.flap_transitions", 0),
+    ("incidents.recovery_fraction", 1.0), ("incidents.transient_s", -1.0), ("incidents.flap_window_s", 0.0), ("incidents.flap_transitions", 0),
     ("workload.mix_change", 0.0), ("workload.settle_ratio", 0.5), ("workload.settle_windows", 0),
     ("workload.settle_chain", "no"), ("straggler.share", 0.4), ("straggler.trigger_z", -1.0),
     ("straggler.recheck", "yes"), ("autoencoder.enabled", 1), ("autoencoder.grace", 0),
