@@ -5,6 +5,7 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
+from ._cusum_settle import unsettled, validate_min_effective
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
@@ -98,6 +99,10 @@ class CUSUM(base.DriftDetector):
     min_warmup
         Valid samples before the first alarm is possible (at most ``warmup``); None waits for
         the full warm-up (what `CUSUMBank` does).
+    min_effective_warmup
+        Opt-in (None: off): a full warm-up with fewer effective samples than this (its count
+        over its long-run and capped-variance excess) is not frozen; it drops its oldest half
+        and keeps learning (`dynamiccl.detector._cusum_settle`).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
     winsorised baseline, monitored from 20; the serial correction; the cap at delta + 1; a 0.5 %
@@ -176,6 +181,7 @@ class CUSUM(base.DriftDetector):
         z_cap: float | None = None,
         min_rel_scale: float = 0.005,
         min_warmup: int | None = 20,
+        min_effective_warmup: int | None = None,
     ):
         super().__init__()
         self.delta = delta
@@ -190,6 +196,7 @@ class CUSUM(base.DriftDetector):
         self.z_cap = z_cap
         self.min_rel_scale = min_rel_scale
         self.min_warmup = min_warmup
+        self.min_effective_warmup = validate_min_effective(min_effective_warmup, warmup)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -378,6 +385,8 @@ class CUSUM(base.DriftDetector):
         chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
         closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
         buffer = self._buffer
+        if len(buffer) >= self.warmup and unsettled(self, buffer):  # type: ignore[arg-type]
+            del buffer[:len(buffer) // 2]  # type: ignore[arg-type]
         old_scale = self._scale
         self._median, self._scale, self._h = learn_baseline(
             buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
@@ -402,3 +411,4 @@ class CUSUM(base.DriftDetector):
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
+        yield {"min_effective_warmup": 20}
