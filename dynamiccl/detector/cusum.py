@@ -5,7 +5,7 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
-from ._cusum_settle import unsettled, validate_min_effective
+from ._cusum_settle import earlier_regime, validate_min_effective
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
@@ -100,13 +100,17 @@ class CUSUM(base.DriftDetector):
         Valid samples before the first alarm is possible (at most ``warmup``); None waits for
         the full warm-up (what `CUSUMBank` does).
     min_effective_warmup
-        Opt-in (None: off): a full warm-up with fewer effective samples than this (its count
-        over its long-run and capped-variance excess) is not frozen; it drops its oldest half
-        and keeps learning (`dynamiccl.detector._cusum_settle`).
+        A warm-up with fewer effective samples than this (its count over its long-run and
+        capped-variance excess) whose latest regime has this many drops its earlier samples
+        (a change inside the warm-up; `dynamiccl.detector._cusum_settle`). None: off.
+
+    One regime per baseline: a warm-up holding a level change (it reads as correlated and
+    heavy-tailed, so its threshold would be hundreds of sigma) drops its earlier regime when the
+    latest one is settled (`dynamiccl.detector._cusum_settle`).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
     winsorised baseline, monitored from 20; the serial correction; the cap at delta + 1; a 0.5 %
-    scale floor; no lower bound) were chosen on the development half of public labelled data
+    scale floor; no lower bound; one regime per baseline) were chosen on the development half of public labelled data
     and scored on the other half: docs/evaluation/2026-11-27-cusum-public.md.
 
     Attributes
@@ -181,7 +185,7 @@ class CUSUM(base.DriftDetector):
         z_cap: float | None = None,
         min_rel_scale: float = 0.005,
         min_warmup: int | None = 20,
-        min_effective_warmup: int | None = None,
+        min_effective_warmup: int | None = 20,
     ):
         super().__init__()
         self.delta = delta
@@ -196,7 +200,7 @@ class CUSUM(base.DriftDetector):
         self.z_cap = z_cap
         self.min_rel_scale = min_rel_scale
         self.min_warmup = min_warmup
-        self.min_effective_warmup = validate_min_effective(min_effective_warmup, warmup)
+        self.min_effective_warmup = validate_min_effective(min_effective_warmup)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -385,8 +389,10 @@ class CUSUM(base.DriftDetector):
         chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
         closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
         buffer = self._buffer
-        if len(buffer) >= self.warmup and unsettled(self, buffer):  # type: ignore[arg-type]
-            del buffer[:len(buffer) // 2]  # type: ignore[arg-type]
+        if self.min_effective_warmup is not None:  # a baseline comes from one regime
+            del buffer[:earlier_regime(  # type: ignore[index]
+                buffer, self.min_effective_warmup, estimator=self.estimator,  # type: ignore[arg-type]
+                min_rel_scale=self.min_rel_scale, cap=self._cap)]
         old_scale = self._scale
         self._median, self._scale, self._h = learn_baseline(
             buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
@@ -411,4 +417,4 @@ class CUSUM(base.DriftDetector):
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
-        yield {"min_effective_warmup": 20}
+        yield {"min_effective_warmup": None}
