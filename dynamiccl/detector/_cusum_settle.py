@@ -63,6 +63,14 @@ def earlier_regime(buffer: list[float], m: int, *, estimator: str, min_rel_scale
     return j if effective_samples(values[j:], **kw) >= m else 0
 
 
+def drop_earlier_regime(det, buffer: list[float]) -> None:
+    """Drop ``det``'s warm-up samples of an earlier regime (no-op when the rule is off)."""
+    m = det.min_effective_warmup
+    if m is not None:
+        del buffer[:earlier_regime(buffer, m, estimator=det.estimator,
+                                   min_rel_scale=det.min_rel_scale, cap=det._cap)]
+
+
 def validate_min_effective(min_effective_warmup) -> int | None:
     """Check the effective-sample count of a settled regime (None: the rule is off)."""
     if min_effective_warmup is not None and not (

@@ -5,7 +5,7 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
-from ._cusum_settle import earlier_regime, validate_min_effective
+from ._cusum_settle import drop_earlier_regime, validate_min_effective
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
@@ -100,12 +100,9 @@ class CUSUM(base.DriftDetector):
         Valid samples before the first alarm is possible (at most ``warmup``); None waits for
         the full warm-up (what `CUSUMBank` does).
     min_effective_warmup
-        A warm-up with fewer effective samples than this (its count over its long-run and
-        capped-variance excess) whose latest regime has this many drops its earlier samples
-        (a change inside the warm-up; `dynamiccl.detector._cusum_settle`). None: off.
+        Effective samples of a settled regime (`dynamiccl.detector._cusum_settle`); None: off.
 
-    One regime per baseline: a warm-up holding a level change (it reads as correlated and
-    heavy-tailed, so its threshold would be hundreds of sigma) drops its earlier regime when the
+    One regime per baseline: a warm-up holding a level change drops its earlier regime when the
     latest one is settled (`dynamiccl.detector._cusum_settle`).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
@@ -389,10 +386,7 @@ class CUSUM(base.DriftDetector):
         chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
         closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
         buffer = self._buffer
-        if self.min_effective_warmup is not None:  # a baseline comes from one regime
-            del buffer[:earlier_regime(  # type: ignore[index]
-                buffer, self.min_effective_warmup, estimator=self.estimator,  # type: ignore[arg-type]
-                min_rel_scale=self.min_rel_scale, cap=self._cap)]
+        drop_earlier_regime(self, buffer)  # a baseline comes from one regime
         old_scale = self._scale
         self._median, self._scale, self._h = learn_baseline(
             buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
