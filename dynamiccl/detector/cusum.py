@@ -5,6 +5,7 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
+from ._cusum_settle import drop_earlier_regime, validate_min_effective
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
@@ -98,10 +99,15 @@ class CUSUM(base.DriftDetector):
     min_warmup
         Valid samples before the first alarm is possible (at most ``warmup``); None waits for
         the full warm-up (what `CUSUMBank` does).
+    min_effective_warmup
+        Effective samples of a settled regime (`dynamiccl.detector._cusum_settle`); None: off.
+
+    One regime per baseline: a warm-up holding a level change drops its earlier regime when the
+    latest one is settled (`dynamiccl.detector._cusum_settle`).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
     winsorised baseline, monitored from 20; the serial correction; the cap at delta + 1; a 0.5 %
-    scale floor; no lower bound) were chosen on the development half of public labelled data
+    scale floor; no lower bound; one regime per baseline) were chosen on the development half of public labelled data
     and scored on the other half: docs/evaluation/2026-11-27-cusum-public.md.
 
     Attributes
@@ -176,6 +182,7 @@ class CUSUM(base.DriftDetector):
         z_cap: float | None = None,
         min_rel_scale: float = 0.005,
         min_warmup: int | None = 20,
+        min_effective_warmup: int | None = 20,
     ):
         super().__init__()
         self.delta = delta
@@ -190,6 +197,7 @@ class CUSUM(base.DriftDetector):
         self.z_cap = z_cap
         self.min_rel_scale = min_rel_scale
         self.min_warmup = min_warmup
+        self.min_effective_warmup = validate_min_effective(min_effective_warmup)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -378,6 +386,7 @@ class CUSUM(base.DriftDetector):
         chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
         closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
         buffer = self._buffer
+        drop_earlier_regime(self, buffer)  # a baseline comes from one regime
         old_scale = self._scale
         self._median, self._scale, self._h = learn_baseline(
             buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
@@ -402,3 +411,4 @@ class CUSUM(base.DriftDetector):
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
+        yield {"min_effective_warmup": None}
