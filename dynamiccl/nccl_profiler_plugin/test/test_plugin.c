@@ -111,6 +111,7 @@ static void* run_p2p(void* ctx, const char* func, int peer, uint64_t t0, uint64_
 #include "cases_events.c"
 #include "cases_lifecycle.c"
 #include "cases_real_paths.c"
+#include "cases_chain.c"
 #include "cases_net.c"
 #include "cases_clock.c"
 #include "cases_completion.c"
