@@ -18,7 +18,6 @@ from a file given by path (mode 0600, refused otherwise), and :func:`write_auth`
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import stat
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Callable, Mapping
 
 import yaml
 
+from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.scaleout.bus import subject
 from dynamiccl.scaleout.liveness import LIVE_BUCKET, ckpt_key, node_key, shard_key
 
@@ -101,18 +101,6 @@ def server_authorization(jobs: Mapping[str, frozenset[str]], shards: list[str], 
     return "authorization: " + json.dumps({"users": users}, indent=1) + "\n"
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Atomic write readable by the owner only (never world-readable, not even for a moment)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
-
 def write_auth(out: Path, jobs: Mapping[str, frozenset[str]], shards: list[str],
                new_secret: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> dict[str, Path]:
     """``out/nats-auth.conf`` (include it in nats-server's configuration) and ``out/<user>.yaml`` per
@@ -125,8 +113,8 @@ def write_auth(out: Path, jobs: Mapping[str, frozenset[str]], shards: list[str],
     files = {u: out / f"{u}.yaml" for u in users}
     passwords = {u: load_credentials(p).password if p.exists() else new_secret() for u, p in files.items()}
     for u, p in files.items():
-        _write_private(p, yaml.safe_dump({"user": u, "password": passwords[u]}))
-    _write_private(out / AUTH_CONF, server_authorization(jobs, shards, passwords))
+        atomic_write(p, yaml.safe_dump({"user": u, "password": passwords[u]}), mode=0o600)
+    atomic_write(out / AUTH_CONF, server_authorization(jobs, shards, passwords), mode=0o600)
     return files
 
 
