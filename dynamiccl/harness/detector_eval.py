@@ -292,17 +292,23 @@ def _fmt(v, nd=3):
     return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
 
 
-def run(args: argparse.Namespace) -> int:
+def _overridden(args: argparse.Namespace):
+    """The detector config with ``--set`` applied, or None when there is no ``--set``."""
     from dynamiccl.detector.config import DetectorConfig, parse_overrides
+    overrides = parse_overrides(getattr(args, "set", None) or [])
+    if not overrides:
+        return None
+    print(f"config overrides: {overrides}", flush=True)
+    return DetectorConfig().with_overrides(overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dynamiccl.detector.config import DetectorConfig
     if args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     if getattr(args, "suite", "simulated") == "testbed":
         return _run_testbed(args)
-    cfg = DetectorConfig()
-    overrides = parse_overrides(getattr(args, "set", None) or [])
-    if overrides:
-        cfg = cfg.with_overrides(overrides)
-        print(f"config overrides: {overrides}", flush=True)
+    cfg = _overridden(args) or DetectorConfig()
     hours = None
     if args.stationary_hours is not None:
         h = args.stationary_hours
@@ -358,13 +364,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_testbed(args: argparse.Namespace) -> int:
-    from dynamiccl.detector.config import DetectorConfig, parse_overrides
     from dynamiccl.harness import corpus
-    overrides = parse_overrides(getattr(args, "set", None) or [])
-    cfg = DetectorConfig().with_overrides(overrides) if overrides else None
-    if overrides:
-        print(f"config overrides: {overrides}", flush=True)
-    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half, config=cfg)
+    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half, config=_overridden(args))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rep, indent=1, default=str))
