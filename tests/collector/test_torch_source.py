@@ -259,7 +259,8 @@ def _received(sink, n, timeout=10.0):
             got = sink.decoded()
         except AssertionError:  # a frame still half-way through the socket
             return False
-        return bool(got) and len(got[0][1].events) >= n
+        # events is None while only the PROCESS/COMM frames have arrived
+        return bool(got) and got[0][1].events is not None and len(got[0][1].events) >= n
     assert _wait(enough, timeout)
     return sink.decoded()[0]
 
