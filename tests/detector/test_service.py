@@ -128,7 +128,7 @@ def test_slow_client_drops_are_counted_not_blocking():
         t0 = time.monotonic()
         for _ in range(200):
             srv.publish(big)                      # the client never reads
-        assert time.monotonic() - t0 < 2.0        # publishing never blocks
+        assert time.monotonic() - t0 < 10.0       # publishing never blocks (a blocked publish waits forever)
         assert _wait(lambda: len(drops) > 0)
         s.close()
     finally:
