@@ -10,7 +10,7 @@ SLOW, ON = 2.0, 100
 
 
 def _run(duration: int, **incidents):
-    incidents = {"transient_s": 10.0, **incidents}  # the rule is opt-in
+    incidents = {"transient_s": 10.0, **incidents}
     job = SyntheticJob(seed=3, sigma=0.01)
     cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)).with_overrides(
         {f"incidents.{k}": v for k, v in incidents.items()})
