@@ -74,3 +74,19 @@ def test_the_end_of_another_regime_reverts_nothing(tmp_path):
     assert _actions(rt)[-1] == "ignore"
     job.regime = "slow"
     assert _running_after(rt, job) == [("TREE", "LL128")] * 5
+
+
+def test_the_central_tiers_job_retuner_passes_it_through_its_gate(tmp_path):
+    """`dynamiccl central`'s per-job retuner (the loop's retuner there) hands an allowed job's transient end on
+    (the choice reverts) and drops another job's, counted as a change would be."""
+    from dynamiccl.retuner.inputs import InputGate
+    from dynamiccl.scaleout.retuning import JobRetuner
+    rt, job = _committed(tmp_path)
+    wrapped = JobRetuner(rt, InputGate(jobs=("job",), comms=(), allow_unauthenticated=True,
+                                                 metrics=rt.metrics))
+    other = TransientEnd(id="rc-1.end", job_id="other", ends=("rc-1",), start_s=job.t - 1.0, detected_s=job.t,
+                         magnitude=0.5, comms=("0x1f",), comm_names=("dp0",))
+    wrapped.on_transient_end(other)
+    assert "revert" not in _actions(rt) and rt.metrics.dropped.get("not_allowed") == 1
+    wrapped.on_transient_end(_end(job))
+    assert _actions(rt)[-1] == "revert" and _running_after(rt, job) == [DEFAULT_CELL] * 5
