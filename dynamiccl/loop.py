@@ -7,7 +7,10 @@ the retuner after that window's features, which the collector sent to both):
 
 1. the detector reads the window and returns its regime changes;
 2. the retuner ingests the window's measurements (``on_window``);
-3. each change goes to every sink, in the order given, then to the retuner (``on_change``).
+3. each change goes to every sink, in the order given, then to the retuner (``on_change``);
+4. each transient the window closed (the detector's ``ended``: an excursion whose end is no regime
+   change) goes to the retuner alone (``on_transient_end``), never to the sinks: the retuner reverts
+   what it chose for it as on a recovery, and nothing user-facing hears of it.
 
 Nothing here reads a clock: time is the windows' event time, which the detector and the retuner already
 use. A sink that raises is counted and logged and the loop goes on (one broken sink never stops the
@@ -51,10 +54,12 @@ class _Retuner(Protocol):
 
 @dataclass
 class Step:
-    """What one window produced: its regime changes and the tuner versions the retuner wrote."""
+    """What one window produced: its regime changes, the transients it closed (for the retuner only)
+    and the tuner versions the retuner wrote."""
     window: Any
     changes: list = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    ended: list = field(default_factory=list)
 
 
 class Loop:
@@ -67,6 +72,7 @@ class Loop:
         self.sinks = list(sinks)
         self.windows = 0
         self.changes = 0
+        self.transient_ends = 0
         self.sink_errors = 0
 
     def step(self, wf: Any) -> Step:
@@ -80,6 +86,12 @@ class Loop:
                 self._emit(sink, rc)
             if self.retuner is not None:
                 self._version(out, self.retuner.on_change(rc))
+        out.ended = list(getattr(self.detector, "ended", None) or ())
+        hand = getattr(self.retuner, "on_transient_end", None)
+        for te in out.ended:
+            self.transient_ends += 1
+            if hand is not None:
+                self._version(out, hand(te))
         return out
 
     def run(self, windows: Iterable[Any]) -> list[Step]:

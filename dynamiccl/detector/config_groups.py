@@ -210,12 +210,12 @@ class IncidentConfig(_Group):
                                              # (a throttle, its release, the next throttle) one
                                              # flapping change whose release came 15 s late
                                              # (docs/evaluation/2026-11-27-detection.md)
-    transient_s: float = 0.0                 # > 0: an incident of one report back within this of
+    transient_s: float = 10.0                # > 0: an incident of one report back within this of
                                              # its onset and half of it of its report is a transient,
                                              # closed without a `recovery` (10 s = twice the 5 s
-                                             # target). Off by default: the retuner reverts only on
-                                             # a `recovery`, so it would keep what it chose for the
-                                             # excursion (dynamiccl/detector/README.md, Transients)
+                                             # target); the retuner hears of it through the loop
+                                             # (`TransientEnd`) and reverts as on a recovery.
+                                             # 0 = off (dynamiccl/detector/README.md, Transients)
 
     def validate(self) -> "IncidentConfig":
         self._positive("merge_s", "merge_similar_s", "flap_window_s")

@@ -67,3 +67,39 @@ class RegimeChange:
         if missing:
             raise ValueError(f"regime change: missing field(s) {', '.join(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class TransientEnd:
+    """A transient excursion ended (`dynamiccl.detector.tracking.Tracking._transient`): its
+    closing is no regime change, so it is not on the change stream the alerting and the scorer
+    read; the loop hands it to the retuner alone, which reverts what it chose for the changes in
+    ``ends`` as it would on their recovery (:meth:`as_recovery`).
+
+    >>> te = TransientEnd(id="rc-j-3.end", job_id="j", ends=("rc-j-3",), start_s=12.0, detected_s=13.0,
+    ...                   magnitude=0.5, comms=("0x1f",))
+    >>> rc = te.as_recovery()
+    >>> rc.kind, rc.recovers, rc.evidence["ends"], rc.evidence["transient"]
+    ('recovery', 'rc-j-3', ['rc-j-3'], True)
+    """
+    id: str
+    job_id: str
+    ends: tuple[str, ...]     # the incident's change ids, its first report first
+    start_s: float            # first window back at the old level (event time)
+    detected_s: float         # end of the window that closed it
+    magnitude: float          # new/old latency ratio at the closing (< 1: back down)
+    comms: tuple[str, ...] = ()
+    comm_names: tuple[str, ...] = ()
+    funcs: tuple[str, ...] = ()
+    size_buckets: tuple[int, ...] = ()
+    ranks: tuple[int, ...] = ()
+    hosts: tuple[str, ...] = ()
+
+    def as_recovery(self) -> RegimeChange:
+        """The recovery this transient's closing stands for (never published as one)."""
+        return RegimeChange(
+            id=self.id, kind="recovery", job_id=self.job_id, start_s=self.start_s, detected_s=self.detected_s,
+            magnitude=self.magnitude, comms=list(self.comms), comm_names=list(self.comm_names),
+            funcs=list(self.funcs), size_buckets=list(self.size_buckets), ranks=list(self.ranks),
+            hosts=list(self.hosts), recovers=self.ends[0] if self.ends else None,
+            evidence={"ends": list(self.ends), "transient": True})

@@ -54,7 +54,7 @@ from .straggler import RankHistory
 from .streams import StreamTable, WindowStreams
 from .tracking import Tracking
 
-MAX_ENDED = 4096   # change ids ended as transients, waiting for the service (drained each window)
+MAX_ENDED = 4096   # transients closed (`TransientEnd`), waiting for the service (drained each window)
 
 __all__ = ["Fusion", "Incident"]
 
@@ -75,8 +75,8 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
                          "rank_triggers": 0, "rank_waits": 0, "small_waits": 0,
                          "rank_rechecks": 0, "onset_waits": 0, "transients": 0}
-        # ids of changes that ended without a recovery (transients): the service ends their
-        # gauges; bounded, drained every window
+        # transients closed without a recovery (`TransientEnd`): the service ends their gauges
+        # and hands them on; bounded, drained every window
         self.ended: deque = deque(maxlen=MAX_ENDED)
         self._n: dict[str, int] = {}
         self._rebased_at: dict[str, int] = {}

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from dynamiccl.collector.features import WindowFeatures
 
 from .config import DetectorConfig
-from .events import RegimeChange
+from .events import RegimeChange, TransientEnd
 from .fusion import Fusion
 from .metrics import MAX_COMMS_PER_CHANGE, ActiveRegimes, DetectorMetrics, SUPPRESS_REASONS
 from .straggler import RankHistory
@@ -76,6 +76,9 @@ class Detector:
         self._suppressed_seen = {k: 0 for k in SUPPRESS_REASONS}
         self.windows = 0
         self.changes: list[RegimeChange] = []   # the last 1000, for inspection
+        # the transients the last window closed (`TransientEnd`): not regime changes, so not in
+        # `process`'s result; the loop hands them to the retuner alone
+        self.ended: list[TransientEnd] = []
         self._max_kept = 1000
 
     # ------------------------------------------------------------------ public
@@ -92,6 +95,7 @@ class Detector:
 
     def process(self, wf: WindowFeatures) -> list[RegimeChange]:
         m = self.metrics
+        self.ended = []
         m.windows_received.inc()
         reason = _malformed(wf)
         if reason:
@@ -144,7 +148,10 @@ class Detector:
         for c in changes:
             self._publish(c)
         while self.fusion.ended:     # transients: over without a recovery of their own
-            self._regimes.end(self.fusion.ended.popleft())
+            te = self.fusion.ended.popleft()
+            for cid in te.ends:
+                self._regimes.end(cid)
+            self.ended.append(te)
         if self.windows % max(1, int(round(1.0 / window_s))) == 0:
             self._export_statistics()
         return changes

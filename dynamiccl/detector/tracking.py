@@ -5,8 +5,8 @@ level (1): ``recovery_windows`` windows in a row at ≤ ``recovery_fraction`` em
 (and restore the old baselines at once); ``flap_transitions`` off→on transitions within
 ``flap_window_s`` emit one ``flapping`` change; an incident opened by rank evidence is tracked
 by that evidence. An incident of one report back within ``transient_s`` of its onset (and half
-of that of its report) closes as a transient (`Tracking._transient`): no ``recovery`` is emitted,
-its ids go to ``ended``. A window in which most of an incident's streams are silent counts
+of that of its report) closes as a transient (`Tracking._transient`): no ``recovery`` is emitted;
+a `TransientEnd` goes to ``ended`` (for the retuner alone). A window in which most of an incident's streams are silent counts
 neither way.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import polars as pl
 
 from typing import TYPE_CHECKING
 
-from .events import RegimeChange
+from .events import RegimeChange, TransientEnd
 
 if TYPE_CHECKING:
     from .incident import Incident
@@ -173,31 +173,30 @@ class Tracking:
         return change
 
     def _recover(self, ws, inc: Incident, cur) -> RegimeChange | None:
-        closed_s = float(ws.window_start + self._window_s)
-        if self._transient(inc, closed_s):
-            self._restore(inc)
-            inc.transient = True
-            self.counters["transients"] += 1
-            self.ended.extend(inc.ids)
-            self._close(inc, ws.t)
-            return None
         tab = self.table
         ok = np.isfinite(cur)
         with np.errstate(invalid="ignore"):
-            mag = float(np.exp(np.median(cur[ok] - inc.level[ok]))) if ok.any() else 1.0
-        n = self._n.get(inc.job, 0) + 1
-        self._n[inc.job] = n
-        first_off = ws.t - inc.off_count + 1
+            mag = round(float(np.exp(np.median(cur[ok] - inc.level[ok]))) if ok.any() else 1.0, 4)
+        start_s = float(tab.window_start_of(ws.t - inc.off_count + 1))
+        closed_s = float(ws.window_start + self._window_s)
         base = inc.change
-        change = RegimeChange(
-            id=f"rc-{inc.job}-{n}", kind="recovery", job_id=inc.job,
-            start_s=float(tab.window_start_of(first_off)), detected_s=float(ws.window_start + self._window_s),
-            magnitude=round(mag, 4), comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
-            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=base.id,
-            evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
         self._restore(inc)
         self._close(inc, ws.t)
-        return change
+        if self._transient(inc, closed_s):
+            inc.transient = True
+            self.counters["transients"] += 1
+            self.ended.append(TransientEnd(
+                id=f"{base.id}.end", job_id=inc.job, ends=tuple(inc.ids), start_s=start_s, detected_s=closed_s,
+                magnitude=mag, comms=tuple(base.comms), comm_names=tuple(base.comm_names), funcs=tuple(base.funcs),
+                size_buckets=tuple(base.size_buckets), ranks=tuple(base.ranks), hosts=tuple(base.hosts)))
+            return None
+        n = self._n.get(inc.job, 0) + 1
+        self._n[inc.job] = n
+        return RegimeChange(
+            id=f"rc-{inc.job}-{n}", kind="recovery", job_id=inc.job, start_s=start_s, detected_s=closed_s,
+            magnitude=mag, comms=base.comms, comm_names=base.comm_names, funcs=base.funcs,
+            size_buckets=base.size_buckets, ranks=base.ranks, hosts=base.hosts, recovers=base.id,
+            evidence={"ends": inc.ids, "n_streams": int(inc.streams.size)})
 
     def _transient(self, inc: Incident, closed_s: float) -> bool:
         """Rule: an incident of one report (no step, no flapping) that is back less than

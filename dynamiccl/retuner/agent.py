@@ -115,6 +115,11 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
                 self.metrics.drop("malformed")
             return self._safe_sync()
 
+    def on_transient_end(self, te) -> int | None:
+        """A transient excursion ended (:class:`dynamiccl.detector.events.TransientEnd`, handed by the loop, not on
+        the change stream): triaged as the recovery it stands for, so whatever was chosen for its changes reverts."""
+        return self.on_change(te.as_recovery())
+
     def on_window(self, wf) -> int | None:
         """A :class:`dynamiccl.collector.features.WindowFeatures`; its ``keys`` rows become observations."""
         with self._lock:

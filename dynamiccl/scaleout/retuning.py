@@ -103,6 +103,10 @@ class JobRetuner:
     def on_change(self, rc) -> int | None:
         return self.retuner.on_change(rc) if self.gate.change(rc.to_json()) else None
 
+    def on_transient_end(self, te) -> int | None:
+        """A transient's end (the loop's, never on the change stream), through the same gate as its recovery."""
+        return self.retuner.on_transient_end(te) if self.gate.change(te.as_recovery().to_json()) else None
+
     def close(self) -> None:
         self.retuner.close()
 

@@ -10,7 +10,7 @@ SLOW, ON = 2.0, 100
 
 
 def _run(duration: int, **incidents):
-    incidents = {"transient_s": 10.0, **incidents}  # the rule is opt-in
+    incidents = {"transient_s": 10.0, **incidents}
     job = SyntheticJob(seed=3, sigma=0.01)
     cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)).with_overrides(
         {f"incidents.{k}": v for k, v in incidents.items()})
@@ -56,3 +56,53 @@ def test_switched_off_gives_the_recovery():
     """``transient_s`` 0: the short excursion's closing is a recovery, as before the rule."""
     det, out = _run(3, transient_s=0.0)
     assert [c.kind for c in out].count("recovery") == 1, [(c.kind, c.detected_s - EPOCH) for c in out]
+
+
+class _Retuner:
+    """Records what the loop hands it."""
+
+    def __init__(self):
+        self.changes, self.ends = [], []
+
+    def on_window(self, wf):
+        return None
+
+    def on_change(self, rc):
+        self.changes.append(rc)
+
+    def on_transient_end(self, te):
+        self.ends.append(te)
+
+
+def _loop_run(duration: int):
+    from dynamiccl.loop import Loop
+    job = SyntheticJob(seed=3, sigma=0.01)
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)).with_overrides({"incidents.transient_s": 10.0})
+    rt, alerts = _Retuner(), []
+    loop = Loop(Detector(cfg), rt, sinks=[alerts.append])
+    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
+    steps = [loop.step(job.window(t, Regime(mult={i: SLOW for i in cross} if ON <= t < ON + duration else {})))
+             for t in range(ON + duration + 20)]
+    return loop, rt, alerts, steps
+
+
+def test_the_loop_tells_the_retuner_alone_that_a_transient_ended():
+    """The 3 s excursion: the sinks (alerting, scorer) get its degradation only; the retuner gets the
+    degradation and then a `TransientEnd` naming it, dated at the excursion's end, in the window that
+    closed it."""
+    loop, rt, alerts, steps = _loop_run(3)
+    assert alerts and all(c.kind != "recovery" for c in alerts) and rt.changes == alerts
+    (te,) = rt.ends
+    assert te.ends[0] == alerts[0].id and set(te.ends) <= {c.id for c in alerts}
+    assert ON + 3 - 1 <= te.start_s - EPOCH <= te.detected_s - EPOCH <= ON + 3 + 5, te
+    assert te.detected_s - te.start_s < 5.0 and loop.transient_ends == 1
+    (step,) = [s for s in steps if s.ended]
+    assert step.ended == [te] and not step.changes
+    rec = te.as_recovery()
+    assert rec.kind == "recovery" and rec.recovers == alerts[0].id and rec.evidence["transient"] is True
+
+
+def test_a_regime_that_lasted_ends_with_its_recovery_only():
+    """The 15 s regime: its end is the `recovery` on the change stream, and no transient end."""
+    loop, rt, alerts, _ = _loop_run(15)
+    assert [c.kind for c in alerts].count("recovery") == 1 and rt.ends == [] and loop.transient_ends == 0
