@@ -69,6 +69,9 @@ METRICS: tuple[MetricSpec, ...] = (
     # --- self-observation ------------------------------------------------------------------
     MetricSpec("dynamiccl_detector_changes_emitted_total", "counter",
                "Regime changes handed to the outputs (stream server, log, Grafana)."),
+    MetricSpec("dynamiccl_detector_transient_ends_emitted_total", "counter",
+               "Transient excursions whose end was sent to the stream's subscribers (the retuner) as a recovery "
+               "with evidence.transient; not regime changes."),
     MetricSpec("dynamiccl_detector_changes_dropped_total", "counter",
                "Regime changes dropped on the way out, by reason (subscriber queue full, ...).",
                ("reason",)),
@@ -130,6 +133,7 @@ class DetectorMetrics:
         self.detection_delay = made[p + "detection_delay_seconds"]
         self.changes_emitted = made[p + "changes_emitted_total"]
         self.changes_dropped = made[p + "changes_dropped_total"]
+        self.transient_ends_emitted = made[p + "transient_ends_emitted_total"]
         self.values_invalid = made[p + "values_invalid_total"]
         self.streams = made[p + "streams"]
         self.rebaselined = made[p + "streams_rebaselined_total"]

@@ -27,7 +27,7 @@ from dynamiccl.collector.features import WindowFeatures
 from dynamiccl.contracts.lines import socket_lines
 
 from .config import DEFAULT_FEATURES, DEFAULT_METRICS, DEFAULT_SERVE, DetectorConfig
-from .events import RegimeChange
+from .events import RegimeChange, TransientEnd
 from .feature_decode import decode
 from .server import ChangeServer
 from .service import Detector
@@ -138,9 +138,20 @@ class DetectorService:
         """Process one window and send its changes to every output (used by the reader)."""
         with self._lock:
             changes = self.detector.process(wf)
+            ended = list(self.detector.ended)
         for c in changes:
             self._emit(c)
+        for te in ended:
+            self._emit_transient_end(te)
         return changes
+
+    def _emit_transient_end(self, te: TransientEnd) -> None:
+        """A transient's end goes to the stream's subscribers (the retuner) alone, as the recovery it stands
+        for (``evidence.transient``): the retuner reverts what it chose for the excursion, as the in-process
+        loop does; it is no regime change, so the log, the changes file and Grafana never see it."""
+        self.metrics.transient_ends_emitted.inc()
+        if self.server is not None:
+            self.server.publish(te.as_recovery())
 
     def _emit(self, c: RegimeChange) -> None:
         try:

@@ -2,6 +2,8 @@
 regime that lasted still gets its recovery."""
 from __future__ import annotations
 
+import time
+
 from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
 from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
@@ -106,3 +108,38 @@ def test_a_regime_that_lasted_ends_with_its_recovery_only():
     """The 15 s regime: its end is the `recovery` on the change stream, and no transient end."""
     loop, rt, alerts, _ = _loop_run(15)
     assert [c.kind for c in alerts].count("recovery") == 1 and rt.ends == [] and loop.transient_ends == 0
+
+
+def test_the_detector_service_sends_a_transient_end_to_its_subscribers_only():
+    """Separately run services (`dynamiccl detector run` → `dynamiccl retuner run`): the stream's subscriber
+    (the retuner) gets the 3 s excursion's end as the recovery it stands for (``evidence.transient``); the
+    log (the changes file) has the degradation only, and it is counted apart from regime changes."""
+    import io
+
+    from dynamiccl.detector.runner import DetectorService, ServiceConfig
+    from dynamiccl.detector.server import subscribe_changes
+    job = SyntheticJob(seed=3, sigma=0.01)
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)).with_overrides({"incidents.transient_s": 10.0})
+    out = io.StringIO()
+    svc = DetectorService(ServiceConfig(features=None, metrics=None, serve="tcp:127.0.0.1:0"), cfg, out=out).start()
+    try:
+        sub = subscribe_changes(svc.addresses["serve"], timeout=20)
+        cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
+        deadline = time.monotonic() + 10
+        while svc.server.n_clients < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        changes = []
+        for t in range(ON + 3 + 20):
+            changes += svc.process_window(job.window(t, Regime(mult={i: SLOW for i in cross} if ON <= t < ON + 3 else {})))
+        got = [next(sub) for _ in range(len(changes) + 1)]
+    finally:
+        svc.shutdown()
+    assert changes and all(c.kind != "recovery" for c in changes)
+    assert [c.id for c in got[:-1]] == [c.id for c in changes]
+    end = got[-1]
+    assert end.kind == "recovery" and end.evidence["transient"] is True and end.recovers == changes[0].id
+    logged = [line for line in out.getvalue().splitlines() if line.startswith("{")]
+    assert len(logged) == len(changes)
+    m = svc.metrics
+    assert m.value("dynamiccl_detector_transient_ends_emitted_total") == 1
+    assert m.value("dynamiccl_detector_changes_emitted_total") == len(changes)
