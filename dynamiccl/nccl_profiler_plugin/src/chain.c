@@ -231,24 +231,21 @@ stale:
   return 0;
 }
 
-/* KernelCh stop: ours does nothing (it counted at KernelChStop), so only the kept handle's. */
-ncclResult_t dccl_chain_kch_stop(uint64_t h) {
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s;
-  uintptr_t t = chain_kch_kept(h, &ctx, &s);
-  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
-}
-
-/* KernelCh state: the kept handle is read first, as our KernelChStop may complete the operation. */
+/* KernelCh state. The kept handle is read first, as our KernelChStop may complete the operation.
+   NCCL stops a KernelCh only right after its KernelChStop state, on the same thread and handle
+   (profiler.cc, ncclProfilerStopKernelChEvent: recordEventState then stopEvent), so the chained
+   plugin gets its stop here, after its state: the stopEvent that follows finds nothing left to do
+   (dccl_stop_core), and the handle is decoded and checked once per channel instead of twice. */
 ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
   dccl_ctx_t* ctx;
   dccl_slot_t* s;
   uintptr_t t = chain_kch_kept(h, &ctx, &s);
-  if (eState == ncclProfilerKernelChStop) {
-    if (s == NULL) kch_reject(); /* its communicator is gone */
-    else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
-  }
-  return t ? ctx->chain_record((void*)t, eState, args) : ncclSuccess;
+  if (eState != ncclProfilerKernelChStop) return t ? ctx->chain_record((void*)t, eState, args) : ncclSuccess;
+  if (s == NULL) kch_reject(); /* its communicator is gone */
+  else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
+  if (t == 0) return ncclSuccess;
+  ctx->chain_record((void*)t, eState, args);
+  return ctx->chain_stop((void*)t);
 }
 
 ncclResult_t dccl_chain_stop(uint64_t h) {

@@ -317,18 +317,18 @@ DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCC
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->coll.kernelVariant,
                   d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
 
-/* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
-   KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
-   and the channel is counted there, so each channel's stop decodes its handle once. */
+/* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent, chained or not, does nothing: NCCL
+   records the KernelChStop state (with its pTimer) right before it (profiler.cc
+   ncclProfilerStopKernelChEvent), and the channel is counted there (and a chained plugin's stop
+   forwarded there, chain.c), so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
+  if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) return ncclSuccess; /* the most frequent stop, chained or not */
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
-    /* KernelCh (counted at its KernelChStop state), or a dummy */
-    if (route == DCCL_H_TAG_KCH || route == DCCL_H_TAG_DUMMY) return ncclSuccess;
+    if (route == DCCL_H_TAG_DUMMY) return ncclSuccess; /* an untracked parent or a KernelPhase */
     if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
       return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
-    if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_stop(h);
     return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */
   }
   dccl_slot_t* s = handle_slot(h);

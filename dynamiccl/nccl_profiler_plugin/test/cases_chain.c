@@ -44,8 +44,8 @@ static int test_chain_handles(void) {
   uint64_t stale0 = atomic_load(&dccl_g.chain_stale);
   TEST_ASSERT(chain_kept(ctx, ctx->chain, hv) != 0, "the chained plugin's Coll handle outlives our record");
   uint64_t c0 = calls();
-  ncclProfiler_v6.stopEvent(kch_start(ctx, h, 5, 1)); /* a late child: ours refuses it, theirs gets its parent */
-  TEST_ASSERT(calls() == c0 + 1 && atomic_load(&dccl_g.chain_stale) == stale0, "forwarded: %llu",
+  kch_stop(kch_start(ctx, h, 5, 1), 2); /* a late child: ours refuses it, theirs gets its parent */
+  TEST_ASSERT(calls() == c0 + 2 && atomic_load(&dccl_g.chain_stale) == stale0, "state and stop forwarded: %llu",
               (unsigned long long)(calls() - c0));
   run_coll(ctx, 8, 1, 0, 1000, 9000); /* slot 0's next operation */
   TEST_ASSERT(ring_take(out, 4) == 1, "its record");
@@ -115,6 +115,40 @@ static int test_chain_child_under_other_comm(void) {
               "our record counted the channel: %u", out[0].channels_seen);
   ncclProfiler_v6.finalize(b);
   ncclProfiler_v6.finalize(a);
+  if (dl) dlclose(dl);
+  clear_env();
+  return 0;
+}
+
+/* A chained KernelCh: NCCL calls its KernelChStop state and then its stopEvent, back to back on one
+   thread (profiler.cc ncclProfilerStopKernelChEvent); the chained plugin gets both at the state (one
+   decode of the handle), and the stopEvent that follows forwards nothing more. */
+static int test_chain_kch_stop_at_state(void) {
+  clear_env();
+  char probe[4096];
+  TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
+  setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
+  dccl_ctx_t* ctx = init6(0xC4A2, 0, 2);
+  unsetenv("DYNAMICCL_PROFILER_CHAIN");
+  TEST_ASSERT(ctx != NULL && ctx->chain != NULL, "chained (log: %s)", g_log);
+  void* dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD);
+  uint64_t (*calls)(void) = dl ? (uint64_t (*)(void))dlsym(dl, "chain_probe_calls") : NULL;
+  TEST_ASSERT(calls != NULL, "the probe's counter");
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 4, "AllReduce", "ncclFloat32", 1000, 1);
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  void* k = kch_start(ctx, h, 0, 100);
+  TEST_ASSERT(DCCL_H_ROUTE((uint64_t)(uintptr_t)k) == (DCCL_H_TAG_KCH | DCCL_H_CHAINED), "a kept KernelCh handle");
+  uint64_t c0 = calls(), stale0 = atomic_load(&dccl_g.chain_stale);
+  ncclProfilerEventStateArgs_v6_t a = {.kernelCh = {.pTimer = 200}};
+  ncclProfiler_v6.recordEventState(k, ncclProfilerKernelChStop, &a);
+  TEST_ASSERT(calls() == c0 + 2, "state and stop forwarded at the state: %llu", (unsigned long long)(calls() - c0));
+  ncclProfiler_v6.stopEvent(k);
+  TEST_ASSERT(calls() == c0 + 2 && atomic_load(&dccl_g.chain_stale) == stale0, "the stopEvent forwards nothing more");
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU, "our record");
+  ncclProfiler_v6.finalize(ctx);
   if (dl) dlclose(dl);
   clear_env();
   return 0;
