@@ -155,23 +155,37 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
    restored before returning (a copy of the whole descriptor per start would cost more than the rest). */
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
-  /* KernelCh under a kept Coll/P2p: its own frame, few live values; ours goes straight to *eHandle. */     \
-  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
-                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+  /* A KernelCh under a kept Coll/P2p that ours refused (counted): theirs alone. */                         \
+  static __attribute__((noinline)) ncclResult_t chain_kch_alone_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d,    \
+                                                                      void* tp) {                            \
     void *parent = d->parentObj, *theirs = NULL;                                                             \
     const dccl_chain_t* c = ctx->chain;                                                                      \
-    d->parentObj = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId,                  \
-                                   d->kernelCh.pTimer, eHandle);                                             \
+    d->parentObj = tp;                                                                                       \
     ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, &theirs, d);                                \
     d->parentObj = parent;                                                                                  \
+    *eHandle = chain_handle(ctx, NULL, theirs);                                                              \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* KernelCh under a kept Coll/P2p: ours goes straight to *eHandle, and the chained plugin writes its       \
+     handle straight into the entry kept beside our channel (zeroed first: a plugin that declines an event \
+     may leave its eHandle untouched). That entry is written and read only on the communicator's proxy       \
+     thread (KernelCh start, KernelChStop state and stop all come from it), after our start stamped the     \
+     channel entry's generation, so a reader that checks the stamp never takes an earlier occupant's. */  \
+  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+    void* parent = d->parentObj;                                                                             \
+    void* tp = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId, d->kernelCh.pTimer,  \
+                               eHandle);                                                                     \
     uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle */                           \
-    if (o == 0) {                                                                                            \
-      *eHandle = chain_handle(ctx, NULL, theirs);                                                            \
-      return ncclSuccess;                                                                                    \
-    }                                                                                                        \
-    atomic_store_explicit(&ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)],        \
-                          (uintptr_t)theirs, memory_order_release);                                          \
+    if (o == 0) return chain_kch_alone_v##V(ctx, eHandle, d, tp);                                            \
+    _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)];    \
+    atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
+    const dccl_chain_t* c = ctx->chain;                                                                      \
+    d->parentObj = tp;                                                                                       \
+    ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, (void**)kept, d);                           \
+    d->parentObj = parent;                                                                                  \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
   /* Any other start; `dummy`: an untracked parent (ours is the dummy, whatever its parent). Called with \
@@ -194,13 +208,47 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
+  /* An untracked parent (GroupApi, CollApi, ...) whose parent is NCCL's NULL or the chained plugin's own   \
+     handle: ours is the dummy and needs no parent, theirs is the same descriptor, written straight to     \
+     NCCL's eHandle; it goes to NCCL as it is unless it is NULL or looks like ours (chain_handle). */     \
+  static __attribute__((noinline)) ncclResult_t chain_dummy_start_v##V(dccl_ctx_t* ctx, void** eHandle,      \
+                                                                        ncclProfilerEventDescr_v##V##_t* d) { \
+    void* ours;                                                                                              \
+    start_dummy(ctx, &ours, (uint64_t)d->type);                                                              \
+    ((const ncclProfiler_v##V##_t*)ctx->chain->table)->startEvent(ctx->chain->ctx, eHandle, d);              \
+    *eHandle = chain_handle(ctx, ours, *eHandle);                                                            \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* A Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (our start of these types    \
+     reads no parent, so the descriptor goes to both plugins as it is): ours first, then theirs written     \
+     straight into the entry kept beside our slot (zeroed first), as a tail call (NCCL ignores the result \
+     codes of startEvent, stopEvent and recordEventState: profiler.cc). */                        \
+  static __attribute__((noinline)) ncclResult_t chain_op_start_v##V(dccl_ctx_t* ctx, void** eHandle,         \
+                                                                     ncclProfilerEventDescr_v##V##_t* d) {  \
+    dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
+    const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
+    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our Coll/P2p handle (ctx's own) */               \
+    if (o == 0) {                                                                                            \
+      t->startEvent(ctx->chain->ctx, eHandle, d);                                                            \
+      *eHandle = chain_handle(ctx, NULL, *eHandle);                                                          \
+      return ncclSuccess;                                                                                   \
+    }                                                                                                        \
+    _Atomic uintptr_t* kept = &ctx->chain->op[DCCL_H_SLOT(o)];                                               \
+    atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
+    *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
+    return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
+  }                                                                                                          \
   /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
-    uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
-    if ((uint64_t)d->type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&  \
+    uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
+    if (type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
         DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
-    if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                   \
+    if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
+      if (type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                           \
+      if (type == ncclProfileColl || type == ncclProfileP2p) return chain_op_start_v##V(ctx, eHandle, d);    \
+    }                                                                                                        \
+    if (type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                                \
     return chain_start_v##V(ctx, eHandle, d, 0);                                                             \
   }
 DCCL_DEFINE_CHAIN_START(4)
