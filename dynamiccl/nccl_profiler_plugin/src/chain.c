@@ -262,36 +262,36 @@ static inline ncclResult_t chain_raw_stop(uint64_t h) {
   return f ? f((void*)(uintptr_t)h) : ncclSuccess;
 }
 
-/* A chained KernelCh handle of ours: its slot (*sp, NULL when gone) and the kept handle of the
-   chained plugin (0, counted, once the channel entry moved on to another operation). */
-static inline uintptr_t chain_kch_kept(uint64_t h, dccl_ctx_t** cp, dccl_slot_t** sp) {
+/* KernelCh state of a chained KernelCh handle of ours. The kept handle is read first, as our
+   KernelChStop may complete the operation; it is forwarded while the channel entry's generation stamp
+   still names the handle's operation (implied while that operation is live: only its start stamped
+   the entry), else counted. NCCL stops a KernelCh only right after its KernelChStop state, on the same
+   thread and handle (profiler.cc, ncclProfilerStopKernelChEvent: recordEventState then stopEvent), so
+   the chained plugin gets its stop here, after its state: the stopEvent that follows finds nothing
+   left to do (dccl_stop_core), and the handle is decoded and checked once per channel, not twice. */
+ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
   dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
   uint32_t i = DCCL_H_SLOT(h), ch = DCCL_H_CH(h);
-  *sp = NULL;
-  if (ctx == NULL || i >= ctx->pool_size) goto stale;
+  int kstop = eState == ncclProfilerKernelChStop;
+  if (ctx == NULL || i >= ctx->pool_size) { /* its communicator is gone */
+    if (kstop) kch_reject();
+    chain_stale_count();
+    return ncclSuccess;
+  }
   dccl_slot_t* s = &ctx->slots[i];
-  *cp = ctx;
-  *sp = s;
   uintptr_t t = atomic_load_explicit(&ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
-  if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
-stale:
-  chain_stale_count();
-  return 0;
-}
-
-/* KernelCh state. The kept handle is read first, as our KernelChStop may complete the operation.
-   NCCL stops a KernelCh only right after its KernelChStop state, on the same thread and handle
-   (profiler.cc, ncclProfilerStopKernelChEvent: recordEventState then stopEvent), so the chained
-   plugin gets its stop here, after its state: the stopEvent that follows finds nothing left to do
-   (dccl_stop_core), and the handle is decoded and checked once per channel instead of twice. */
-ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s;
-  uintptr_t t = chain_kch_kept(h, &ctx, &s);
-  if (eState != ncclProfilerKernelChStop) return t ? ctx->chain_record((void*)t, eState, args) : ncclSuccess;
-  if (s == NULL) kch_reject(); /* its communicator is gone */
-  else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
+  uint64_t o = h & ~(uint64_t)DCCL_H_CHAINED;
+  if (kstop && handle_live(s, o)) {
+    kch_stopped_live(ctx, s, o, args ? args->kernelCh.pTimer : 0);
+  } else {
+    if (kstop) kch_reject(); /* ours finished or was reaped (theirs may still be due its state) */
+    if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) {
+      chain_stale_count(); /* the entry moved on to another operation: neither plugin's */
+      return ncclSuccess;
+    }
+  }
   if (t == 0) return ncclSuccess;
+  if (!kstop) return ctx->chain_record((void*)t, eState, args);
   ctx->chain_record((void*)t, eState, args);
   return ctx->chain_stop((void*)t);
 }

@@ -347,7 +347,7 @@ static inline void phase_stopped(uint64_t h, uint64_t t) {
   if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
 }
 
-/* Tested in the order of frequency: KernelChStop (one per channel) first. */
+/* Tested in the order of frequency: KernelChStop (one per channel, chained or not) first. */
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
@@ -360,11 +360,11 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
     else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
+  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
   if (route == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
     if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
   if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* a proxy event's, or chained (chain.h) */
     return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);
   return ncclSuccess;
