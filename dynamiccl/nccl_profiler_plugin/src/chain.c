@@ -273,7 +273,7 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
   dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
   uint32_t i = DCCL_H_SLOT(h), ch = DCCL_H_CH(h);
   int kstop = eState == ncclProfilerKernelChStop;
-  if (ctx == NULL || i >= ctx->pool_size) { /* its communicator is gone */
+  if (ctx == NULL || i >= ctx->pool_size || ctx->chain_kch == NULL) { /* gone, or its index reused unchained */
     if (kstop) kch_reject();
     chain_stale_count();
     return ncclSuccess;
@@ -296,11 +296,29 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
   return ctx->chain_stop((void*)t);
 }
 
+/* The stop of a chained Coll/P2p handle of ours: one decode for both plugins. The kept handle is read
+   before our stop, which may complete the operation (and free the slot for the next one); it is
+   forwarded while the slot's generation is still the handle's, finished or not (chain_kept). */
+ncclResult_t dccl_chain_op_stop(uint64_t h) {
+  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+  uint32_t i = DCCL_H_SLOT(h);
+  if (ctx == NULL || ctx->chain == NULL || i >= ctx->pool_size) goto stale; /* gone, or its index reused */
+  dccl_slot_t* s = &ctx->slots[i];
+  uintptr_t t = atomic_load_explicit(&ctx->chain->op[i], memory_order_acquire);
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  if (((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) goto stale; /* the slot's next operation: neither plugin's */
+  if (!(c & 1)) slot_mark(s, h, DCCL_DONE_STOPPED);               /* ours, while in flight */
+  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
+stale:
+  chain_stale_count();
+  return ncclSuccess;
+}
+
 ncclResult_t dccl_chain_stop(uint64_t h) {
   if (DCCL_H_TAG(h) == 0) return chain_raw_stop(h);
   if (chain_is_kept(h)) { /* ours (a KernelCh's stop does nothing: it counted at KernelChStop), then theirs */
     dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-    if (ctx == NULL) {
+    if (ctx == NULL || ctx->chain == NULL) { /* gone, or its index reused by an unchained communicator */
       chain_stale_count();
       return ncclSuccess;
     }
@@ -324,7 +342,7 @@ ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, nccl
   }
   if (chain_is_kept(h)) { /* the kept handle first: our KernelChStop may complete the operation */
     dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-    if (ctx == NULL) {
+    if (ctx == NULL || ctx->chain == NULL) { /* gone, or its index reused by an unchained communicator */
       chain_stale_count();
       return ncclSuccess;
     }

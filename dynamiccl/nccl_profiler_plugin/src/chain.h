@@ -68,6 +68,8 @@ extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
 
 /* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
+/* a Coll/P2p of ours (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) */
+ncclResult_t dccl_chain_op_stop(uint64_t h);
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
 /* the most frequent of them: a KernelCh of ours (DCCL_H_TAG_KCH | DCCL_H_CHAINED), whose KernelChStop
    state also forwards the chained plugin's stop (its stopEvent then does nothing) */

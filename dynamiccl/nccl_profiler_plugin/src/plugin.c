@@ -327,6 +327,7 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
     if (route == DCCL_H_TAG_DUMMY) return ncclSuccess; /* an untracked parent or a KernelPhase */
+    if (route == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED)) return dccl_chain_op_stop(h);
     if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
       return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
     return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */

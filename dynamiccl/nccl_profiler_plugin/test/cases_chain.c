@@ -153,3 +153,23 @@ static int test_chain_kch_stop_at_state(void) {
   clear_env();
   return 0;
 }
+
+/* A chained handle whose communicator index now names an unchained communicator (a late event after
+   its own communicator's index was reused): counted, never followed into a chained table it has not. */
+static int test_chain_handle_of_reused_index(void) {
+  clear_env();
+  dccl_ctx_t* ctx = init6(0xC4A3, 0, 2);
+  TEST_ASSERT(ctx != NULL && ctx->chain == NULL, "unchained");
+  uint64_t op = DCCL_H_MAKE(DCCL_H_TAG_SLOT, 0, ctx->index, 0, 1) | DCCL_H_CHAINED;
+  uint64_t kch = DCCL_H_MAKE(DCCL_H_TAG_KCH, 3, ctx->index, 0, 1) | DCCL_H_CHAINED;
+  uint64_t stale0 = atomic_load(&dccl_g.chain_stale);
+  ncclProfilerEventStateArgs_v6_t a = {.kernelCh = {.pTimer = 200}};
+  ncclProfiler_v6.stopEvent((void*)(uintptr_t)op);
+  ncclProfiler_v6.recordEventState((void*)(uintptr_t)op, ncclProfilerKernelChStop, &a);
+  ncclProfiler_v6.recordEventState((void*)(uintptr_t)kch, ncclProfilerKernelChStop, &a);
+  TEST_ASSERT(atomic_load(&dccl_g.chain_stale) == stale0 + 3, "each counted: %llu",
+              (unsigned long long)(atomic_load(&dccl_g.chain_stale) - stale0));
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
