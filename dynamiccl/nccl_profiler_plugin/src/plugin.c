@@ -43,7 +43,7 @@ static strcache_t g_func_cache, g_dtype_cache, g_algo_cache, g_proto_cache;
    (collectives.cc: ncclDatatypeToString has no ncclUint8 case): the only datatype it calls that. */
 static const char k_dtype_unknown[] = "Unknown";
 
-static uint8_t lookup_slow(strcache_t* c, const char* s, const char* const* names, int n) {
+static __attribute__((noinline, cold)) uint8_t lookup_slow(strcache_t* c, const char* s, const char* const* names, int n) {
   uint8_t code = DCCL_UNKNOWN;
   for (int i = 0; i < n; i++) {
     if (strcmp(s, names[i]) == 0) {
@@ -156,30 +156,39 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
   dccl_slot_t* s = &ctx->slots[idx];
   uint64_t now = dccl_now_ns();
   int mask = __atomic_load_n(ctx->mask_ptr, __ATOMIC_RELAXED);
-  s->rec = (dccl_event_record_t){
-      .kind = kind,
-      .func = MAP_FUNC(func),
-      .datatype = dt,
-      .algo = algo ? MAP_ALGO(algo) : DCCL_UNKNOWN,
-      .proto = proto ? MAP_PROTO(proto) : DCCL_UNKNOWN,
-      .n_channels = nChannels,
-      .n_warps = nWarps,
-      .timing_source = DCCL_TIMING_NONE,
-      .rank = ctx->rank,
-      .nranks = ctx->nranks,
-      .nnodes = ctx->nnodes,
-      .pid = ctx->pid,
-      .root = root,
-      .tuner_config_version = dccl_tuner_version(ctx->comm_hash), /* 0 without the DynamICCL tuner */
-      .comm_hash = ctx->comm_hash,
-      .seq_number = seq,
-      .count = count,
-      .bytes = bytes,
-      .enqueue_ns = now,
-      .flags = flags,
-      .user_tag = user_tag,
-      .kernel_variant = variant,
-  };
+  /* Every field assigned one by one (a compound literal compiles to a 128-byte zero fill, `rep stos`,
+     then the same stores again). */
+  dccl_event_record_t* r = &s->rec;
+  r->kind = kind;
+  r->func = MAP_FUNC(func);
+  r->datatype = dt;
+  r->algo = algo ? MAP_ALGO(algo) : DCCL_UNKNOWN;
+  r->proto = proto ? MAP_PROTO(proto) : DCCL_UNKNOWN;
+  r->n_channels = nChannels;
+  r->n_warps = nWarps;
+  r->timing_source = DCCL_TIMING_NONE;
+  r->rank = ctx->rank;
+  r->nranks = ctx->nranks;
+  r->nnodes = ctx->nnodes;
+  r->pid = ctx->pid;
+  r->root = root;
+  r->tuner_config_version = dccl_tuner_version(ctx->comm_hash); /* 0 without the DynamICCL tuner */
+  r->channels_seen = 0;
+  r->flags = flags;
+  r->kernel_variant = variant;
+  r->comm_hash = ctx->comm_hash;
+  r->seq_number = seq;
+  r->count = count;
+  r->bytes = bytes;
+  r->enqueue_ns = now;
+  r->gpu_start_ns = 0;
+  r->gpu_end_ns = 0;
+  r->cpu_end_ns = 0;
+  r->record_seq = 0;
+  r->user_tag = user_tag;
+  r->sync_wait_ns = 0;
+  _Static_assert(sizeof(dccl_event_record_t) == 128, "every field of the record is assigned above");
+
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   s->kch_stopped = 0;
   if (s->net) s->net->n = s->net->dropped = 0;
