@@ -181,6 +181,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     if (o == 0) return chain_kch_alone_v##V(ctx, eHandle, d, tp);                                            \
     _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)];    \
     atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
+    atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     const dccl_chain_t* c = ctx->chain;                                                                      \
     d->parentObj = tp;                                                                                       \
@@ -235,6 +236,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     }                                                                                                        \
     _Atomic uintptr_t* kept = &ctx->chain->op[DCCL_H_SLOT(o)];                                               \
     atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
+    atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
   }                                                                                                          \
