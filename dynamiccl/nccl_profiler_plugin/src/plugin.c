@@ -336,9 +336,9 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
     if (route == DCCL_H_TAG_DUMMY) return ncclSuccess; /* an untracked parent or a KernelPhase */
-    if (route == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED)) return dccl_chain_op_stop(h);
     if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
       return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
+    if (route == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED)) return dccl_chain_op_stop(h);
     return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */
   }
   dccl_slot_t* s = handle_slot(h);
@@ -370,13 +370,15 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
     else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
   if (route == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
     if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* a proxy event's, or chained (chain.h) */
+  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
+  if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event's (ProxyStep: the most frequent opt-in state) */
     return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);
+  if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* chained (chain.h) */
+    return dccl_chain_record(h, eState, args);
   return ncclSuccess;
 }
 
