@@ -155,23 +155,38 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
    restored before returning (a copy of the whole descriptor per start would cost more than the rest). */
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
-  /* KernelCh under a kept Coll/P2p: its own frame, few live values; ours goes straight to *eHandle. */     \
-  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
-                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+  /* A KernelCh under a kept Coll/P2p that ours refused (counted): theirs alone. */                         \
+  static __attribute__((noinline)) ncclResult_t chain_kch_alone_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d,    \
+                                                                      void* tp) {                            \
     void *parent = d->parentObj, *theirs = NULL;                                                             \
     const dccl_chain_t* c = ctx->chain;                                                                      \
-    d->parentObj = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId,                  \
-                                   d->kernelCh.pTimer, eHandle);                                             \
+    d->parentObj = tp;                                                                                       \
     ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, &theirs, d);                                \
     d->parentObj = parent;                                                                                  \
+    *eHandle = chain_handle(ctx, NULL, theirs);                                                              \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* KernelCh under a kept Coll/P2p: ours goes straight to *eHandle, and the chained plugin writes its       \
+     handle straight into the entry kept beside our channel (zeroed first: a plugin that declines an event \
+     may leave its eHandle untouched). That entry is written and read only on the communicator's proxy       \
+     thread (KernelCh start, KernelChStop state and stop all come from it), after our start stamped the     \
+     channel entry's generation, so a reader that checks the stamp never takes an earlier occupant's. */  \
+  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+    void* parent = d->parentObj;                                                                             \
+    void* tp = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId, d->kernelCh.pTimer,  \
+                               eHandle);                                                                     \
     uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle */                           \
-    if (o == 0) {                                                                                            \
-      *eHandle = chain_handle(ctx, NULL, theirs);                                                            \
-      return ncclSuccess;                                                                                    \
-    }                                                                                                        \
-    atomic_store_explicit(&ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)],        \
-                          (uintptr_t)theirs, memory_order_release);                                          \
+    if (o == 0) return chain_kch_alone_v##V(ctx, eHandle, d, tp);                                            \
+    _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)];    \
+    atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
+    atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
+    const dccl_chain_t* c = ctx->chain;                                                                      \
+    d->parentObj = tp;                                                                                       \
+    ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, (void**)kept, d);                           \
+    d->parentObj = parent;                                                                                  \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
   /* Any other start; `dummy`: an untracked parent (ours is the dummy, whatever its parent). Called with \
@@ -194,13 +209,48 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
+  /* An untracked parent (GroupApi, CollApi, ...) whose parent is NCCL's NULL or the chained plugin's own   \
+     handle: ours is the dummy and needs no parent, theirs is the same descriptor, written straight to     \
+     NCCL's eHandle; it goes to NCCL as it is unless it is NULL or looks like ours (chain_handle). */     \
+  static __attribute__((noinline)) ncclResult_t chain_dummy_start_v##V(dccl_ctx_t* ctx, void** eHandle,      \
+                                                                        ncclProfilerEventDescr_v##V##_t* d) { \
+    void* ours;                                                                                              \
+    start_dummy(ctx, &ours, (uint64_t)d->type);                                                              \
+    ((const ncclProfiler_v##V##_t*)ctx->chain->table)->startEvent(ctx->chain->ctx, eHandle, d);              \
+    *eHandle = chain_handle(ctx, ours, *eHandle);                                                            \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
+  /* A Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (our start of these types    \
+     reads no parent, so the descriptor goes to both plugins as it is): ours first, then theirs written     \
+     straight into the entry kept beside our slot (zeroed first), as a tail call (NCCL ignores the result \
+     codes of startEvent, stopEvent and recordEventState: profiler.cc). */                        \
+  static __attribute__((noinline)) ncclResult_t chain_op_start_v##V(dccl_ctx_t* ctx, void** eHandle,         \
+                                                                     ncclProfilerEventDescr_v##V##_t* d) {  \
+    dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
+    const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
+    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our Coll/P2p handle (ctx's own) */               \
+    if (o == 0) {                                                                                            \
+      t->startEvent(ctx->chain->ctx, eHandle, d);                                                            \
+      *eHandle = chain_handle(ctx, NULL, *eHandle);                                                          \
+      return ncclSuccess;                                                                                   \
+    }                                                                                                        \
+    _Atomic uintptr_t* kept = &ctx->chain->op[DCCL_H_SLOT(o)];                                               \
+    atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
+    atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
+    *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
+    return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
+  }                                                                                                          \
   /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
-    uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
-    if ((uint64_t)d->type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&  \
+    uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
+    if (type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
         DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
-    if ((uint64_t)d->type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                   \
+    if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
+      if (type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                           \
+      if (type == ncclProfileColl || type == ncclProfileP2p) return chain_op_start_v##V(ctx, eHandle, d);    \
+    }                                                                                                        \
+    if (type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                                \
     return chain_start_v##V(ctx, eHandle, d, 0);                                                             \
   }
 DCCL_DEFINE_CHAIN_START(4)
@@ -214,48 +264,63 @@ static inline ncclResult_t chain_raw_stop(uint64_t h) {
   return f ? f((void*)(uintptr_t)h) : ncclSuccess;
 }
 
-/* A chained KernelCh handle of ours: its slot (*sp, NULL when gone) and the kept handle of the
-   chained plugin (0, counted, once the channel entry moved on to another operation). */
-static inline uintptr_t chain_kch_kept(uint64_t h, dccl_ctx_t** cp, dccl_slot_t** sp) {
+/* KernelCh state of a chained KernelCh handle of ours. The kept handle is read first, as our
+   KernelChStop may complete the operation; it is forwarded while the channel entry's generation stamp
+   still names the handle's operation (implied while that operation is live: only its start stamped
+   the entry), else counted. NCCL stops a KernelCh only right after its KernelChStop state, on the same
+   thread and handle (profiler.cc, ncclProfilerStopKernelChEvent: recordEventState then stopEvent), so
+   the chained plugin gets its stop here, after its state: the stopEvent that follows finds nothing
+   left to do (dccl_stop_core), and the handle is decoded and checked once per channel, not twice. */
+ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
   dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
   uint32_t i = DCCL_H_SLOT(h), ch = DCCL_H_CH(h);
-  *sp = NULL;
-  if (ctx == NULL || i >= ctx->pool_size) goto stale;
+  int kstop = eState == ncclProfilerKernelChStop;
+  if (ctx == NULL || i >= ctx->pool_size || ctx->chain_kch == NULL) { /* gone, or its index reused unchained */
+    if (kstop) kch_reject();
+    chain_stale_count();
+    return ncclSuccess;
+  }
   dccl_slot_t* s = &ctx->slots[i];
-  *cp = ctx;
-  *sp = s;
   uintptr_t t = atomic_load_explicit(&ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
-  if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h)) return t;
+  uint64_t o = h & ~(uint64_t)DCCL_H_CHAINED;
+  if (kstop && handle_live(s, o)) {
+    kch_stopped_live(ctx, s, o, args ? args->kernelCh.pTimer : 0);
+  } else {
+    if (kstop) kch_reject(); /* ours finished or was reaped (theirs may still be due its state) */
+    if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) {
+      chain_stale_count(); /* the entry moved on to another operation: neither plugin's */
+      return ncclSuccess;
+    }
+  }
+  if (t == 0) return ncclSuccess;
+  if (!kstop) return ctx->chain_record((void*)t, eState, args);
+  ctx->chain_record((void*)t, eState, args);
+  return ctx->chain_stop((void*)t);
+}
+
+/* The stop of a chained Coll/P2p handle of ours: one decode for both plugins. The kept handle is read
+   before our stop, which may complete the operation (and free the slot for the next one); it is
+   forwarded while the slot's generation is still the handle's, finished or not (chain_kept). */
+ncclResult_t dccl_chain_op_stop(uint64_t h) {
+  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
+  uint32_t i = DCCL_H_SLOT(h);
+  if (ctx == NULL || ctx->chain == NULL || i >= ctx->pool_size) goto stale; /* gone, or its index reused */
+  dccl_slot_t* s = &ctx->slots[i];
+  uintptr_t t = atomic_load_explicit(&ctx->chain->op[i], memory_order_acquire);
+  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
+  if (((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) goto stale; /* the slot's next operation: neither plugin's */
+  if (!(c & 1)) slot_mark(s, h, DCCL_DONE_STOPPED);               /* ours, while in flight */
+  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
 stale:
   chain_stale_count();
-  return 0;
-}
-
-/* KernelCh stop: ours does nothing (it counted at KernelChStop), so only the kept handle's. */
-ncclResult_t dccl_chain_kch_stop(uint64_t h) {
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s;
-  uintptr_t t = chain_kch_kept(h, &ctx, &s);
-  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
-}
-
-/* KernelCh state: the kept handle is read first, as our KernelChStop may complete the operation. */
-ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
-  dccl_ctx_t* ctx;
-  dccl_slot_t* s;
-  uintptr_t t = chain_kch_kept(h, &ctx, &s);
-  if (eState == ncclProfilerKernelChStop) {
-    if (s == NULL) kch_reject(); /* its communicator is gone */
-    else kch_stopped(ctx, s, h & ~(uint64_t)DCCL_H_CHAINED, args ? args->kernelCh.pTimer : 0);
-  }
-  return t ? ctx->chain_record((void*)t, eState, args) : ncclSuccess;
+  return ncclSuccess;
 }
 
 ncclResult_t dccl_chain_stop(uint64_t h) {
   if (DCCL_H_TAG(h) == 0) return chain_raw_stop(h);
   if (chain_is_kept(h)) { /* ours (a KernelCh's stop does nothing: it counted at KernelChStop), then theirs */
     dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-    if (ctx == NULL) {
+    if (ctx == NULL || ctx->chain == NULL) { /* gone, or its index reused by an unchained communicator */
       chain_stale_count();
       return ncclSuccess;
     }
@@ -279,7 +344,7 @@ ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, nccl
   }
   if (chain_is_kept(h)) { /* the kept handle first: our KernelChStop may complete the operation */
     dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-    if (ctx == NULL) {
+    if (ctx == NULL || ctx->chain == NULL) { /* gone, or its index reused by an unchained communicator */
       chain_stale_count();
       return ncclSuccess;
     }

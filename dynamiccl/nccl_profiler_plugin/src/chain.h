@@ -8,12 +8,16 @@
  * Where the chained plugin's handle is kept:
  *  - Coll/P2p and KernelCh events we track (26 of an eager AllReduce's 31 calls at 8 channels): in
  *    the chain's table beside our slot (op[slot], kch[slot][channel]), written after our start
- *    stamped the slot's (ctl) or channel entry's (gen) generation. NCCL gets our own handle with
- *    DCCL_H_CHAINED set. A later call reads the kept handle, then the stamp (acquire on the read
- *    orders it; the writer's release store of the handle follows its stamp), and forwards only while
- *    the stamp still names the handle's generation: the stamps outlive our completion (a KernelCh
- *    stop after its KernelChStop state still finds its entry) until the slot's next operation, and a
- *    handle of an earlier occupant never reaches the chained plugin (counted in chain_stale).
+ *    stamped the slot's (ctl) or channel entry's (gen) generation: on the frequent paths by the
+ *    chained plugin's own startEvent, given the entry as its eHandle (zeroed first, after a release
+ *    fence that orders our stamp before it), so its handle is never copied. NCCL gets our own handle
+ *    with DCCL_H_CHAINED set. A later call reads the kept handle, then the stamp (acquire on the
+ *    read orders it), and forwards only while the stamp still names the handle's generation: the
+ *    stamps outlive our completion (a child arriving after our record was emitted still finds its
+ *    parent) until the slot's next operation, and a handle of an earlier occupant never reaches the
+ *    chained plugin (counted in chain_stale). A KernelCh's stop is forwarded at its KernelChStop
+ *    state, which NCCL always calls right before it on the same thread (profiler.cc), so each
+ *    channel's handle is decoded and checked once.
  *  - every other event (API events, KernelPhase, proxy events, and events we did not record): an
  *    entry of the communicator's chain ring holding both handles (ours, theirs), written with one
  *    atomic add and a seqlock stamp. An entry is reused after DCCL_CHAIN_ENTRIES later ring events
@@ -68,9 +72,11 @@ extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
 
 /* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
+/* a Coll/P2p of ours (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) */
+ncclResult_t dccl_chain_op_stop(uint64_t h);
 ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
-/* the most frequent of them: a KernelCh of ours (DCCL_H_TAG_KCH | DCCL_H_CHAINED) */
-ncclResult_t dccl_chain_kch_stop(uint64_t h);
+/* the most frequent of them: a KernelCh of ours (DCCL_H_TAG_KCH | DCCL_H_CHAINED), whose KernelChStop
+   state also forwards the chained plugin's stop (its stopEvent then does nothing) */
 ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
 
 /* plugin.c: our own start per version (no chain), and the chained start (chain.c) */

@@ -87,13 +87,13 @@ static inline __attribute__((always_inline)) void start_kch(void** eHandle, void
   start_kch_in(ctx, s, p, eHandle, channelId, pTimer);
 }
 
-/* KernelChStop: the channel's stop pTimer, the order mark, and the count (DCCL_DONE_*). */
-static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
-  /* A live generation means this entry was stamped by this operation's start (the only way to
-     get a KernelCh handle), so the entry's own stamp need not be checked again. */
+/* KernelChStop of a live handle (handle_live checked by the caller). A live generation means this
+   entry was stamped by this operation's start (the only way to get a KernelCh handle), so the
+   entry's own stamp need not be checked again. */
+static inline void kch_stopped_live(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
   dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (!handle_live(s, h) || (e->order & DCCL_KCH_STOPPED)) {
-    kch_reject(); /* late (its operation finished or was reaped), or a second stop of one channel */
+  if (e->order & DCCL_KCH_STOPPED) {
+    kch_reject(); /* a second stop of one channel */
     return;
   }
   uint32_t need = s->expect_kch;
@@ -102,6 +102,12 @@ static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint
   kch_order_stop(ctx, e, DCCL_H_CH(h), t);
   if (++s->kch_stopped != need) return;
   slot_mark(s, h, DCCL_DONE_KERNELS);
+}
+
+/* KernelChStop: the channel's stop pTimer, the order mark, and the count (DCCL_DONE_*). */
+static inline void kch_stopped(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
+  if (!handle_live(s, h)) kch_reject(); /* late: its operation finished or was reaped */
+  else kch_stopped_live(ctx, s, h, t);
 }
 
 #endif /* DYNAMICCL_KCH_H_ */

@@ -9,8 +9,9 @@
  * (slot + channel) and a dummy for the parents we do not track (GroupApi/CollApi/P2pApi/
  * KernelLaunch/Group). Every stop or child is checked against the slot's current generation.
  *
- * Completion (a finished slot becomes a record on the ring): finish.c. Lifecycle (init/finalize,
- * communicator table, tuner link, counters, the stale-slot reaper): lifecycle.c.
+ * NCCL strings as wire codes: codes.h. Completion (a finished slot becomes a record on the ring):
+ * finish.c. Lifecycle (init/finalize, communicator table, tuner link, counters, the stale-slot
+ * reaper): lifecycle.c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -23,91 +24,11 @@
 #include <unistd.h>
 
 #include "chain.h"
+#include "codes.h"
 #include "kch.h"
 #include "net.h"
 
-
 #define ALLOC_PROBES 64 /* a start is refused when this many consecutive slots are busy */
-
-/* ------------------------------------------------------------------------------------------ */
-/* NCCL string -> wire code. The strings are static in NCCL, so a tiny direct-mapped cache of   */
-/* (pointer << 8 | code) avoids strcmp after the first sight of each pointer.                   */
-
-#define STRCACHE_SIZE 16
-typedef struct {
-  _Atomic uint64_t e[STRCACHE_SIZE];
-} strcache_t;
-static strcache_t g_func_cache, g_dtype_cache, g_algo_cache, g_proto_cache;
-
-/* NCCL 2.27-2.30 name every datatype except ncclUint8, which it passes as "Unknown"
-   (collectives.cc: ncclDatatypeToString has no ncclUint8 case): the only datatype it calls that. */
-static const char k_dtype_unknown[] = "Unknown";
-
-static uint8_t lookup_slow(strcache_t* c, const char* s, const char* const* names, int n) {
-  uint8_t code = DCCL_UNKNOWN;
-  for (int i = 0; i < n; i++) {
-    if (strcmp(s, names[i]) == 0) {
-      code = (uint8_t)i;
-      break;
-    }
-  }
-  if (code == DCCL_UNKNOWN && names == dccl_dtype_names && strcmp(s, k_dtype_unknown) == 0)
-    code = DCCL_DTYPE_NCCLUINT8;
-  uintptr_t p = (uintptr_t)s;
-  if ((p >> 56) == 0) /* user-space pointers fit in 56 bits; otherwise just do not cache */
-    atomic_store_explicit(&c->e[(p >> 3) & (STRCACHE_SIZE - 1)], ((uint64_t)p << 8) | code, memory_order_relaxed);
-  return code;
-}
-
-static inline uint8_t lookup(strcache_t* c, const char* s, const char* const* names, int n) {
-  if (s == NULL) return DCCL_UNKNOWN;
-  uintptr_t p = (uintptr_t)s;
-  uint64_t e = atomic_load_explicit(&c->e[(p >> 3) & (STRCACHE_SIZE - 1)], memory_order_relaxed);
-  if ((e >> 8) == (uint64_t)p) return (uint8_t)(e & 0xff);
-  return lookup_slow(c, s, names, n);
-}
-
-#define MAP_FUNC(s) lookup(&g_func_cache, (s), dccl_func_names, DCCL_FUNC_COUNT)
-#define MAP_DTYPE(s) lookup(&g_dtype_cache, (s), dccl_dtype_names, DCCL_DTYPE_COUNT)
-#define MAP_ALGO(s) lookup(&g_algo_cache, (s), dccl_algo_names, DCCL_ALGO_COUNT)
-#define MAP_PROTO(s) lookup(&g_proto_cache, (s), dccl_proto_names, DCCL_PROTO_COUNT)
-
-/* v7 kernelVariant: the 32-bit FNV-1a hash of its name (first 64 bytes; 0: none), so records can be
-   grouped by kernel variant across ranks and runs without a string. NCCL's names are static, so a
-   cache keyed by the whole pointer spares the hash: an entry is claimed by CAS (1 = being written)
-   before its hash is stored, and a reader checks the pointer before and after reading the hash. */
-#define VARIANT_CACHE 8
-typedef struct {
-  _Atomic uintptr_t p;
-  _Atomic uint32_t h;
-} variant_entry_t;
-static variant_entry_t g_variant_cache[VARIANT_CACHE];
-
-static __attribute__((noinline)) uint32_t variant_hash_slow(const char* s, uintptr_t p, uintptr_t seen) {
-  uint32_t h = 2166136261u;
-  for (int i = 0; i < 64 && s[i]; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-  h = h ? h : 1;
-  variant_entry_t* e = &g_variant_cache[(p >> 3) & (VARIANT_CACHE - 1)];
-  if (seen != 1 && atomic_compare_exchange_strong_explicit(&e->p, &seen, 1, memory_order_acq_rel, memory_order_relaxed)) {
-    atomic_store_explicit(&e->h, h, memory_order_relaxed);
-    atomic_store_explicit(&e->p, p, memory_order_release);
-  }
-  return h;
-}
-
-static inline uint32_t variant_hash(const char* s) {
-  if (s == NULL) return 0;
-  uintptr_t p = (uintptr_t)s;
-  variant_entry_t* e = &g_variant_cache[(p >> 3) & (VARIANT_CACHE - 1)];
-  uintptr_t seen = atomic_load_explicit(&e->p, memory_order_acquire);
-  if (seen == p) {
-    uint32_t h = atomic_load_explicit(&e->h, memory_order_relaxed);
-    atomic_thread_fence(memory_order_acquire);
-    if (atomic_load_explicit(&e->p, memory_order_relaxed) == p) return h;
-  }
-  return variant_hash_slow(s, p, seen);
-}
-
 
 /* ------------------------------------------------------------------------------------------ */
 /* Slots                                                                                       */
@@ -156,30 +77,39 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
   dccl_slot_t* s = &ctx->slots[idx];
   uint64_t now = dccl_now_ns();
   int mask = __atomic_load_n(ctx->mask_ptr, __ATOMIC_RELAXED);
-  s->rec = (dccl_event_record_t){
-      .kind = kind,
-      .func = MAP_FUNC(func),
-      .datatype = dt,
-      .algo = algo ? MAP_ALGO(algo) : DCCL_UNKNOWN,
-      .proto = proto ? MAP_PROTO(proto) : DCCL_UNKNOWN,
-      .n_channels = nChannels,
-      .n_warps = nWarps,
-      .timing_source = DCCL_TIMING_NONE,
-      .rank = ctx->rank,
-      .nranks = ctx->nranks,
-      .nnodes = ctx->nnodes,
-      .pid = ctx->pid,
-      .root = root,
-      .tuner_config_version = dccl_tuner_version(ctx->comm_hash), /* 0 without the DynamICCL tuner */
-      .comm_hash = ctx->comm_hash,
-      .seq_number = seq,
-      .count = count,
-      .bytes = bytes,
-      .enqueue_ns = now,
-      .flags = flags,
-      .user_tag = user_tag,
-      .kernel_variant = variant,
-  };
+  /* Every field assigned one by one (a compound literal compiles to a 128-byte zero fill, `rep stos`,
+     then the same stores again). */
+  dccl_event_record_t* r = &s->rec;
+  r->kind = kind;
+  r->func = MAP_FUNC(func);
+  r->datatype = dt;
+  r->algo = algo ? MAP_ALGO(algo) : DCCL_UNKNOWN;
+  r->proto = proto ? MAP_PROTO(proto) : DCCL_UNKNOWN;
+  r->n_channels = nChannels;
+  r->n_warps = nWarps;
+  r->timing_source = DCCL_TIMING_NONE;
+  r->rank = ctx->rank;
+  r->nranks = ctx->nranks;
+  r->nnodes = ctx->nnodes;
+  r->pid = ctx->pid;
+  r->root = root;
+  r->tuner_config_version = dccl_tuner_version(ctx->comm_hash); /* 0 without the DynamICCL tuner */
+  r->channels_seen = 0;
+  r->flags = flags;
+  r->kernel_variant = variant;
+  r->comm_hash = ctx->comm_hash;
+  r->seq_number = seq;
+  r->count = count;
+  r->bytes = bytes;
+  r->enqueue_ns = now;
+  r->gpu_start_ns = 0;
+  r->gpu_end_ns = 0;
+  r->cpu_end_ns = 0;
+  r->record_seq = 0;
+  r->user_tag = user_tag;
+  r->sync_wait_ns = 0;
+  _Static_assert(sizeof(dccl_event_record_t) == 128, "every field of the record is assigned above");
+
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
   s->kch_stopped = 0;
   if (s->net) s->net->n = s->net->dropped = 0;
@@ -317,18 +247,19 @@ DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCC
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->coll.kernelVariant,
                   d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
 
-/* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent does nothing: NCCL records the
-   KernelChStop state (with its pTimer) right before it (profiler.cc ncclProfilerStopKernelChEvent),
-   and the channel is counted there, so each channel's stop decodes its handle once. */
+/* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent, chained or not, does nothing: NCCL
+   records the KernelChStop state (with its pTimer) right before it (profiler.cc
+   ncclProfilerStopKernelChEvent), and the channel is counted there (and a chained plugin's stop
+   forwarded there, chain.c), so each channel's stop decodes its handle once. */
 ncclResult_t dccl_stop_core(void* eHandle) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
+  if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) return ncclSuccess; /* the most frequent stop, chained or not */
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
-    /* KernelCh (counted at its KernelChStop state), or a dummy */
-    if (route == DCCL_H_TAG_KCH || route == DCCL_H_TAG_DUMMY) return ncclSuccess;
+    if (route == DCCL_H_TAG_DUMMY) return ncclSuccess; /* an untracked parent or a KernelPhase */
     if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
       return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
-    if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_stop(h);
+    if (route == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED)) return dccl_chain_op_stop(h);
     return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */
   }
   dccl_slot_t* s = handle_slot(h);
@@ -347,7 +278,7 @@ static inline void phase_stopped(uint64_t h, uint64_t t) {
   if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
 }
 
-/* Tested in the order of frequency: KernelChStop (one per channel) first. */
+/* Tested in the order of frequency: KernelChStop (one per channel, chained or not) first. */
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
@@ -365,8 +296,10 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
     return ncclSuccess;
   }
   if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
-  if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* a proxy event's, or chained (chain.h) */
+  if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event's (ProxyStep: the most frequent opt-in state) */
     return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);
+  if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* chained (chain.h) */
+    return dccl_chain_record(h, eState, args);
   return ncclSuccess;
 }
 

@@ -10,6 +10,31 @@ static int probe_path(char* out, size_t len) {
   return 0;
 }
 
+/* The probe's counter of stops and states received (the probe is loaded by a chained init); *dl is
+   its handle, for dlclose. */
+typedef uint64_t (*probe_calls_fn)(void);
+static probe_calls_fn probe_calls(const char* probe, void** dl) {
+  *dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD);
+  return *dl ? (probe_calls_fn)dlsym(*dl, "chain_probe_calls") : NULL;
+}
+
+/* A communicator of ours with the probe chained behind it. */
+static dccl_ctx_t* init_chained(const char* probe, uint64_t hash) {
+  setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
+  dccl_ctx_t* ctx = init6(hash, 0, 2);
+  unsetenv("DYNAMICCL_PROFILER_CHAIN");
+  return ctx;
+}
+
+/* A one-channel AllReduce started and stopped ("enqueued") on ctx: its handle. */
+static void* coll_enqueued(void* ctx, uint64_t seq) {
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, seq, "AllReduce", "ncclFloat32", 1000, 1);
+  void* h = NULL;
+  ncclProfiler_v6.startEvent(ctx, &h, &d);
+  ncclProfiler_v6.stopEvent(h);
+  return h;
+}
+
 /* DYNAMICCL_PROFILER_CHAIN (chain.c, chain.h). NCCL gets our own Coll/KernelCh handles with the
    chained bit, the chained plugin's kept beside our slot: our side still sees its own parents (the
    record completes with GPU timing), and the kept handle outlives our completion (a child still finds
@@ -29,8 +54,8 @@ static int test_chain_handles(void) {
   unsetenv("CHAIN_PROBE_MASK");
   unsetenv("DYNAMICCL_POOL_SIZE");
   TEST_ASSERT(ctx != NULL && ctx->chain != NULL, "chained (log: %s)", g_log);
-  void* dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD); /* the chained probe, loaded by init */
-  uint64_t (*calls)(void) = dl ? (uint64_t (*)(void))dlsym(dl, "chain_probe_calls") : NULL;
+  void* dl;
+  probe_calls_fn calls = probe_calls(probe, &dl);
   TEST_ASSERT(calls != NULL, "the probe's counter");
   TEST_ASSERT(g_mask == (DCCL_DEFAULT_EVENT_MASK | 2050), "NCCL's mask has both plugins' events: %d", g_mask);
   dccl_event_record_t out[4];
@@ -44,8 +69,8 @@ static int test_chain_handles(void) {
   uint64_t stale0 = atomic_load(&dccl_g.chain_stale);
   TEST_ASSERT(chain_kept(ctx, ctx->chain, hv) != 0, "the chained plugin's Coll handle outlives our record");
   uint64_t c0 = calls();
-  ncclProfiler_v6.stopEvent(kch_start(ctx, h, 5, 1)); /* a late child: ours refuses it, theirs gets its parent */
-  TEST_ASSERT(calls() == c0 + 1 && atomic_load(&dccl_g.chain_stale) == stale0, "forwarded: %llu",
+  kch_stop(kch_start(ctx, h, 5, 1), 2); /* a late child: ours refuses it, theirs gets its parent */
+  TEST_ASSERT(calls() == c0 + 2 && atomic_load(&dccl_g.chain_stale) == stale0, "state and stop forwarded: %llu",
               (unsigned long long)(calls() - c0));
   run_coll(ctx, 8, 1, 0, 1000, 9000); /* slot 0's next operation */
   TEST_ASSERT(ring_take(out, 4) == 1, "its record");
@@ -92,18 +117,13 @@ static int test_chain_child_under_other_comm(void) {
   clear_env();
   char probe[4096];
   TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
-  setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
-  dccl_ctx_t* a = init6(0xA11, 0, 2);
-  dccl_ctx_t* b = init6(0xB22, 0, 2);
-  unsetenv("DYNAMICCL_PROFILER_CHAIN");
+  dccl_ctx_t* a = init_chained(probe, 0xA11);
+  dccl_ctx_t* b = init_chained(probe, 0xB22);
   TEST_ASSERT(a && b && a->chain && b->chain, "both chained (log: %s)", g_log);
-  void* dl = dlopen(probe, RTLD_NOW | RTLD_NOLOAD);
-  uint64_t (*calls)(void) = dl ? (uint64_t (*)(void))dlsym(dl, "chain_probe_calls") : NULL;
+  void* dl;
+  probe_calls_fn calls = probe_calls(probe, &dl);
   TEST_ASSERT(calls != NULL, "the probe's counter");
-  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 3, "AllReduce", "ncclFloat32", 1000, 1);
-  void* h = NULL;
-  ncclProfiler_v6.startEvent(a, &h, &d);
-  ncclProfiler_v6.stopEvent(h);
+  void* h = coll_enqueued(a, 3);
   uint64_t stale0 = atomic_load(&dccl_g.chain_stale), c0 = calls();
   void* k = kch_start(b, h, 0, 100); /* b's context, a's parent */
   TEST_ASSERT(k != NULL && atomic_load(&dccl_g.chain_stale) == stale0, "started: stale %llu",
@@ -116,6 +136,54 @@ static int test_chain_child_under_other_comm(void) {
   ncclProfiler_v6.finalize(b);
   ncclProfiler_v6.finalize(a);
   if (dl) dlclose(dl);
+  clear_env();
+  return 0;
+}
+
+/* A chained KernelCh: NCCL calls its KernelChStop state and then its stopEvent, back to back on one
+   thread (profiler.cc ncclProfilerStopKernelChEvent); the chained plugin gets both at the state (one
+   decode of the handle), and the stopEvent that follows forwards nothing more. */
+static int test_chain_kch_stop_at_state(void) {
+  clear_env();
+  char probe[4096];
+  TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
+  dccl_ctx_t* ctx = init_chained(probe, 0xC4A2);
+  TEST_ASSERT(ctx != NULL && ctx->chain != NULL, "chained (log: %s)", g_log);
+  void* dl;
+  probe_calls_fn calls = probe_calls(probe, &dl);
+  TEST_ASSERT(calls != NULL, "the probe's counter");
+  void* k = kch_start(ctx, coll_enqueued(ctx, 4), 0, 100);
+  TEST_ASSERT(DCCL_H_ROUTE((uint64_t)(uintptr_t)k) == (DCCL_H_TAG_KCH | DCCL_H_CHAINED), "a kept KernelCh handle");
+  uint64_t c0 = calls(), stale0 = atomic_load(&dccl_g.chain_stale);
+  ncclProfilerEventStateArgs_v6_t a = {.kernelCh = {.pTimer = 200}};
+  ncclProfiler_v6.recordEventState(k, ncclProfilerKernelChStop, &a);
+  TEST_ASSERT(calls() == c0 + 2, "state and stop forwarded at the state: %llu", (unsigned long long)(calls() - c0));
+  ncclProfiler_v6.stopEvent(k);
+  TEST_ASSERT(calls() == c0 + 2 && atomic_load(&dccl_g.chain_stale) == stale0, "the stopEvent forwards nothing more");
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU, "our record");
+  ncclProfiler_v6.finalize(ctx);
+  if (dl) dlclose(dl);
+  clear_env();
+  return 0;
+}
+
+/* A chained handle whose communicator index now names an unchained communicator (a late event after
+   its own communicator's index was reused): counted, never followed into a chained table it has not. */
+static int test_chain_handle_of_reused_index(void) {
+  clear_env();
+  dccl_ctx_t* ctx = init6(0xC4A3, 0, 2);
+  TEST_ASSERT(ctx != NULL && ctx->chain == NULL, "unchained");
+  uint64_t op = DCCL_H_MAKE(DCCL_H_TAG_SLOT, 0, ctx->index, 0, 1) | DCCL_H_CHAINED;
+  uint64_t kch = DCCL_H_MAKE(DCCL_H_TAG_KCH, 3, ctx->index, 0, 1) | DCCL_H_CHAINED;
+  uint64_t stale0 = atomic_load(&dccl_g.chain_stale);
+  ncclProfilerEventStateArgs_v6_t a = {.kernelCh = {.pTimer = 200}};
+  ncclProfiler_v6.stopEvent((void*)(uintptr_t)op);
+  ncclProfiler_v6.recordEventState((void*)(uintptr_t)op, ncclProfilerKernelChStop, &a);
+  ncclProfiler_v6.recordEventState((void*)(uintptr_t)kch, ncclProfilerKernelChStop, &a);
+  TEST_ASSERT(atomic_load(&dccl_g.chain_stale) == stale0 + 3, "each counted: %llu",
+              (unsigned long long)(atomic_load(&dccl_g.chain_stale) - stale0));
+  ncclProfiler_v6.finalize(ctx);
   clear_env();
   return 0;
 }

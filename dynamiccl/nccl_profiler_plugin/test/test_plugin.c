@@ -149,6 +149,8 @@ static const test_case_t k_tests[] = {
     {"span_check_guard", test_span_check_guard},
     {"chain_handles", test_chain_handles},
     {"chain_child_under_other_comm", test_chain_child_under_other_comm},
+    {"chain_kch_stop_at_state", test_chain_kch_stop_at_state},
+    {"chain_handle_of_reused_index", test_chain_handle_of_reused_index},
     {"kernel_variant_hash", test_kernel_variant_hash},
     {"net_peers_and_stale", test_net_peers_and_stale},
     {"tsc_clock_anchor", test_tsc_clock_anchor},
