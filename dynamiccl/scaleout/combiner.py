@@ -30,6 +30,7 @@ __all__ = ["CombinerConfig", "ChangeCombiner", "Note", "changes_subject", "encod
 
 CHANGES_PREFIX = "dynamiccl.changes"
 MAX_NOTE_BYTES = 1 << 20
+_MAX_REMEMBERED = 4096          # released changes' member ids kept for the recoveries that name them
 
 
 def changes_subject(job: str) -> str:
@@ -162,6 +163,8 @@ class ChangeCombiner:
         cid = f"rc-{self.job}-combined-{self._released}"
         for p, c in members:
             self._combined_of[(p, c.id)] = cid
+        while len(self._combined_of) > _MAX_REMEMBERED:    # bounded: a recovery names a recent change
+            del self._combined_of[next(iter(self._combined_of))]
         recovers = first.recovers
         if first.recovers is not None:
             p0 = next(p for p, c in members if c is first)

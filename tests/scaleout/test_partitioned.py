@@ -199,3 +199,32 @@ def test_a_partial_must_come_on_its_partitions_subject_and_name_a_configured_par
     three = _node_messages(ev, 3)                     # a node configured with 3 partitions: unit j.2 is unknown
     assert {shard.handle(m) for m in three if m.subject.endswith(".2")} == {"refused"}
     assert shard.merger.counters["unknown_job"] >= 1
+
+
+def test_a_runner_round_returns_the_windows_its_first_poll_ran():
+    """The partitions' notes (and checkpoints) come from the round's steps: a window already due when
+    the round starts must be among them (it was dropped, and the combiner never heard of its changes)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from dynamiccl.scaleout.service import ShardRunner
+
+    class Js:
+        async def pull_subscribe(self, *a, **k):
+            return SimpleNamespace(fetch=self.fetch)
+
+        async def fetch(self, *a, **k):
+            return []
+
+        async def consumer_info(self, *a, **k):
+            return SimpleNamespace(num_pending=0, num_ack_pending=0)
+
+    clock = Clock()
+    shard = CentralShard("s0", MergerConfig(units({"j": frozenset({"node0", "node1"})}, {"j": 2})),
+                         ShardTable(1.5, clock), {}, detector_loop(_config()), clock)
+    ev = _scenario()[:int(RATE) * NRANKS * 2]
+    for m in _node_messages(ev, 2):
+        assert shard.handle(m) == "filed"
+    clock.t += 60.0                                   # every window due before the round starts
+    steps = asyncio.run(ShardRunner(shard, Js(), clock=clock).step())
+    assert sorted({u for u, _ in steps}) == ["j.0", "j.1"] and len(steps) == shard.counters["windows_run"]
