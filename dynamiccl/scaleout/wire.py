@@ -42,6 +42,8 @@ FRAMES: dict[str, list[tuple[str, str, pl.DataType]]] = {
     "ranks": [("comm_hash", "<u8", pl.UInt64), ("rank", "<i4", pl.Int32), ("records", "<u4", pl.UInt32),
               ("timed", "<i4", pl.Int64), ("dur_sum_ns", "<i8", pl.Int64)],
 }
+#: bytes of one row of each frame on the wire (read once per message: computed once here)
+_ROW_BYTES = {n: sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items()}
 _NULL = -1                      # dmin/dmax/dur_max of an untimed group (durations are >= 0)
 #: JetStream's default max_payload is 1 MiB
 MAX_MESSAGE_BYTES = 1 << 20
@@ -94,7 +96,7 @@ def _slices(frames: dict[str, pl.DataFrame], k: int, i: int) -> dict[str, pl.Dat
 
 def raw_size(p: NodePartial) -> int:
     """The bytes of a partial's columns before compression."""
-    return sum(len(p[n]) * sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items())
+    return sum(len(p[n]) * _ROW_BYTES[n] for n in FRAMES)
 
 
 def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES,
@@ -170,7 +172,7 @@ def read_partial(data: bytes) -> RawPartial:
     """Check and inflate one message (header, sizes, zlib); ValueError naming the defect otherwise."""
     head, pos = _header(data)
     rows = head["rows"]
-    need = sum(rows[n] * np.dtype(dt).itemsize for n, cols in FRAMES.items() for _, dt, _ in cols)
+    need = sum(rows[n] * _ROW_BYTES[n] for n in FRAMES)
     if need > MAX_INFLATED_BYTES:
         raise ValueError(f"partial: {need} bytes of columns > {MAX_INFLATED_BYTES}")
     try:
