@@ -10,7 +10,8 @@ owner of the job's partition 0) groups changes of the same kind whose onsets (``
 changes, as on one collector), and releases a group as one change once every partition has run past
 its last detection by ``tolerance_s`` (nothing matching can still come), or ``max_wait_s`` after it
 formed (a partition whose shard is failing over does not hold the job's retuner back for long). The
-released change is the group's earliest with the union of every member's ``where`` (comms, names,
+released change is the group's earliest, of the kind its member with the most streams reported, with
+the union of every member's ``where`` (comms, names,
 funcs, size buckets, ranks — the first member's first, so a straggler's rank stays first — and hosts)
 and ``evidence["merged"]`` naming each member (partition, id, onset, detection, magnitude). A recovery
 names the combined change it ends. Counters: notes, changes in, released, merged (members folded into
@@ -92,6 +93,21 @@ class _Group:
         return min(self.members.values(), key=lambda c: (c.detected_s, c.start_s))
 
 
+#: a slowdown is one event whether a partition reads it as "bandwidth" or "latency": the kind is the
+#: detector's reading of the size response over the streams it has, and a partition has fewer (on a
+#: job-wide drop one partition said "latency", the other and the single collector "bandwidth")
+_EVENT = {"bandwidth": "slowdown", "latency": "slowdown"}
+
+
+def _event(kind: str) -> str:
+    return _EVENT.get(kind, kind)
+
+
+def _streams(c: RegimeChange) -> int:
+    n = c.evidence.get("n_streams", 0) if isinstance(c.evidence, dict) else 0
+    return n if isinstance(n, int) else 0
+
+
 def _union(lists) -> list:
     out: list = []
     for xs in lists:
@@ -124,7 +140,7 @@ class ChangeCombiner:
     def _file(self, partition: int, rc: RegimeChange) -> None:
         tol = self.config.tolerance_s
         for g in self._groups:
-            if (partition not in g.members and g.first.kind == rc.kind
+            if (partition not in g.members and _event(g.first.kind) == _event(rc.kind)
                     and abs(g.first.start_s - rc.start_s) <= tol):
                 g.members[partition] = rc
                 return
@@ -174,7 +190,9 @@ class ChangeCombiner:
                    "magnitude": c.magnitude} for p, c in members]
         self.counters["released"] += 1
         self.counters["merged"] += len(members) - 1
-        return replace(first, id=cid, job_id=self.job, recovers=recovers,
+        # the kind read from the most streams (a slowdown's members may disagree; ties: the earliest)
+        kind = max(cs, key=lambda c: (_streams(c), -c.detected_s)).kind
+        return replace(first, id=cid, job_id=self.job, kind=kind, recovers=recovers,
                        comms=_union(c.comms for c in cs), comm_names=_union(c.comm_names for c in cs),
                        funcs=_union(c.funcs for c in cs), size_buckets=_union(c.size_buckets for c in cs),
                        ranks=_union(c.ranks for c in cs), hosts=_union(c.hosts for c in cs),

@@ -2,22 +2,17 @@
 partition, and the job's combiner hands the retuner what the single collector would have reported."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from dynamiccl.collector.component import FuncConsumer, RecordBatch
-from dynamiccl.collector.config import WindowConfig
-from dynamiccl.collector.processors.window_agg import WindowAggregator
 from dynamiccl.contracts.partition import comm_partition
 from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
 from dynamiccl.harness.scaleout_scenario import START_NS, Scenario, drop_then_straggler
-from dynamiccl.loop import Loop
 from dynamiccl.scaleout.bus import InProcessBus, Outbox, partition_of
 from dynamiccl.scaleout.central import CentralShard, detector_loop
 from dynamiccl.scaleout.combiner import ChangeCombiner, CombinerConfig, Note, decode_note, encode_note
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, units
 from dynamiccl.scaleout.node import NodeCollector, NodeConfig
-from tests.scaleout.helpers import PER_NODE, Clock
+from tests.scaleout.helpers import PER_NODE, Clock, single_collector_changes
 
 # benchmarks/fanin_detect.py's short timeline: rank 11 2 ms late from 16 s to 22 s, every duration x2.5 from 28 s
 NRANKS, WINDOWS, WARMUP, STRAGGLER, RATE = 16, 36, 12, 11, 600.0
@@ -35,13 +30,7 @@ def _config():
 
 
 def _single_collector(ev):
-    changes = []
-    loop = Loop(detector_loop(_config())("j").detector, sinks=[changes.append])
-    agg = WindowAggregator(WindowConfig(window_s=1.0), next_consumer=FuncConsumer(lambda r: loop.step(r.features)))
-    for n in range(NRANKS // PER_NODE):
-        agg.consume(RecordBatch(ev[ev["rank"] // PER_NODE == n], host=f"node{n}", job_id="j"))
-    agg.shutdown()
-    return changes
+    return single_collector_changes(ev, _config(), NRANKS)
 
 
 def _node_messages(ev, partitions):
@@ -166,6 +155,10 @@ def test_the_combiner_passes_a_job_wide_drop_once_and_keeps_one_partitions_two_c
     clock.t += 10.0                                   # partition 0 never catches up: released by age
     rec += comb.due()
     assert [c.recovers for c in rec] == [out[0].id] and comb.counters["forced"] == 1
+    slow = (rc(7, "bandwidth", 80.0, 82.0, ["0xa1"]), rc(8, "latency", 80.0, 82.0, ["0xa2"]))
+    slow[0].evidence["n_streams"], slow[1].evidence["n_streams"] = 6, 2
+    one = comb.offer(Note("j", 0, 90.0, slow[:1])) + comb.offer(Note("j", 1, 90.0, slow[1:]))
+    assert [(c.kind, c.comms) for c in one] == [("bandwidth", ["0xa1", "0xa2"])]   # one slowdown, read from 6 streams
     assert comb.offer(Note("k", 0, 1.0)) == [] and comb.offer(Note("j", 2, 1.0)) == []
     assert comb.counters["dropped"] == 2
     with pytest.raises(ValueError, match="change note"):
