@@ -10,8 +10,8 @@ owner of the job's partition 0) groups changes of the same kind whose onsets (``
 changes, as on one collector), and releases a group as one change once every partition has run past
 its last detection by ``tolerance_s`` (nothing matching can still come), or ``max_wait_s`` after it
 formed (a partition whose shard is failing over does not hold the job's retuner back for long). The
-released change is the group's earliest, of the kind its member with the most streams reported, with
-the union of every member's ``where`` (comms, names,
+released change is the group's earliest (a slowdown whose members disagree on its kind: the detector's
+size-response rule on their pooled fits, :func:`_kind`), with the union of every member's ``where`` (comms, names,
 funcs, size buckets, ranks — the first member's first, so a straggler's rank stays first — and hosts)
 and ``evidence["merged"]`` naming each member (partition, id, onset, detection, magnitude). A recovery
 names the combined change it ends. Counters: notes, changes in, released, merged (members folded into
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dynamiccl.contracts.partition import check_partitions
+from dynamiccl.detector.classify import LARGE_BYTES
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.scaleout.bus import token
 
@@ -97,6 +98,7 @@ class _Group:
 #: detector's reading of the size response over the streams it has, and a partition has fewer (on a
 #: job-wide drop one partition said "latency", the other and the single collector "bandwidth")
 _EVENT = {"bandwidth": "slowdown", "latency": "slowdown"}
+SLOPE_Z_MIN = 2.0               # classify_size_response's z_min: a pooled slope this significant decides
 
 
 def _event(kind: str) -> str:
@@ -106,6 +108,30 @@ def _event(kind: str) -> str:
 def _streams(c: RegimeChange) -> int:
     n = c.evidence.get("n_streams", 0) if isinstance(c.evidence, dict) else 0
     return n if isinstance(n, int) else 0
+
+
+def _kind(cs: list[RegimeChange]) -> str:
+    """The members' kind; where a slowdown's members disagree, the detector's size-response rule
+    (detector/classify.py) on their pooled fits: a communicator lies in one partition, so the
+    within-communicator slopes of the partitions pool by inverse variance into the job's slope; without
+    a significant pooled slope (or the fits), the most affected member's size decides, as there."""
+    kinds = {c.kind for c in cs}
+    if len(kinds) == 1:
+        return cs[0].kind
+    fits = [c.evidence.get("size_response") or {} for c in cs]
+    pairs = [(f["slope_per_doubling"], f["slope_se"]) for f in fits
+             if isinstance(f.get("slope_per_doubling"), float) and isinstance(f.get("slope_se"), float) and f["slope_se"] > 0]
+    if pairs:
+        w = [1.0 / se ** 2 for _, se in pairs]
+        slope = sum(b * wi for (b, _), wi in zip(pairs, w)) / sum(w)
+        z = slope * sum(w) ** 0.5
+        if abs(z) >= SLOPE_Z_MIN:
+            return "bandwidth" if z > 0 else "latency"
+    top = max(range(len(cs)), key=lambda i: abs(cs[i].magnitude))
+    size = fits[top].get("fallback_bytes")
+    if isinstance(size, (int, float)):
+        return "bandwidth" if not size < LARGE_BYTES else "latency"
+    return max(cs, key=lambda c: (_streams(c), -c.detected_s)).kind
 
 
 def _union(lists) -> list:
@@ -190,8 +216,7 @@ class ChangeCombiner:
                    "magnitude": c.magnitude} for p, c in members]
         self.counters["released"] += 1
         self.counters["merged"] += len(members) - 1
-        # the kind read from the most streams (a slowdown's members may disagree; ties: the earliest)
-        kind = max(cs, key=lambda c: (_streams(c), -c.detected_s)).kind
+        kind = _kind(cs)
         return replace(first, id=cid, job_id=self.job, kind=kind, recovers=recovers,
                        comms=_union(c.comms for c in cs), comm_names=_union(c.comm_names for c in cs),
                        funcs=_union(c.funcs for c in cs), size_buckets=_union(c.size_buckets for c in cs),

@@ -134,6 +134,8 @@ def test_two_partitions_report_what_one_unit_and_the_single_collector_report(see
 
 
 def test_the_combiner_passes_a_job_wide_drop_once_and_keeps_one_partitions_two_changes():
+    from dataclasses import replace
+
     from dynamiccl.detector.events import RegimeChange
     clock = Clock()
     comb = ChangeCombiner("j", CombinerConfig(2, tolerance_s=2.0), clock)
@@ -156,9 +158,15 @@ def test_the_combiner_passes_a_job_wide_drop_once_and_keeps_one_partitions_two_c
     rec += comb.due()
     assert [c.recovers for c in rec] == [out[0].id] and comb.counters["forced"] == 1
     slow = (rc(7, "bandwidth", 80.0, 82.0, ["0xa1"]), rc(8, "latency", 80.0, 82.0, ["0xa2"]))
-    slow[0].evidence["n_streams"], slow[1].evidence["n_streams"] = 6, 2
+    # partition 0's slope is significant and positive, partition 1's slightly negative and noisy: pooled, positive
+    slow[0].evidence["size_response"] = {"slope_per_doubling": 0.02, "slope_se": 0.005}
+    slow[1].evidence["size_response"] = {"slope_per_doubling": -0.004, "slope_se": 0.006}
     one = comb.offer(Note("j", 0, 90.0, slow[:1])) + comb.offer(Note("j", 1, 90.0, slow[1:]))
-    assert [(c.kind, c.comms) for c in one] == [("bandwidth", ["0xa1", "0xa2"])]   # one slowdown, read from 6 streams
+    assert [(c.kind, c.comms) for c in one] == [("bandwidth", ["0xa1", "0xa2"])]   # one slowdown
+    slow[1].evidence["size_response"] = {"slope_per_doubling": -0.05, "slope_se": 0.005}
+    one = comb.offer(Note("j", 0, 99.0, (replace(slow[0], start_s=95.0, detected_s=97.0),)))
+    one += comb.offer(Note("j", 1, 99.0, (replace(slow[1], start_s=95.0, detected_s=97.0),)))
+    assert [c.kind for c in one] == ["latency"]                                   # the pooled slope is negative
     assert comb.offer(Note("k", 0, 1.0)) == [] and comb.offer(Note("j", 2, 1.0)) == []
     assert comb.counters["dropped"] == 2
     with pytest.raises(ValueError, match="change note"):
