@@ -11,7 +11,9 @@ path: one real NodeCollector per node (its own records, default window and laten
 → a 3-server NATS JetStream cluster on loopback (stream R3) → a ShardRunner whose shard runs the same
 Loop (``central.detector_loop``). Check: for every change the single path reports (recoveries
 aside), the shard reports one of the same kind whose detection time is within 1 s, the straggler's
-rank named first; and no change the single path does not report.
+rank named first; and no change the single path does not report. ``--partitions P --comms C``: the
+job's records on C communicators, split by communicator into P units on the scale-out path, their
+changes through the job's combiner (scaleout/combiner.py), compared the same way.
 """
 from __future__ import annotations
 
@@ -38,12 +40,15 @@ from dynamiccl.harness.scaleout_scenario import START_NS, Scenario, drop_then_st
 from dynamiccl.loop import Loop  # noqa: E402
 from dynamiccl.scaleout.bus import InProcessBus, Outbox  # noqa: E402
 from dynamiccl.scaleout.central import CentralShard, detector_loop  # noqa: E402
-from dynamiccl.scaleout.merger import MergerConfig, ShardTable  # noqa: E402
+from dynamiccl.scaleout.change_bus import ChangeHub  # noqa: E402
+from dynamiccl.scaleout.merger import MergerConfig, ShardTable, units  # noqa: E402
 from dynamiccl.scaleout.nats_bus import loopback_cluster, publish  # noqa: E402
 from dynamiccl.scaleout.node import NodeCollector, NodeConfig  # noqa: E402
 from dynamiccl.scaleout.service import ShardRunner, connect  # noqa: E402
 
 RANKS, JOB = 8, "det"
+#: communicators for ``--comms`` (contracts.partition with P = 2: 0xA1, 0xA3 -> 0; 0xA2, 0xB1 -> 1)
+COMMS = (0x1111_2222_3333_4444, 0xA1, 0xA2, 0xA3, 0xB1)
 TOLERANCE_S = 1.0
 
 
@@ -93,14 +98,14 @@ def single_changes(ev, nodes: int, tl: Timeline, slice_ns: int = 100_000_000) ->
     return changes, det
 
 
-def node_messages(ev, nodes: int, batch: int = 4096) -> dict[int, list]:
+def node_messages(ev, nodes: int, batch: int = 4096, partitions: int = 1) -> dict[int, list]:
     """{window: messages} of one real node collector per node over its own records."""
     out: dict[int, list] = {}
     order = np.argsort(ev["rank"] // RANKS, kind="stable")     # each node's records, in their order
     cuts = np.searchsorted((ev["rank"] // RANKS)[order], np.arange(1, nodes))
     for n, idx in enumerate(np.split(order, cuts)):
         bus = InProcessBus(max_messages=1 << 20)
-        node = NodeCollector(NodeConfig(f"n{n}", JOB), Outbox(bus, max_messages=1 << 20))
+        node = NodeCollector(NodeConfig(f"n{n}", JOB, partitions=partitions), Outbox(bus, max_messages=1 << 20))
         mine = ev[idx]
         for i in range(0, len(mine), batch):
             node.consume(mine[i:i + batch])
@@ -111,12 +116,16 @@ def node_messages(ev, nodes: int, batch: int = 4096) -> dict[int, list]:
     return out
 
 
-async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline, timeout_s: float):
+async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline, timeout_s: float,
+                          partitions: int = 1):
+    """The shard's changes; with ``partitions`` > 1 each partition is a unit with its own loop, and
+    their changes go through the job's combiner (in this process: the notes need no bus here)."""
     nc, js = await connect(urls, replicas=3)
     changes: list = []
     clock = time.monotonic
-    cfg = MergerConfig({JOB: frozenset(f"n{n}" for n in range(nodes))})
-    inner = detector_loop(_config(tl), sinks=lambda job: [changes.append])
+    cfg = MergerConfig(units({JOB: frozenset(f"n{n}" for n in range(nodes))}, {JOB: partitions}))
+    hub = ChangeHub({JOB: partitions}, lambda u: True, clock, lambda job, c: changes.append(c))
+    inner = detector_loop(_config(tl), sinks=lambda u: [] if partitions > 1 else [changes.append])
     timed: list[TimedDetector] = []
 
     def make_loop(job: str):
@@ -127,16 +136,22 @@ async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline,
     shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {}, make_loop, clock)
     runner = ShardRunner(shard, js, ack_wait_s=3.0)
     done = asyncio.Event()
-    task = asyncio.create_task(runner.run(lambda: not done.is_set()))
+    def on_steps(steps):
+        hub.steps(steps)
+        for _, data in hub.outgoing():
+            hub.receive(data)
+        hub.round()
+    task = asyncio.create_task(runner.run(lambda: not done.is_set(), on_steps=on_steps))
     for w in sorted(msgs):                      # the nodes publish window by window, faster than real time
         await asyncio.gather(*(publish(js, m, 10.0) for m in msgs[w]))
         await asyncio.sleep(0.05)
     deadline = clock() + timeout_s
-    while shard.counters["windows_run"] < len(msgs) and clock() < deadline:
+    while shard.counters["windows_run"] < len(msgs) * partitions and clock() < deadline:   # every unit's
         await asyncio.sleep(0.1)
     done.set()
     await task
     await nc.close()
+    hub.close()
     return changes, shard, timed
 
 
@@ -179,20 +194,22 @@ def _per_window_ms(timed) -> str:
 
 
 def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, timeline: str = "full",
-                 rate: float = 150.0, slice_s: float = 0.1) -> dict:
+                 rate: float = 150.0, slice_s: float = 0.1, partitions: int = 1, comms: int = 1) -> dict:
     tl = TIMELINES[timeline]
     sc = Scenario(nranks=nodes * RANKS, nnodes=nodes, windows=tl.windows, rate_per_s=rate,
                   straggler=RANKS * (nodes // 2) + 3, straggler_at_s=tl.straggler_at_s,
-                  straggler_until_s=tl.straggler_until_s, drop_at_s=tl.drop_at_s)
+                  straggler_until_s=tl.straggler_until_s, drop_at_s=tl.drop_at_s,
+                  comm_hashes=COMMS[:comms])
     ph = Phases()
     ev = ph.run("records", drop_then_straggler, sc, seed)
     single, single_det = ph.run("single", single_changes, ev, nodes, tl, int(slice_s * 1e9))
-    msgs = ph.run("nodes", node_messages, ev, nodes)
+    msgs = ph.run("nodes", node_messages, ev, nodes, 4096, partitions)
     n_records = len(ev)
     del ev
     cluster = loopback_cluster(root, 3)
     try:
-        sharded, shard, timed = ph.run("sharded", lambda: asyncio.run(sharded_changes(cluster.urls, msgs, nodes, tl, timeout_s)))
+        sharded, shard, timed = ph.run("sharded", lambda: asyncio.run(sharded_changes(cluster.urls, msgs, nodes, tl, timeout_s,
+                                                                                         partitions)))
     finally:
         cluster.stop()
     res = compare(single, sharded)
@@ -221,13 +238,18 @@ def main() -> int:
     ap.add_argument("--slice", type=float, default=0.1, dest="slice_s",
                     help="seconds of one node's records per batch into the single collector")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds the shard may take after the last publish")
+    ap.add_argument("--partitions", type=int, default=1, help="split the job by communicator (scale-out path)")
+    ap.add_argument("--comms", type=int, default=1, choices=range(1, len(COMMS) + 1),
+                    help="communicators of the job (instances spread evenly over them)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        r = detect_check(args.nodes, args.seed, Path(d), args.timeout, args.timeline, args.rate, args.slice_s)
+        r = detect_check(args.nodes, args.seed, Path(d), args.timeout, args.timeline, args.rate, args.slice_s,
+                         args.partitions, args.comms)
     print(f"single: {r['single']}\nsharded: {r['sharded']}\nphases cpu/wall s: {r['phases']}\n"
           f"detector cpu per window, median/max ms (total): single {r['det_ms_single']} shard {r['det_ms_shard']}; "
           f"load {os.getloadavg()}")
-    print(f"nodes={args.nodes} timeline={args.timeline} rate={args.rate:g} records={r['records']} "
+    print(f"nodes={args.nodes} partitions={args.partitions} comms={args.comms} timeline={args.timeline} "
+          f"rate={args.rate:g} records={r['records']} "
           f"windows_run={r['windows_run']}/{r['windows']} "
           f"kinds={','.join(r['kinds'])} saw_straggler={int(r['saw_straggler'])} saw_drop={int(r['saw_drop'])} matched={r['matched']}/{r['wanted']} extra={r['extra']} "
           f"max_dt_s={r['max_dt_s']:.2f} straggler_named={int(r['straggler_named'])} pass={int(r['pass'])}")

@@ -29,12 +29,13 @@ class Scenario:
     straggler: int = 11
     straggler_delay_s: float = 2e-3
     straggler_until_s: float = float("inf")   # the straggler catches up here
+    comm_hashes: tuple[int, ...] = (0x1111_2222_3333_4444,)   # instances spread evenly over these
 
 
 def drop_then_straggler(sc: Scenario, seed: int = 3) -> np.ndarray:
-    """The records of ``sc`` (one communicator, AllReduce of 1-4 MiB, every record timed)."""
+    """The records of ``sc`` (its communicators, AllReduce of 1-4 MiB, every record timed)."""
     kw = dict(nranks=sc.nranks, nnodes=sc.nnodes, rate_per_s=sc.rate_per_s, untimed_fraction=0.0,
-              log2_bytes=(20, 22), comm_hashes=(0x1111_2222_3333_4444,), funcs=("AllReduce",), start_ns=START_NS)
+              log2_bytes=(20, 22), comm_hashes=sc.comm_hashes, funcs=("AllReduce",), start_ns=START_NS)
     n = int(sc.rate_per_s * sc.windows)
     ev = synthetic_events(n, seed=seed, **kw)
     late = synthetic_events(n, seed=seed, straggler_rank=sc.straggler, straggler_delay_s=sc.straggler_delay_s, **kw)

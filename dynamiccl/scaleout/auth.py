@@ -1,13 +1,15 @@
 """Who may publish what on the bus: one NATS user per node collector and per central shard, each
 with publish permissions on its own subjects only, enforced by ``nats-server`` (docs/scale-out.md).
 
-A node ``<node>`` of job ``<job>`` may publish its partials on ``dynamiccl.partials.<job>.<node>`` and
+A node ``<node>`` of job ``<job>`` may publish its partials on ``dynamiccl.partials.<job>.<node>`` (and
+``.<p>`` below it, a job split by communicator) and
 its heartbeat on ``$KV.DYNAMICCL_LIVE.node.<job>.<node>``, read the bucket's stream info, and receive
 replies on its own inbox ``_INBOX.node.<job>.<node>.>``, and read its own job's tuner file
 (``dynamiccl.tunerlive.<job>``, the stream's republish, and a direct get of ``dynamiccl.tuner.<job>``); nothing else (no stream or
 consumer API, so it can neither create, read nor delete what others published, nor publish a tuner
 file). A shard may use the JetStream API of the three streams, acknowledge partials, write its own
-heartbeat and the jobs' checkpoints, and publish the jobs' tuner files; it may publish no partial. The server rejects anything else (``Permissions Violation``) and a connection
+heartbeat and the jobs' (and partitions') checkpoints, publish the jobs' tuner files and the partitions'
+regime changes to their job's combiner (``dynamiccl.changes.<job>``); it may publish no partial. The server rejects anything else (``Permissions Violation``) and a connection
 without a known user (``Authorization Violation``); the clients count both.
 
 Secrets never travel on the command line nor into logs: each client reads its user and password
@@ -38,6 +40,7 @@ _STREAM = "DYNAMICCL_PARTIALS"            # nats_bus.STREAM (not imported: nats-
 _KV_STREAM = f"KV_{LIVE_BUCKET}"
 # tuner_bus's stream, publish subjects and the stream's republish of what it stored (nats-py stays optional here)
 _TUNER_STREAM, _TUNER_PREFIX, _TUNER_LIVE = "DYNAMICCL_TUNER", "dynamiccl.tuner", "dynamiccl.tunerlive"
+_CHANGES = "dynamiccl.changes"            # combiner.CHANGES_PREFIX: partitions' changes to their job's combiner
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ def inbox_of(user: str) -> str:
 def node_permissions(job: str, node: str) -> dict:
     """Its own subjects; of the tuner stream only a direct get of its own job's file and the live
     subject of it (another job's file stays unreadable; nothing of it is writable)."""
-    return {"publish": {"allow": [subject(job, node), f"$KV.{LIVE_BUCKET}.{node_key(job, node)}",
+    return {"publish": {"allow": [subject(job, node), f"{subject(job, node)}.*",    # whole, or per partition
+                                  f"$KV.{LIVE_BUCKET}.{node_key(job, node)}",
                                   f"$JS.API.STREAM.INFO.{_KV_STREAM}",
                                   f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.{_TUNER_PREFIX}.{job}"]},
             "subscribe": {"allow": [f"{inbox_of(node_user(job, node))}.>", f"{_TUNER_LIVE}.{job}"]}}
@@ -87,8 +91,9 @@ def shard_permissions(shard: str) -> dict:
                  for tail in ("", ".>")]   # CREATE.<stream>[.<name>.<filter>], DURABLE.CREATE.<stream>.<name>, MSG.NEXT...
     return {"publish": {"allow": ["$JS.API.INFO", *api, *consumers, f"$JS.ACK.{_STREAM}.>", "$JS.FC.>",
                                   f"$KV.{LIVE_BUCKET}.{shard_key(shard)}", f"$KV.{LIVE_BUCKET}.{ckpt_key('*')}",
-                                  f"{_TUNER_PREFIX}.*", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.>"]},
-            "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>", f"{_TUNER_LIVE}.*"]}}
+                                  f"$KV.{LIVE_BUCKET}.{ckpt_key('*.*')}",    # a communicator partition's
+                                  f"{_TUNER_PREFIX}.*", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.>", f"{_CHANGES}.*"]},
+            "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>", f"{_TUNER_LIVE}.*", f"{_CHANGES}.*"]}}
 
 
 def server_authorization(jobs: Mapping[str, frozenset[str]], shards: list[str], passwords: Mapping[str, str]) -> str:

@@ -1,6 +1,8 @@
 """The bus between node collectors and the central tier, and the node's bounded outbox.
 
-Subjects: ``dynamiccl.partials.<job>.<node>``; a message's id is ``<job>/<node>/<window>`` (JetStream
+Subjects: ``dynamiccl.partials.<job>.<node>``, or ``dynamiccl.partials.<job>.<node>.<p>`` for communicator
+partition ``p`` of a job split into several (:func:`unit`: the central tier's unit of ownership, merging and
+detection is ``<job>`` or ``<job>.<p>``); a message's id is ``<unit>/<node>/<window>`` (JetStream
 drops a republished id inside its duplicate window; the central merger drops it too, so duplicate
 delivery after a failover changes nothing). :class:`InProcessBus` is the single-machine path: the same
 publish/drain interface, bounded, no network. :class:`Outbox` never blocks the node's ingest: a full
@@ -14,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Protocol
 
-__all__ = ["token", "subject", "msg_id", "window_of", "Bus", "InProcessBus", "Outbox", "Message"]
+__all__ = ["token", "subject", "unit", "job_of", "partition_of", "msg_id", "window_of", "Bus", "InProcessBus", "Outbox", "Message"]
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SUBJECT_PREFIX = "dynamiccl.partials"
@@ -27,10 +29,32 @@ def token(kind: str, value: str) -> str:
     return value
 
 
-def subject(job: str, node: str) -> str:
-    """>>> subject("j1", "node-7")
-    'dynamiccl.partials.j1.node-7'"""
-    return f"{SUBJECT_PREFIX}.{token('job', job)}.{token('node', node)}"
+def subject(job: str, node: str, partition: int | None = None) -> str:
+    """
+    >>> subject("j1", "node-7"), subject("j1", "node-7", 3)
+    ('dynamiccl.partials.j1.node-7', 'dynamiccl.partials.j1.node-7.3')
+    """
+    base = f"{SUBJECT_PREFIX}.{token('job', job)}.{token('node', node)}"
+    return base if partition is None else f"{base}.{int(partition)}"
+
+
+def unit(job: str, partition: int | None = None) -> str:
+    """What a central shard owns, merges and runs a detector on: a whole job, or one communicator
+    partition of it (job tokens hold no ``.``, so the two never collide).
+
+    >>> unit("j"), unit("j", 2), job_of("j.2"), partition_of("j.2"), partition_of("j")
+    ('j', 'j.2', 'j', 2, None)
+    """
+    return token("job", job) if partition is None else f"{token('job', job)}.{int(partition)}"
+
+
+def job_of(u: str) -> str:
+    return u.partition(".")[0]
+
+
+def partition_of(u: str) -> int | None:
+    _, dot, p = u.partition(".")
+    return int(p) if dot else None
 
 
 def msg_id(job: str, node: str, window: int, part: int = 0, parts: int = 1) -> str:

@@ -1,7 +1,9 @@
-"""A central shard: partials in → merged windows → the same loop (detector, retuner) per job.
+"""A central shard: partials in → merged windows → the same loop (detector, retuner) per unit.
 
-A shard takes a message only for a job it owns (:class:`ShardTable`); a job's windows go to its own
-``Loop`` (built by ``make_loop``, the single-machine loop). After a window ran, the job's checkpoint
+A unit is a job, or one communicator partition ``<job>.<p>`` of a job split by communicator
+(``bus.unit``; each is owned, merged, checkpointed and detected on its own, so a very large job's
+merging spreads over the shards). A shard takes a message only for a unit it owns (:class:`ShardTable`);
+a unit's windows go to its own ``Loop`` (built by ``make_loop``, the single-machine loop). After a window ran, the job's checkpoint
 (the last window run; a JetStream key-value bucket or, in-process, a dict shared by the shards) moves
 on, so a shard that takes a job over after a failover skips the windows its predecessor already ran:
 no regime change is run twice.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, MutableMapping
 
-from dynamiccl.scaleout.bus import Message, subject
+from dynamiccl.scaleout.bus import Message, partition_of, subject, unit
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
 from dynamiccl.scaleout.wire import peek_header, read_partial
 
@@ -28,9 +30,11 @@ def detector_loop(config, make_retuner: Callable[[str], Any] | None = None,
     from dynamiccl.detector.service import Detector
     from dynamiccl.loop import Loop
 
-    def make(job: str):
-        rt = make_retuner(job) if make_retuner is not None else None
-        return Loop(Detector(config), rt, sinks=sinks(job) if sinks is not None else ())
+    def make(u: str):
+        # a partition's changes go to its job's combiner (a sink: scaleout/combiner.py), which feeds the
+        # job's one retuner; a whole job's loop holds the retuner itself
+        rt = make_retuner(u) if make_retuner is not None and partition_of(u) is None else None
+        return Loop(Detector(config), rt, sinks=sinks(u) if sinks is not None else ())
     return make
 
 
@@ -57,22 +61,23 @@ class CentralShard:
         self.table.beat(self.name)
         try:
             head = peek_header(msg.data)
-            if msg.subject != subject(head["job"], head["node"]):
+            if msg.subject != subject(head["job"], head["node"], head["partition"]):
                 # the subject is what the server authorised the publisher for (scaleout/auth.py): a partial
-                # claiming another job or node than its subject is refused whole
+                # claiming another job, node or partition than its subject is refused whole
                 self.counters["subject_mismatch"] += 1
                 n = self.counters["subject_mismatch"]
                 if n & (n - 1) == 0:                # logged at 1, 2, 4, 8, ...: a flood cannot flood the log
                     log.warning("shard %s: %s carries a partial of job %r node %r: refused (%d so far)", self.name,
                                 msg.subject, head["job"], head["node"], n)
                 return "malformed"
-            if not self.table.owns(self.name, head["job"]):
+            u = unit(head["job"], head["partition"])   # the job, or one communicator partition of it
+            if not self.table.owns(self.name, u):
                 self.counters["not_owned"] += 1
                 return "not_owned"
-            if head["window"] <= self.checkpoints.get(head["job"], -1 << 62):
+            if head["window"] <= self.checkpoints.get(u, -1 << 62):
                 self.counters["already_run"] += 1   # redelivered after a failover: its window ran
                 return "refused"
-            reason = self.merger.refusal(head["job"], head["node"], head["window"], head["part"], head["parts"])
+            reason = self.merger.refusal(u, head["node"], head["window"], head["part"], head["parts"])
             if reason is not None:                  # duplicate or late: settled without inflating it
                 self.merger.refuse(reason)
                 return "refused"
@@ -81,7 +86,7 @@ class CentralShard:
             self.counters["malformed"] += 1
             log.warning("shard %s: %s: %s", self.name, msg.subject, e)
             return "malformed"
-        return "filed" if self.merger.add(p.job, p) else "refused"
+        return "filed" if self.merger.add(u, p) else "refused"
 
     def poll(self) -> list:
         """Run the windows now due; returns the loop steps."""

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 import time
+from dataclasses import replace
 
 __all__ = ["register", "node_config", "central_config", "main_node", "main_central", "main_auth"]
 
@@ -45,6 +46,9 @@ def register(subparsers) -> None:
     n.add_argument("--tuner-config", default=None, metavar="PATH",
                    help="write the job's applied tuner config (from `dynamiccl central --apply`, over the bus) "
                         "here, where this node's ranks' tuner plugin reads it (DYNAMICCL_TUNER_CONFIG)")
+    n.add_argument("--partitions", type=int, default=1, metavar="P",
+                   help="split the job's partials by communicator into P partitions (the central tier's "
+                        "--partitions JOB=P; 1: the whole job, one subject)")
     n.add_argument("--tuner-poll", type=float, default=5.0, metavar="S",
                    help="read the job's latest tuner config from the stream this often (besides the live updates)")
     _nats_args(n)
@@ -54,6 +58,9 @@ def register(subparsers) -> None:
     c.add_argument("--shard", required=True, help="this shard's name")
     c.add_argument("--job", action="append", required=True, metavar="JOB=NODE,NODE,...",
                    help="a job and the nodes that report it (repeatable)")
+    c.add_argument("--partitions", action="append", default=None, metavar="JOB=P",
+                   help="a job whose nodes split it by communicator into P partitions, each merged and detected "
+                        "as its own unit, the changes combined per job (repeatable; docs/scale-out.md)")
     c.add_argument("--lateness", type=float, default=2.0, help="s a window waits for its last node")
     c.add_argument("--warmup", type=int, default=60, help="the detector's baseline windows per stream")
     c.add_argument("--changes", default=None, metavar="PATH", help="append each regime change as a JSON line")
@@ -82,18 +89,20 @@ def node_config(args):
     receiver = ReceiverConfig(**({"listen": tuple(args.listen)} if args.listen else {}),
                               tokens_file=getattr(args, "tokens_file", None))
     return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
-                                        max_message_bytes=args.max_message),
+                                        max_message_bytes=args.max_message,
+                                        partitions=getattr(args, "partitions", 1)),
                              receiver=receiver, nats=_nats(args), metrics=_off(args.metrics),
                              tuner_config=getattr(args, "tuner_config", None),
                              tuner_poll_s=getattr(args, "tuner_poll", 5.0)).validate()
 
 
 def central_config(args):
-    from dynamiccl.scaleout.config import CentralServiceConfig, parse_jobs
+    from dynamiccl.scaleout.config import CentralServiceConfig, parse_jobs, parse_partitions
     from dynamiccl.scaleout.merger import MergerConfig
     return CentralServiceConfig(args.shard, MergerConfig(parse_jobs(args.job), lateness_s=args.lateness),
                                 nats=_nats(args), metrics=_off(args.metrics), changes_path=args.changes,
-                                warmup=args.warmup).validate()
+                                warmup=args.warmup, partitions=parse_partitions(getattr(args, "partitions", None))
+                                ).validate()
 
 
 def _nats(args):
@@ -173,9 +182,14 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     from dynamiccl.scaleout.merger import ShardTable
     from dynamiccl.scaleout.service import ShardRunner, connect
 
+    from dynamiccl.scaleout.bus import partition_of
+    from dynamiccl.scaleout.merger import units
     out = open(cfg.changes_path, "a") if cfg.changes_path else None
 
     def sinks(job):
+        if partition_of(job) is not None:   # a partition's changes go to its job's combiner (hub, below)
+            return []
+
         def record(c):
             log.info("job %s: regime change %s at %.0f (onset %.0f) ranks %s", job, c.kind, c.detected_s, c.start_s,
                      list(c.ranks)[:4])
@@ -192,7 +206,8 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
         # the mirror (below, once the shard's counters exist) seeds a job's retuner from the bus's file
         make_retuner = retuner_factory(retuning, retuners,
                                        seed=(lambda job, path: mirror.seed(job, path)) if applying else None)
-    shard = CentralShard(cfg.shard, cfg.merger, table, checkpoints,
+    merger = replace(cfg.merger, expected_nodes=units(cfg.merger.expected_nodes, cfg.partitions))
+    shard = CentralShard(cfg.shard, merger, table, checkpoints,
                          detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
                                                       autoencoder=AutoencoderConfig(enabled=False)).validate(),
                                        make_retuner=make_retuner, sinks=sinks),
@@ -209,6 +224,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
+    hub = await _change_hub(cfg, shard, nc, lambda job, c: sinks(job)[0](c))
     after_round = None
     if mirror is not None:                     # applied versions go to the jobs' nodes (scaleout/tuner_publish.py)
         from dynamiccl.scaleout.tuner_publish import TunerPublisher
@@ -217,10 +233,15 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
 
         def after_round():
             return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
+    if hub is not None:
+        after_round = _with_hub(hub, nc, after_round)
     try:
         await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,
-                          bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round)
+                          bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round,
+                                                         on_steps=hub.steps if hub is not None else None)
     finally:
+        if hub is not None:
+            hub.close()
         await watcher
         if after_round is not None:            # a version applied in the last round still reaches the nodes
             await after_round()
@@ -231,11 +252,46 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
             out.close()
 
 
+async def _change_hub(cfg, shard, nc, deliver):
+    """The partitioned jobs' change notes (scaleout/change_bus.py); None when no job is partitioned."""
+    if not any(k > 1 for k in cfg.partitions.values()):
+        return None
+    import time as _time
+
+    from dynamiccl.scaleout.change_bus import ChangeHub
+    hub = ChangeHub(cfg.partitions, lambda u: shard.table.owns(shard.name, u), _time.monotonic, deliver)
+    async def receive(m):
+        hub.receive(m.data)
+    for subj in hub.subjects:
+        await nc.subscribe(subj, cb=receive)
+    shard.counters.update(hub.counters)    # one dict: the hub's counters on the shard's /metrics
+    hub.counters = shard.counters
+    return hub
+
+
+def _with_hub(hub, nc, after_round):
+    """After each round: send this shard's notes, run the combiners it holds, then ``after_round``."""
+    async def run():
+        for subj, data in hub.outgoing():
+            try:
+                await nc.publish(subj, data)
+            except Exception as e:  # noqa: BLE001 - the bus is down: the note is lost, counted
+                hub.counters["notes_dropped"] += 1
+                log.debug("change note: %r", e)
+        hub.round()
+        if after_round is not None:
+            await after_round()
+    return run
+
+
 def main_central(args) -> int:
     from dynamiccl.scaleout.retuning import retuning_from_args
     try:
         cfg = central_config(args)
         retuning = retuning_from_args(args, cfg.merger.expected_nodes)
+        if retuning is not None and any(k > 1 for k in cfg.partitions.values()):
+            # the job's retuner would need every partition's windows, not only their combined changes
+            raise ValueError("--retune/--apply with --partitions: not supported yet (docs/scale-out.md, Not done)")
     except ValueError as e:
         return _refuse(e)
     if retuning is not None:

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from dynamiccl.collector.config import ReceiverConfig
 from dynamiccl.scaleout.auth import load_credentials
 from dynamiccl.scaleout.bus import subject
-from dynamiccl.scaleout.merger import MergerConfig
+from dynamiccl.scaleout.merger import MergerConfig, units
 from dynamiccl.scaleout.node import NodeConfig
 
-__all__ = ["NatsConfig", "NodeServiceConfig", "CentralServiceConfig", "parse_jobs"]
+__all__ = ["NatsConfig", "NodeServiceConfig", "CentralServiceConfig", "parse_jobs", "parse_partitions"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ class CentralServiceConfig:
     warmup: int = 60                     # the detector's baseline windows per stream
     heartbeat_ttl_s: float = 1.5         # a shard silent this long loses its jobs (takeover)
     node_ttl_s: float = 5.0              # a node silent this long: its windows stop waiting for it
+    # job -> communicator partitions (its nodes' --partitions); absent: 1, the whole job one unit
+    partitions: dict[str, int] = field(default_factory=dict)
 
     def validate(self) -> "CentralServiceConfig":
         subject(self.shard, "x")         # a subject token
@@ -92,6 +94,7 @@ class CentralServiceConfig:
         for job, nodes in self.merger.expected_nodes.items():
             for n in nodes:
                 subject(job, n)
+        units(self.merger.expected_nodes, self.partitions)    # known jobs, 1..MAX_PARTITIONS each
         if self.warmup < 1 or not self.heartbeat_ttl_s > 0 or not self.node_ttl_s > 0:
             raise ValueError("central: warmup >= 1, heartbeat_ttl_s > 0 and node_ttl_s > 0")
         return self
@@ -103,6 +106,23 @@ def _address(addr: str | None) -> None:
     host, _, port = addr.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"metrics address {addr!r}: HOST:PORT")
+
+
+def parse_partitions(specs: list[str] | None) -> dict[str, int]:
+    """``["j1=4"]`` → {job: partitions}.
+
+    >>> parse_partitions(["j1=4"])
+    {'j1': 4}
+    """
+    out: dict[str, int] = {}
+    for spec in specs or []:
+        job, sep, k = spec.partition("=")
+        if not sep or not job or not k.isdigit():
+            raise ValueError(f"--partitions {spec!r}: JOB=P")
+        if job in out:
+            raise ValueError(f"--partitions {job!r} given twice")
+        out[job] = int(k)
+    return out
 
 
 def parse_jobs(specs: list[str]) -> dict[str, frozenset[str]]:

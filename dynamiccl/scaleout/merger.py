@@ -32,11 +32,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dynamiccl.collector.features import WindowFeatures
+from dynamiccl.contracts.partition import check_partitions
+from dynamiccl.scaleout.bus import unit
 from dynamiccl.scaleout.features import window_features
 from dynamiccl.scaleout.partials import NodePartial, merge_partials
 from dynamiccl.scaleout.wire import RawPartial, frames_of
 
-__all__ = ["MergerConfig", "WindowMerger", "ShardTable", "owner"]
+__all__ = ["MergerConfig", "WindowMerger", "ShardTable", "owner", "units"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,26 @@ class MergerConfig:
         for job, nodes in self.expected_nodes.items():
             if not nodes:
                 raise ValueError(f"merger config: job {job!r} expects no node")
+
+
+def units(expected_nodes: dict[str, frozenset[str]], partitions: dict[str, int] | None = None
+          ) -> dict[str, frozenset[str]]:
+    """``job -> nodes`` as the central tier's units: a job split ``partitions[job]`` ways (its nodes'
+    ``--partitions``) becomes its partitions ``<job>.<p>``, each expecting every node of the job (a node
+    sends every partition a partial, empty or not); any other job stays one unit, named as before.
+
+    >>> sorted(units({"a": frozenset({"n0"}), "b": frozenset({"n0"})}, {"b": 2}))
+    ['a', 'b.0', 'b.1']
+    """
+    partitions = partitions or {}
+    unknown = sorted(set(partitions) - set(expected_nodes))
+    if unknown:
+        raise ValueError(f"partitions given for unknown job(s) {unknown}")
+    out = {}
+    for job, nodes in expected_nodes.items():
+        k = check_partitions(partitions.get(job, 1))
+        out.update({job: nodes} if k == 1 else {unit(job, i): nodes for i in range(k)})
+    return out
 
 
 def _part(p) -> tuple[int, int]:

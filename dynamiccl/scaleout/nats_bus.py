@@ -23,7 +23,7 @@ import nats
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from dynamiccl.scaleout.bus import SUBJECT_PREFIX, Message
+from dynamiccl.scaleout.bus import SUBJECT_PREFIX, Message, job_of, partition_of
 
 __all__ = ["STREAM", "loopback_cluster", "Cluster", "ensure_stream", "publish", "JobConsumer"]
 
@@ -113,21 +113,32 @@ async def publish(js, msg: Message, timeout_s: float = 5.0, attempts: int = 40, 
 
 
 class JobConsumer:
-    """The durable pull consumer of one job (bound by whichever shard owns the job)."""
+    """The durable pull consumer of one unit: a job, or one communicator partition of it (bound by
+    whichever shard owns the unit)."""
 
     def __init__(self, js, job: str, ack_wait_s: float = 3.0, info_timeout_s: float = 1.0):
         self.js, self.job, self.ack_wait_s, self.info_timeout_s = js, job, ack_wait_s, info_timeout_s
         self.sub = None
         self.fetch_errors = 0
 
+    @property
+    def durable(self) -> str:
+        """``job-<job>``; a communicator partition ``<job>.<p>`` (bus.unit): ``part<p>-<job>`` (no ``.`` in
+        a consumer's name; the two prefixes never collide)."""
+        p = partition_of(self.job)
+        return f"job-{self.job}" if p is None else f"part{p}-{job_of(self.job)}"
+
+    @property
+    def filter(self) -> str:
+        p = partition_of(self.job)
+        return f"{SUBJECT_PREFIX}.{self.job}.>" if p is None else f"{SUBJECT_PREFIX}.{job_of(self.job)}.*.{p}"
+
     async def bind(self):
-        cfg = ConsumerConfig(durable_name=f"job-{self.job}", ack_policy=AckPolicy.EXPLICIT,
-                             ack_wait=self.ack_wait_s, max_ack_pending=100_000,
-                             filter_subject=f"{SUBJECT_PREFIX}.{self.job}.>")
+        cfg = ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT,
+                             ack_wait=self.ack_wait_s, max_ack_pending=100_000, filter_subject=self.filter)
         for attempt in range(40):      # retried, bounded, while the stream elects a leader (a server died)
             try:
-                self.sub = await self.js.pull_subscribe(f"{SUBJECT_PREFIX}.{self.job}.>", durable=f"job-{self.job}",
-                                                        stream=STREAM, config=cfg)
+                self.sub = await self.js.pull_subscribe(self.filter, durable=self.durable, stream=STREAM, config=cfg)
                 return self
             except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                     nats.js.errors.APIError):
@@ -153,7 +164,7 @@ class JobConsumer:
         None when the consumer cannot be asked (counted; its leader moves for seconds after a server
         died, just when a dead shard's partials await redelivery): unknown is not "caught up"."""
         try:     # bounded: the client's 5 s default would stall the shard while the consumer's leader moves
-            info = await self.js.consumer_info(STREAM, f"job-{self.job}", timeout=self.info_timeout_s)
+            info = await self.js.consumer_info(STREAM, self.durable, timeout=self.info_timeout_s)
         except (asyncio.TimeoutError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
                 nats.js.errors.APIError, nats.errors.Error):
             self.fetch_errors += 1

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from dynamiccl.collector.records import event_time_ns, valid_mask
-from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject
-from dynamiccl.scaleout.partials import node_partial
+from dynamiccl.contracts.partition import check_partitions
+from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject, unit
+from dynamiccl.scaleout.partials import node_partial, split_partial
 from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
 from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages, raw_size
 
@@ -30,9 +31,11 @@ class NodeConfig:
     max_buffered_records: int = 4_000_000   # all open windows together (~8 ranks × 550/s × 3 s ≈ 13 k)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # the bus's max payload: a larger partial goes in parts
     inputs_authenticated: bool = False      # every peer of the node's receiver presents a token (wire "auth")
+    partitions: int = 1                     # communicator partitions of the job (1: the whole job, one subject)
 
     def validate(self) -> None:
         subject(self.job_id, self.node)        # both must be subject tokens
+        check_partitions(self.partitions)
         if not self.window_s > 0 or self.allowed_lateness_s < 0 or self.max_buffered_records < 1:
             raise ValueError(f"node config: window_s > 0, allowed_lateness_s >= 0, max_buffered_records >= 1 "
                              f"(got {self.window_s}, {self.allowed_lateness_s}, {self.max_buffered_records})")
@@ -115,16 +118,21 @@ class NodeCollector:
         cfg = self.config
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
         self._pool.give(store)                     # the partial's frames hold copies, not these views
+        # P > 1: every partition's partial, an empty one included (its merger then does not wait for us)
+        pieces = [p] if cfg.partitions == 1 else split_partial(p, cfg.partitions)
         try:
-            msgs = encode_messages(p, cfg.job_id, cfg.max_message_bytes, self._ratio, cfg.inputs_authenticated)
+            out = [(q, encode_messages(q, cfg.job_id, cfg.max_message_bytes, self._ratio, cfg.inputs_authenticated))
+                   for q in pieces]
         except ValueError:       # over MAX_PARTS messages, or a value the wire cannot carry: lost, counted
             self.counters["dropped_unencodable"] += n
             return
-        for i, data in enumerate(msgs):
-            mid = msg_id(cfg.job_id, cfg.node, win, i, len(msgs))
-            self.outbox.offer(Message(subject(cfg.job_id, cfg.node), data, mid))
-        self.counters["split_partials"] += len(msgs) > 1
-        self._ratio = sum(map(len, msgs)) / max(raw_size(p), 1)   # the next window's guess of its parts
+        for q, msgs in out:
+            part = q.get("partition")
+            for i, data in enumerate(msgs):
+                mid = msg_id(unit(cfg.job_id, part), cfg.node, win, i, len(msgs))
+                self.outbox.offer(Message(subject(cfg.job_id, cfg.node, part), data, mid))
+            self.counters["split_partials"] += len(msgs) > 1
+        self._ratio = sum(len(m) for _, msgs in out for m in msgs) / max(raw_size(p), 1)   # next window's guess
         self.counters["aggregated"] += n
         self.counters["windows"] += 1
 

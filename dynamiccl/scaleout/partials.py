@@ -18,9 +18,11 @@ import numpy as np
 import polars as pl
 
 from dynamiccl.collector.metrics import DURATION_BUCKETS_S
+from dynamiccl.contracts.partition import comm_partition
 from dynamiccl.scaleout.node_agg import aggregate
 
-__all__ = ["KEY_COLS", "INST_COLS", "BOUNDS_S", "SUB_BUCKETS", "node_partial", "merge_partials", "NodePartial"]
+__all__ = ["KEY_COLS", "INST_COLS", "BOUNDS_S", "SUB_BUCKETS", "node_partial", "merge_partials", "split_partial",
+           "NodePartial"]
 
 KEY_COLS = ["job_id", "comm_hash", "func", "algo", "proto", "size_bucket"]
 INST_COLS = ["job_id", "comm_hash", "func", "seq"]
@@ -30,13 +32,28 @@ INST_COLS = ["job_id", "comm_hash", "func", "seq"]
 SUB_BUCKETS = 8
 BOUNDS_S = DURATION_BUCKETS_S[0] * 2.0 ** (np.arange((len(DURATION_BUCKETS_S) - 1) * SUB_BUCKETS + 1) / SUB_BUCKETS)
 _BOUNDS_NS = np.round(BOUNDS_S * 1e9)
-NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"}; the frames are polars
+NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"[, "partition"]}; the frames are polars
+_FRAMES = ("keys", "hist", "inst", "ranks")
 
 
 def node_partial(ev: np.ndarray, *, node: str, job_id: str, window: int, window_s: float) -> NodePartial:
     """The partial of one node's records (``wire_format.EVENT_DTYPE``) of window ``window``."""
     frames = aggregate(ev, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS)
     return {"node": node, "window": int(window), "window_s": float(window_s), **frames}
+
+
+def split_partial(p: NodePartial, partitions: int) -> list[NodePartial]:
+    """The partial cut by communicator partition (``contracts.partition.comm_partition``): one per
+    partition, every frame row in exactly the partition of its ``comm_hash``, so each is a whole
+    partial of its communicators. A partition without records gets an empty partial, so the central
+    tier's merger for it hears from this node and does not wait."""
+    comms = pl.concat([p[n]["comm_hash"] for n in _FRAMES]).unique().to_list()
+    part_of: dict[int, int] = {c: comm_partition(c, partitions) for c in comms}
+    which = {n: p[n]["comm_hash"].replace_strict(part_of, return_dtype=pl.Int32) for n in _FRAMES}
+    out = []
+    for i in range(partitions):
+        out.append({**p, "partition": i, **{n: p[n].filter(which[n] == i) for n in _FRAMES}})
+    return out
 
 
 def _merge_inst(inst: pl.DataFrame) -> pl.DataFrame:

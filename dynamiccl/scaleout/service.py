@@ -21,7 +21,7 @@ from dynamiccl.collector.component import QueuedConsumer, RecordBatch
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.receivers.stream import StreamReceiver
 from dynamiccl.scaleout.auth import classify_refusal, load_credentials
-from dynamiccl.scaleout.bus import Message, Outbox, window_of
+from dynamiccl.scaleout.bus import Message, Outbox, job_of, window_of
 from dynamiccl.scaleout.config import NodeServiceConfig
 from dynamiccl.scaleout.liveness import LIVE_BUCKET, BucketClock, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
@@ -274,16 +274,16 @@ class ShardRunner:
     async def step(self) -> list:
         """One round; returns the loop steps run (job, step)."""
         await self._extend()
-        self.shard.poll()
+        early = self.shard.poll()               # windows due already: their steps count as this round's
         if self.live is not None:
             for job, nodes in self.shard.merger.config.expected_nodes.items():
-                self.shard.merger.set_silent(job, self.live.silent(job, nodes))
+                self.shard.merger.set_silent(job, self.live.silent(job_of(job), nodes))   # job: a unit
         for job in list(self.shard.merger.config.expected_nodes):
             if self.shard.table.owns(self.shard.name, job):
                 await self._pull(job)
             elif self.held.get(job):            # moved away: hand its partials back now
                 await asyncio.gather(*(m.nak() for _, m in self.held.pop(job)), return_exceptions=True)
-        steps = self.shard.poll()
+        steps = early + self.shard.poll()
         await self._share(steps)
         await self._ack_done({j for j, _ in steps})
         return steps

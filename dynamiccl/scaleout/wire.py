@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 import polars as pl
 
+from dynamiccl.contracts.partition import MAX_PARTITIONS
 from dynamiccl.scaleout.partials import NodePartial
 
 __all__ = ["encode_partial", "encode_messages", "raw_size", "decode_partial", "read_partial", "peek_header", "frames_of", "RawPartial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
@@ -41,6 +42,8 @@ FRAMES: dict[str, list[tuple[str, str, pl.DataType]]] = {
     "ranks": [("comm_hash", "<u8", pl.UInt64), ("rank", "<i4", pl.Int32), ("records", "<u4", pl.UInt32),
               ("timed", "<i4", pl.Int64), ("dur_sum_ns", "<i8", pl.Int64)],
 }
+#: bytes of one row of each frame on the wire (read once per message: computed once here)
+_ROW_BYTES = {n: sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items()}
 _NULL = -1                      # dmin/dmax/dur_max of an untimed group (durations are >= 0)
 #: JetStream's default max_payload is 1 MiB
 MAX_MESSAGE_BYTES = 1 << 20
@@ -75,8 +78,11 @@ def _sorted_frames(p: NodePartial) -> dict[str, pl.DataFrame]:
 def _head(p: NodePartial, job_id: str, authenticated: bool) -> dict:
     # auth: every peer of the node's receiver had to present a token (the collector's
     # inputs_authenticated); the central tier applies tuning only where every node's partial says so
-    return {"v": 1, "node": p["node"], "job": job_id, "window": p["window"], "window_s": p["window_s"],
+    head = {"v": 1, "node": p["node"], "job": job_id, "window": p["window"], "window_s": p["window_s"],
             "auth": int(authenticated)}
+    if p.get("partition") is not None:   # one communicator partition of the job (absent: the whole job)
+        head["partition"] = int(p["partition"])
+    return head
 
 
 def encode_partial(p: NodePartial, job_id: str, authenticated: bool = False) -> bytes:
@@ -90,7 +96,7 @@ def _slices(frames: dict[str, pl.DataFrame], k: int, i: int) -> dict[str, pl.Dat
 
 def raw_size(p: NodePartial) -> int:
     """The bytes of a partial's columns before compression."""
-    return sum(len(p[n]) * sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items())
+    return sum(len(p[n]) * _ROW_BYTES[n] for n in FRAMES)
 
 
 def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES,
@@ -126,11 +132,14 @@ def _header(data: bytes) -> tuple[dict, int]:
         head = {"node": str(head["node"]), "job": str(head["job"]), "window": int(head["window"]),
                 "window_s": float(head["window_s"]), "v": head.get("v"), "rows": rows,
                 "part": int(head.get("part", 0)), "parts": int(head.get("parts", 1)),
-                "auth": head.get("auth", 0) == 1}
+                "auth": head.get("auth", 0) == 1,
+                "partition": None if head.get("partition") is None else int(head["partition"])}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"partial: bad header ({type(e).__name__}: {e})") from None
     if head["v"] != 1 or not head["window_s"] > 0 or min(rows.values()) < 0:
         raise ValueError(f"partial: unsupported version {head['v']!r}, window_s or row count")
+    if head["partition"] is not None and not 0 <= head["partition"] < MAX_PARTITIONS:
+        raise ValueError(f"partial: partition {head['partition']} (at most {MAX_PARTITIONS} partitions)")
     if not 0 <= head["part"] < head["parts"] <= MAX_PARTS:
         raise ValueError(f"partial: part {head['part']} of {head['parts']} (at most {MAX_PARTS} parts)")
     return head, 4 + n
@@ -139,12 +148,13 @@ def _header(data: bytes) -> tuple[dict, int]:
 class RawPartial:
     """A checked, inflated partial whose frames are built later, together with the rest of its
     window's (:func:`frames_of`): one polars frame per window instead of one per node."""
-    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts", "auth")
+    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts", "auth", "partition")
 
     def __init__(self, head: dict, body: bytes):
         self.job, self.node, self.window = head["job"], head["node"], head["window"]
         self.window_s, self.rows, self.body = head["window_s"], head["rows"], body
         self.part, self.parts, self.auth = head["part"], head["parts"], head["auth"]
+        self.partition = head["partition"]
 
     def __getitem__(self, key: str):          # the merger reads node / window like a NodePartial's
         return getattr(self, key)
@@ -162,7 +172,7 @@ def read_partial(data: bytes) -> RawPartial:
     """Check and inflate one message (header, sizes, zlib); ValueError naming the defect otherwise."""
     head, pos = _header(data)
     rows = head["rows"]
-    need = sum(rows[n] * np.dtype(dt).itemsize for n, cols in FRAMES.items() for _, dt, _ in cols)
+    need = sum(rows[n] * _ROW_BYTES[n] for n in FRAMES)
     if need > MAX_INFLATED_BYTES:
         raise ValueError(f"partial: {need} bytes of columns > {MAX_INFLATED_BYTES}")
     try:
@@ -207,5 +217,5 @@ def decode_partial(data: bytes) -> tuple[str, NodePartial]:
     """(job_id, partial) of one message; ValueError naming the defect otherwise."""
     raw = read_partial(data)
     p = frames_of([raw])
-    p.update(node=raw.node, part=raw.part, parts=raw.parts)
+    p.update(node=raw.node, part=raw.part, parts=raw.parts, partition=raw.partition)
     return raw.job, p

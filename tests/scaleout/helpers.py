@@ -50,3 +50,19 @@ def run_then_stop(server, coro):
         return asyncio.run(coro)
     finally:
         server.stop()
+
+
+def single_collector_changes(ev, config, nranks: int) -> list:
+    """The regime changes of one collector receiving every node's records (the path a shard must match)."""
+    from dynamiccl.collector.component import FuncConsumer, RecordBatch
+    from dynamiccl.collector.config import WindowConfig
+    from dynamiccl.collector.processors.window_agg import WindowAggregator
+    from dynamiccl.loop import Loop
+    from dynamiccl.scaleout.central import detector_loop
+    changes: list = []
+    loop = Loop(detector_loop(config)("j").detector, sinks=[changes.append])
+    agg = WindowAggregator(WindowConfig(window_s=1.0), next_consumer=FuncConsumer(lambda r: loop.step(r.features)))
+    for n in range(nranks // PER_NODE):
+        agg.consume(RecordBatch(ev[ev["rank"] // PER_NODE == n], host=f"node{n}", job_id="j"))
+    agg.shutdown()
+    return changes

@@ -30,7 +30,7 @@ def test_each_node_may_publish_only_its_own_subjects(tmp_path):
     users = _conf(tmp_path)
     assert sorted(users) == ["node.a.n0", "node.a.n1", "node.b.n0", "shard.s0"] == sorted(files)
     pub = users["node.a.n0"]["permissions"]["publish"]["allow"]
-    assert pub == ["dynamiccl.partials.a.n0", "$KV.DYNAMICCL_LIVE.node.a.n0", "$JS.API.STREAM.INFO.KV_DYNAMICCL_LIVE",
+    assert pub == ["dynamiccl.partials.a.n0", "dynamiccl.partials.a.n0.*", "$KV.DYNAMICCL_LIVE.node.a.n0", "$JS.API.STREAM.INFO.KV_DYNAMICCL_LIVE",
                    "$JS.API.DIRECT.GET.DYNAMICCL_TUNER.dynamiccl.tuner.a"]    # reads its own job's tuner file only
     assert users["node.a.n0"]["permissions"]["subscribe"]["allow"] == ["_INBOX.node.a.n0.>", "dynamiccl.tunerlive.a"]
     assert not any("tuner" in p for p in users["node.b.n0"]["permissions"]["publish"]["allow"]

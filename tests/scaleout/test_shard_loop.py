@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from dynamiccl.collector.component import FuncConsumer, RecordBatch
-from dynamiccl.collector.config import WindowConfig
-from dynamiccl.collector.processors.window_agg import WindowAggregator
 from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
 from dynamiccl.harness.collector_testing import synthetic_events
 from dynamiccl.harness.scaleout_scenario import START_NS, Scenario, drop_then_straggler
-from dynamiccl.loop import Loop
 from dynamiccl.scaleout.bus import Message, msg_id, subject
 from dynamiccl.scaleout.central import CentralShard, detector_loop
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable
 from dynamiccl.scaleout.wire import encode_partial
-from tests.scaleout.helpers import PER_NODE, Clock, partials
+from tests.scaleout.helpers import Clock, partials, single_collector_changes
 
 NRANKS, WINDOWS, DROP_AT, STRAGGLER_AT, STRAGGLER = 16, 70, 40, 55, 11
 
@@ -35,13 +31,7 @@ def _config():
 
 
 def _single_collector(ev):
-    changes = []
-    loop = Loop(detector_loop(_config())("j").detector, sinks=[changes.append])
-    agg = WindowAggregator(WindowConfig(window_s=1.0), next_consumer=FuncConsumer(lambda r: loop.step(r.features)))
-    for n in range(NRANKS // PER_NODE):
-        agg.consume(RecordBatch(ev[ev["rank"] // PER_NODE == n], host=f"node{n}", job_id="j"))
-    agg.shutdown()
-    return changes
+    return single_collector_changes(ev, _config(), NRANKS)
 
 
 def _shard(ev, silent_from=None):

