@@ -60,3 +60,13 @@ def test_push_ordered_faults_are_re_dealt_by_an_extra_push(tmp_path):
 def test_unknown_fault_stream_is_refused(tmp_path):
     with pytest.raises(ValueError, match="fault_stream"):
         LossyDelivery(tmp_path / "x.conf", tmp_path / "s", fault_stream="time")
+
+
+def test_audit_counts_of_an_evaluation_report():
+    from dynamiccl.harness.retuner_eval.audit_counts import counts
+    rep = {"results": [{"decisions": [
+        {"action": "probe", "learned": {"policy": "learned", "action_values": {"RING/LL/x0": -1.0}}},
+        {"action": "probe", "learned": {"policy": "learned", "fallback": "no model"}},
+        {"action": "unapplicable"}, {"action": "commit"}]}]}
+    c = counts(rep)
+    assert (c["decisions"], c["learned_ranked"], c["with_action_values"], c["fallback"], c["unapplicable"]) == (4, 2, 1, 1, 1)
