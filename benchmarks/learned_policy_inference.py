@@ -7,7 +7,8 @@ shared machine do not count); the load average is printed with it.
 
     python benchmarks/learned_policy_inference.py [--n 400] [--seed 7]
 
-Last line: ``key=value ... pass=0|1``; pass = learned p50 <= budget_ms and p99 <= 2 x budget_ms.
+Last line: ``key=value ... pass=0|1``; pass = learned p99 <= budget_ms (the target is every decision within
+the budget, so the tail is what is judged).
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+os.environ.setdefault("OMP_NUM_THREADS", "1")     # one core: set before numpy loads its BLAS
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,7 +46,6 @@ def main() -> int:
     ap.add_argument("--budget-ms", type=float, default=1.0)
     ap.add_argument("--weights", default=None)
     args = ap.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     pol = LearnedPolicy.load(args.weights) if args.weights else LearnedPolicy.load()
     ds, _ = dataset(args.n, 2, args.seed)
     cm = CommModel(preset("h100-2x8"), nnodes=2, nranks=16)
@@ -53,7 +55,7 @@ def main() -> int:
     model = _cpu_per_call(lambda d: cm.ranked(d.func, 1 << d.size_bucket, cm.refit("latency", d.func, 1 << d.size_bucket,
                                                                                     ("RING", "SIMPLE"), 1.5)), ds)
     p50, p99 = float(np.percentile(learned, 50)), float(np.percentile(learned, 99))
-    ok = p50 <= args.budget_ms and p99 <= 2 * args.budget_ms
+    ok = p99 <= args.budget_ms
     la = os.getloadavg()
     print(f"decisions={len(ds)} learned_p50_ms={p50:.4f} learned_p99_ms={p99:.4f} model_p50_ms="
           f"{np.percentile(model, 50):.4f} ratio_p50={p50 / max(np.percentile(model, 50), 1e-9):.2f} "

@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     e.add_argument("--delivery-faults", type=float, default=0.2, metavar="P",
                    help="per-rank mode: probability that a new version's copy to one random rank is delayed "
                         "(1-4 steps) or lost (30 %% of those) (default 0.2)")
+    e.add_argument("--fault-stream", choices=("push", "step"), default="push",
+                   help="per-rank mode: draw each push's delivery fault in push order (default) or keyed by the "
+                        "step, so two retuner variants meet the same faults at the same steps (A/B runs)")
     e.add_argument("--json", metavar="PATH", help="also write the per-scenario results as JSON")
     e.add_argument("--policy", action="append", default=None, metavar="KEY=VALUE",
                    help="'learned' or 'model' (who ranks the candidates; default model), or KEY=VALUE to override a "
@@ -165,7 +168,8 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
     with progress(len(wls) * len(scs), "retuner evaluate", enabled=enabled_for(args)) as step:
         for w, s in ((w, s) for w in wls for s in scs):
             r = evaluate_one(w, s, seed=args.seed, delay_s=args.delay, tuner_mode=args.tuner,
-                             delivery_faults=args.delivery_faults, retuner_cfg=rcfg)
+                             delivery_faults=args.delivery_faults, fault_stream=args.fault_stream,
+                             retuner_cfg=rcfg)
             results.append(r)
             conv = [c for c in r.convergence]
             first = [_fmt(c.collectives, 0) for c in conv if c.kind != "recovery" and not c.recurrence]

@@ -103,7 +103,7 @@ def _instances(b, epoch_ns: int, dtype_size: int, comms) -> dict:
 def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = None, seed: int = 0,
         duration_s: float | None = None, retuner_cfg: RetunerConfig | None = None, delay_s: float = 1.0,
         record_ops: bool = False, workdir: str | None = None, tuner_mode: str = "per-rank",
-        delivery_faults: float = 0.2) -> RunResult:
+        delivery_faults: float = 0.2, fault_stream: str = "push") -> RunResult:
     """``tuner_mode`` (policy ``ours``): ``per-rank`` = every rank its own real plugin + lossy delivery +
     agreement hook (mismatches counted), ``plugin`` = one real plugin instance, ``python`` = the Python
     reference; an unavailable plugin falls back to ``python`` (``RunResult.tuner_kind`` says what ran)."""
@@ -133,7 +133,8 @@ def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = No
             try:
                 import zlib
                 dseed = seed * 1_000_003 + zlib.crc32(f"{workload.name}/{scenario.name}".encode())
-                tuner = make_rank_tuners(workload.topology.n_ranks, path, wd, seed=dseed, p_fault=delivery_faults)
+                tuner = make_rank_tuners(workload.topology.n_ranks, path, wd, seed=dseed, p_fault=delivery_faults,
+                                         fault_stream=fault_stream)
             except Exception as e:
                 import logging
                 logging.getLogger(__name__).warning("per-rank plugins unavailable (%s); one plugin instance", e)

@@ -102,6 +102,9 @@ class FileTuner(RuleTuner):
         return self.version
 
 
+FAULT_STREAMS = ("push", "step")
+
+
 class LossyDelivery:
     """Step hook for :class:`dynamiccl.harness.simulator.engine_tuners.RankTuners`: the retuner's file reaches each rank through a
     lossy distributor, then every rank reloads and the agreement hook (:func:`dynamiccl.nccl_tuner_plugin.sync.run_ranks`,
@@ -113,14 +116,21 @@ class LossyDelivery:
     snapshot to ranks that are behind (as a file poll would eventually notice it): a lost copy delays that
     rank, and so the agreed version, without stalling it forever. ``applied`` is the version in force for the
     step that follows.
+
+    ``fault_stream`` says where a push's fault is drawn from: ``"push"`` (default) one stream in push order, so
+    any change in the number of earlier pushes re-deals every later fault; ``"step"`` a stream keyed by (seed,
+    step), so two retuner variants meet the same fault at the same step (common random numbers for A/B runs).
     """
 
     def __init__(self, src: str | os.PathLike, snap_dir: str | os.PathLike, *, seed: int = 0, p_fault: float = 0.2,
-                 p_drop: float = 0.3, max_delay: int = 4, resync_steps: int = 3) -> None:
+                 p_drop: float = 0.3, max_delay: int = 4, resync_steps: int = 3, fault_stream: str = "push") -> None:
         import random
+        if fault_stream not in FAULT_STREAMS:
+            raise ValueError(f"fault_stream must be one of {FAULT_STREAMS}, got {fault_stream!r}")
         self.src = os.fspath(src)
         self.snap_dir = os.fspath(snap_dir)
         os.makedirs(self.snap_dir, exist_ok=True)
+        self.seed, self.fault_stream = seed, fault_stream
         self.rng = random.Random(seed)
         self.p_fault, self.p_drop, self.max_delay = p_fault, p_drop, max_delay
         self.pending: list[tuple[int, int, str]] = []
@@ -132,6 +142,12 @@ class LossyDelivery:
         self.faults = {"delayed": 0, "dropped": 0}
         self.applied = 0
         self.switches = 0
+
+    def _rng_for(self, step: int):
+        if self.fault_stream == "push":
+            return self.rng
+        import random
+        return random.Random(self.seed * 1_000_003 + step)
 
     def __call__(self, rt, step: int) -> None:
         from dynamiccl.nccl_tuner_plugin import sync
@@ -152,7 +168,7 @@ class LossyDelivery:
                 self.newest_version = cfgs[-1].version if cfgs else 0
             except (ValueError, OSError):
                 pass
-            self.pending += distribute(self.rng, rt.n_ranks, step, snap, p_fault=self.p_fault,
+            self.pending += distribute(self._rng_for(step), rt.n_ranks, step, snap, p_fault=self.p_fault,
                                        p_drop=self.p_drop, max_delay=self.max_delay, faults=self.faults)
         due = sorted((p for p in self.pending if p[0] <= step), key=lambda p: p[0])
         self.pending = [p for p in self.pending if p[0] > step]
@@ -171,11 +187,12 @@ class LossyDelivery:
 
 
 def make_rank_tuners(n_ranks: int, src: str | os.PathLike, workdir: str | os.PathLike, *, seed: int = 0,
-                     p_fault: float = 0.2):
+                     p_fault: float = 0.2, fault_stream: str = "push"):
     """Every rank its own instance of the real plugin (agreement mode), fed by :class:`LossyDelivery`.
     Raises if the binding or the built ``.so`` is unavailable."""
     from dynamiccl.harness.simulator.engine_tuners import RankTuners
-    hook = LossyDelivery(src, os.path.join(os.fspath(workdir), "snapshots"), seed=seed, p_fault=p_fault)
+    hook = LossyDelivery(src, os.path.join(os.fspath(workdir), "snapshots"), seed=seed, p_fault=p_fault,
+                         fault_stream=fault_stream)
     rt = RankTuners(n_ranks, os.path.join(os.fspath(workdir), "ranks"), mode="agree", step_hook=hook)
     rt.kind = "plugin-per-rank"
     rt.delivery = hook

@@ -116,7 +116,7 @@ def _load(workload: str, scenario: str):
 
 def evaluate_one(workload: str, scenario: str, *, seed: int = 0, delay_s: float = 1.0,
                  retuner_cfg: RetunerConfig | None = None, tuner_mode: str = "per-rank",
-                 delivery_faults: float = 0.2) -> ScenarioResult:
+                 delivery_faults: float = 0.2, fault_stream: str = "push") -> ScenarioResult:
     w, sc = _load(workload, scenario)
     truth = Truth(w, sc, sc.duration_s or 60.0)
     runs: dict[str, RunResult] = {}
@@ -126,7 +126,8 @@ def evaluate_one(workload: str, scenario: str, *, seed: int = 0, delay_s: float 
         runs[p] = run(w, sc, p, truth=truth, seed=seed, steps=n)
     runs["reactive"] = run(w, sc, "reactive", truth=truth, seed=seed, steps=n, delay_s=delay_s)
     runs["ours"] = run(w, sc, "ours", truth=truth, seed=seed, steps=n, delay_s=delay_s, retuner_cfg=retuner_cfg,
-                       record_ops=True, tuner_mode=tuner_mode, delivery_faults=delivery_faults)
+                       record_ops=True, tuner_mode=tuner_mode, delivery_faults=delivery_faults,
+                       fault_stream=fault_stream)
     res = ScenarioResult(w.name, sc.name, not any(not e.benign for e in sc.events), runs)
     res.convergence = convergence(truth, runs["ours"], delay_s=delay_s)
     return res
