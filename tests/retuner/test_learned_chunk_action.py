@@ -8,7 +8,7 @@ import pytest
 
 from dynamiccl.nccl_tuner_plugin.config import read_configs
 from dynamiccl.retuner.config import RetunerConfig
-from dynamiccl.retuner.learned.actions import CK_FACTORS_ON, GRID, GRID_CHUNK, chunk_of, grid_for
+from dynamiccl.retuner.learned.actions import CELLS, CK_FACTORS_ON, GRID, GRID_CHUNK, chunk_of, grid_for
 from dynamiccl.retuner.learned.policy import DEFAULT_WEIGHTS, LearnedPolicy
 from dynamiccl.retuner.push import ConfigPusher
 from dynamiccl.retuner.types import CHUNK_GRAIN, CHUNK_MAX, Candidate, Target
@@ -82,3 +82,25 @@ def test_the_learned_seam_proposes_chunks_only_when_configured_and_only_whole_gr
     assert all(c.chunk_bytes >= CHUNK_GRAIN[c.proto] and c.chunk_bytes % CHUNK_GRAIN[c.proto] == 0 for c in chunked)
     off = _run(tmp_path / "off", learned_weights=weights)
     assert off and not any("/c" in c for c in off)
+
+
+def test_train_quick_with_chunk_choices_writes_a_chunk_grid_policy(tmp_path):
+    pytest.importorskip("torch")
+    from dynamiccl.cli import main
+    out = tmp_path / "p.npz"
+    assert main(["retuner", "train", "--quick", "--chunk", "--out", str(out)]) == 0
+    pol = LearnedPolicy.load(out)
+    assert pol.grid == GRID_CHUNK and pol.meta["chunk_choices"] == "True"
+
+
+def test_training_targets_mask_chunk_choices_below_one_grain():
+    from dynamiccl.retuner.learned import train as T
+    _, ys = T.dataset(12, 2, seed=3, grid=GRID_CHUNK)
+    assert ys.shape == (12, GRID_CHUNK.n)
+    full = ys[:, [GRID_CHUNK.index(c, 0.0, 1.0) for c in CELLS]]
+    # a cell NCCL enabled always has its NCCL-chunk action; a smaller chunk may be masked (nan), never the reverse
+    for i in range(GRID_CHUNK.n):
+        cell, ch, ck = GRID_CHUNK.action_of(i)
+        base = GRID_CHUNK.index(cell, ch, 1.0)
+        assert not (np.isfinite(ys[:, i]) & ~np.isfinite(ys[:, base])).any()
+    assert np.isfinite(full).any()
