@@ -79,6 +79,8 @@ class PolicyConfig:
     learned_extra_cells: int = 0        # ranker "learned": round 1 holds this many candidates more than the model's
     learned_cell_variants: bool = False  # ranker "learned": round 1 may hold one cell at several channel counts (else
                                         # its best-valued count only; the channel rounds refine the winner)
+    learned_chunk_choices: bool = False  # ranker "learned": round 1 may hold the policy's chunk choices (½x, ¼x NCCL's
+                                        # chunk; needs a weights file trained with them), else NCCL's chunk only
     learned_prune_ratio: float | None = 1.2    # ranker "learned": drop unrun candidates it predicts this much slower
                                         # than the best measured (None = prune_ratio / regime_prune_ratio, as the model;
                                         # its predictions are closer than the refit's: 0.7 % vs 13 % on validation)
@@ -154,7 +156,8 @@ class PolicyConfig:
             _num(self, "learned_prune_ratio", 1.0, where=where)
         if self.max_samples < self.min_samples:
             raise ValueError(f"{where}max_samples ({self.max_samples}) must be >= min_samples ({self.min_samples})")
-        for n in ("tune_at_start", "recognize", "recognize_siblings", "regime_default_probe", "learned_cell_variants"):
+        for n in ("tune_at_start", "recognize", "recognize_siblings", "regime_default_probe", "learned_cell_variants",
+                  "learned_chunk_choices"):
             if not isinstance(getattr(self, n), bool):
                 raise ValueError(f"{where}{n} must be true or false")
         return self

@@ -276,8 +276,8 @@ class Exploration:
                                    "reference_mean_s": ref.mean, "gain": gain})
 
     def is_default(self, c: Candidate | None) -> bool:
-        """``c`` is NCCL's own choice: no rule, or a rule naming NCCL's default cell at NCCL's channel count."""
-        return c is None or (c.n_channels == 0 and (c.algo, c.proto) == self.default_cell)
+        """``c`` is NCCL's own choice: no rule, or a rule naming NCCL's default cell at NCCL's channels and chunk."""
+        return c is None or (c.n_channels == 0 and c.chunk_bytes == 0 and (c.algo, c.proto) == self.default_cell)
 
     def ranked_tie(self) -> str | None:
         """A ranked candidate (not the incumbent, not the unranked probe of NCCL's choice) measured within
@@ -305,7 +305,7 @@ class Exploration:
         for c, s in self.stats.items():
             if c == self.incumbent or s.n < pol.min_samples:
                 continue
-            cell = self.default_cell if c is None else ((c.algo, c.proto) if c.n_channels == 0 else None)
+            cell = self.default_cell if c is None else ((c.algo, c.proto) if c.n_channels == 0 and c.chunk_bytes == 0 else None)
             p = pred.get(cell)
             if p is None:
                 continue

@@ -197,7 +197,7 @@ class ExploringMixin:
                 continue
             if c is None:
                 cell = x.default_cell
-            elif c.n_channels == 0:
+            elif c.n_channels == 0 and c.chunk_bytes == 0:
                 cell = (c.algo, c.proto)
             else:
                 continue

@@ -146,6 +146,12 @@ class CommModel:
         nc, _ = self._base.algo_info(a, p, np.array([int(nbytes)]))
         return int(nc[0])
 
+    def default_chunk(self, func: str, nbytes: int, cell: Cell, n_channels: int = 0) -> int:
+        """NCCL's chunk size (bytes) for ``cell`` at ``n_channels`` (0 = NCCL's count), its ``calcCollChunking``."""
+        a, p = ALGOS.index(cell[0]), PROTOS.index(cell[1])
+        nc = n_channels if n_channels > 0 else self.default_channels(func, nbytes, cell)
+        return int(self._base.chunk_size(func, a, p, np.array([int(nbytes)]), np.array([max(1, nc)]))[0])
+
     def channel_limit(self, cell: Cell) -> int:
         """The budget NCCL clamps a tuner's channel count to (``comm->nChannels``, NVLS: its channel count)."""
         a = ALGOS.index(cell[0])

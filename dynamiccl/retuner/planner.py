@@ -187,7 +187,7 @@ class Planner:
 
     def channel_variants(self, t: Target, cand: Candidate | None, factors: tuple[float, ...],
                          unapplicable: set[Candidate], observed_channels: int | None = None) -> list[Candidate]:
-        """``cand`` at its channel count x each factor (clamped to NCCL's budget), permitted and new."""
+        """``cand`` at its channel count x each factor (clamped to NCCL's budget), permitted and new; its chunk kept."""
         if cand is None:
             return []
         ch = self.channels_of(t, cand, observed_channels)
@@ -197,7 +197,7 @@ class Planner:
         out = []
         for f in factors:
             n = int(max(1, min(lim, round(ch * f))))
-            c = Candidate(cand.algo, cand.proto, n)
+            c = Candidate(cand.algo, cand.proto, n, cand.chunk_bytes)
             if n != ch and c not in out and c not in unapplicable and self.cfg.permitted(c.algo, c.proto, n):
                 out.append(c)
         return out

@@ -24,7 +24,20 @@ from dynamiccl.contracts.collectives import FULL_BUFFER_FUNCS, bucket_range, tun
 from dynamiccl.contracts.collectives import size_bucket as bucket_of
 from dynamiccl.nccl_tuner_plugin.config import ALGOS, PROTOS, Rule
 
-__all__ = ["Target", "Candidate", "Observation", "FULL_BUFFER_FUNCS", "bucket_of"]
+__all__ = ["Target", "Candidate", "Observation", "FULL_BUFFER_FUNCS", "bucket_of", "CHUNK_GRAIN", "CHUNK_MAX",
+           "chunk_allowed"]
+
+# NCCL's chunk grain per protocol (device.h ncclProtoGrainSize); the tuner plugin rounds a rule's chunk up to it
+# and caps it at CHUNK_MAX (its DCT_MAX_CHUNK). A candidate names only whole grains within the cap, so the chunk
+# written to the tuner file is the chunk NCCL runs.
+CHUNK_GRAIN = {"LL": 16, "LL128": 1920, "SIMPLE": 512}
+CHUNK_MAX = 1 << 30
+
+
+def chunk_allowed(proto: str, chunk_bytes: int) -> bool:
+    """0 (NCCL's chunk) or a whole number of ``proto``'s grains, at least one and at most CHUNK_MAX."""
+    g = CHUNK_GRAIN.get(proto)
+    return chunk_bytes == 0 or (g is not None and g <= chunk_bytes <= CHUNK_MAX and chunk_bytes % g == 0)
 
 
 @dataclass(frozen=True, order=True)
@@ -64,11 +77,13 @@ class Target:
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """(algorithm, protocol, channel budget); ``n_channels == 0`` keeps NCCL's channel count."""
+    """(algorithm, protocol, channel budget, chunk size); ``n_channels == 0`` keeps NCCL's channel count and
+    ``chunk_bytes == 0`` NCCL's chunk size (:func:`chunk_allowed` says which chunks a candidate may name)."""
 
     algo: str
     proto: str
     n_channels: int = 0
+    chunk_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -77,17 +92,22 @@ class Candidate:
             raise ValueError(f"candidate: unknown protocol {self.proto!r} (expected one of {', '.join(PROTOS)})")
         if not 0 <= self.n_channels <= 64:
             raise ValueError(f"candidate: channel count {self.n_channels} outside 0..64")
+        if not chunk_allowed(self.proto, self.chunk_bytes):
+            raise ValueError(f"candidate: chunk size {self.chunk_bytes} is not 0 or a multiple of {self.proto}'s "
+                             f"grain {CHUNK_GRAIN[self.proto]} up to {CHUNK_MAX}")
 
     @property
     def name(self) -> str:
-        return f"{self.algo}/{self.proto}/{self.n_channels}"
+        base = f"{self.algo}/{self.proto}/{self.n_channels}"
+        return f"{base}/c{self.chunk_bytes}" if self.chunk_bytes else base
 
     @classmethod
     def parse(cls, text: str) -> "Candidate":
         parts = text.split("/")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"candidate {text!r}: expected ALGO/PROTO[/CHANNELS]")
-        return cls(parts[0].upper(), parts[1].upper(), int(parts[2]) if len(parts) == 3 else 0)
+        if len(parts) not in (2, 3, 4) or (len(parts) == 4 and not parts[3].lower().startswith("c")):
+            raise ValueError(f"candidate {text!r}: expected ALGO/PROTO[/CHANNELS[/cCHUNK]]")
+        return cls(parts[0].upper(), parts[1].upper(), int(parts[2]) if len(parts) >= 3 else 0,
+                   int(parts[3][1:]) if len(parts) == 4 else 0)
 
     def rule(self, target: Target) -> Rule:
         """The tuner rule that runs this candidate for ``target`` (``ValueError`` if no rule can name it)."""
@@ -95,7 +115,7 @@ class Candidate:
         if token is None:
             raise ValueError(f"{target.func} has no tuner token: NCCL never asks the tuner about it")
         lo, hi = target.byte_range()
-        return Rule(token, lo, hi, self.algo, self.proto, self.n_channels, 0, target.comm_hash)
+        return Rule(token, lo, hi, self.algo, self.proto, self.n_channels, self.chunk_bytes, target.comm_hash)
 
 
 @dataclass(frozen=True)

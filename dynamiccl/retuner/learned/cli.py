@@ -1,6 +1,6 @@
 """``dynamiccl retuner train``: train the learned retuning policy in the simulator and write its weights file.
 
-    dynamiccl retuner train [--out PATH] [--seed N] [--quick]
+    dynamiccl retuner train [--out PATH] [--seed N] [--quick] [--chunk]
 
 Default output: the shipped ``dynamiccl/retuner/learned/policy.npz``. ``--quick`` is a seconds-long run for tests.
 """
@@ -18,6 +18,7 @@ def add_train_parser(sub) -> None:
     t.add_argument("--out", default=None, help="weights file (default: the shipped retuner/learned/policy.npz)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quick", action="store_true", help="tiny run (seconds) for tests")
+    t.add_argument("--chunk", action="store_true", help="action grid with chunk choices (x1, x1/2, x1/4 of NCCL's)")
     t.add_argument("--json", metavar="PATH", help="also write the training report as JSON")
     t.set_defaults(func=train_cmd)
 
@@ -25,9 +26,9 @@ def add_train_parser(sub) -> None:
 def train_cmd(args: argparse.Namespace) -> int:
     from dynamiccl.retuner.learned.policy import DEFAULT_WEIGHTS
     from dynamiccl.retuner.learned.train import TrainConfig, train
-    cfg = TrainConfig(seed=args.seed)
+    cfg = TrainConfig(seed=args.seed, chunk_choices=args.chunk)
     if args.quick:
-        cfg = TrainConfig(seed=args.seed, samples=(20, 30, 30), epochs=(2, 2, 2))
+        cfg = TrainConfig(seed=args.seed, samples=(20, 30, 30), epochs=(2, 2, 2), chunk_choices=args.chunk)
     try:
         rep = train(cfg, args.out or DEFAULT_WEIGHTS, log=lambda s: print(s, flush=True))
     except ValueError as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from dynamiccl.nccl_model.cost_model import ALGOS, PROTOS
-from dynamiccl.retuner.learned.actions import CH_FACTORS
+from dynamiccl.retuner.learned.actions import CH_FACTORS, chunk_of
 from dynamiccl.retuner.learned.policy import LearnedPolicy
 from dynamiccl.retuner.learned.state import SEQ, Decision
 from dynamiccl.retuner.types import Candidate
@@ -36,6 +36,11 @@ def _no_gain_at_start(x, chosen: list, rel_time: float, max_rel: float | None) -
     has no predicted gain, only its probe's cost, so it is not probed -- except the best-ranked one, so the policy's
     first guess is always measured once (its start-up predictions err by up to ~10 % either way)."""
     return max_rel is not None and x.trigger == "start" and bool(chosen) and rel_time >= max_rel
+
+
+def _label(r) -> str:
+    base = f"{r.cell[0]}/{r.cell[1]}/x{r.ch_factor:g}"
+    return base if r.ck_factor == 1.0 else f"{base}/ck{r.ck_factor:g}"
 
 
 def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: float | None, inc_cell, rc,
@@ -63,11 +68,16 @@ def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: flo
     for r in ranked:
         if len(out.candidates) >= max_cells:
             break
+        if r.ck_factor != 1.0 and not cfg.policy.learned_chunk_choices:
+            continue
         ch = 0
         if r.ch_factor != CH_FACTORS[0]:
             dch = planner.channels_of(t, Candidate(r.cell[0], r.cell[1], 0)) or 0
             ch = int(max(1, min(planner.channel_limit(t, Candidate(r.cell[0], r.cell[1], 0)), round(dch * r.ch_factor))))
-        c = Candidate(r.cell[0], r.cell[1], ch)
+        ck = chunk_of(r.cell[1], m.default_chunk(t.func, nb, r.cell, ch), r.ck_factor)
+        if ck is None:       # below the protocol's grain: masked
+            continue
+        c = Candidate(r.cell[0], r.cell[1], ch, ck)
         if c in seen or c in unapplicable or not cfg.permitted(c.algo, c.proto, c.n_channels):
             continue
         if not cfg.policy.learned_cell_variants and any((o.algo, o.proto) == r.cell for o in out.candidates):
@@ -82,6 +92,6 @@ def learned_plan(policy: LearnedPolicy, planner, cfg, ts, x, plan, *, ratio: flo
         out.candidates.append(c)
         out.predicted_us[c] = r.rel_time * scale
     info = {"policy": "learned", "state_ratio": d.ratio,
-            "action_values": {f"{r.cell[0]}/{r.cell[1]}/x{r.ch_factor:g}": round(r.value, 4)
+            "action_values": {_label(r): round(r.value, 4)
                               for r in ranked[:_TOP_VALUES]}}
     return out, info

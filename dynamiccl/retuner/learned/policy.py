@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dynamiccl.retuner.learned.actions import CH_FACTORS, N_ACTIONS, action_mask, action_of
+from dynamiccl.retuner.learned.actions import CH_FACTORS, grid_for
 from dynamiccl.retuner.learned.reward import RewardConfig
 from dynamiccl.retuner.learned.state import N_SEQ_FEATS, N_STATIC, Decision, encode
 
@@ -27,6 +27,7 @@ class Ranked:
     ch_factor: float            # 0 = NCCL's channel count
     rel_time: float             # predicted time / the incumbent's time now
     value: float                # the reward the policy expects
+    ck_factor: float = 1.0      # 1 = NCCL's chunk size
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -44,8 +45,7 @@ class LearnedPolicy:
         for k, s in shapes.items():
             if any(a is not None and a != b for a, b in zip(s, self.w[k].shape)) or len(s) != self.w[k].ndim:
                 raise ValueError(f"learned policy weights: {k} has shape {self.w[k].shape}, expected {s}")
-        if self.w["w3"].shape[0] != N_ACTIONS:
-            raise ValueError(f"learned policy weights: {self.w['w3'].shape[0]} actions, expected {N_ACTIONS}")
+        self.grid = grid_for(self.w["w3"].shape[0])
         self.hidden = h
         self.reward = reward.validate()
         self.meta = dict(meta or {})
@@ -81,14 +81,14 @@ class LearnedPolicy:
         """Enabled actions, best expected reward first. ``measured``: actions already measured (no probe cost)."""
         static, seq = encode(d)
         pred = self.predict(static, seq)
-        mask = action_mask(set(d.enabled))
+        mask = self.grid.action_mask(set(d.enabled))
         out = []
         cong = max(0.0, 1.0 - 1.0 / d.ratio) if d.kind == "bandwidth" and d.ratio > 1 else 0.0
         for i in np.flatnonzero(mask):
-            cell, f = action_of(int(i))
+            cell, f, k = self.grid.action_of(int(i))
             rel = math.exp(float(np.clip(pred[i], -5, 5)))
-            same = cell == d.inc_cell and f == CH_FACTORS[0]
+            same = cell == d.inc_cell and f == CH_FACTORS[0] and k == 1.0
             value = (-rel * d.ratio - self.reward.switch * (not same)
                      - self.reward.probe * (not same and int(i) not in measured) - self.reward.congestion * cong)
-            out.append(Ranked(int(i), cell, f, rel, value))
+            out.append(Ranked(int(i), cell, f, rel, value, k))
         return sorted(out, key=lambda r: -r.value)

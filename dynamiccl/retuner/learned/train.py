@@ -22,7 +22,7 @@ import yaml
 from dynamiccl.harness.simulator.cost_model import ALGOS, PROTOS, NcclModel
 from dynamiccl.harness.simulator.perf_model import NetworkState, expected_time
 from dynamiccl.harness.simulator.topology import preset
-from dynamiccl.retuner.learned.actions import CELLS, CH_FACTORS, N_ACTIONS
+from dynamiccl.retuner.learned.actions import CELLS, GRID, GRID_CHUNK, Grid, chunk_of
 from dynamiccl.retuner.learned.policy import WEIGHT_KEYS, LearnedPolicy
 from dynamiccl.retuner.learned.state import Decision, encode
 from dynamiccl.retuner.model import CommModel, sub_topology
@@ -44,6 +44,11 @@ class TrainConfig:
     hidden: int = 32
     lr: float = 3e-3
     val_share: float = 0.2
+    chunk_choices: bool = False                            # the action grid with chunk choices (actions.GRID_CHUNK)
+
+    @property
+    def grid(self) -> Grid:
+        return GRID_CHUNK if self.chunk_choices else GRID
 
     def validate(self) -> "TrainConfig":
         held = set(yaml.safe_load(HELDOUT.read_text())["held_out_seeds"])
@@ -85,24 +90,31 @@ def _regime(rng: np.random.Generator, stage: int, nnodes: int, nranks: int):
     return "other", NetworkState(rank_slowdown=tuple(sl), noise_sigma=0.0), flap
 
 
-def _times(cm: CommModel, nm: NcclModel, sub, func: str, nbytes: int, state: NetworkState) -> np.ndarray:
-    """Noise-free time (µs) of every action under ``state``; inf where the cell is not enabled."""
-    out = np.full(N_ACTIONS, np.inf)
+def _times(cm: CommModel, nm: NcclModel, sub, func: str, nbytes: int, state: NetworkState,
+           grid: Grid = GRID) -> np.ndarray:
+    """Noise-free time (µs) of every action under ``state``; inf where the cell is not enabled or the chunk choice
+    is masked (below the protocol's grain)."""
+    out = np.full(grid.n, np.inf)
     enabled = set(cm.cells(func, nbytes))
-    nb = np.array([nbytes] * len(CH_FACTORS))
+    acts = [(f, k) for f in grid.ch_factors for k in grid.ck_factors]
+    nb = np.array([nbytes] * len(acts))
     for ci, cell in enumerate(CELLS):
         if cell not in enabled:
             continue
         a, p = ALGOS.index(cell[0]), PROTOS.index(cell[1])
         d = cm.default_channels(func, nbytes, cell)
         lim = cm.channel_limit(cell)
-        ch = np.array([d if f == 0 else int(max(1, min(lim, round(d * f)))) for f in CH_FACTORS])
+        ch = np.array([d if f == 0 else int(max(1, min(lim, round(d * f)))) for f, _ in acts])
         ck = nm.chunk_size(func, a, p, nb, ch)
-        out[ci * len(CH_FACTORS):(ci + 1) * len(CH_FACTORS)] = expected_time(sub, func, nb, a, p, ch, ck, state)
+        mine = [chunk_of(cell[1], c, k) for c, (_, k) in zip(ck, acts)]
+        ok = np.array([m is not None for m in mine])
+        ck = np.array([c if not m else m for c, m in zip(ck, mine)], dtype=np.float64)
+        t = expected_time(sub, func, nb, a, p, ch, ck, state)
+        out[ci * grid.per_cell:(ci + 1) * grid.per_cell] = np.where(ok, t, np.inf)
     return out
 
 
-def sample(rng: np.random.Generator, stage: int, cache: dict) -> tuple[Decision, np.ndarray]:
+def sample(rng: np.random.Generator, stage: int, cache: dict, grid: Grid = GRID) -> tuple[Decision, np.ndarray]:
     """One decision and the true log(time / incumbent's time) of every action (nan where masked)."""
     while True:
         name = TRAIN_TOPOLOGIES[min(stage, 2)][rng.integers(len(TRAIN_TOPOLOGIES[min(stage, 2)]))] if stage < 2 else \
@@ -121,11 +133,11 @@ def sample(rng: np.random.Generator, stage: int, cache: dict) -> tuple[Decision,
     bucket = int(rng.integers(12, 28))
     nbytes = int((1 << bucket) * 1.41) * (nranks if func in ("AllGather", "ReduceScatter") else 1)
     kind, st, flap = _regime(rng, stage, nnodes, nranks)
-    t0 = _times(cm, nm, sub, func, nbytes, NetworkState(noise_sigma=0.0))
-    t1 = _times(cm, nm, sub, func, nbytes, st) if kind != "start" else t0
+    t0 = _times(cm, nm, sub, func, nbytes, NetworkState(noise_sigma=0.0), grid)
+    t1 = _times(cm, nm, sub, func, nbytes, st, grid) if kind != "start" else t0
     dcell = cm.default_cell(func, nbytes)
-    inc = CELLS.index(dcell) * len(CH_FACTORS) if rng.random() < 0.5 or kind == "start" else int(np.argmin(t0))
-    inc_cell = CELLS[inc // len(CH_FACTORS)]
+    inc = grid.index(dcell) if rng.random() < 0.5 or kind == "start" else int(np.argmin(t0))
+    inc_cell = grid.action_of(inc)[0]
     inc_ch = cm.default_channels(func, nbytes, inc_cell)
     noise = lambda: float(rng.normal(0, 0.02))  # noqa: E731
     ratio = float(t1[inc] / t0[inc]) * math.exp(noise())
@@ -142,12 +154,12 @@ def sample(rng: np.random.Generator, stage: int, cache: dict) -> tuple[Decision,
     return d, y
 
 
-def dataset(n: int, stage: int, seed: int) -> tuple[list[Decision], np.ndarray]:
+def dataset(n: int, stage: int, seed: int, grid: Grid = GRID) -> tuple[list[Decision], np.ndarray]:
     rng = np.random.default_rng([seed, stage])
     cache: dict = {}
     ds, ys = [], []
     for _ in range(n):
-        d, y = sample(rng, stage, cache)
+        d, y = sample(rng, stage, cache, grid)
         ds.append(d)
         ys.append(y)
     return ds, np.asarray(ys)
@@ -158,10 +170,10 @@ def _regret(pol: LearnedPolicy, ds: list[Decision], ys: np.ndarray) -> tuple[flo
     r_pol, r_mod = [], []
     for d, y in zip(ds, ys):
         best = np.nanmin(y)
-        a = pol.rank(d)[0].action
+        a = next(r.action for r in pol.rank(d) if np.isfinite(y[r.action]))   # skip chunk choices masked here
         r_pol.append(math.exp(y[a] - best) - 1)
         mc = min(d.enabled, key=lambda c: d.model_rel.get(c, math.inf))
-        r_mod.append(math.exp(y[CELLS.index(mc) * len(CH_FACTORS)] - best) - 1)
+        r_mod.append(math.exp(y[pol.grid.index(mc)] - best) - 1)
     return float(np.mean(r_pol)), float(np.mean(r_mod))
 
 
@@ -173,12 +185,12 @@ def train(cfg: TrainConfig, out: str | Path, *, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(1)
     t_start = time.perf_counter()
-    net = _Net(cfg.hidden)
+    net = _Net(cfg.hidden, cfg.grid.n)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     val_d, val_y, report = [], [], {"stages": []}
     train_sets: list = []
     for stage in range(3):
-        ds, ys = dataset(cfg.samples[stage], stage, cfg.seed)
+        ds, ys = dataset(cfg.samples[stage], stage, cfg.seed, cfg.grid)
         nv = max(1, int(len(ds) * cfg.val_share))
         val_d += ds[:nv]
         val_y.append(ys[:nv])
@@ -196,7 +208,10 @@ def train(cfg: TrainConfig, out: str | Path, *, log=print) -> dict:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez_compressed(tmp, **w, meta_seed=str(cfg.seed), meta_samples=str(cfg.samples), meta_epochs=str(cfg.epochs))
+    # the chunk flag only when set, so the default grid's file stays byte-identical to the shipped one
+    extra = {"meta_chunk_choices": str(cfg.chunk_choices)} if cfg.chunk_choices else {}
+    np.savez_compressed(tmp, **w, meta_seed=str(cfg.seed), meta_samples=str(cfg.samples), meta_epochs=str(cfg.epochs),
+                        **extra)
     tmp.replace(out)
     return report
 
@@ -234,7 +249,7 @@ def _fit(net, opt, xs, ss, yy, epochs: int, seed: int, batch: int = 128) -> floa
     return last
 
 
-def _Net(hidden: int):
+def _Net(hidden: int, n_actions: int = GRID.n):
     import torch
     from torch import nn
     from dynamiccl.retuner.learned.state import N_SEQ_FEATS, N_STATIC
@@ -243,7 +258,7 @@ def _Net(hidden: int):
         def __init__(self) -> None:
             super().__init__()
             self.lstm = nn.LSTM(N_SEQ_FEATS, hidden, batch_first=True)
-            self.l1, self.l2, self.l3 = nn.Linear(N_STATIC + hidden, 64), nn.Linear(64, 64), nn.Linear(64, N_ACTIONS)
+            self.l1, self.l2, self.l3 = nn.Linear(N_STATIC + hidden, 64), nn.Linear(64, 64), nn.Linear(64, n_actions)
 
         def forward(self, x, s):
             # padding rows (all zero) are skipped by numpy inference; here they run through the LSTM with zero
