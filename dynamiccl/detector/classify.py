@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["classify_size_response", "LARGE_BYTES"]
+__all__ = ["classify_size_response", "LARGE_BYTES", "SLOPE_Z_MIN"]
 
 LARGE_BYTES = 1 << 20
+SLOPE_Z_MIN = 2.0   # a size-response slope this many standard errors from 0 decides the kind
 
 
 def classify_size_response(bytes_per_record: np.ndarray, log_ratio: np.ndarray, sigma: np.ndarray,
-                           group=None, *, large_bytes: float = LARGE_BYTES, z_min: float = 2.0,
+                           group=None, *, large_bytes: float = LARGE_BYTES, z_min: float = SLOPE_Z_MIN,
                            ) -> tuple[str, dict]:
     """``('bandwidth' | 'latency', evidence)`` from per-stream sizes, log ratios and their noise.
 

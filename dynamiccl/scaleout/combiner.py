@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from dynamiccl.contracts.partition import check_partitions
-from dynamiccl.detector.classify import LARGE_BYTES
+from dynamiccl.detector.classify import LARGE_BYTES, SLOPE_Z_MIN
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.scaleout.bus import token
 
@@ -98,7 +98,6 @@ class _Group:
 #: detector's reading of the size response over the streams it has, and a partition has fewer (on a
 #: job-wide drop one partition said "latency", the other and the single collector "bandwidth")
 _EVENT = {"bandwidth": "slowdown", "latency": "slowdown"}
-SLOPE_Z_MIN = 2.0               # classify_size_response's z_min: a pooled slope this significant decides
 
 
 def _event(kind: str) -> str:

@@ -105,7 +105,7 @@ class JobRetuner:
 
     def on_transient_end(self, te) -> int | None:
         """A transient's end (the loop's, never on the change stream), through the same gate as its recovery."""
-        return self.retuner.on_transient_end(te) if self.gate.change(te.as_recovery().to_json()) else None
+        return self.on_change(te.as_recovery())
 
     def close(self) -> None:
         self.retuner.close()
