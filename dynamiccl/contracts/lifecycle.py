@@ -49,14 +49,18 @@ def stop_on_signals(name: str = "dynamiccl", *, signals=STOP_SIGNALS,
                     exit: Callable[[int], Any] | None = None) -> Iterator[threading.Event]:
     """An event the first of ``signals`` sets; a second signal calls ``exit(EXIT_STUCK)``. Main thread only."""
     stop = threading.Event()
+    asked: list[int] = []
     log = logging.getLogger(name)
 
     def _handler(signum, _frame):
-        if stop.is_set():
+        if asked:
             (exit or os._exit)(EXIT_STUCK)
             return
+        asked.append(signum)
         log.info("received %s; shutting down", signal.Signals(signum).name)
-        stop.set()
+        # Event.set takes the event's (non-reentrant) lock, which this main thread holds for an instant on
+        # every tick of its wait: set it from another thread, so the handler never waits on its own lock
+        threading.Thread(target=stop.set, name=f"{name}-stop", daemon=True).start()
 
     previous = {s: signal.signal(s, _handler) for s in signals}
     try:

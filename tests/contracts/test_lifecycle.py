@@ -168,3 +168,19 @@ def test_every_service_prints_ready_and_stopped(name, monkeypatch, capsys):
     ready = [i for i, line in enumerate(text.splitlines()) if line.startswith(f"{name} ready:")]
     stopped = [i for i, line in enumerate(text.splitlines()) if line.startswith(STOPPED[name])]
     assert len(ready) == len(stopped) == 1 and ready < stopped, text
+
+
+def test_a_signal_while_the_main_thread_holds_the_stop_events_lock_still_stops():
+    """The wait loop holds the stop event's (non-reentrant) lock for an instant on every tick; a signal landing
+    then used to deadlock in the handler's ``Event.set`` (a collector that never exited after SIGTERM)."""
+    import subprocess
+    import sys
+    code = (
+        "import signal, sys\n"
+        "from dynamiccl.contracts.lifecycle import stop_on_signals\n"
+        "with stop_on_signals('t', exit=lambda s: sys.exit(9)) as stop:\n"
+        "    with stop._cond:\n"
+        "        signal.raise_signal(signal.SIGTERM)\n"
+        "    print('stopped' if stop.wait(5) else 'not stopped')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == "stopped", (r.returncode, r.stdout, r.stderr)
