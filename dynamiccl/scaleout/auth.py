@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import ssl
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,10 @@ _REFUSALS = {"authorization violation": "auth_refused", "permissions violation f
 
 
 def classify_refusal(exc: BaseException) -> str | None:
-    """``auth_refused``, ``subscribe_refused``, ``publish_refused`` or None (another error)."""
+    """``auth_refused``, ``subscribe_refused``, ``publish_refused``, ``tls_refused`` (the TLS handshake
+    failed: a certificate not trusted, none presented, a peer that is not TLS) or None (another error)."""
+    if isinstance(exc, ssl.SSLError):
+        return "tls_refused"
     text = f"{type(exc).__name__} {exc}".lower()
     if type(exc).__name__ == "AuthorizationError":
         return "auth_refused"

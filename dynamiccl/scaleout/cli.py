@@ -27,6 +27,12 @@ def _nats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics", default="off", metavar="HOST:PORT", help="/metrics address ('off': none)")
     p.add_argument("--credentials", default=None, metavar="PATH",
                    help="this client's NATS user and password (a YAML file, mode 0600; `dynamiccl nats-auth` writes them)")
+    p.add_argument("--tls-ca", default=None, metavar="PATH",
+                   help="TLS to the NATS servers (tls:// URLs): the CA bundle that signed their certificates")
+    p.add_argument("--tls-cert", default=None, metavar="PATH", help="this client's certificate, for servers that verify clients")
+    p.add_argument("--tls-key", default=None, metavar="PATH", help="its private key (mode 0600)")
+    p.add_argument("--tls-no-handshake-first", action="store_true",
+                   help="read the server's INFO before TLS (servers without tls.handshake_first; docs/scale-out.md)")
 
 
 def register(subparsers) -> None:
@@ -109,7 +115,17 @@ def _nats(args):
     from dynamiccl.scaleout.config import NatsConfig
     servers = tuple(args.nats) if args.nats else NatsConfig().servers
     return NatsConfig(servers=servers, replicas=args.replicas, ack_wait_s=getattr(args, "ack_wait", 3.0),
-                      credentials=getattr(args, "credentials", None))
+                      credentials=getattr(args, "credentials", None), tls=_tls(args))
+
+
+def _tls(args):
+    """The TLS options, None where none is given (tls:// URLs alone then use the system's CAs)."""
+    from dynamiccl.scaleout.tls import TlsConfig
+    ca, cert, key = (getattr(args, f"tls_{k}", None) for k in ("ca", "cert", "key"))
+    no_first = getattr(args, "tls_no_handshake_first", False)
+    if ca is None and cert is None and key is None and not no_first:
+        return None
+    return TlsConfig(ca=ca, cert=cert, key=key, handshake_first=not no_first)
 
 
 def _serve_metrics(addr: str | None, registry) -> None:
@@ -220,7 +236,8 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     if on_shard is not None:
         on_shard(shard)
     nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
-                           counters=shard.counters, timeout_s=cfg.nats.connect_timeout_s, who=f"shard {cfg.shard}")
+                           counters=shard.counters, timeout_s=cfg.nats.connect_timeout_s, who=f"shard {cfg.shard}",
+                           tls=cfg.nats.effective_tls)
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))

@@ -10,6 +10,7 @@ from dynamiccl.scaleout.auth import load_credentials
 from dynamiccl.scaleout.bus import subject
 from dynamiccl.scaleout.merger import MergerConfig, units
 from dynamiccl.scaleout.node import NodeConfig
+from dynamiccl.scaleout.tls import TlsConfig
 
 __all__ = ["NatsConfig", "NodeServiceConfig", "CentralServiceConfig", "parse_jobs", "parse_partitions"]
 
@@ -22,6 +23,7 @@ class NatsConfig:
     ack_wait_s: float = 3.0              # a dead shard's unacknowledged partials come back after this
     credentials: str | None = None       # path of this client's user/password file (scaleout/auth.py); None: none
     connect_timeout_s: float = 10.0      # one connection attempt round; the service retries after it
+    tls: TlsConfig | None = None         # scaleout/tls.py; None: TLS only where a server is tls:// (system CAs)
 
     def validate(self) -> None:
         if not self.servers or not all(s.startswith(("nats://", "tls://")) for s in self.servers):
@@ -33,6 +35,19 @@ class NatsConfig:
             raise ValueError(f"nats.connect_timeout_s must be > 0 (got {self.connect_timeout_s})")
         if self.credentials is not None:
             load_credentials(self.credentials)      # present, private, well-formed: refused at start-up otherwise
+        if self.tls is not None:
+            plain = [s for s in self.servers if not s.startswith("tls://")]
+            if plain:
+                raise ValueError(f"nats.servers: with TLS configured every server is tls://HOST:PORT (got {plain!r})")
+            self.tls.validate()
+
+    @property
+    def effective_tls(self) -> TlsConfig | None:
+        """The TLS a connection uses: the configured one, or the system's CAs where the servers are
+        tls:// (never a plain connection to a tls:// server)."""
+        if self.tls is None and any(s.startswith("tls://") for s in self.servers):
+            return TlsConfig()
+        return self.tls
 
 
 @dataclass(frozen=True)

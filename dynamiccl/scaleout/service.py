@@ -26,6 +26,7 @@ from dynamiccl.scaleout.config import NodeServiceConfig
 from dynamiccl.scaleout.liveness import LIVE_BUCKET, BucketClock, Liveness, ckpt_key, node_key, shard_key
 from dynamiccl.scaleout.nats_bus import JobConsumer, ensure_stream, publish
 from dynamiccl.scaleout.node import NodeCollector
+from dynamiccl.scaleout.tls import TlsConfig
 from dynamiccl.scaleout.tuner_bus import TunerSink, ensure_tuner_stream, fetch_latest, stored_subject
 
 __all__ = ["NodeIngest", "run_node", "ShardRunner", "connect"]
@@ -57,7 +58,8 @@ class NodeIngest:
 
 def refusal_counter(counters: dict, who: str) -> Callable[[Exception], Awaitable[None]]:
     """nats-py's error callback: the server's refusals (unknown user, a subject the user may not
-    publish to or read) counted in ``counters`` (``auth_refused``, ``publish_refused``, ``subscribe_refused``)
+    publish to or read) and failed TLS handshakes counted in ``counters`` (``auth_refused``, ``publish_refused``,
+    ``subscribe_refused``, ``tls_refused``)
     and logged once each;
     other errors logged at debug (the client reconnects by itself)."""
     async def on_error(e: Exception) -> None:
@@ -72,13 +74,15 @@ def refusal_counter(counters: dict, who: str) -> Callable[[Exception], Awaitable
 
 
 async def connect(servers, *, replicas: int, credentials: str | None = None, counters: dict | None = None,
-                  create: bool = True, timeout_s: float = 10.0, who: str = "dynamiccl"):
+                  create: bool = True, timeout_s: float = 10.0, who: str = "dynamiccl", tls: TlsConfig | None = None):
     """A JetStream context on ``servers`` as the user of ``credentials`` (a file: scaleout/auth.py),
     its refusals counted in ``counters``; ``create``: put the partials stream in place (the central
-    tier does; a node may not). Raises ``TimeoutError`` when no server accepted within ``timeout_s``
+    tier does; a node may not); ``tls``: scaleout/tls.py (its handshake before any byte). Raises ``TimeoutError`` when no server accepted within ``timeout_s``
     (the client's own retries go on inside it: a refused user would otherwise wait forever)."""
     import nats
     auth = load_credentials(credentials).connect_kwargs() if credentials else {}
+    if tls is not None:
+        auth.update(tls.connect_kwargs())
     nc = await asyncio.wait_for(nats.connect(servers=list(servers), max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                                              connect_timeout=2, error_cb=refusal_counter(counters if counters is not None
                                                                                          else {}, who), **auth),
@@ -112,7 +116,7 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
                 try:
                     nc, js = await connect(cfg.nats.servers, replicas=cfg.nats.replicas, credentials=cfg.nats.credentials,
                                            counters=node.counters, create=False, timeout_s=cfg.nats.connect_timeout_s,
-                                           who=f"node {cfg.node.node}")
+                                           who=f"node {cfg.node.node}", tls=cfg.nats.effective_tls)
                 except Exception as e:  # noqa: BLE001 - bus unreachable or refused: ingest goes on, the outbox bounds
                     log.warning("node %s: NATS not reachable (%r); retrying", cfg.node.node, e)
             if js is not None and kv is None:   # the central tier creates the bucket; a node only uses it
