@@ -111,9 +111,7 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
   _Static_assert(sizeof(dccl_event_record_t) == 128, "every field of the record is assigned above");
 
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
-  s->kch_stopped = 0;
   if (s->net) s->net->n = s->net->dropped = 0;
-  atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
   atomic_store_explicit(&s->done, ((next >> 1) & DCCL_H_GEN_MASK) | (s->expect_kch ? 0 : DCCL_DONE_KERNELS),
@@ -166,15 +164,15 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
 /* v7 KernelPhase, a child of a KernelCh fired before the KernelCh stops (profiler.cc:
    profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
    kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
-   its KernelPhaseStop state finds the channel entry. */
+   its KernelPhaseStop state finds the channel (its start pTimer in ksync). */
 static inline __attribute__((always_inline)) void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
   if (phaseId != 0 || p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return;
   dccl_slot_t* s = handle_slot(p);
   if (s == NULL || !handle_live(s, p)) return;
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(p)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
-  e->sync_start = pTimer;
+  uint32_t ch = DCCL_H_CH(p);
+  if (atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
+  s->ksync[ch] = pTimer;
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
 }
 
@@ -268,14 +266,16 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   return ncclSuccess;
 }
 
-/* A v7 KernelPhaseStop: the initial_sync duration, when the channel entry's generation stamp still
+/* A v7 KernelPhaseStop: the initial_sync duration, when the channel's generation stamp (kgen) still
    names the handle's operation (a late phase never writes another operation's timer). */
 static inline void phase_stopped(uint64_t h, uint64_t t) {
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL) return; /* its communicator is gone */
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return;
-  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+  uint32_t ch = DCCL_H_CH(h);
+  if (atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return;
+  if (s->kagg.gen != (uint32_t)DCCL_H_GEN(h)) return; /* the aggregate moved on (a later operation's) */
+  uint64_t st = s->ksync[ch];
+  if (st != 0 && t >= st && t - st > s->kagg.sync_ns) s->kagg.sync_ns = t - st;
 }
 
 /* Tested in the order of frequency: KernelChStop (one per channel, chained or not) first. */
