@@ -337,7 +337,10 @@ static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
   if (ctx == NULL) return NULL;
   uint32_t i = DCCL_H_SLOT(h);
   *out = ctx;
-  return i < ctx->pool_size ? &ctx->slots[i] : NULL;
+  if (i >= ctx->pool_size) return NULL;
+  dccl_slot_t* s = &ctx->slots[i];
+  if (s == NULL) __builtin_unreachable(); /* a pool of pool_size > 0 slots: the callers' NULL test is "gone" only */
+  return s;
 }
 
 static inline dccl_slot_t* handle_slot(uint64_t h) {
@@ -348,7 +351,8 @@ static inline dccl_slot_t* handle_slot(uint64_t h) {
 /* Is the operation the handle was issued for still in flight in this slot? */
 static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  return (c & 1) == 0 && ((c >> 1) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h);
+  /* not finished, and the generation's low bits match: one compare of (generation << 1) | finished */
+  return (c & ((DCCL_H_GEN_MASK << 1) | 1)) == ((h >> 39) & (DCCL_H_GEN_MASK << 1));
 }
 
 /* A hot-path counter owned by one thread: a relaxed load and store, no locked RMW. */
