@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
 static inline __attribute__((always_inline)) void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
                                                             uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
-  if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
+  if (DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (tag 0: a dropped/sampled-out op) or untracked */
   dccl_ctx_t* ctx;
   dccl_slot_t* s = handle_slot_ctx(p, &ctx);
   if (s == NULL || !handle_live(s, p)) {
