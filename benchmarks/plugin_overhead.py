@@ -46,7 +46,7 @@ callgrind count of each entry point (startEvent, stopEvent, recordEventState, th
 collective at 1 and 8 channels, split into a per-channel part (KernelCh start, stop, KernelChStop state)
 and a per-collective part, then exits.
 
-Usage:  python benchmarks/plugin_overhead.py [--reps 7] [--colls 200000] [--no-callgrind] [--breakdown]
+Usage:  python benchmarks/plugin_overhead.py [--reps 15] [--colls 200000] [--no-callgrind] [--breakdown]
 Last line (machine-readable):  profiler_added_ns_1thread=... profiler_added_ns_2threads=...
 profiler_added_ns_v7_phases=... chain_added_ns=... profiler_added_instr_1thread=...
 profiler_added_instr_v7_phases=... chain_added_instr=... net_added_ns=... net_added_instr=... tsc_added_ns=...
@@ -182,7 +182,7 @@ def breakdown(runs: list[tuple[str, Path, dict]]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=15)  # minima: enough rounds to outlast a burst of load
     ap.add_argument("--colls", type=int, default=200_000)
     ap.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts")
     ap.add_argument("--breakdown", action="store_true", help="instructions per entry point (callgrind), then exit")
