@@ -65,7 +65,7 @@ static inline uintptr_t chain_kept(const dccl_ctx_t* ctx, const dccl_chain_t* c,
   uint32_t gen;
   if (DCCL_H_TAG(h) == DCCL_H_TAG_KCH) {
     t = atomic_load_explicit(&c->kch[(size_t)i * DCCL_MAX_CHANNELS + DCCL_H_CH(h)], memory_order_acquire);
-    gen = atomic_load_explicit(&s->ch[DCCL_H_CH(h)].gen, memory_order_relaxed);
+    gen = atomic_load_explicit(&s->kgen[DCCL_H_CH(h)], memory_order_relaxed);
   } else {
     t = atomic_load_explicit(&c->op[i], memory_order_acquire);
     gen = (uint32_t)(atomic_load_explicit(&s->ctl, memory_order_relaxed) >> 1);
@@ -287,7 +287,7 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
     kch_stopped_live(ctx, s, o, args ? args->kernelCh.pTimer : 0);
   } else {
     if (kstop) kch_reject(); /* ours finished or was reaped (theirs may still be due its state) */
-    if ((atomic_load_explicit(&s->ch[ch].gen, memory_order_relaxed) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) {
+    if ((atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) {
       chain_stale_count(); /* the entry moved on to another operation: neither plugin's */
       return ncclSuccess;
     }

@@ -12,25 +12,17 @@ dccl_global_t dccl_g = {
 };
 dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 
-/* Build the record, push it, free the slot. The caller won the ctl "finished" bit. Only children
-   stamped with this generation count (a stray late child of an earlier occupant never does). */
+/* Build the record, push it, free the slot. The caller won the ctl "finished" bit. Only this
+   generation's KernelCh aggregate counts (a stray late child of an earlier occupant never does). */
 void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
   (void)atomic_load_explicit(&s->done, memory_order_acquire); /* pairs with the events' RMWs (the reaper's view) */
-  uint64_t m = atomic_load_explicit(&s->chmask, memory_order_acquire);
-  uint32_t seen = 0, suspect = 0;
-  uint64_t gmin = UINT64_MAX, gmax = 0, sync = 0;
-  int all_gpu = 1;
-  for (uint64_t bits = m; bits; bits &= bits - 1) {
-    const dccl_kch_t* e = &s->ch[__builtin_ctzll(bits)];
-    if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen || !(e->order & DCCL_KCH_STOPPED)) continue;
-    seen++;
-    suspect |= (e->order & DCCL_KCH_SUSPECT) | (e->stop_ptimer != 0 && e->stop_ptimer < e->start_ptimer);
-    if (e->start_ptimer == 0 || e->stop_ptimer == 0) all_gpu = 0;
-    if (e->start_ptimer != 0 && e->start_ptimer < gmin) gmin = e->start_ptimer;
-    if (e->stop_ptimer > gmax) gmax = e->stop_ptimer;
-    if (e->sync_ns > sync) sync = e->sync_ns;
-  }
+  /* the KernelCh aggregate counts only when it is this generation's (dccl_kagg_t) */
+  const dccl_kagg_t* a = &s->kagg;
+  int mine = a->gen == gen;
+  uint32_t seen = mine ? a->stopped : 0, suspect = mine && (a->flags & DCCL_KCH_SUSPECT);
+  uint64_t gmin = mine ? a->gmin : UINT64_MAX, gmax = mine ? a->gmax : 0, sync = mine ? a->sync_ns : 0;
+  int all_gpu = !(mine && (a->flags & DCCL_KCH_ZERO));
   s->rec.sync_wait_ns = sync;
   dccl_event_record_t* r = &s->rec;
   r->channels_seen = (uint16_t)seen;

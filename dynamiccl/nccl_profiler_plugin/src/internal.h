@@ -81,16 +81,29 @@ int dccl_config_parse(dccl_config_t* cfg, const char* (*get)(const char* name), 
 struct dccl_ctx;
 struct dccl_slot;
 
-/* One KernelCh child of a slot. `gen` is the slot generation the child belongs to: a child
-   counts toward a record only when it matches (a stray late child never lends its timestamps). */
-typedef struct dccl_kch {
-  uint64_t start_ptimer;
-  uint64_t stop_ptimer;
-  uint64_t sync_start;        /* v7 KernelPhase initial_sync start pTimer (0: none) */
-  uint64_t sync_ns;           /* its duration once stopped (0: none) */
-  _Atomic uint32_t gen;
-  uint32_t order;             /* DCCL_KCH_COLL | DCCL_KCH_SUSPECT, set at its start */
-} dccl_kch_t;
+/* The KernelCh timing of one operation, aggregated as its channels stop: no per-channel record
+   entry is kept, only what the record uses (earliest start and latest stop pTimer of the channels
+   that stopped, their count, the longest initial_sync) and what the guards need (which channels
+   started and stopped; each channel's start pTimer for the stop-before-start check; the channel's
+   generation stamp for the chained plugin's kept handles and the KernelPhase children).
+   Written only on the operation's proxy thread (every KernelCh event comes from it), and reset
+   there, lazily, by the first KernelCh start of a generation (`gen` names the generation it holds):
+   so a late event that passed its liveness check just before its operation was reaped and the slot
+   given to the next operation still writes into its own generation's aggregate, which the next
+   operation's first KernelCh start then discards; it never counts toward the next occupant.
+   dccl_slot_finish uses it only when `gen` is the finishing generation. */
+typedef struct dccl_kagg {
+  uint32_t gen;               /* generation it holds (DCCL_KAGG_NONE: none yet) */
+  uint32_t stopped;           /* KernelCh stops counted */
+  uint32_t flags;             /* DCCL_KCH_SUSPECT | DCCL_KCH_ZERO */
+  uint32_t pad_;
+  uint64_t started;           /* bit c: channel c started (a second start is refused) */
+  uint64_t stopmask;          /* bit c: channel c stopped (a second stop is refused) */
+  uint64_t gmin;              /* earliest non-zero start pTimer of a stopped channel (UINT64_MAX: none) */
+  uint64_t gmax;              /* latest stop pTimer */
+  uint64_t sync_ns;           /* longest v7 initial_sync phase */
+} dccl_kagg_t;
+#define DCCL_KAGG_NONE UINT32_MAX /* never a generation (they are DCCL_H_GEN_MASK bits) */
 
 /* KernelCh timing guard. A communicator's kernels run one after another on each channel, so an
    operation's KernelCh start pTimer on channel c cannot precede the latest KernelCh stop pTimer a
@@ -100,14 +113,13 @@ typedef struct dccl_kch {
    start, makes the record untimed (NONE) with DCCL_FLAG_TIMING_SUSPECT: on the H100 those KernelCh
    events also fired ~0.05 ms after the enqueue, so the host's stop time is no completion time. Only collectives
    advance the per-channel stop (a group's sends and receives share channels and may overlap). */
-#define DCCL_KCH_COLL 1u
 #define DCCL_KCH_SUSPECT 2u
-#define DCCL_KCH_STOPPED 4u /* its stopEvent came (a second one is refused) */
+#define DCCL_KCH_ZERO 4u /* a stopped channel had a zero start or stop pTimer: no GPU timing */
 
 /* Completion: two atomic RMWs per operation, whatever its channel count. The KernelCh events of
    one operation all come from its communicator's proxy thread (NCCL's profiler proxy progress), so
-   chmask (channels started) and kch_stopped (stops counted) are plain loads/stores there; the
-   stop that brings kch_stopped to expect_kch sets DCCL_DONE_KERNELS (set at the start when no
+   the KernelCh aggregate (dccl_kagg_t) is plain loads/stores there; the
+   stop that brings its count to expect_kch sets DCCL_DONE_KERNELS (set at the start when no
    KernelCh is expected), the Coll/P2p stop sets DCCL_DONE_STOPPED. `done` carries the slot
    generation in its low bits and every mark is a CAS that checks it, so a late event never marks
    the slot's next occupant. The RMW that completes both marks finishes the slot unless the reaper's
@@ -126,15 +138,14 @@ typedef struct dccl_kch {
 typedef struct dccl_slot {
   dccl_event_record_t rec;      /* prebuilt at start; timing fields filled at completion */
   _Atomic uint32_t busy;        /* 0 free, 1 allocated */
-  uint32_t kch_stopped;         /* KernelCh stops counted (the operation's proxy thread only) */
-  _Atomic uint64_t ctl;         /* (generation << 1) | finished */
-  _Atomic uint64_t chmask;      /* bit c set once KernelCh channel c started (its proxy thread only) */
-  _Atomic uint64_t done;        /* DCCL_DONE_* | generation (DCCL_H_GEN_MASK bits) */
-  uint64_t pad_reap_;            /* keeps the slot's layout (the reaper's state is in dccl_ctx_t.reap) */
   uint32_t expect_kch;          /* KernelCh stops expected (0: complete at stopEvent) */
+  _Atomic uint64_t ctl;         /* (generation << 1) | finished */
+  _Atomic uint64_t done;        /* DCCL_DONE_* | generation (DCCL_H_GEN_MASK bits) */
   struct dccl_net* net;         /* per-peer network timing of this slot (net.h), NULL unless opted in */
-  uint32_t pad_;
-  dccl_kch_t ch[DCCL_MAX_CHANNELS];
+  dccl_kagg_t kagg;             /* KernelCh timing of the generation kagg.gen (its proxy thread) */
+  uint64_t kstart[DCCL_MAX_CHANNELS];      /* channel's start pTimer (valid while kagg.started has its bit) */
+  _Atomic uint32_t kgen[DCCL_MAX_CHANNELS]; /* generation of the channel's last KernelCh start */
+  uint64_t ksync[DCCL_MAX_CHANNELS];       /* channel's v7 initial_sync start pTimer (its phase's start) */
 } __attribute__((aligned(64))) dccl_slot_t;
 
 /* ---- event handles ----
@@ -326,7 +337,10 @@ static inline dccl_slot_t* handle_slot_ctx(uint64_t h, dccl_ctx_t** out) {
   if (ctx == NULL) return NULL;
   uint32_t i = DCCL_H_SLOT(h);
   *out = ctx;
-  return i < ctx->pool_size ? &ctx->slots[i] : NULL;
+  if (i >= ctx->pool_size) return NULL;
+  dccl_slot_t* s = &ctx->slots[i];
+  if (s == NULL) __builtin_unreachable(); /* a pool of pool_size > 0 slots: the callers' NULL test is "gone" only */
+  return s;
 }
 
 static inline dccl_slot_t* handle_slot(uint64_t h) {
@@ -337,7 +351,8 @@ static inline dccl_slot_t* handle_slot(uint64_t h) {
 /* Is the operation the handle was issued for still in flight in this slot? */
 static inline int handle_live(const dccl_slot_t* s, uint64_t h) {
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  return (c & 1) == 0 && ((c >> 1) & DCCL_H_GEN_MASK) == DCCL_H_GEN(h);
+  /* not finished, and the generation's low bits match: one compare of (generation << 1) | finished */
+  return (c & ((DCCL_H_GEN_MASK << 1) | 1)) == ((h >> 39) & (DCCL_H_GEN_MASK << 1));
 }
 
 /* A hot-path counter owned by one thread: a relaxed load and store, no locked RMW. */

@@ -35,20 +35,25 @@ static inline __attribute__((always_inline)) void start_dummy(dccl_ctx_t* ctx, v
 
 static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_dropped, 1, memory_order_relaxed); }
 
-/* The order guard at a KernelCh start (internal.h, DCCL_KCH_*): one relaxed load. */
-static inline uint32_t kch_order(dccl_ctx_t* ctx, const dccl_slot_t* s, uint8_t ch, uint64_t pTimer) {
-  uint32_t f = s->rec.kind == DCCL_KIND_COLL ? DCCL_KCH_COLL : 0;
-  uint64_t last = atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed);
-  if (pTimer != 0 && pTimer + DCCL_KCH_ORDER_SLACK_NS < last) f |= DCCL_KCH_SUSPECT;
-  return f;
+/* The first KernelCh start of generation g on the slot (its proxy thread): the aggregate of an
+   earlier generation is discarded (dccl_kagg_t). Out of line: once per operation. */
+static __attribute__((noinline)) void kagg_reset(dccl_slot_t* s, uint32_t g) {
+  dccl_kagg_t* a = &s->kagg;
+  a->gen = g;
+  a->stopped = 0;
+  a->flags = 0;
+  a->started = 0;
+  a->stopmask = 0;
+  a->gmin = UINT64_MAX;
+  a->gmax = 0;
+  a->sync_ns = 0;
 }
 
-/* A collective's KernelCh stop advances its channel's order mark (never backwards: a late or
-   suspect stop only loosens the guard). */
-static inline void kch_order_stop(dccl_ctx_t* ctx, const dccl_kch_t* e, uint32_t ch, uint64_t pTimer) {
-  if (!(e->order & DCCL_KCH_COLL)) return;
-  if (pTimer > atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed))
-    atomic_store_explicit(&ctx->last_stop[ch], pTimer, memory_order_relaxed);
+/* The order guard at a KernelCh start (internal.h): a start pTimer before the latest collective
+   stop the communicator saw on this channel makes the operation suspect. One relaxed load. */
+static inline void kch_order(dccl_ctx_t* ctx, dccl_kagg_t* a, uint8_t ch, uint64_t pTimer) {
+  uint64_t last = atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed);
+  if (__builtin_expect(pTimer != 0 && pTimer + DCCL_KCH_ORDER_SLACK_NS < last, 0)) a->flags |= DCCL_KCH_SUSPECT;
 }
 
 /* A KernelCh start whose parent p names slot s of ctx (handle_live checked by the caller). */
@@ -58,18 +63,18 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
     kch_reject();
     return;
   }
-  uint64_t started = atomic_load_explicit(&s->chmask, memory_order_relaxed);
-  if (started & (1ull << channelId)) { /* a second start of one channel */
+  uint32_t g = (uint32_t)DCCL_H_GEN(p);
+  dccl_kagg_t* a = &s->kagg;
+  if (__builtin_expect(a->gen != g, 0)) kagg_reset(s, g);
+  uint64_t bit = 1ull << channelId;
+  if (a->started & bit) { /* a second start of one channel */
     kch_reject();
     return;
   }
-  atomic_store_explicit(&s->chmask, started | (1ull << channelId), memory_order_relaxed);
-  dccl_kch_t* e = &s->ch[channelId];
-  e->start_ptimer = pTimer; /* stop_ptimer is written before DCCL_KCH_STOPPED, the only way it is read */
-  e->sync_start = 0;
-  e->sync_ns = 0;
-  e->order = kch_order(ctx, s, channelId, pTimer);
-  atomic_store_explicit(&e->gen, (uint32_t)DCCL_H_GEN(p), memory_order_release);
+  a->started |= bit;
+  s->kstart[channelId] = pTimer;
+  kch_order(ctx, a, channelId, pTimer);
+  atomic_store_explicit(&s->kgen[channelId], g, memory_order_release);
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
 }
 
@@ -77,7 +82,7 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
 static inline __attribute__((always_inline)) void start_kch(void** eHandle, void* parentObj, uint8_t channelId,
                                                             uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
-  if (p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (dropped/sampled-out op) or untracked */
+  if (DCCL_H_TAG(p) != DCCL_H_TAG_SLOT) return; /* NULL (tag 0: a dropped/sampled-out op) or untracked */
   dccl_ctx_t* ctx;
   dccl_slot_t* s = handle_slot_ctx(p, &ctx);
   if (s == NULL || !handle_live(s, p)) {
@@ -87,20 +92,40 @@ static inline __attribute__((always_inline)) void start_kch(void** eHandle, void
   start_kch_in(ctx, s, p, eHandle, channelId, pTimer);
 }
 
-/* KernelChStop of a live handle (handle_live checked by the caller). A live generation means this
-   entry was stamped by this operation's start (the only way to get a KernelCh handle), so the
-   entry's own stamp need not be checked again. */
+/* A stopped channel whose pTimers are not both non-zero and in order (start st, stop t): no GPU
+   timing (ZERO), and a stop before its start is another kernel's time (SUSPECT). */
+static __attribute__((noinline, cold)) void kch_odd_stop(dccl_kagg_t* a, uint64_t st, uint64_t t) {
+  if (st == 0 || t == 0) a->flags |= DCCL_KCH_ZERO;
+  if (t != 0 && t < st) a->flags |= DCCL_KCH_SUSPECT;
+  if (t > a->gmax) a->gmax = t;
+  if (st != 0 && st < a->gmin) a->gmin = st;
+}
+
+/* KernelChStop of a live handle (handle_live checked by the caller). The aggregate is this
+   generation's: its KernelCh start set it, and a later generation's reset could only come from a
+   later KernelCh start on this same proxy thread, after the slot moved on (then h is not live). */
 static inline void kch_stopped_live(dccl_ctx_t* ctx, dccl_slot_t* s, uint64_t h, uint64_t t) {
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (e->order & DCCL_KCH_STOPPED) {
+  uint32_t ch = DCCL_H_CH(h);
+  dccl_kagg_t* a = &s->kagg;
+  uint64_t bit = 1ull << ch;
+  if (a->stopmask & bit) {
     kch_reject(); /* a second stop of one channel */
     return;
   }
-  uint32_t need = s->expect_kch;
-  e->stop_ptimer = t;
-  e->order |= DCCL_KCH_STOPPED;
-  kch_order_stop(ctx, e, DCCL_H_CH(h), t);
-  if (++s->kch_stopped != need) return;
+  a->stopmask |= bit;
+  uint64_t st = s->kstart[ch];
+  /* t <= st - 1 (unsigned) is st == 0, t == 0 or t < st, each a rare case: one test for all three */
+  if (__builtin_expect(t <= st - 1, 0)) {
+    kch_odd_stop(a, st, t);
+  } else {
+    if (st < a->gmin) a->gmin = st;
+    if (t > a->gmax) a->gmax = t;
+  }
+  /* a collective's stop advances its channel's order mark (never backwards: a late or suspect stop
+     only loosens the guard); a group's sends and receives share channels and may overlap */
+  if (s->rec.kind == DCCL_KIND_COLL && t > atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed))
+    atomic_store_explicit(&ctx->last_stop[ch], t, memory_order_relaxed);
+  if (++a->stopped != s->expect_kch) return;
   slot_mark(s, h, DCCL_DONE_KERNELS);
 }
 

@@ -152,7 +152,10 @@ static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const c
   /* Each communicator starts its generations elsewhere, so a handle of a retired communicator
      whose table index was reused is unlikely to name a live generation by chance. */
   uint64_t gen0 = (uint64_t)(++g_ctx_serial) << 12;
-  for (uint32_t i = 0; i < cfg->pool_size; i++) atomic_init(&ctx->slots[i].ctl, (gen0 << 1) | 1);
+  for (uint32_t i = 0; i < cfg->pool_size; i++) {
+    atomic_init(&ctx->slots[i].ctl, (gen0 << 1) | 1);
+    ctx->slots[i].kagg.gen = DCCL_KAGG_NONE;
+  }
   ctx->pool_size = cfg->pool_size;
   ctx->comm_hash = commId;
   ctx->rank = rank;

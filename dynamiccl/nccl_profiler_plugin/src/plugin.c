@@ -111,9 +111,7 @@ static __attribute__((noinline)) void start_op(dccl_ctx_t* ctx, void** eHandle, 
   _Static_assert(sizeof(dccl_event_record_t) == 128, "every field of the record is assigned above");
 
   s->expect_kch = ((mask & ncclProfileKernelCh) && (ctx->record_mask & ncclProfileKernelCh)) ? children : 0;
-  s->kch_stopped = 0;
   if (s->net) s->net->n = s->net->dropped = 0;
-  atomic_store_explicit(&s->chmask, 0, memory_order_relaxed);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   uint64_t next = (c | 1) + 1; /* next generation, not finished */
   atomic_store_explicit(&s->done, ((next >> 1) & DCCL_H_GEN_MASK) | (s->expect_kch ? 0 : DCCL_DONE_KERNELS),
@@ -166,15 +164,17 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
 /* v7 KernelPhase, a child of a KernelCh fired before the KernelCh stops (profiler.cc:
    profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
    kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
-   its KernelPhaseStop state finds the channel entry. */
+   its KernelPhaseStop state finds the channel (its start pTimer in ksync). */
 static inline __attribute__((always_inline)) void start_phase(void** eHandle, void* parentObj, uint8_t phaseId, uint64_t pTimer) {
   uint64_t p = (uint64_t)(uintptr_t)parentObj;
-  if (phaseId != 0 || p == 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return;
+  if (phaseId != 0 || DCCL_H_TAG(p) != DCCL_H_TAG_KCH) return; /* tag 0: NULL */
   dccl_slot_t* s = handle_slot(p);
-  if (s == NULL || !handle_live(s, p)) return;
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(p)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
-  e->sync_start = pTimer;
+  if (s == NULL) return; /* its communicator is gone */
+  /* The channel's stamp still names the parent's generation: its KernelCh started and no later
+     operation's did (ksync[ch] is then this channel's own; its stop checks the aggregate). */
+  uint32_t ch = DCCL_H_CH(p);
+  if (atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
+  s->ksync[ch] = pTimer;
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
 }
 
@@ -187,15 +187,19 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    with our own parent handle and the chained plugin with its own. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST)                  \
   static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
+  static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
+                                                                      descr_t* d);                          \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
     if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0))                                          \
       return fn##_chain((dccl_ctx_t*)context, eHandle, d);                                                   \
-    return fn##_core(context, eHandle, d);                                                                   \
+    return fn##_body(context, eHandle, d); /* inlined: no second jump on the most frequent starts */         \
   }                                                                                                          \
-  ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) {                                        \
+  ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) { return fn##_body(context, eHandle, d); } \
+  static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
+                                                                      descr_t* d) {                         \
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
@@ -268,14 +272,16 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   return ncclSuccess;
 }
 
-/* A v7 KernelPhaseStop: the initial_sync duration, when the channel entry's generation stamp still
-   names the handle's operation (a late phase never writes another operation's timer). */
+/* A v7 KernelPhaseStop: the longest initial_sync of the operation, while the KernelCh aggregate is
+   still the handle's operation's (a late phase never writes another operation's timer). */
 static inline void phase_stopped(uint64_t h, uint64_t t) {
   dccl_slot_t* s = handle_slot(h);
   if (s == NULL) return; /* its communicator is gone */
-  dccl_kch_t* e = &s->ch[DCCL_H_CH(h)];
-  if (atomic_load_explicit(&e->gen, memory_order_relaxed) != (uint32_t)DCCL_H_GEN(h)) return;
-  if (e->sync_start != 0 && t >= e->sync_start) e->sync_ns = t - e->sync_start;
+  /* The aggregate is still the phase's generation's: no later KernelCh start on this proxy thread
+     reset it, so ksync[ch] is the one this phase's start wrote (a channel starts once per operation). */
+  if (s->kagg.gen != (uint32_t)DCCL_H_GEN(h)) return;
+  uint64_t st = s->ksync[DCCL_H_CH(h)];
+  if (st != 0 && t >= st && t - st > s->kagg.sync_ns) s->kagg.sync_ns = t - st;
 }
 
 /* Tested in the order of frequency: KernelChStop (one per channel, chained or not) first. */

@@ -112,6 +112,44 @@ static int test_late_child_after_reap(void) {
   return 0;
 }
 
+/* A KernelChStop that passed its liveness check just before its operation was reaped and the slot
+   given to the next operation (the reaper runs on the sender thread, the stop on the proxy thread):
+   its count and timestamps must stay its own operation's, never complete the next occupant early.
+   The window is reproduced by calling the stop's body (kch_stopped_live) after the reuse. */
+static int test_stop_in_reap_window(void) {
+  clear_env();
+  setenv("DYNAMICCL_POOL_SIZE", "1", 1);
+  void* ctx = init6(17, 0, 2);
+  dccl_slot_t* slot = &((dccl_ctx_t*)ctx)->slots[0];
+  ncclProfilerEventDescr_v6_t d = coll_descr(NULL, 1, "AllReduce", "ncclFloat32", 1000, 2);
+  void* a = NULL;
+  ncclProfiler_v6.startEvent(ctx, &a, &d);
+  ncclProfiler_v6.stopEvent(a);
+  void* ka = kch_start(ctx, a, 0, 100);
+  TEST_ASSERT(ka != NULL, "child of a");
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), 10ull * 1000000000ull);
+  dccl_reap_ctx_at(ctx, dccl_monotonic_ns() + 20ull * 1000000000ull, 10ull * 1000000000ull);
+  dccl_event_record_t out[4];
+  TEST_ASSERT(ring_take(out, 4) == 1 && (out[0].flags & DCCL_FLAG_STALE), "a reaped");
+  d = coll_descr(NULL, 2, "AllReduce", "ncclFloat32", 1000, 2);
+  void* b = NULL;
+  ncclProfiler_v6.startEvent(ctx, &b, &d);
+  TEST_ASSERT(b != NULL && DCCL_H_SLOT((uintptr_t)b) == DCCL_H_SLOT((uintptr_t)a), "b in a's slot");
+  ncclProfiler_v6.stopEvent(b);
+  kch_stopped_live((dccl_ctx_t*)ctx, slot, (uint64_t)(uintptr_t)ka, 200); /* a's stop, in the window */
+  kch_stop(kch_start(ctx, b, 0, 5000), 6000);
+  TEST_ASSERT(ring_take(out, 4) == 0, "b waits for its second channel (a's stop counted for b)");
+  kch_stop(kch_start(ctx, b, 1, 5001), 5999);
+  TEST_ASSERT(ring_take(out, 4) == 1 && out[0].seq_number == 2, "b completes with its own children");
+  TEST_ASSERT(out[0].channels_seen == 2 && out[0].gpu_start_ns == 5000 && out[0].gpu_end_ns == 6000 &&
+                  out[0].timing_source == DCCL_TIMING_KERNEL_GPU,
+              "b's own timing: seen %u %llu..%llu", out[0].channels_seen, (unsigned long long)out[0].gpu_start_ns,
+              (unsigned long long)out[0].gpu_end_ns);
+  ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
+
 /* NCCL unloads the library when init fails, and again at finalize: after one success, init never
    fails (success with a NULL context: that communicator is not profiled). */
 static int test_init_never_fails_after_success(void) {

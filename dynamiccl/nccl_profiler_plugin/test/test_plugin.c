@@ -139,6 +139,7 @@ static const test_case_t k_tests[] = {
     {"self_send_completes", test_self_send_completes},
     {"collnet_zero_channels_late_children", test_collnet_zero_channels_late_children},
     {"late_child_after_reap", test_late_child_after_reap},
+    {"stop_in_reap_window", test_stop_in_reap_window},
     {"uint8_bytes", test_uint8_bytes},
     {"retired_comm_late_stop_and_announce", test_retired_comm_late_stop_and_announce},
     {"v7_user_tag_and_symmetric", test_v7_user_tag_and_symmetric},
