@@ -7,31 +7,45 @@ Every shard listens there; the one owning ``<job>.0`` feeds the notes to the job
 sinks: the log, ``--changes``). Notes wait in a bounded queue (the oldest dropped and counted); a note
 for a job this shard's combiner does not hold is counted and ignored. When ``<job>.0`` moves away the
 combiner's open groups are released first (nothing is held back), and the new owner starts empty.
+
+With the job's retuner on (``retuner``: job -> its ``JobRetuner``, on every shard alike) each note
+also carries the window's retuner inputs and the transients it closed; the owner of ``<job>.0`` joins
+the partitions' windows and hands them with the combined changes to the job's one retuner in the
+loop's order (scaleout/retuner_feed.py). A note whose job is not its subject's is refused
+(``notes_subject_mismatch``): the subject is what the server authorised.
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from dynamiccl.scaleout.bus import job_of, partition_of, unit
 from dynamiccl.scaleout.combiner import ChangeCombiner, CombinerConfig, Note, changes_subject, decode_note, encode_note
+from dynamiccl.scaleout.retuner_feed import JobFeed, rows_frame, transient_json, transient_of, window_rows
 
 __all__ = ["ChangeHub"]
+
+log = logging.getLogger(__name__)
 
 
 class ChangeHub:
     def __init__(self, partitions: dict[str, int], owns: Callable[[str], bool], clock: Callable[[], float],
                  deliver: Callable[[str, object], None], *, tolerance_s: float = 2.0, max_wait_s: float = 10.0,
-                 max_queued: int = 10_000):
+                 max_queued: int = 10_000, retuner: Callable[[str], Any] | None = None,
+                 bus_authenticated: bool = False):
         self.partitions = {j: k for j, k in partitions.items() if k > 1}
         self.owns, self.clock, self.deliver = owns, clock, deliver
         self.tolerance_s, self.max_wait_s = tolerance_s, max_wait_s
-        self._in: deque[bytes] = deque()
+        self.retuner, self.bus_authenticated = retuner, bus_authenticated
+        self._in: deque[tuple[str | None, bytes]] = deque()
         self._max_queued = max_queued
         self._out: list[tuple[str, bytes]] = []
         self.combiners: dict[str, ChangeCombiner] = {}
+        self.feeds: dict[str, JobFeed] = {}
         self.counters = {"notes_sent": 0, "notes_received": 0, "notes_dropped": 0, "notes_malformed": 0,
-                         "notes_not_combined": 0, "changes_combined": 0}
+                         "notes_not_combined": 0, "changes_combined": 0, "notes_subject_mismatch": 0,
+                         "note_window_bytes": 0, "retuner_windows_dropped": 0}
 
     @property
     def subjects(self) -> list[str]:
@@ -44,18 +58,25 @@ class ChangeHub:
             if p is None or job not in self.partitions:
                 continue
             wf = step.window
-            note = Note(job, p, float(wf.window_start) + float(wf.window_s), tuple(step.changes))
-            self._out.append((changes_subject(job), encode_note(note)))
+            window = ended = None
+            if self.retuner is not None:           # the job's retuner (on partition 0's owner) needs them
+                window, ended = window_rows(wf), tuple(transient_json(te) for te in step.ended)
+            note = Note(job, p, float(wf.window_start) + float(wf.window_s), tuple(step.changes), window, ended or ())
+            data = encode_note(note)
+            if window is not None:
+                self.counters["note_window_bytes"] += len(data) - len(encode_note(Note(job, p, note.window_end,
+                                                                                        note.changes)))
+            self._out.append((changes_subject(job), data))
 
     def outgoing(self) -> list[tuple[str, bytes]]:
         out, self._out = self._out, []
         self.counters["notes_sent"] += len(out)
         return out
 
-    def receive(self, data: bytes) -> None:
-        """A note from the bus (the subscription's callback): queued, bounded."""
+    def receive(self, data: bytes, subject: str | None = None) -> None:
+        """A note from the bus (the subscription's callback, with the subject it came on): queued, bounded."""
         self.counters["notes_received"] += 1
-        self._in.append(data)
+        self._in.append((subject, data))
         while len(self._in) > self._max_queued:
             self._in.popleft()
             self.counters["notes_dropped"] += 1
@@ -65,36 +86,78 @@ class ChangeHub:
             gone = self.combiners.pop(job, None)
             if gone is not None:                       # moved away: release what it held, hold nothing back
                 self._hand(job, gone.flush())
+            feed = self.feeds.pop(job, None)
+            if feed is not None:                       # the new owner's retuner starts from the job's tuner file
+                self.counters["retuner_windows_dropped"] += feed.join.drop_all()
             return None
         if job not in self.combiners:
             cfg = CombinerConfig(self.partitions[job], self.tolerance_s, self.max_wait_s)
             self.combiners[job] = ChangeCombiner(job, cfg, self.clock)
+            if self.retuner is not None:
+                self.feeds[job] = JobFeed(job, self.partitions[job], self.retuner(job), self.combiners[job],
+                                          self.clock, bus_authenticated=self.bus_authenticated,
+                                          lateness_s=self.max_wait_s, counters=self.counters)
         return self.combiners[job]
 
     def _hand(self, job: str, changes) -> None:
+        changes = list(changes)
         for rc in changes:
             self.counters["changes_combined"] += 1
             self.deliver(job, rc)
+        if job in self.feeds:
+            self.feeds[job].changes(changes)
+
+    def _note(self, subject: str | None, data: bytes) -> Note | None:
+        """The note, or None (malformed, or another job's than its subject's: counted)."""
+        try:
+            note = decode_note(data)
+            if subject is not None and subject != changes_subject(note.job):
+                self.counters["notes_subject_mismatch"] += 1
+                return None
+        except (ValueError, KeyError, TypeError) as e:
+            self.counters["notes_malformed"] += 1
+            log.debug("change note: %s", e)
+            return None
+        return note
+
+    def _rows(self, note: Note):
+        """(window rows, transients) of a note for the job's retuner; False (counted) when malformed:
+        the whole note is refused, its changes too."""
+        try:
+            return rows_frame(note.job, note.window), tuple(transient_of(note.job, e) for e in note.ended)
+        except (ValueError, KeyError, TypeError) as e:
+            self.counters["notes_malformed"] += 1
+            log.debug("change note's window: %s", e)
+            return False
 
     def round(self) -> None:
         """Feed the queued notes to the combiners this shard holds; deliver what they release."""
         while self._in:
-            try:
-                note = decode_note(self._in.popleft())
-            except ValueError:
-                self.counters["notes_malformed"] += 1
+            note = self._note(*self._in.popleft())
+            if note is None:
                 continue
             comb = self._combiner(note.job) if note.job in self.partitions else None
             if comb is None:
                 self.counters["notes_not_combined"] += 1
                 continue
+            feed = self.feeds.get(note.job)
+            rows = self._rows(note) if feed is not None and note.window is not None else None
+            if rows is False:
+                continue
             self._hand(note.job, comb.offer(note))
+            if feed is not None and rows is not None and 0 <= note.partition < self.partitions[note.job]:
+                feed.window(note.partition, *rows)
         for job in sorted(self.partitions):
             comb = self._combiner(job)
             if comb is not None:
                 self._hand(job, comb.due())
+                if job in self.feeds:
+                    self.feeds[job].run()
 
     def close(self) -> None:
         for job, comb in sorted(self.combiners.items()):
             self._hand(job, comb.flush())
+            if job in self.feeds:
+                self.feeds[job].flush()
         self.combiners.clear()
+        self.feeds.clear()

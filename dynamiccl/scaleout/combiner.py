@@ -63,11 +63,18 @@ class Note:
     partition: int
     window_end: float
     changes: tuple[RegimeChange, ...] = ()
+    #: with the job's retuner on (``--retune``): the window's retuner inputs (``retuner_feed.window_rows``)
+    #: and the transients it closed (``retuner_feed.transient_json``); absent otherwise, so a note is as before
+    window: dict | None = None
+    ended: tuple[dict, ...] = ()
 
 
 def encode_note(n: Note) -> bytes:
-    return json.dumps({"v": 1, "job": n.job, "partition": n.partition, "window_end": n.window_end,
-                       "changes": [json.loads(c.to_json()) for c in n.changes]}, separators=(",", ":")).encode()
+    d = {"v": 1, "job": n.job, "partition": n.partition, "window_end": n.window_end,
+         "changes": [json.loads(c.to_json()) for c in n.changes]}
+    if n.window is not None:
+        d["window"], d["ended"] = n.window, list(n.ended)
+    return json.dumps(d, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode_note(data: bytes) -> Note:
@@ -79,7 +86,11 @@ def decode_note(data: bytes) -> Note:
         if d.get("v") != 1:
             raise ValueError(f"unsupported version {d.get('v')!r}")
         changes = tuple(RegimeChange.from_json(json.dumps(c)) for c in d["changes"])
-        return Note(token("job", str(d["job"])), int(d["partition"]), float(d["window_end"]), changes)
+        window, ended = d.get("window"), d.get("ended") or []
+        if window is not None and not isinstance(window, dict) or not isinstance(ended, list):
+            raise ValueError("'window' must be an object and 'ended' a list")
+        return Note(token("job", str(d["job"])), int(d["partition"]), float(d["window_end"]), changes,
+                    window, tuple(ended))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"change note: {type(e).__name__}: {e}") from None
 
@@ -191,6 +202,15 @@ class ChangeCombiner:
                 keep.append(g)
         self._groups = keep
         return out
+
+    def open_detected(self) -> float:
+        """The earliest detection among the groups still open (inf: none): what the job's retuner may
+        not run past yet (scaleout/retuner_feed.py)."""
+        return min((g.first.detected_s for g in self._groups), default=float("inf"))
+
+    def combined_id(self, partition: int, change_id: str) -> str | None:
+        """The id of the released change that merged ``partition``'s ``change_id`` (None: not released)."""
+        return self._combined_of.get((partition, change_id))
 
     def flush(self) -> list[RegimeChange]:
         """Every open group (the job's partition 0 moves away, or the shard stops)."""

@@ -1,0 +1,236 @@
+"""The retuner of a job split by communicator (``dynamiccl central --partitions j=2 --retune``): the
+partitions' windows and the job's combined changes reach its one retuner, on partition 0's owner, in
+the loop's order, and it decides what the retuner of the same job unsplit decides on the same records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dynamiccl.retuner.config import RetunerConfig
+from dynamiccl.scaleout.central import CentralShard, detector_loop
+from dynamiccl.scaleout.change_bus import ChangeHub
+from dynamiccl.scaleout.combiner import Note, encode_note
+from dynamiccl.scaleout.merger import MergerConfig, ShardTable, units
+from dynamiccl.scaleout.retuning import CentralRetuning, retuner_factory
+from tests.scaleout.helpers import PER_NODE, Clock
+from tests.scaleout.test_partitioned import NRANKS, _config, _node_messages, _scenario
+
+JOBS = {"j": frozenset(f"node{n}" for n in range(NRANKS // PER_NODE))}
+
+
+def _retuning(tmp_path, name):
+    return CentralRetuning(RetunerConfig(), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
+                           str(tmp_path / f"audit-{name}-{{job}}.jsonl")).validate(JOBS)
+
+
+def run(ev, tmp_path, partitions, *, name=None, tamper=None, deliver=lambda job, c: None):
+    """Every window of the records through one shard (its units' notes through a ChangeHub when
+    partitioned), the job's retuner dry run; (audit lines, retuner, hub or None, shard)."""
+    name = name or f"p{partitions}"
+    clock, retuners = Clock(), {}
+    factory = retuner_factory(_retuning(tmp_path, name), retuners, clock=lambda: 0.0)
+    cfg = MergerConfig(units(JOBS, {"j": partitions}))
+    hub = None
+    if partitions > 1:
+        hub = ChangeHub({"j": partitions}, lambda u: True, clock, deliver, retuner=factory)
+    shard = CentralShard("s0", cfg, ShardTable(1.5, clock), {}, detector_loop(_config(), make_retuner=factory),
+                         clock)
+    by_window: dict[int, list] = {}
+    for m in _node_messages(ev, partitions):
+        by_window.setdefault(int(m.msg_id.split("/")[2]), []).append(m)
+
+    def round_():
+        steps = shard.poll()
+        if hub is not None:
+            hub.steps(steps)
+            for subj, data in hub.outgoing():
+                hub.receive(tamper(subj, data) if tamper else data, subj)
+            hub.round()
+
+    for w in sorted(by_window):
+        for m in by_window[w]:
+            assert shard.handle(m) == "filed"
+        for dt in (0.5, 0.5, 1.5):
+            clock.t += dt
+            round_()
+    clock.t += cfg.max_lateness_s
+    round_()
+    if hub is not None:
+        hub.close()
+    for jr in retuners.values():
+        jr.close()
+    path = tmp_path / f"audit-{name}-j.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()], retuners["j"], hub, shard
+
+
+def _decision(a: dict) -> dict:
+    """An audit line less the change's id (the partitioned job's changes are the combiner's,
+    ``rc-j-combined-N``, the unsplit job's the detector's, ``rc-j-N``) and magnitude (checked apart)."""
+    return {k: v for k, v in a.items() if k not in ("regime", "magnitude")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [3, 5])
+def test_two_partitions_retune_as_the_unsplit_job(tmp_path, seed):
+    ev = _scenario(seed)
+    whole, rt1, _, _ = run(ev, tmp_path, 1)
+    combined: dict = {}
+    split, rt2, hub, _ = run(ev, tmp_path, 2, deliver=lambda job, c: combined.setdefault(c.id, c))
+    m1, m2 = rt1.retuner.metrics, rt2.retuner.metrics
+    assert m2.counters["windows"] == m1.counters["windows"] >= 30
+    assert m2.counters["observations"] == m1.counters["observations"] > 0
+    assert m2.counters["changes"] == m1.counters["changes"] >= 3
+    assert hub.counters["retuner_windows_partial"] == 0 and hub.counters["retuner_windows_late"] == 0
+    assert hub.counters["retuner_changes_late"] == 0
+    assert len(split) == len(whole) >= 3, (split, whole)
+    assert [_decision(a) for a in split] == [_decision(b) for b in whole]
+    # a combined change's magnitude is its first member's (the median ratio of that partition's streams);
+    # the unsplit job's, the median over all of them, lies between its members' (a median of a union does)
+    for a, b in zip(split, whole):
+        if "magnitude" in a:
+            members = [m["magnitude"] for m in combined[a["regime"]].evidence["merged"]]
+            assert a["magnitude"] in members
+            assert min(members) <= b["magnitude"] <= max(members), (a, b, members)
+
+
+# ---------------------------------------------------------------- the feed, on hand-made notes (fast)
+
+class _Recorder:
+    """A retuner that records what it is handed, in order."""
+
+    def __init__(self):
+        self.seen: list = []
+
+    def on_window(self, wf):
+        self.seen.append(("w", round(wf.window_start), wf.keys.height, wf.counters["inputs_authenticated"]))
+
+    def on_change(self, rc):
+        self.seen.append(("c", rc.kind, rc.detected_s))
+
+    def on_transient_end(self, te):
+        self.seen.append(("t", te.ends))
+
+
+def _wf(w, comm, auth=1):
+    import polars as pl
+
+    from dynamiccl.collector.features import KEYS_SCHEMA, WindowFeatures, empty_ranks
+    row = {"job_id": "j", "comm_hash": comm, "comm_name": "", "func": "AllReduce", "algo": "RING", "proto": "SIMPLE",
+           "size_bucket": 20, "nranks": 8, "nnodes": 1, "instances": 5, "lat_mean_s": 1e-3, "lat_p50_s": 1e-3,
+           "lat_p90_s": 2e-3, "tuner_config_version": 0}
+    keys = pl.DataFrame([row], schema={k: KEYS_SCHEMA[k] for k in row})
+    return WindowFeatures(float(w), 1.0, keys, empty_ranks(), {"inputs_authenticated": auth})
+
+
+def _rc(p, w, kind="bandwidth"):
+    from dynamiccl.detector.events import RegimeChange
+    return RegimeChange(id=f"rc-j.{p}-1", kind=kind, job_id="j", start_s=float(w - 1), detected_s=float(w + 1),
+                        magnitude=2.0, comms=[f"0x{p + 1:x}"])
+
+
+def _note(p, w, changes=(), auth=1, ended=()):
+    from dynamiccl.scaleout.retuner_feed import window_rows
+    return encode_note(Note("j", p, float(w + 1), tuple(changes), window_rows(_wf(w, p + 1, auth)), tuple(ended)))
+
+
+def _hub(bus_authenticated=True):
+    clock, rec = Clock(), _Recorder()
+    hub = ChangeHub({"j": 2}, lambda u: True, clock, lambda job, c: None, retuner=lambda job: rec,
+                    bus_authenticated=bus_authenticated)
+    return hub, rec, clock
+
+
+SUBJ = "dynamiccl.changes.j"
+
+
+def test_windows_and_the_combined_change_reach_the_retuner_in_loop_order():
+    hub, rec, clock = _hub()
+    handed = []
+    for w in range(10, 16):
+        for p in (0, 1):
+            hub.receive(_note(p, 21 - w if w < 12 else w) if p else _note(p, w, [_rc(p, w)] if w == 12 else []),
+                        SUBJ)
+        hub.round()
+        handed.append(len(rec.seen))
+        clock.t += 1.0
+    # partition 1's windows 10 and 11 arrive swapped: each goes once both partitions have it, in order;
+    # window 12 (end 13) waits until the combiner released the drop partition 0 detected in it (once
+    # partition 1 ran 2 s past it without one), so the change comes right after its window, as on one loop
+    assert rec.seen == [("w", 10, 2, 1), ("w", 11, 2, 1), ("w", 12, 2, 1), ("c", "bandwidth", 13.0),
+                        ("w", 13, 2, 1), ("w", 14, 2, 1), ("w", 15, 2, 1)]
+    assert handed == [0, 2, 2, 2, 6, 7]
+    assert hub.counters["retuner_windows_joined"] == 6 and hub.counters["retuner_changes"] == 1
+
+
+def test_a_duplicate_is_counted_once_a_missing_partition_after_the_lateness_and_late_rows_refused():
+    hub, rec, clock = _hub()
+    for data in (_note(0, 10), _note(0, 10), _note(1, 10), _note(0, 11)):
+        hub.receive(data, SUBJ)
+    hub.round()
+    assert hub.counters["retuner_windows_duplicate"] == 1 and [s[1] for s in rec.seen] == [10]
+    clock.t += 10.0                                          # partition 1 never reports window 11
+    hub.round()
+    assert rec.seen[-1] == ("w", 11, 1, 0)                   # a partial window counts as not authenticated
+    assert hub.counters["retuner_partitions_missing"] == 1 and hub.counters["retuner_windows_partial"] == 1
+    hub.receive(_note(1, 11), SUBJ)
+    hub.round()
+    assert hub.counters["retuner_windows_late"] == 1 and len(rec.seen) == 2
+
+
+@pytest.mark.parametrize("bus_auth,auths,expect", [(True, (1, 1), 1), (True, (1, 0), 0), (False, (1, 1), 0)])
+def test_a_window_is_authenticated_only_when_every_partition_and_this_bus_are(bus_auth, auths, expect):
+    hub, rec, _ = _hub(bus_authenticated=bus_auth)
+    for p in (0, 1):
+        hub.receive(_note(p, 10, auth=auths[p]), SUBJ)      # a note claiming auth on an open bus proves nothing
+    hub.round()
+    assert rec.seen == [("w", 10, 2, expect)]
+
+
+def _mangle(what):
+    import json as _json
+    d = _json.loads(_note(1, 10, [_rc(1, 10)]))
+    cols = d["window"]["cols"]
+    if what == "missing_column":
+        del cols["lat_mean_s"]
+    elif what == "unequal":
+        cols["instances"].append(3)
+    elif what == "wrong_type":
+        cols["func"] = [7]
+    elif what == "unknown_column":
+        cols["password"] = ["x"]
+    elif what == "bad_auth":
+        d["window"]["auth"] = 2
+    elif what == "bad_ended":
+        d["ended"] = [{"id": "x"}]
+    elif what == "not_json":
+        return b"{"
+    return _json.dumps(d).encode()
+
+
+@pytest.mark.parametrize("what", ["missing_column", "unequal", "wrong_type", "unknown_column", "bad_auth",
+                                  "bad_ended", "not_json"])
+def test_a_malformed_note_is_refused_whole_and_counted(what):
+    hub, rec, _ = _hub()
+    hub.receive(_note(0, 10), SUBJ)
+    hub.receive(_mangle(what), SUBJ)
+    hub.round()
+    assert hub.counters["notes_malformed"] == 1
+    assert hub.combiners["j"].counters["changes_in"] == 0 and rec.seen == []   # nothing of it went anywhere
+
+
+def test_a_note_of_another_job_than_its_subject_is_refused():
+    hub, rec, _ = _hub()
+    hub.receive(_note(0, 10), "dynamiccl.changes.k")
+    hub.round()
+    assert hub.counters["notes_subject_mismatch"] == 1 and rec.seen == [] and hub.combiners["j"].counters["notes"] == 0
+
+
+def test_without_the_retuner_a_note_is_as_before():
+    hub = ChangeHub({"j": 2}, lambda u: True, Clock(), lambda job, c: None)
+
+    class _Step:
+        window, changes, ended = _wf(10, 1), [], []
+    hub.steps([("j.0", _Step())])
+    (_, data), = hub.outgoing()
+    assert data == encode_note(Note("j", 0, 11.0)) and b'"window":' not in data
