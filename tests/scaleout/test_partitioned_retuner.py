@@ -234,3 +234,23 @@ def test_without_the_retuner_a_note_is_as_before():
     hub.steps([("j.0", _Step())])
     (_, data), = hub.outgoing()
     assert data == encode_note(Note("j", 0, 11.0)) and b'"window":' not in data
+
+
+def test_a_job_wide_transient_ends_once_when_every_member_partition_ended_it():
+    from dynamiccl.detector.events import TransientEnd
+    from dynamiccl.scaleout.retuner_feed import transient_json
+    hub, rec, clock = _hub()
+
+    def end(p, w):
+        return transient_json(TransientEnd(id=f"rc-j.{p}-1.end", job_id="j.%d" % p, ends=(f"rc-j.{p}-1",),
+                                           start_s=float(w), detected_s=float(w + 1), magnitude=0.5))
+    for w in range(10, 17):
+        for p in (0, 1):
+            ended = [end(p, w)] if (p, w) in ((0, 14), (1, 16)) else []
+            hub.receive(_note(p, w, [_rc(p, w)] if w == 12 else [], ended=ended), SUBJ)
+        hub.round()
+        clock.t += 1.0
+    cid = next(s for s in rec.seen if s[0] == "c")
+    assert cid == ("c", "bandwidth", 13.0)
+    assert rec.seen[-2:] == [("w", 16, 2, 1), ("t", ("rc-j-combined-1",))]    # after partition 1's, not 0's
+    assert hub.counters["retuner_transient_ends"] == 1 and hub.counters["retuner_transients_unmatched"] == 0
