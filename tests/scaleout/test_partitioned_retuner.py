@@ -66,8 +66,8 @@ def run(ev, tmp_path, partitions, *, name=None, tamper=None, deliver=lambda job,
 
 def _decision(a: dict) -> dict:
     """An audit line less the change's id (the partitioned job's changes are the combiner's,
-    ``rc-j-combined-N``, the unsplit job's the detector's, ``rc-j-N``) and magnitude (checked apart)."""
-    return {k: v for k, v in a.items() if k not in ("regime", "magnitude")}
+    ``rc-j-combined-N``, the unsplit job's the detector's, ``rc-j-N``), magnitude (checked apart) and wall time."""
+    return {k: v for k, v in a.items() if k not in ("regime", "magnitude", "ts")}
 
 
 @pytest.mark.slow
