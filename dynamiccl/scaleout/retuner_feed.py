@@ -181,7 +181,8 @@ class JobFeed:
         self._ended: list[tuple[int, float, TransientEnd]] = []     # (partition, window end, transient)
         self._members: OrderedDict[str, set[int]] = OrderedDict()   # combined id -> partitions yet to end it
         self._last_end = -math.inf
-        for k in ("windows", "changes", "changes_late", "transient_ends", "transients_unmatched", "versions"):
+        for k in ("windows", "changes", "changes_late", "transient_ends", "transients_unmatched", "transients_dropped",
+                  "versions"):
             self.counters.setdefault(f"retuner_{k}", 0)
 
     def _count(self, what: str, n: int = 1) -> None:
@@ -191,7 +192,10 @@ class JobFeed:
         self.join.add(partition, rows)
         end = rows[0] + rows[1]
         self._ended.extend((partition, end, te) for te in ended)
-        del self._ended[:-self.max_held]      # bounded (a flood of transients: the oldest go)
+        over = len(self._ended) - self.max_held
+        if over > 0:                           # bounded: a flood of transients drops the oldest, counted
+            self._count("transients_dropped", over)
+            del self._ended[:over]
 
     def changes(self, changes) -> None:
         now = self.clock()

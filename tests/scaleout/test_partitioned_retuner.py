@@ -254,3 +254,28 @@ def test_a_job_wide_transient_ends_once_when_every_member_partition_ended_it():
     assert cid == ("c", "bandwidth", 13.0)
     assert rec.seen[-2:] == [("w", 16, 2, 1), ("t", ("rc-j-combined-1",))]    # after partition 1's, not 0's
     assert hub.counters["retuner_transient_ends"] == 1 and hub.counters["retuner_transients_unmatched"] == 0
+
+
+def test_partition_0_moving_away_drops_the_join_and_coming_back_rebuilds_the_retuner():
+    """The retuner lives with partition 0: a shard that loses it hands its combiner's groups on and drops
+    the windows it was joining (counted); the shard that gains it builds the job's retuner again through
+    the factory (which seeds it from the bus's tuner file: scaleout/retuning.py)."""
+    clock, owned, built = Clock(), [True], []
+
+    def factory(job):
+        built.append(job)
+        return _Recorder()
+    hub = ChangeHub({"j": 2}, lambda u: owned[0], clock, lambda job, c: None, retuner=factory)
+    hub.receive(_note(0, 10), SUBJ)
+    hub.round()
+    assert built == ["j"] and hub.feeds["j"].join.oldest() == 10
+    owned[0] = False
+    hub.receive(_note(1, 10), SUBJ)
+    hub.round()
+    assert "j" not in hub.feeds and hub.counters["retuner_windows_dropped"] == 1
+    assert hub.counters["notes_not_combined"] == 1
+    owned[0] = True
+    for p in (0, 1):
+        hub.receive(_note(p, 11), SUBJ)
+    hub.round()
+    assert built == ["j", "j"] and hub.feeds["j"].retuner.seen == [("w", 11, 2, 0)]   # an open bus: not authenticated
