@@ -270,6 +270,7 @@ def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, ti
         res.update(decisions=len(split), decisions_p1=len(whole),
                    retune_same=int(_decisions(split) == _decisions(whole) and len(whole) > 0),
                    window_bytes=shard.counters.get("note_window_bytes", 0) / joined / partitions,
+                   row_bytes=shard.counters.get("note_window_bytes", 0) / max(1, shard.counters.get("note_window_rows", 0)),
                    retuner_counters={k: v for k, v in shard.counters.items() if k.startswith("retuner_")})
     res.update(records=n_records, windows=len(msgs), windows_run=shard.counters["windows_run"],
                nodes_missing=shard.merger.counters["nodes_missing"], straggler=sc.straggler,
@@ -310,7 +311,7 @@ def main() -> int:
     if args.retune:
         print(f"retuner counters: {r['retuner_counters']}")
         retune = (f"decisions={r['decisions']}/{r['decisions_p1']} retune_same={r['retune_same']} "
-                  f"window_bytes_per_partition={r['window_bytes']:.0f} ")
+                  f"window_bytes_per_partition={r['window_bytes']:.0f} bytes_per_row={r['row_bytes']:.0f} ")
     print(f"single: {r['single']}\nsharded: {r['sharded']}\nphases cpu/wall s: {r['phases']}\n"
           f"detector cpu per window, median/max ms (total): single {r['det_ms_single']} shard {r['det_ms_shard']}; "
           f"load {os.getloadavg()}")

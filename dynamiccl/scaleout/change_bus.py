@@ -45,7 +45,7 @@ class ChangeHub:
         self.feeds: dict[str, JobFeed] = {}
         self.counters = {"notes_sent": 0, "notes_received": 0, "notes_dropped": 0, "notes_malformed": 0,
                          "notes_not_combined": 0, "changes_combined": 0, "notes_subject_mismatch": 0,
-                         "note_window_bytes": 0, "retuner_windows_dropped": 0}
+                         "note_window_bytes": 0, "note_window_rows": 0, "retuner_windows_dropped": 0}
 
     @property
     def subjects(self) -> list[str]:
@@ -66,6 +66,7 @@ class ChangeHub:
             if window is not None:
                 self.counters["note_window_bytes"] += len(data) - len(encode_note(Note(job, p, note.window_end,
                                                                                         note.changes)))
+                self.counters["note_window_rows"] += wf.keys.height
             self._out.append((changes_subject(job), data))
 
     def outgoing(self) -> list[tuple[str, bytes]]:
