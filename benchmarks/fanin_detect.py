@@ -196,8 +196,11 @@ async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline,
 
 
 def _decisions(audit: list[dict]) -> list[dict]:
-    """Audit lines less the change's id and magnitude (a partitioned job's are the combiner's) and the wall time."""
-    return [{k: v for k, v in a.items() if k not in ("regime", "magnitude", "ts")} for a in audit]
+    """Audit lines less the change's magnitude (a partitioned job's is its first member partition's) and the
+    wall time, the combiner's change ids (``rc-<job>-combined-N``) written as the detector's (``rc-<job>-N``)."""
+    import re
+    return [{k: re.sub(rf"rc-{JOB}-combined-(\d+)", rf"rc-{JOB}-\1", v) if isinstance(v, str) else v
+             for k, v in a.items() if k not in ("magnitude", "ts")} for a in audit]
 
 
 def compare(single: list, sharded: list) -> dict:
