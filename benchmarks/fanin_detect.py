@@ -272,6 +272,7 @@ def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, ti
         joined = max(1, shard.counters.get("retuner_windows_joined", 0))
         res.update(decisions=len(split), decisions_p1=len(whole),
                    retune_same=int(_decisions(split) == _decisions(whole) and len(whole) > 0),
+                   retune_diff=next(((a, b) for a, b in zip(_decisions(split), _decisions(whole)) if a != b), None),
                    window_bytes=shard.counters.get("note_window_bytes", 0) / joined / partitions,
                    row_bytes=shard.counters.get("note_window_bytes", 0) / max(1, shard.counters.get("note_window_rows", 0)),
                    retuner_counters={k: v for k, v in shard.counters.items() if k.startswith("retuner_")})
@@ -312,7 +313,8 @@ def main() -> int:
                          args.partitions, args.comms, args.retune)
     retune = ""
     if args.retune:
-        print(f"retuner counters: {r['retuner_counters']}")
+        print(f"retuner counters: {r['retuner_counters']}\nfirst differing decision (partitioned, P = 1): "
+              f"{r['retune_diff']}")
         retune = (f"decisions={r['decisions']}/{r['decisions_p1']} retune_same={r['retune_same']} "
                   f"window_bytes_per_partition={r['window_bytes']:.0f} bytes_per_row={r['row_bytes']:.0f} ")
     print(f"single: {r['single']}\nsharded: {r['sharded']}\nphases cpu/wall s: {r['phases']}\n"
