@@ -130,14 +130,15 @@ def _retuner(root: Path, name: str):
     return retuner_factory(rt.validate([JOB]), retuners, clock=lambda: 0.0), retuners, root / f"audit-{name}-{JOB}.jsonl"
 
 
-def unpartitioned_audit(msgs: dict[int, list], nodes: int, tl: Timeline, root: Path) -> list[dict]:
-    """The retuner's audit lines on the job unpartitioned (P = 1): one shard, in-process, every window."""
+def unpartitioned_audit(msgs: dict[int, list], nodes: int, tl: Timeline, root: Path) -> tuple[list[dict], list]:
+    """The retuner's audit lines and the regime changes on the job unpartitioned (P = 1): one shard,
+    in-process, every window."""
     import json
     make, retuners, path = _retuner(root, "p1")
-    t = [0.0]
+    t, changes = [0.0], []
     cfg = MergerConfig({JOB: frozenset(f"n{n}" for n in range(nodes))})
-    shard = CentralShard("s0", cfg, ShardTable(1.5, lambda: t[0]), {}, detector_loop(_config(tl), make_retuner=make),
-                         lambda: t[0])
+    shard = CentralShard("s0", cfg, ShardTable(1.5, lambda: t[0]), {},
+                         detector_loop(_config(tl), make_retuner=make, sinks=lambda u: [changes.append]), lambda: t[0])
     for w in sorted(msgs):
         for m in msgs[w]:
             shard.handle(m)
@@ -147,7 +148,7 @@ def unpartitioned_audit(msgs: dict[int, list], nodes: int, tl: Timeline, root: P
     shard.poll()
     for jr in retuners.values():
         jr.close()
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in path.read_text().splitlines()], changes
 
 
 async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline, timeout_s: float,
@@ -267,11 +268,16 @@ def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, ti
     res = compare(single, sharded)
     if whole is not None:
         import json
+        whole, whole_changes = whole
         audit = root / f"audit-p{partitions}-{JOB}.jsonl"
         split = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
         joined = max(1, shard.counters.get("retuner_windows_joined", 0))
         res.update(decisions=len(split), decisions_p1=len(whole),
                    retune_same=int(_decisions(split) == _decisions(whole) and len(whole) > 0),
+                   # the retuner can decide as P = 1's only on the same changes: whether the partitions'
+                   # detectors and the combiner gave the job the unsplit job's changes (kind, onset, detection)
+                   changes_same=int([(c.kind, c.start_s, c.detected_s) for c in sharded]
+                                    == [(c.kind, c.start_s, c.detected_s) for c in whole_changes]),
                    retune_diff=next(((a, b) for a, b in zip(_decisions(split), _decisions(whole)) if a != b), None),
                    window_bytes=shard.counters.get("note_window_bytes", 0) / joined / partitions,
                    row_bytes=shard.counters.get("note_window_bytes", 0) / max(1, shard.counters.get("note_window_rows", 0)),
@@ -315,7 +321,8 @@ def main() -> int:
     if args.retune:
         print(f"retuner counters: {r['retuner_counters']}\nfirst differing decision (partitioned, P = 1): "
               f"{r['retune_diff']}")
-        retune = (f"decisions={r['decisions']}/{r['decisions_p1']} retune_same={r['retune_same']} "
+        retune = (f"decisions={r['decisions']}/{r['decisions_p1']} changes_same={r['changes_same']} "
+                  f"retune_same={r['retune_same']} "
                   f"window_bytes_per_partition={r['window_bytes']:.0f} bytes_per_row={r['row_bytes']:.0f} ")
     print(f"single: {r['single']}\nsharded: {r['sharded']}\nphases cpu/wall s: {r['phases']}\n"
           f"detector cpu per window, median/max ms (total): single {r['det_ms_single']} shard {r['det_ms_shard']}; "
