@@ -43,6 +43,7 @@ class ChangeHub:
         self._out: list[tuple[str, bytes]] = []
         self.combiners: dict[str, ChangeCombiner] = {}
         self.feeds: dict[str, JobFeed] = {}
+        self._ids: dict[str, int] = {}             # job -> last combined id of its combiner here
         self.counters = {"notes_sent": 0, "notes_received": 0, "notes_dropped": 0, "notes_malformed": 0,
                          "notes_not_combined": 0, "changes_combined": 0, "notes_subject_mismatch": 0,
                          "note_window_bytes": 0, "note_window_rows": 0, "retuner_windows_dropped": 0}
@@ -87,13 +88,16 @@ class ChangeHub:
             gone = self.combiners.pop(job, None)
             if gone is not None:                       # moved away: release what it held, hold nothing back
                 self._hand(job, gone.flush())
+                self._ids[job] = gone.last_id
             feed = self.feeds.pop(job, None)
             if feed is not None:                       # the new owner's retuner starts from the job's tuner file
                 self.counters["retuner_windows_dropped"] += feed.join.drop_all()
             return None
         if job not in self.combiners:
             cfg = CombinerConfig(self.partitions[job], self.tolerance_s, self.max_wait_s)
-            self.combiners[job] = ChangeCombiner(job, cfg, self.clock)
+            # a job's ids go on when its partition 0 comes back: this shard's retuner of the job (kept) and
+            # its change sinks must never see one id name two changes
+            self.combiners[job] = ChangeCombiner(job, cfg, self.clock, self._ids.get(job, 0))
             if self.retuner is not None:
                 self.feeds[job] = JobFeed(job, self.partitions[job], self.retuner(job), self.combiners[job],
                                           self.clock, bus_authenticated=self.bus_authenticated,

@@ -154,12 +154,12 @@ def _union(lists) -> list:
 class ChangeCombiner:
     """``offer(note)`` and ``due()`` return the job's changes to hand to its retuner, in release order."""
 
-    def __init__(self, job: str, config: CombinerConfig, clock: Callable[[], float]):
+    def __init__(self, job: str, config: CombinerConfig, clock: Callable[[], float], first_id: int = 0):
         self.job, self.config, self.clock = token("job", job), config.validate(), clock
         self._marks: dict[int, float] = {}          # partition -> end of the last window it ran
         self._groups: list[_Group] = []
         self._combined_of: dict[tuple[int, str], str] = {}   # (partition, change id) -> released id
-        self._released = 0
+        self._released = first_id               # ids go on from here (the job's combiner came back to this shard)
         self.counters = {"notes": 0, "changes_in": 0, "released": 0, "merged": 0, "forced": 0, "dropped": 0}
 
     def offer(self, note: Note) -> list[RegimeChange]:
@@ -202,6 +202,11 @@ class ChangeCombiner:
                 keep.append(g)
         self._groups = keep
         return out
+
+    @property
+    def last_id(self) -> int:
+        """The number in the last released change's id (``rc-<job>-combined-<n>``)."""
+        return self._released
 
     def open_detected(self) -> float:
         """The earliest detection among the groups still open (inf: none): what the job's retuner may

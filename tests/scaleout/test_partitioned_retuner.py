@@ -296,3 +296,17 @@ def test_partition_0_moving_away_drops_the_join_and_coming_back_rebuilds_the_ret
         hub.receive(_note(p, 11), SUBJ)
     hub.round()
     assert built == ["j", "j"] and hub.feeds["j"].retuner.seen == [("w", 11, 2, 0)]   # an open bus: not authenticated
+
+
+def test_a_jobs_combined_ids_go_on_when_partition_0_comes_back():
+    """The shard keeps the job's retuner while partition 0 is away (its versions, its memory): the
+    combiner it builds on the way back must not name a new change with an id that retuner has seen."""
+    clock, owned, ids = Clock(), [True], []
+    hub = ChangeHub({"j": 2}, lambda u: owned[0], clock, lambda job, c: ids.append(c.id))
+    for w, own in ((12, True), (20, False), (30, True)):
+        owned[0] = own
+        hub.round()
+        for p in (0, 1):
+            hub.receive(_note(p, w, [_rc(p, w)]), SUBJ)
+        hub.round()
+    assert ids == ["rc-j-combined-1", "rc-j-combined-2"]
