@@ -33,7 +33,8 @@ class ChangeHub:
     def __init__(self, partitions: dict[str, int], owns: Callable[[str], bool], clock: Callable[[], float],
                  deliver: Callable[[str, object], None], *, tolerance_s: float = 2.0, max_wait_s: float = 10.0,
                  max_queued: int = 10_000, retuner: Callable[[str], Any] | None = None,
-                 bus_authenticated: bool = False):
+                 bus_authenticated: bool = False, stored: Callable[[str], bytes | None] | None = None,
+                 recent: int = 256, resave_s: float = 20.0):
         self.partitions = {j: k for j, k in partitions.items() if k > 1}
         self.owns, self.clock, self.deliver = owns, clock, deliver
         self.tolerance_s, self.max_wait_s = tolerance_s, max_wait_s
@@ -44,9 +45,16 @@ class ChangeHub:
         self.combiners: dict[str, ChangeCombiner] = {}
         self.feeds: dict[str, JobFeed] = {}
         self._ids: dict[str, int] = {}             # job -> last combined id of its combiner here
+        # durable combiner (the liveness bucket): ``stored(job)`` is the last snapshot its owner saved; notes
+        # heard while another shard combined are kept (bounded) to replay what that snapshot lacks
+        self.stored, self.resave_s = stored, resave_s
+        self._recent: dict[str, deque[Note]] = {j: deque(maxlen=recent) for j in self.partitions}
+        self._dirty: set[str] = set()
+        self._saved_at: dict[str, float] = {}
         self.counters = {"notes_sent": 0, "notes_received": 0, "notes_dropped": 0, "notes_malformed": 0,
                          "notes_not_combined": 0, "changes_combined": 0, "notes_subject_mismatch": 0,
-                         "note_window_bytes": 0, "note_window_rows": 0, "retuner_windows_dropped": 0}
+                         "note_window_bytes": 0, "note_window_rows": 0, "retuner_windows_dropped": 0,
+                         "combiner_restored": 0, "combiner_restore_failed": 0, "notes_replayed": 0}
 
     @property
     def subjects(self) -> list[str]:
@@ -97,12 +105,47 @@ class ChangeHub:
             cfg = CombinerConfig(self.partitions[job], self.tolerance_s, self.max_wait_s)
             # a job's ids go on when its partition 0 comes back: this shard's retuner of the job (kept) and
             # its change sinks must never see one id name two changes
-            self.combiners[job] = ChangeCombiner(job, cfg, self.clock, self._ids.get(job, 0))
+            comb = self.combiners[job] = ChangeCombiner(job, cfg, self.clock, self._ids.get(job, 0))
             if self.retuner is not None:
-                self.feeds[job] = JobFeed(job, self.partitions[job], self.retuner(job), self.combiners[job],
+                self.feeds[job] = JobFeed(job, self.partitions[job], self.retuner(job), comb,
                                           self.clock, bus_authenticated=self.bus_authenticated,
                                           lateness_s=self.max_wait_s, counters=self.counters)
+            self._resume(job, comb)
         return self.combiners[job]
+
+    def _resume(self, job: str, comb: ChangeCombiner) -> None:
+        """Go on from the previous owner's saved state, then replay the notes heard since it saved it
+        (without a snapshot nothing is replayed: what the previous owner released is unknown)."""
+        recent, self._recent[job] = self._recent[job], deque(maxlen=self._recent[job].maxlen)
+        data = self.stored(job) if self.stored is not None else None
+        if not data:
+            return
+        try:
+            comb.restore(data)
+        except ValueError as e:
+            self.counters["combiner_restore_failed"] += 1
+            log.warning("job %s: the combiner's saved state is unusable (%s); it starts empty", job, e)
+            return
+        self.counters["combiner_restored"] += 1
+        for note in recent:
+            if note.window_end > comb.mark(note.partition):
+                self.counters["notes_replayed"] += 1
+                self._offer(comb, note)
+
+    def snapshots(self) -> list[tuple[str, bytes]]:
+        """The combiners' states to save: changed since saved, or not saved for ``resave_s`` (the
+        bucket's entries expire)."""
+        now, out = self.clock(), []
+        for job, comb in sorted(self.combiners.items()):
+            if job in self._dirty or now - self._saved_at.get(job, -1e300) >= self.resave_s:
+                out.append((job, comb.snapshot()))
+                self._saved_at[job] = now
+        self._dirty.clear()
+        return out
+
+    def unsaved(self, job: str) -> None:
+        """Saving ``job``'s state failed: try again next round."""
+        self._dirty.add(job)
 
     def _hand(self, job: str, changes) -> None:
         changes = list(changes)
@@ -144,20 +187,29 @@ class ChangeHub:
             comb = self._combiner(note.job) if note.job in self.partitions else None
             if comb is None:
                 self.counters["notes_not_combined"] += 1
+                if note.job in self._recent:
+                    self._recent[note.job].append(note)
                 continue
-            feed = self.feeds.get(note.job)
-            rows = self._rows(note) if feed is not None and note.window is not None else None
-            if rows is False:
-                continue
-            self._hand(note.job, comb.offer(note))
-            if feed is not None and rows is not None and 0 <= note.partition < self.partitions[note.job]:
-                feed.window(note.partition, *rows)
+            self._offer(comb, note)
         for job in sorted(self.partitions):
             comb = self._combiner(job)
             if comb is not None:
-                self._hand(job, comb.due())
+                released = comb.due()
+                if released:
+                    self._dirty.add(job)
+                self._hand(job, released)
                 if job in self.feeds:
                     self.feeds[job].run()
+
+    def _offer(self, comb: ChangeCombiner, note: Note) -> None:
+        feed = self.feeds.get(note.job)
+        rows = self._rows(note) if feed is not None and note.window is not None else None
+        if rows is False:
+            return
+        self._dirty.add(note.job)
+        self._hand(note.job, comb.offer(note))
+        if feed is not None and rows is not None and 0 <= note.partition < self.partitions[note.job]:
+            feed.window(note.partition, *rows)
 
     def close(self) -> None:
         for job, comb in sorted(self.combiners.items()):

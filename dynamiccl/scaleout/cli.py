@@ -226,7 +226,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
-    hub = await _change_hub(cfg, shard, nc, lambda job, c: sinks(job)[0](c), make_retuner)
+    hub = await _change_hub(cfg, shard, nc, lambda job, c: sinks(job)[0](c), make_retuner, live.combiners.get)
     after_round = None
     if mirror is not None:                     # applied versions go to the jobs' nodes (scaleout/tuner_publish.py)
         from dynamiccl.scaleout.tuner_publish import TunerPublisher
@@ -236,7 +236,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
         def after_round():
             return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
     if hub is not None:
-        after_round = _with_hub(hub, nc, after_round)
+        after_round = _with_hub(hub, nc, after_round, kv)
     try:
         await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,
                           bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round,
@@ -254,7 +254,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
             out.close()
 
 
-async def _change_hub(cfg, shard, nc, deliver, make_retuner=None):
+async def _change_hub(cfg, shard, nc, deliver, make_retuner=None, stored=None):
     """The partitioned jobs' change notes (scaleout/change_bus.py), with their windows for the job's
     retuner where ``make_retuner`` builds one; None when no job is partitioned."""
     if not any(k > 1 for k in cfg.partitions.values()):
@@ -263,7 +263,7 @@ async def _change_hub(cfg, shard, nc, deliver, make_retuner=None):
 
     from dynamiccl.scaleout.change_bus import ChangeHub
     hub = ChangeHub(cfg.partitions, lambda u: shard.table.owns(shard.name, u), _time.monotonic, deliver,
-                    retuner=make_retuner, bus_authenticated=shard.bus_authenticated)
+                    retuner=make_retuner, bus_authenticated=shard.bus_authenticated, stored=stored)
     async def receive(m):
         hub.receive(m.data, m.subject)
     for subj in hub.subjects:
@@ -273,8 +273,11 @@ async def _change_hub(cfg, shard, nc, deliver, make_retuner=None):
     return hub
 
 
-def _with_hub(hub, nc, after_round):
-    """After each round: send this shard's notes, run the combiners it holds, then ``after_round``."""
+def _with_hub(hub, nc, after_round, kv=None):
+    """After each round: send this shard's notes, run the combiners it holds, save their state in the
+    liveness bucket (for the next owner of their partition 0), then ``after_round``."""
+    from dynamiccl.scaleout.liveness import comb_key
+
     async def run():
         for subj, data in hub.outgoing():
             try:
@@ -283,6 +286,13 @@ def _with_hub(hub, nc, after_round):
                 hub.counters["notes_dropped"] += 1
                 log.debug("change note: %r", e)
         hub.round()
+        for job, data in hub.snapshots() if kv is not None else ():
+            try:
+                await asyncio.wait_for(kv.put(comb_key(job), data), 1.0)
+            except Exception as e:  # noqa: BLE001 - no leader for a moment: saved next round, counted
+                hub.counters["combiner_save_errors"] = hub.counters.get("combiner_save_errors", 0) + 1
+                hub.unsaved(job)
+                log.debug("combiner state of %s: %r", job, e)
         if after_round is not None:
             await after_round()
     return run

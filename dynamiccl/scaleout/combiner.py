@@ -33,6 +33,7 @@ __all__ = ["CombinerConfig", "ChangeCombiner", "Note", "changes_subject", "encod
 CHANGES_PREFIX = "dynamiccl.changes"
 MAX_NOTE_BYTES = 1 << 20
 _MAX_REMEMBERED = 4096          # released changes' member ids kept for the recoveries that name them
+_SNAPSHOT_IDS = 64              # of which a snapshot carries the newest
 
 
 def changes_subject(job: str) -> str:
@@ -207,6 +208,43 @@ class ChangeCombiner:
     def last_id(self) -> int:
         """The number in the last released change's id (``rc-<job>-combined-<n>``)."""
         return self._released
+
+    def snapshot(self) -> bytes:
+        """What a successor needs to go on (its marks, open groups, last id and the recent ids recoveries
+        name): scaleout/change_bus.py keeps it in the liveness bucket for the next owner of ``<job>.0``."""
+        ids = list(self._combined_of.items())[-_SNAPSHOT_IDS:]
+        return json.dumps({"v": 1, "job": self.job, "released": self._released,
+                           "marks": {str(p): t for p, t in self._marks.items()},
+                           "groups": [{str(p): json.loads(c.to_json()) for p, c in g.members.items()} for g in self._groups],
+                           "ids": [[p, i, c] for (p, i), c in ids]}, separators=(",", ":")).encode()
+
+    def restore(self, data: bytes) -> None:
+        """Go on from a predecessor's :meth:`snapshot` (its open groups wait ``max_wait_s`` afresh);
+        ValueError naming what is wrong, and nothing changed."""
+        if len(data) > MAX_NOTE_BYTES:
+            raise ValueError(f"combiner snapshot: {len(data)} bytes > {MAX_NOTE_BYTES}")
+        try:
+            d = json.loads(data)
+            if d.get("v") != 1 or d.get("job") != self.job:
+                raise ValueError(f"version {d.get('v')!r} of job {d.get('job')!r}")
+            now, n = self.clock(), self.config.partitions
+            marks = {int(p): float(t) for p, t in d["marks"].items()}
+            groups = [_Group(now, {int(p): RegimeChange.from_json(json.dumps(c)) for p, c in g.items()})
+                      for g in d["groups"]]
+            ids = {(int(p), str(i)): str(c) for p, i, c in d["ids"]}
+            if not all(0 <= p < n for p in [*marks, *(p for g in groups for p in g.members)]) or \
+                    len(groups) > self.config.max_groups or any(not g.members for g in groups):
+                raise ValueError("a partition out of range, an empty group or too many groups")
+            released = int(d["released"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"combiner snapshot: {type(e).__name__}: {e}") from None
+        self._released = max(self._released, released)
+        self._marks, self._groups = marks, groups
+        self._combined_of.update(ids)
+
+    def mark(self, partition: int) -> float:
+        """The end of the last window ``partition`` reported (-inf: none)."""
+        return self._marks.get(partition, float("-inf"))
 
     def open_detected(self) -> float:
         """The earliest detection among the groups still open (inf: none): what the job's retuner may

@@ -310,3 +310,41 @@ def test_a_jobs_combined_ids_go_on_when_partition_0_comes_back():
             hub.receive(_note(p, w, [_rc(p, w)]), SUBJ)
         hub.round()
     assert ids == ["rc-j-combined-1", "rc-j-combined-2"]
+
+
+def test_the_next_owner_of_partition_0_goes_on_from_the_combiners_saved_state():
+    """Partition 0's owner A dies holding partition 0's drop (partition 1 has not run past it yet) and
+    without saving its last round: the next owner B restores A's saved state, replays the notes it heard
+    since, and releases the drop once with the job's next id; what A released does not come again."""
+    clock, owner, store = Clock(), ["A"], {}
+    out: dict = {"A": [], "B": []}
+    hubs = {s: ChangeHub({"j": 2}, lambda u, s=s: owner[0] == s, clock, lambda job, c, s=s: out[s].append(c.id),
+                         stored=store.get) for s in "AB"}
+    alive = ["A", "B"]
+    for w in range(10, 17):
+        if w == 14:                                   # A dies after running window 13's notes, unsaved
+            alive, owner[0] = ["B"], "B"
+        for p in (0, 1):
+            change = [_rc(p, w, "straggler")] if w == 10 else [_rc(p, w)] if (p, w) == (0, 12) else []
+            data = _note(p, w, change)
+            for s in alive:
+                hubs[s].receive(data, SUBJ)
+        for s in alive:
+            hubs[s].round()
+            if w != 13:
+                store.update(hubs[s].snapshots())
+        clock.t += 1.0
+    assert out == {"A": ["rc-j-combined-1"], "B": ["rc-j-combined-2"]}
+    b = hubs["B"].counters
+    assert b["combiner_restored"] == 1 and b["notes_replayed"] == 2     # window 13 of both partitions
+
+
+def test_a_saved_combiner_state_that_is_not_usable_is_refused_and_counted():
+    from dynamiccl.scaleout.combiner import ChangeCombiner, CombinerConfig
+    good = ChangeCombiner("j", CombinerConfig(2), Clock()).snapshot()
+    for bad in (b"{", good.replace(b'"job":"j"', b'"job":"k"'), good.replace(b'"marks":{}', b'"marks":{"5":1.0}')):
+        hub = ChangeHub({"j": 2}, lambda u: True, Clock(), lambda job, c: None, stored=lambda job: bad)
+        hub.receive(_note(0, 10), SUBJ)
+        hub.round()
+        assert hub.counters["combiner_restore_failed"] == 1 and hub.counters["combiner_restored"] == 0, bad
+        assert hub.combiners["j"].counters["notes"] == 1            # it starts empty and goes on
