@@ -51,6 +51,7 @@ class ChangeHub:
         self._recent: dict[str, deque[Note]] = {j: deque(maxlen=recent) for j in self.partitions}
         self._dirty: set[str] = set()
         self._saved_at: dict[str, float] = {}
+        self.closed = False
         self.counters = {"notes_sent": 0, "notes_received": 0, "notes_dropped": 0, "notes_malformed": 0,
                          "notes_not_combined": 0, "changes_combined": 0, "notes_subject_mismatch": 0,
                          "note_window_bytes": 0, "note_window_rows": 0, "retuner_windows_dropped": 0,
@@ -92,6 +93,8 @@ class ChangeHub:
             self.counters["notes_dropped"] += 1
 
     def _combiner(self, job: str) -> ChangeCombiner | None:
+        if self.closed:
+            return None
         if not self.owns(unit(job, 0)):
             gone = self.combiners.pop(job, None)
             if gone is not None:                       # moved away: release what it held, hold nothing back
@@ -141,6 +144,9 @@ class ChangeHub:
                 out.append((job, comb.snapshot()))
                 self._saved_at[job] = now
         self._dirty.clear()
+        if self.closed:
+            self.combiners.clear()
+            self.feeds.clear()
         return out
 
     def unsaved(self, job: str) -> None:
@@ -212,9 +218,11 @@ class ChangeHub:
             feed.window(note.partition, *rows)
 
     def close(self) -> None:
+        """The shard stops: release every open group and hand the retuner what it held; the combiners'
+        states after that are the last :meth:`snapshots` (so the next owner does not release them again)."""
         for job, comb in sorted(self.combiners.items()):
             self._hand(job, comb.flush())
             if job in self.feeds:
                 self.feeds[job].flush()
-        self.combiners.clear()
-        self.feeds.clear()
+            self._dirty.add(job)
+        self.closed = True

@@ -348,3 +348,25 @@ def test_a_saved_combiner_state_that_is_not_usable_is_refused_and_counted():
         hub.round()
         assert hub.counters["combiner_restore_failed"] == 1 and hub.counters["combiner_restored"] == 0, bad
         assert hub.combiners["j"].counters["notes"] == 1            # it starts empty and goes on
+
+
+def test_an_owner_that_stops_saves_its_flushed_state_so_the_next_releases_nothing_twice():
+    clock, owner, store = Clock(), ["A"], {}
+    out: list = []
+    hubs = {s: ChangeHub({"j": 2}, lambda u, s=s: owner[0] == s, clock, lambda job, c: out.append(c.id),
+                         stored=store.get) for s in "AB"}
+    for w in range(10, 16):
+        if w == 13:                                   # A stops: its open group (the drop) is released now
+            hubs["A"].close()
+            store.update(hubs["A"].snapshots())
+            owner[0] = "B"
+        for p in (0, 1):
+            data = _note(p, w, [_rc(p, w)] if (p, w) == (0, 12) else [])
+            for s in ("AB" if w < 13 else "B"):
+                hubs[s].receive(data, SUBJ)
+        for s in ("AB" if w < 13 else "B"):
+            hubs[s].round()
+            store.update(hubs[s].snapshots())
+        clock.t += 1.0
+    assert out == ["rc-j-combined-1"] and hubs["B"].counters["combiner_restored"] == 1
+    assert hubs["A"].combiners == {} and hubs["B"].combiners["j"].last_id == 1
