@@ -5,8 +5,11 @@ on ``dynamiccl.changes.<job>`` (core NATS; only shard users may publish or read 
 Every shard listens there; the one owning ``<job>.0`` feeds the notes to the job's
 :class:`~.combiner.ChangeCombiner` and hands what it releases to ``deliver(job, change)`` (the change
 sinks: the log, ``--changes``). Notes wait in a bounded queue (the oldest dropped and counted); a note
-for a job this shard's combiner does not hold is counted and ignored. When ``<job>.0`` moves away the
-combiner's open groups are released first (nothing is held back), and the new owner starts empty.
+for a job this shard's combiner does not hold is counted and ignored. The combiner's state is saved
+(``snapshots``: the caller puts it in the liveness bucket) and the next owner of ``<job>.0`` goes on
+from it (``stored``), replaying the notes it heard since; so a shard whose ``<job>.0`` moves away hands
+its open groups on unreleased. Without a store (in-process) it releases them first, and the next owner
+starts empty.
 
 With the job's retuner on (``retuner``: job -> its ``JobRetuner``, on every shard alike) each note
 also carries the window's retuner inputs and the transients it closed; the owner of ``<job>.0`` joins
@@ -97,9 +100,10 @@ class ChangeHub:
             return None
         if not self.owns(unit(job, 0)):
             gone = self.combiners.pop(job, None)
-            if gone is not None:                       # moved away: release what it held, hold nothing back
-                self._hand(job, gone.flush())
-                self._ids[job] = gone.last_id
+            if gone is not None:
+                if self.stored is None:                # moved away, no successor will go on: hold nothing back
+                    self._hand(job, gone.flush())
+                self._ids[job] = gone.last_id          # else the next owner goes on from the saved state
             feed = self.feeds.pop(job, None)
             if feed is not None:                       # the new owner's retuner starts from the job's tuner file
                 self.counters["retuner_windows_dropped"] += feed.join.drop_all()

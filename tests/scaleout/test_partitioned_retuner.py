@@ -370,3 +370,21 @@ def test_an_owner_that_stops_saves_its_flushed_state_so_the_next_releases_nothin
         clock.t += 1.0
     assert out == ["rc-j-combined-1"] and hubs["B"].counters["combiner_restored"] == 1
     assert hubs["A"].combiners == {} and hubs["B"].combiners["j"].last_id == 1
+
+
+def test_with_saved_state_a_shard_losing_partition_0_hands_its_open_group_on_unreleased():
+    clock, owner, store = Clock(), ["A"], {}
+    out: dict = {"A": [], "B": []}
+    hubs = {s: ChangeHub({"j": 2}, lambda u, s=s: owner[0] == s, clock, lambda job, c, s=s: out[s].append(c.id),
+                         stored=store.get) for s in "AB"}
+    for w in range(10, 16):
+        owner[0] = "A" if w < 13 else "B"              # a heartbeat flap: A is alive, B takes j.0 at 13
+        for p in (0, 1):
+            data = _note(p, w, [_rc(p, w)] if (p, w) == (0, 12) else [])
+            for s in "AB":
+                hubs[s].receive(data, SUBJ)
+        for s in "AB":
+            hubs[s].round()
+            store.update(hubs[s].snapshots())
+        clock.t += 1.0
+    assert out == {"A": [], "B": ["rc-j-combined-1"]}
