@@ -221,8 +221,11 @@ class JobFeed:
             self._transient(p, te)
 
     def _hand_changes(self, end: float, late: bool = False) -> None:
-        due = sorted((c for c in self._changes if c[1].detected_s <= end or len(self._changes) > self.max_held),
-                     key=lambda c: c[1].detected_s)
+        # a change waits for its window, but no longer than the lateness (no window may ever come: a
+        # partition whose shard forwards none) and never more than max_held of them
+        now, crowded = self.clock(), len(self._changes) > self.max_held
+        due = sorted((c for c in self._changes if c[1].detected_s <= end or crowded
+                      or now - c[0] >= self.lateness_s), key=lambda c: c[1].detected_s)
         if not due:
             return
         ids = {id(c) for c in due}

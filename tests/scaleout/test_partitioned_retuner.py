@@ -297,3 +297,14 @@ def test_partition_0_moving_away_drops_the_join_and_coming_back_rebuilds_the_ret
     hub.round()
     assert built == ["j", "j"] and hub.feeds["j"].retuner.seen == [("w", 11, 2, 0)]   # an open bus: not authenticated
 
+
+
+def test_a_change_whose_window_never_comes_reaches_the_retuner_after_the_lateness():
+    hub, rec, clock = _hub()
+    hub.receive(encode_note(Note("j", 0, 13.0, (_rc(0, 12),))), SUBJ)    # notes without windows (a shard
+    hub.receive(encode_note(Note("j", 1, 13.0, (_rc(1, 12),))), SUBJ)    # not started with --retune)
+    hub.round()
+    assert rec.seen == []
+    clock.t += 10.0
+    hub.round()
+    assert rec.seen == [("c", "bandwidth", 13.0)] and hub.counters["retuner_changes_late"] == 1
