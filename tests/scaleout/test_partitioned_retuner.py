@@ -308,3 +308,12 @@ def test_a_change_whose_window_never_comes_reaches_the_retuner_after_the_latenes
     clock.t += 10.0
     hub.round()
     assert rec.seen == [("c", "bandwidth", 13.0)] and hub.counters["retuner_changes_late"] == 1
+
+
+def test_central_accepts_retune_with_partitions_and_still_validates(monkeypatch, capsys):
+    from dynamiccl.cli import main
+    from dynamiccl.scaleout import cli
+    monkeypatch.setattr(cli, "_run", lambda coro_of_stop: 0)          # validated; the shard is not started
+    base = ["central", "--shard", "s0", "--job", "j=n0,n1", "--partitions", "j=2"]
+    assert main([*base, "--retune", "--audit", "off"]) == 0
+    assert main([*base, "--apply"]) == 2 and "--apply-job" in capsys.readouterr().err
