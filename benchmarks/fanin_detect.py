@@ -13,7 +13,12 @@ Loop (``central.detector_loop``). Check: for every change the single path report
 aside), the shard reports one of the same kind whose detection time is within 1 s, the straggler's
 rank named first; and no change the single path does not report. ``--partitions P --comms C``: the
 job's records on C communicators, split by communicator into P units on the scale-out path, their
-changes through the job's combiner (scaleout/combiner.py), compared the same way.
+changes through the job's combiner (scaleout/combiner.py), compared the same way. ``--retune`` (with
+``--partitions``): the job's retuner (dry run) on the partitioned path — every partition's windows
+forwarded in the notes, joined on partition 0's owner (scaleout/retuner_feed.py) — against the retuner
+of the same job unpartitioned (P = 1, one shard in-process, the same node collectors' records): the same
+decisions (audit lines less the change's id and magnitude, which are the combiner's), and the bytes the
+forwarded windows add per window and partition.
 """
 from __future__ import annotations
 
@@ -116,16 +121,49 @@ def node_messages(ev, nodes: int, batch: int = 4096, partitions: int = 1) -> dic
     return out
 
 
+def _retuner(root: Path, name: str):
+    """(make_retuner, its retuners, the audit path) of a dry-run retuner per job, audit log in ``root``."""
+    from dynamiccl.retuner.config import RetunerConfig
+    from dynamiccl.scaleout.retuning import CentralRetuning, retuner_factory
+    retuners: dict = {}
+    rt = CentralRetuning(RetunerConfig(), str(root / f"tuner-{name}-{{job}}.conf"), str(root / f"audit-{name}-{{job}}.jsonl"))
+    return retuner_factory(rt.validate([JOB]), retuners, clock=lambda: 0.0), retuners, root / f"audit-{name}-{JOB}.jsonl"
+
+
+def unpartitioned_audit(msgs: dict[int, list], nodes: int, tl: Timeline, root: Path) -> tuple[list[dict], list]:
+    """The retuner's audit lines and the regime changes on the job unpartitioned (P = 1): one shard,
+    in-process, every window."""
+    import json
+    make, retuners, path = _retuner(root, "p1")
+    t, changes = [0.0], []
+    cfg = MergerConfig({JOB: frozenset(f"n{n}" for n in range(nodes))})
+    shard = CentralShard("s0", cfg, ShardTable(1.5, lambda: t[0]), {},
+                         detector_loop(_config(tl), make_retuner=make, sinks=lambda u: [changes.append]), lambda: t[0])
+    for w in sorted(msgs):
+        for m in msgs[w]:
+            shard.handle(m)
+        t[0] += 0.5
+        shard.poll()
+    t[0] += cfg.max_lateness_s
+    shard.poll()
+    for jr in retuners.values():
+        jr.close()
+    return [json.loads(line) for line in path.read_text().splitlines()], changes
+
+
 async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline, timeout_s: float,
-                          partitions: int = 1):
+                          partitions: int = 1, retune: Path | None = None):
     """The shard's changes; with ``partitions`` > 1 each partition is a unit with its own loop, and
-    their changes go through the job's combiner (in this process: the notes need no bus here)."""
+    their changes go through the job's combiner (in this process: the notes need no bus here).
+    ``retune``: the job's retuner too (dry run, its audit log in that directory)."""
     nc, js = await connect(urls, replicas=3)
     changes: list = []
     clock = time.monotonic
     cfg = MergerConfig(units({JOB: frozenset(f"n{n}" for n in range(nodes))}, {JOB: partitions}))
-    hub = ChangeHub({JOB: partitions}, lambda u: True, clock, lambda job, c: changes.append(c))
-    inner = detector_loop(_config(tl), sinks=lambda u: [] if partitions > 1 else [changes.append])
+    make, retuners, _ = _retuner(retune, f"p{partitions}") if retune is not None else (None, {}, None)
+    hub = ChangeHub({JOB: partitions}, lambda u: True, clock, lambda job, c: changes.append(c),
+                    retuner=make if partitions > 1 else None)
+    inner = detector_loop(_config(tl), sinks=lambda u: [] if partitions > 1 else [changes.append], make_retuner=make)
     timed: list[TimedDetector] = []
 
     def make_loop(job: str):
@@ -138,8 +176,8 @@ async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline,
     done = asyncio.Event()
     def on_steps(steps):
         hub.steps(steps)
-        for _, data in hub.outgoing():
-            hub.receive(data)
+        for subj, data in hub.outgoing():
+            hub.receive(data, subj)
         hub.round()
     task = asyncio.create_task(runner.run(lambda: not done.is_set(), on_steps=on_steps))
     for w in sorted(msgs):                      # the nodes publish window by window, faster than real time
@@ -152,7 +190,18 @@ async def sharded_changes(urls, msgs: dict[int, list], nodes: int, tl: Timeline,
     await task
     await nc.close()
     hub.close()
+    for jr in retuners.values():
+        jr.close()
+    shard.counters.update({k: v for k, v in hub.counters.items() if k.startswith(("retuner_", "note"))})
     return changes, shard, timed
+
+
+def _decisions(audit: list[dict]) -> list[dict]:
+    """Audit lines less the change's magnitude (a partitioned job's is its first member partition's) and the
+    wall time, the combiner's change ids (``rc-<job>-combined-N``) written as the detector's (``rc-<job>-N``)."""
+    import re
+    return [{k: re.sub(rf"rc-{JOB}-combined-(\d+)", rf"rc-{JOB}-\1", v) if isinstance(v, str) else v
+             for k, v in a.items() if k not in ("magnitude", "ts")} for a in audit]
 
 
 def compare(single: list, sharded: list) -> dict:
@@ -194,7 +243,8 @@ def _per_window_ms(timed) -> str:
 
 
 def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, timeline: str = "full",
-                 rate: float = 150.0, slice_s: float = 0.1, partitions: int = 1, comms: int = 1) -> dict:
+                 rate: float = 150.0, slice_s: float = 0.1, partitions: int = 1, comms: int = 1,
+                 retune: bool = False) -> dict:
     tl = TIMELINES[timeline]
     sc = Scenario(nranks=nodes * RANKS, nnodes=nodes, windows=tl.windows, rate_per_s=rate,
                   straggler=RANKS * (nodes // 2) + 3, straggler_at_s=tl.straggler_at_s,
@@ -204,15 +254,34 @@ def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, ti
     ev = ph.run("records", drop_then_straggler, sc, seed)
     single, single_det = ph.run("single", single_changes, ev, nodes, tl, int(slice_s * 1e9))
     msgs = ph.run("nodes", node_messages, ev, nodes, 4096, partitions)
+    whole = None
+    if retune:
+        whole = ph.run("retune_p1", unpartitioned_audit, node_messages(ev, nodes, 4096, 1), nodes, tl, root)
     n_records = len(ev)
     del ev
-    cluster = loopback_cluster(root, 3)
+    cluster = loopback_cluster(root / "nats", 3)
     try:
-        sharded, shard, timed = ph.run("sharded", lambda: asyncio.run(sharded_changes(cluster.urls, msgs, nodes, tl, timeout_s,
-                                                                                         partitions)))
+        sharded, shard, timed = ph.run("sharded", lambda: asyncio.run(sharded_changes(
+            cluster.urls, msgs, nodes, tl, timeout_s, partitions, root if retune else None)))
     finally:
         cluster.stop()
     res = compare(single, sharded)
+    if whole is not None:
+        import json
+        whole, whole_changes = whole
+        audit = root / f"audit-p{partitions}-{JOB}.jsonl"
+        split = [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
+        joined = max(1, shard.counters.get("retuner_windows_joined", 0))
+        res.update(decisions=len(split), decisions_p1=len(whole),
+                   retune_same=int(_decisions(split) == _decisions(whole) and len(whole) > 0),
+                   # the retuner can decide as P = 1's only on the same changes: whether the partitions'
+                   # detectors and the combiner gave the job the unsplit job's changes (kind, onset, detection)
+                   changes_same=int([(c.kind, c.start_s, c.detected_s) for c in sharded]
+                                    == [(c.kind, c.start_s, c.detected_s) for c in whole_changes]),
+                   retune_diff=next(((a, b) for a, b in zip(_decisions(split), _decisions(whole)) if a != b), None),
+                   window_bytes=shard.counters.get("note_window_bytes", 0) / joined / partitions,
+                   row_bytes=shard.counters.get("note_window_bytes", 0) / max(1, shard.counters.get("note_window_rows", 0)),
+                   retuner_counters={k: v for k, v in shard.counters.items() if k.startswith("retuner_")})
     res.update(records=n_records, windows=len(msgs), windows_run=shard.counters["windows_run"],
                nodes_missing=shard.merger.counters["nodes_missing"], straggler=sc.straggler,
                single=[(c.kind, c.detected_s, c.ranks[:1]) for c in single],
@@ -225,7 +294,8 @@ def detect_check(nodes: int, seed: int, root: Path, timeout_s: float = 300.0, ti
     saw_drop = any(c.kind != "recovery" and 0 <= c.detected_s - t0 - sc.drop_at_s <= 5 for c in single)
     res.update(saw_straggler=saw_straggler, saw_drop=saw_drop)
     res["pass"] = bool(saw_straggler and saw_drop and res["matched"] == res["wanted"] and res["extra"] == 0
-                       and res["straggler_named"] and res["windows_run"] >= res["windows"] - 1)
+                       and res["straggler_named"] and res["windows_run"] >= res["windows"] - 1
+                       and res.get("retune_same", 1) == 1)
     return res
 
 
@@ -241,10 +311,19 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=1, help="split the job by communicator (scale-out path)")
     ap.add_argument("--comms", type=int, default=1, choices=range(1, len(COMMS) + 1),
                     help="communicators of the job (instances spread evenly over them)")
+    ap.add_argument("--retune", action="store_true",
+                    help="the job's retuner (dry run) on both paths: the partitioned one's decisions against P = 1's")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         r = detect_check(args.nodes, args.seed, Path(d), args.timeout, args.timeline, args.rate, args.slice_s,
-                         args.partitions, args.comms)
+                         args.partitions, args.comms, args.retune)
+    retune = ""
+    if args.retune:
+        print(f"retuner counters: {r['retuner_counters']}\nfirst differing decision (partitioned, P = 1): "
+              f"{r['retune_diff']}")
+        retune = (f"decisions={r['decisions']}/{r['decisions_p1']} changes_same={r['changes_same']} "
+                  f"retune_same={r['retune_same']} "
+                  f"window_bytes_per_partition={r['window_bytes']:.0f} bytes_per_row={r['row_bytes']:.0f} ")
     print(f"single: {r['single']}\nsharded: {r['sharded']}\nphases cpu/wall s: {r['phases']}\n"
           f"detector cpu per window, median/max ms (total): single {r['det_ms_single']} shard {r['det_ms_shard']}; "
           f"load {os.getloadavg()}")
@@ -252,7 +331,7 @@ def main() -> int:
           f"rate={args.rate:g} records={r['records']} "
           f"windows_run={r['windows_run']}/{r['windows']} "
           f"kinds={','.join(r['kinds'])} saw_straggler={int(r['saw_straggler'])} saw_drop={int(r['saw_drop'])} matched={r['matched']}/{r['wanted']} extra={r['extra']} "
-          f"max_dt_s={r['max_dt_s']:.2f} straggler_named={int(r['straggler_named'])} pass={int(r['pass'])}")
+          f"max_dt_s={r['max_dt_s']:.2f} straggler_named={int(r['straggler_named'])} {retune}pass={int(r['pass'])}")
     return 0 if r["pass"] else 1
 
 

@@ -36,7 +36,7 @@ LAYER_OF = {
     "dynamiccl.harness": "harness",
     # node partials and the bus sit between collector and detector; the central merger runs the detector
     "dynamiccl.scaleout": "scaleout", "dynamiccl.scaleout.central": "scaleout_central", "dynamiccl.scaleout.combiner": "scaleout_central",
-    "dynamiccl.scaleout.change_bus": "scaleout_central",
+    "dynamiccl.scaleout.change_bus": "scaleout_central", "dynamiccl.scaleout.retuner_feed": "scaleout_central",
     "dynamiccl.scaleout.cli": "cli", "dynamiccl.scaleout.retuning": "cli",   # a retuner per job on the central tier
     "dynamiccl.loop": "loop",               # window -> detector -> retuner; duck-typed, imports no stage
     "dynamiccl.retuner.learned.train": "harness",   # trains in the simulator; inference stays product

@@ -31,7 +31,7 @@ import yaml
 
 from dynamiccl.contracts.atomic import atomic_write
 from dynamiccl.scaleout.bus import subject
-from dynamiccl.scaleout.liveness import LIVE_BUCKET, ckpt_key, node_key, shard_key
+from dynamiccl.scaleout.liveness import LIVE_BUCKET, ckpt_key, comb_key, node_key, shard_key
 
 __all__ = ["NatsCredentials", "load_credentials", "node_user", "shard_user", "inbox_of", "node_permissions",
            "shard_permissions", "server_authorization", "write_auth", "classify_refusal", "AUTH_CONF"]
@@ -93,6 +93,7 @@ def shard_permissions(shard: str) -> dict:
     return {"publish": {"allow": ["$JS.API.INFO", *api, *consumers, f"$JS.ACK.{_STREAM}.>", "$JS.FC.>",
                                   f"$KV.{LIVE_BUCKET}.{shard_key(shard)}", f"$KV.{LIVE_BUCKET}.{ckpt_key('*')}",
                                   f"$KV.{LIVE_BUCKET}.{ckpt_key('*.*')}",    # a communicator partition's
+                                  f"$KV.{LIVE_BUCKET}.{comb_key('*')}",      # a partitioned job's combiner
                                   f"{_TUNER_PREFIX}.*", f"$JS.API.DIRECT.GET.{_TUNER_STREAM}.>", f"{_CHANGES}.*"]},
             "subscribe": {"allow": [f"{inbox_of(shard_user(shard))}.>", f"{_TUNER_LIVE}.*", f"{_CHANGES}.*"]}}
 

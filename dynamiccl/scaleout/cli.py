@@ -66,7 +66,9 @@ def register(subparsers) -> None:
                    help="a job and the nodes that report it (repeatable)")
     c.add_argument("--partitions", action="append", default=None, metavar="JOB=P",
                    help="a job whose nodes split it by communicator into P partitions, each merged and detected "
-                        "as its own unit, the changes combined per job (repeatable; docs/scale-out.md)")
+                        "as its own unit, the changes combined per job (repeatable; docs/scale-out.md); with "
+                        "--retune/--apply the job's one retuner runs on partition 0's owner, fed every "
+                        "partition's windows (every shard needs the same --partitions and retuner flags)")
     c.add_argument("--lateness", type=float, default=2.0, help="s a window waits for its last node")
     c.add_argument("--warmup", type=int, default=60, help="the detector's baseline windows per stream")
     c.add_argument("--changes", default=None, metavar="PATH", help="append each regime change as a JSON line")
@@ -241,7 +243,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     kv = await live_bucket(js, replicas=cfg.nats.replicas)
     watcher = asyncio.create_task(watch(kv, live, stop.is_set, on_update=bucket_clock.echo))
     log.info("shard %s: jobs %s from %s", cfg.shard, sorted(cfg.merger.expected_nodes), ", ".join(cfg.nats.servers))
-    hub = await _change_hub(cfg, shard, nc, lambda job, c: sinks(job)[0](c))
+    hub = await _change_hub(cfg, shard, nc, lambda job, c: sinks(job)[0](c), make_retuner, live.combiners.get)
     after_round = None
     if mirror is not None:                     # applied versions go to the jobs' nodes (scaleout/tuner_publish.py)
         from dynamiccl.scaleout.tuner_publish import TunerPublisher
@@ -251,7 +253,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
         def after_round():
             return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
     if hub is not None:
-        after_round = _with_hub(hub, nc, after_round)
+        after_round = _with_hub(hub, nc, after_round, kv)
     try:
         await ShardRunner(shard, js, ack_wait_s=cfg.nats.ack_wait_s, kv=kv, live=live,
                           bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round,
@@ -269,16 +271,18 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
             out.close()
 
 
-async def _change_hub(cfg, shard, nc, deliver):
-    """The partitioned jobs' change notes (scaleout/change_bus.py); None when no job is partitioned."""
+async def _change_hub(cfg, shard, nc, deliver, make_retuner=None, stored=None):
+    """The partitioned jobs' change notes (scaleout/change_bus.py), with their windows for the job's
+    retuner where ``make_retuner`` builds one; None when no job is partitioned."""
     if not any(k > 1 for k in cfg.partitions.values()):
         return None
     import time as _time
 
     from dynamiccl.scaleout.change_bus import ChangeHub
-    hub = ChangeHub(cfg.partitions, lambda u: shard.table.owns(shard.name, u), _time.monotonic, deliver)
+    hub = ChangeHub(cfg.partitions, lambda u: shard.table.owns(shard.name, u), _time.monotonic, deliver,
+                    retuner=make_retuner, bus_authenticated=shard.bus_authenticated, stored=stored)
     async def receive(m):
-        hub.receive(m.data)
+        hub.receive(m.data, m.subject)
     for subj in hub.subjects:
         await nc.subscribe(subj, cb=receive)
     shard.counters.update(hub.counters)    # one dict: the hub's counters on the shard's /metrics
@@ -286,8 +290,11 @@ async def _change_hub(cfg, shard, nc, deliver):
     return hub
 
 
-def _with_hub(hub, nc, after_round):
-    """After each round: send this shard's notes, run the combiners it holds, then ``after_round``."""
+def _with_hub(hub, nc, after_round, kv=None):
+    """After each round: send this shard's notes, run the combiners it holds, save their state in the
+    liveness bucket (for the next owner of their partition 0), then ``after_round``."""
+    from dynamiccl.scaleout.liveness import comb_key
+
     async def run():
         for subj, data in hub.outgoing():
             try:
@@ -296,6 +303,13 @@ def _with_hub(hub, nc, after_round):
                 hub.counters["notes_dropped"] += 1
                 log.debug("change note: %r", e)
         hub.round()
+        for job, data in hub.snapshots() if kv is not None else ():
+            try:
+                await asyncio.wait_for(kv.put(comb_key(job), data), 1.0)
+            except Exception as e:  # noqa: BLE001 - no leader for a moment: saved next round, counted
+                hub.counters["combiner_save_errors"] = hub.counters.get("combiner_save_errors", 0) + 1
+                hub.unsaved(job)
+                log.debug("combiner state of %s: %r", job, e)
         if after_round is not None:
             await after_round()
     return run
@@ -306,9 +320,6 @@ def main_central(args) -> int:
     try:
         cfg = central_config(args)
         retuning = retuning_from_args(args, cfg.merger.expected_nodes)
-        if retuning is not None and any(k > 1 for k in cfg.partitions.values()):
-            # the job's retuner would need every partition's windows, not only their combined changes
-            raise ValueError("--retune/--apply with --partitions: not supported yet (docs/scale-out.md, Not done)")
     except ValueError as e:
         return _refuse(e)
     if retuning is not None:

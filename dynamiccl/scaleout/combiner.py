@@ -33,6 +33,7 @@ __all__ = ["CombinerConfig", "ChangeCombiner", "Note", "changes_subject", "encod
 CHANGES_PREFIX = "dynamiccl.changes"
 MAX_NOTE_BYTES = 1 << 20
 _MAX_REMEMBERED = 4096          # released changes' member ids kept for the recoveries that name them
+_SNAPSHOT_IDS = 64              # of which a snapshot carries the newest
 
 
 def changes_subject(job: str) -> str:
@@ -63,11 +64,18 @@ class Note:
     partition: int
     window_end: float
     changes: tuple[RegimeChange, ...] = ()
+    #: with the job's retuner on (``--retune``): the window's retuner inputs (``retuner_feed.window_rows``)
+    #: and the transients it closed (``retuner_feed.transient_json``); absent otherwise, so a note is as before
+    window: dict | None = None
+    ended: tuple[dict, ...] = ()
 
 
 def encode_note(n: Note) -> bytes:
-    return json.dumps({"v": 1, "job": n.job, "partition": n.partition, "window_end": n.window_end,
-                       "changes": [json.loads(c.to_json()) for c in n.changes]}, separators=(",", ":")).encode()
+    d = {"v": 1, "job": n.job, "partition": n.partition, "window_end": n.window_end,
+         "changes": [json.loads(c.to_json()) for c in n.changes]}
+    if n.window is not None:
+        d["window"], d["ended"] = n.window, list(n.ended)
+    return json.dumps(d, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode_note(data: bytes) -> Note:
@@ -79,7 +87,11 @@ def decode_note(data: bytes) -> Note:
         if d.get("v") != 1:
             raise ValueError(f"unsupported version {d.get('v')!r}")
         changes = tuple(RegimeChange.from_json(json.dumps(c)) for c in d["changes"])
-        return Note(token("job", str(d["job"])), int(d["partition"]), float(d["window_end"]), changes)
+        window, ended = d.get("window"), d.get("ended") or []
+        if window is not None and not isinstance(window, dict) or not isinstance(ended, list):
+            raise ValueError("'window' must be an object and 'ended' a list")
+        return Note(token("job", str(d["job"])), int(d["partition"]), float(d["window_end"]), changes,
+                    window, tuple(ended))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"change note: {type(e).__name__}: {e}") from None
 
@@ -143,12 +155,12 @@ def _union(lists) -> list:
 class ChangeCombiner:
     """``offer(note)`` and ``due()`` return the job's changes to hand to its retuner, in release order."""
 
-    def __init__(self, job: str, config: CombinerConfig, clock: Callable[[], float]):
+    def __init__(self, job: str, config: CombinerConfig, clock: Callable[[], float], first_id: int = 0):
         self.job, self.config, self.clock = token("job", job), config.validate(), clock
         self._marks: dict[int, float] = {}          # partition -> end of the last window it ran
         self._groups: list[_Group] = []
         self._combined_of: dict[tuple[int, str], str] = {}   # (partition, change id) -> released id
-        self._released = 0
+        self._released = first_id               # ids go on from here (the job's combiner came back to this shard)
         self.counters = {"notes": 0, "changes_in": 0, "released": 0, "merged": 0, "forced": 0, "dropped": 0}
 
     def offer(self, note: Note) -> list[RegimeChange]:
@@ -191,6 +203,57 @@ class ChangeCombiner:
                 keep.append(g)
         self._groups = keep
         return out
+
+    @property
+    def last_id(self) -> int:
+        """The number in the last released change's id (``rc-<job>-combined-<n>``)."""
+        return self._released
+
+    def snapshot(self) -> bytes:
+        """What a successor needs to go on (its marks, open groups, last id and the recent ids recoveries
+        name): scaleout/change_bus.py keeps it in the liveness bucket for the next owner of ``<job>.0``."""
+        ids = list(self._combined_of.items())[-_SNAPSHOT_IDS:]
+        return json.dumps({"v": 1, "job": self.job, "released": self._released,
+                           "marks": {str(p): t for p, t in self._marks.items()},
+                           "groups": [{str(p): json.loads(c.to_json()) for p, c in g.members.items()} for g in self._groups],
+                           "ids": [[p, i, c] for (p, i), c in ids]}, separators=(",", ":")).encode()
+
+    def restore(self, data: bytes) -> None:
+        """Go on from a predecessor's :meth:`snapshot` (its open groups wait ``max_wait_s`` afresh);
+        ValueError naming what is wrong, and nothing changed."""
+        if len(data) > MAX_NOTE_BYTES:
+            raise ValueError(f"combiner snapshot: {len(data)} bytes > {MAX_NOTE_BYTES}")
+        try:
+            d = json.loads(data)
+            if d.get("v") != 1 or d.get("job") != self.job:
+                raise ValueError(f"version {d.get('v')!r} of job {d.get('job')!r}")
+            now, n = self.clock(), self.config.partitions
+            marks = {int(p): float(t) for p, t in d["marks"].items()}
+            groups = [_Group(now, {int(p): RegimeChange.from_json(json.dumps(c)) for p, c in g.items()})
+                      for g in d["groups"]]
+            ids = {(int(p), str(i)): str(c) for p, i, c in d["ids"]}
+            if not all(0 <= p < n for p in [*marks, *(p for g in groups for p in g.members)]) or \
+                    len(groups) > self.config.max_groups or any(not g.members for g in groups):
+                raise ValueError("a partition out of range, an empty group or too many groups")
+            released = int(d["released"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"combiner snapshot: {type(e).__name__}: {e}") from None
+        self._released = max(self._released, released)
+        self._marks, self._groups = marks, groups
+        self._combined_of.update(ids)
+
+    def mark(self, partition: int) -> float:
+        """The end of the last window ``partition`` reported (-inf: none)."""
+        return self._marks.get(partition, float("-inf"))
+
+    def open_detected(self) -> float:
+        """The earliest detection among the groups still open (inf: none): what the job's retuner may
+        not run past yet (scaleout/retuner_feed.py)."""
+        return min((g.first.detected_s for g in self._groups), default=float("inf"))
+
+    def combined_id(self, partition: int, change_id: str) -> str | None:
+        """The id of the released change that merged ``partition``'s ``change_id`` (None: not released)."""
+        return self._combined_of.get((partition, change_id))
 
     def flush(self) -> list[RegimeChange]:
         """Every open group (the job's partition 0 moves away, or the shard stops)."""

@@ -1,7 +1,8 @@
 """Heartbeats and checkpoints in a JetStream key-value bucket (``DYNAMICCL_LIVE``).
 
 Keys: ``shard.<name>`` (each shard, every TTL/3), ``node.<job>.<node>`` (each node collector, every
-second), ``ckpt.<job>`` (the last window the job's owner ran). A watcher hands every update to
+second), ``ckpt.<job>`` (the last window the job's owner ran), ``comb.<job>`` (a partitioned job's
+combiner state, kept as bytes in ``combiners`` for the next owner of its partition 0). A watcher hands every update to
 :class:`Liveness`, which times it on the *observer's* clock (no clock is compared across machines):
 a shard heard from feeds the :class:`~.merger.ShardTable` (so shards in different processes share
 ownership), a node not heard from for ``node_ttl_s`` is silent (its windows do not wait for it: it is
@@ -15,9 +16,11 @@ from typing import Callable, MutableMapping
 
 from dynamiccl.scaleout.merger import ShardTable
 
-__all__ = ["LIVE_BUCKET", "Liveness", "BucketClock", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key"]
+__all__ = ["LIVE_BUCKET", "Liveness", "BucketClock", "live_bucket", "watch", "shard_key", "node_key", "ckpt_key",
+           "comb_key"]
 
 LIVE_BUCKET = "DYNAMICCL_LIVE"
+MAX_COMBINER_BYTES = 1 << 20
 log = logging.getLogger(__name__)
 
 
@@ -31,6 +34,11 @@ def node_key(job: str, node: str) -> str:
 
 def ckpt_key(job: str) -> str:
     return f"ckpt.{job}"
+
+
+def comb_key(job: str) -> str:
+    """The saved state of a partitioned job's combiner (scaleout/change_bus.py), for the next owner of ``<job>.0``."""
+    return f"comb.{job}"
 
 
 class BucketClock:
@@ -103,6 +111,7 @@ class Liveness:
             raise ValueError("node_ttl_s must be > 0")
         self.table, self.checkpoints, self.node_ttl_s, self.clock = table, checkpoints, node_ttl_s, clock
         self._nodes: dict[tuple[str, str], float] = {}
+        self.combiners: dict[str, bytes] = {}
         self.counters = {"heard": 0, "malformed": 0}
 
     def heard(self, key: str, value: bytes = b"") -> None:
@@ -116,6 +125,8 @@ class Liveness:
             elif kind == "ckpt" and rest:
                 w = int(value)
                 self.checkpoints[rest] = max(w, self.checkpoints.get(rest, w))
+            elif kind == "comb" and rest and "." not in rest and 0 < len(value) <= MAX_COMBINER_BYTES:
+                self.combiners[rest] = bytes(value)     # checked whole when a combiner restores it
             else:
                 raise ValueError(key)
         except ValueError:

@@ -39,6 +39,8 @@ def test_each_node_may_publish_only_its_own_subjects(tmp_path):
     assert not any(p.startswith("dynamiccl.partials") for p in shard)       # a shard publishes no partial
     assert "dynamiccl.tuner.*" in shard                                      # and the jobs' tuner files
     assert "$KV.DYNAMICCL_LIVE.shard.s0" in shard and "$KV.DYNAMICCL_LIVE.ckpt.*" in shard
+    assert "$KV.DYNAMICCL_LIVE.comb.*" in shard               # a partitioned job's combiner state
+    assert not any("comb" in p for p in users["node.a.n0"]["permissions"]["publish"]["allow"])
     assert node_permissions("a", "n0") == users["node.a.n0"]["permissions"]
     assert shard_permissions("s0") == users["shard.s0"]["permissions"]
     for p in [tmp_path / AUTH_CONF, *files.values()]:

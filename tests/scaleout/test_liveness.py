@@ -2,7 +2,7 @@
 windows stop waiting for it."""
 from __future__ import annotations
 
-from dynamiccl.scaleout.liveness import Liveness, ckpt_key, node_key, shard_key
+from dynamiccl.scaleout.liveness import Liveness, ckpt_key, comb_key, node_key, shard_key
 from dynamiccl.scaleout.merger import MergerConfig, ShardTable, WindowMerger
 from tests.scaleout.helpers import Clock, events, partials
 
@@ -38,6 +38,11 @@ def test_silent_node_and_checkpoints_and_malformed_keys():
     for bad in ("ckpt.j", "node.j", "other.x"):
         live.heard(bad, b"x")
     assert live.counters["malformed"] == 3
+    live.heard(comb_key("j"), b'{"v":1}')                        # a partitioned job's combiner state: kept
+    for bad in (b"", b"x" * ((1 << 20) + 1)):                    # empty or oversize: refused
+        live.heard(comb_key("k"), bad)
+    live.heard("comb.j.0", b"{}")                                # a partition has no combiner
+    assert live.combiners == {"j": b'{"v":1}'} and live.counters["malformed"] == 6
 
 
 def test_a_window_does_not_wait_for_a_silent_node():
