@@ -14,8 +14,11 @@ released change is the group's earliest (a slowdown whose members disagree on it
 size-response rule on their pooled fits, :func:`_kind`), with the union of every member's ``where`` (comms, names,
 funcs, size buckets, ranks — the first member's first, so a straggler's rank stays first — and hosts)
 and ``evidence["merged"]`` naming each member (partition, id, onset, detection, magnitude). A recovery
-names the combined change it ends. Counters: notes, changes in, released, merged (members folded into
-another), forced (released by age), dropped (a bad note, a partition out of range, over ``max_groups``).
+names the combined change it ends. A partition's change of the same event detected within ``merge_s``
+of another's (the detector's own incident-merge rule; either order, as notes arrive in any) joins that group, or, once released, that
+released change (counted ``merged_late``, nothing released): one partition may see a job-wide drop a few
+seconds after another. Counters: notes, changes in, released, merged (members folded into
+another), merged_late, forced (released by age), dropped (a bad note, a partition out of range, over ``max_groups``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from typing import Callable
 
 from dynamiccl.contracts.partition import check_partitions
 from dynamiccl.detector.classify import LARGE_BYTES, SLOPE_Z_MIN
+from dynamiccl.detector.config_groups import IncidentConfig
 from dynamiccl.detector.events import RegimeChange
 from dynamiccl.scaleout.bus import token
 
@@ -48,12 +52,16 @@ class CombinerConfig:
     tolerance_s: float = 2.0        # onsets this close are one event (two windows of 1 s)
     max_wait_s: float = 10.0        # wall clock: a group waits no longer for a slow partition
     max_groups: int = 256           # open groups per job; past it the oldest is released early
+    # a partition's change detected this soon after another partition's released change of the same event
+    # joins it: the detector's own rule (incidents.merge_s: alarms this soon after an incident's detection
+    # join it), so a job-wide drop one partition sees a few seconds later is one change, as on one collector
+    merge_s: float = IncidentConfig().merge_s
 
     def validate(self) -> "CombinerConfig":
         check_partitions(self.partitions)
-        if not (self.tolerance_s >= 0 and self.max_wait_s > 0 and self.max_groups >= 1):
-            raise ValueError(f"combiner config: tolerance_s >= 0, max_wait_s > 0, max_groups >= 1 (got "
-                             f"{self.tolerance_s}, {self.max_wait_s}, {self.max_groups})")
+        if not (self.tolerance_s >= 0 and self.max_wait_s > 0 and self.max_groups >= 1 and self.merge_s >= 0):
+            raise ValueError(f"combiner config: tolerance_s >= 0, max_wait_s > 0, max_groups >= 1, merge_s >= 0 (got "
+                             f"{self.tolerance_s}, {self.max_wait_s}, {self.max_groups}, {self.merge_s})")
         return self
 
 
@@ -94,6 +102,15 @@ def decode_note(data: bytes) -> Note:
                     window, tuple(ended))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"change note: {type(e).__name__}: {e}") from None
+
+
+@dataclass(frozen=True)
+class _Released:
+    """A released change that a later partition's report of the same event may still join."""
+    cid: str
+    event: str
+    detected_s: float
+    partitions: frozenset[int]
 
 
 @dataclass
@@ -161,7 +178,9 @@ class ChangeCombiner:
         self._groups: list[_Group] = []
         self._combined_of: dict[tuple[int, str], str] = {}   # (partition, change id) -> released id
         self._released = first_id               # ids go on from here (the job's combiner came back to this shard)
-        self.counters = {"notes": 0, "changes_in": 0, "released": 0, "merged": 0, "forced": 0, "dropped": 0}
+        self._recent: list[_Released] = []       # released changes a late member may still join (merge_s)
+        self.counters = {"notes": 0, "changes_in": 0, "released": 0, "merged": 0, "forced": 0, "dropped": 0,
+                         "merged_late": 0}
 
     def offer(self, note: Note) -> list[RegimeChange]:
         if note.job != self.job or not 0 <= note.partition < self.config.partitions:
@@ -175,13 +194,31 @@ class ChangeCombiner:
         return self.due()
 
     def _file(self, partition: int, rc: RegimeChange) -> None:
+        if self._join_released(partition, rc):
+            return
         tol = self.config.tolerance_s
         for g in self._groups:
             if (partition not in g.members and _event(g.first.kind) == _event(rc.kind)
-                    and abs(g.first.start_s - rc.start_s) <= tol):
+                    and (abs(g.first.start_s - rc.start_s) <= tol
+                         or abs(rc.detected_s - g.first.detected_s) <= self.config.merge_s)):
                 g.members[partition] = rc
                 return
         self._groups.append(_Group(self.clock(), {partition: rc}))
+
+    def _join_released(self, partition: int, rc: RegimeChange) -> bool:
+        """The merge rule after release: ``rc`` of a partition not yet in a released change of the same
+        event, detected within ``merge_s`` of it (either side: partitions' notes arrive in any order), is that change (counted ``merged_late``; its
+        recovery will name the released change). Changes no partition can still join are forgotten."""
+        low = min((self._marks.get(p, float("-inf")) for p in range(self.config.partitions)))
+        self._recent = [r for r in self._recent if low <= r.detected_s + self.config.merge_s + self.config.tolerance_s]
+        for i, r in enumerate(self._recent):
+            if (partition not in r.partitions and r.event == _event(rc.kind)
+                    and abs(rc.detected_s - r.detected_s) <= self.config.merge_s):
+                self._recent[i] = replace(r, partitions=r.partitions | {partition})
+                self._combined_of[(partition, rc.id)] = r.cid
+                self.counters["merged_late"] += 1
+                return True
+        return False
 
     def _ready(self, g: _Group, now: float) -> bool:
         if len(g.members) == self.config.partitions:
@@ -216,7 +253,9 @@ class ChangeCombiner:
         return json.dumps({"v": 1, "job": self.job, "released": self._released,
                            "marks": {str(p): t for p, t in self._marks.items()},
                            "groups": [{str(p): json.loads(c.to_json()) for p, c in g.members.items()} for g in self._groups],
-                           "ids": [[p, i, c] for (p, i), c in ids]}, separators=(",", ":")).encode()
+                           "ids": [[p, i, c] for (p, i), c in ids],
+                           "recent": [[r.cid, r.event, r.detected_s, sorted(r.partitions)]
+                                      for r in self._recent[-_SNAPSHOT_IDS:]]}, separators=(",", ":")).encode()
 
     def restore(self, data: bytes) -> None:
         """Go on from a predecessor's :meth:`snapshot` (its open groups wait ``max_wait_s`` afresh);
@@ -232,14 +271,17 @@ class ChangeCombiner:
             groups = [_Group(now, {int(p): RegimeChange.from_json(json.dumps(c)) for p, c in g.items()})
                       for g in d["groups"]]
             ids = {(int(p), str(i)): str(c) for p, i, c in d["ids"]}
-            if not all(0 <= p < n for p in [*marks, *(p for g in groups for p in g.members)]) or \
+            recent = [_Released(str(c), str(e), float(t), frozenset(int(p) for p in ps))
+                      for c, e, t, ps in d.get("recent", [])[-_SNAPSHOT_IDS:]]
+            if not all(0 <= p < n for p in [*marks, *(p for g in groups for p in g.members),
+                                            *(p for r in recent for p in r.partitions)]) or \
                     len(groups) > self.config.max_groups or any(not g.members for g in groups):
                 raise ValueError("a partition out of range, an empty group or too many groups")
             released = int(d["released"])
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"combiner snapshot: {type(e).__name__}: {e}") from None
         self._released = max(self._released, released)
-        self._marks, self._groups = marks, groups
+        self._marks, self._groups, self._recent = marks, groups, recent
         self._combined_of.update(ids)
 
     def mark(self, partition: int) -> float:
@@ -279,6 +321,8 @@ class ChangeCombiner:
         self.counters["released"] += 1
         self.counters["merged"] += len(members) - 1
         kind = _kind(cs)
+        self._recent.append(_Released(cid, _event(kind), first.detected_s, frozenset(p for p, _ in members)))
+        del self._recent[:-self.config.max_groups]          # bounded
         return replace(first, id=cid, job_id=self.job, kind=kind, recovers=recovers,
                        comms=_union(c.comms for c in cs), comm_names=_union(c.comm_names for c in cs),
                        funcs=_union(c.funcs for c in cs), size_buckets=_union(c.size_buckets for c in cs),

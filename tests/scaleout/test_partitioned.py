@@ -229,3 +229,29 @@ def test_a_runner_round_returns_the_windows_its_first_poll_ran():
     clock.t += 60.0                                   # every window due before the round starts
     steps = asyncio.run(ShardRunner(shard, Js(), clock=clock).step())
     assert sorted({u for u, _ in steps}) == ["j.0", "j.1"] and len(steps) == shard.counters["windows_run"]
+
+
+def test_a_partition_seeing_a_job_wide_drop_seconds_later_joins_the_released_change():
+    """The detector's merge rule across partitions: a change of the same event detected within merge_s
+    after another partition's released one is that change (before: the job got the drop twice)."""
+    from dynamiccl.detector.events import RegimeChange
+    comb = ChangeCombiner("j", CombinerConfig(2, tolerance_s=2.0, merge_s=5.0), Clock())
+
+    def rc(i, kind, start, det, recovers=None):
+        return RegimeChange(id=f"rc-j-{i}", kind=kind, job_id="j", start_s=start, detected_s=det, magnitude=2.0,
+                            comms=["0xa"], recovers=recovers)
+    out = comb.offer(Note("j", 0, 27.0, (rc(1, "bandwidth", 26.0, 27.0),)))
+    out += comb.offer(Note("j", 0, 29.0)) + comb.offer(Note("j", 1, 29.0))   # both ran past 27 + 2: released alone
+    assert [c.id for c in out] == ["rc-j-combined-1"]
+    late = comb.offer(Note("j", 1, 30.0, (rc(1, "latency", 29.0, 30.0),)))   # same slowdown, 3 s later
+    late += comb.offer(Note("j", 0, 33.0)) + comb.offer(Note("j", 1, 33.0))
+    assert late == [] and comb.counters["merged_late"] == 1
+    rec = comb.offer(Note("j", 1, 50.0, (rc(2, "recovery", 48.0, 49.0, recovers="rc-j-1"),)))
+    rec += comb.offer(Note("j", 0, 52.0)) + comb.offer(Note("j", 1, 52.0))
+    assert [c.recovers for c in rec] == ["rc-j-combined-1"]     # partition 1's recovery names the combined change
+    again = comb.offer(Note("j", 1, 60.0, (rc(3, "bandwidth", 58.0, 59.0),)))
+    again += comb.offer(Note("j", 0, 62.0)) + comb.offer(Note("j", 1, 62.0))
+    assert [c.id for c in again] == ["rc-j-combined-3"]         # beyond merge_s: a change of its own
+    assert ChangeCombiner("j", CombinerConfig(2), Clock()).config.merge_s == 5.0   # the detector's incidents.merge_s
+    with pytest.raises(ValueError, match="merge_s"):
+        CombinerConfig(2, merge_s=-1.0).validate()
