@@ -53,6 +53,9 @@ def classify_size_response(bytes_per_record: np.ndarray, log_ratio: np.ndarray, 
     ev: dict = {"n_sizes": int(np.unique(np.round(x)).size) if b.size else 0}
     b0, y0, s0 = b, y, s
     sign = np.sign(np.median(y)) if y.size else 1.0
+    top = int(np.argmax(y0 * sign / s0)) if b0.size else -1
+    if b0.size:     # recorded even when the slope decides: a combiner pooling partitions' fits falls back on it
+        ev["fallback_bytes"] = float(b0[top])
     if ev["n_sizes"] >= 2:
         w = 1.0 / s ** 2
         # within-group centring (fixed effects) when groups have several sizes
@@ -86,6 +89,4 @@ def classify_size_response(bytes_per_record: np.ndarray, log_ratio: np.ndarray, 
                 return ("bandwidth" if z > 0 else "latency"), ev
     if not b0.size:
         return "bandwidth", ev
-    top = int(np.argmax(y0 * sign / s0))
-    ev["fallback_bytes"] = float(b0[top])
     return ("bandwidth" if not b0[top] < large_bytes else "latency"), ev

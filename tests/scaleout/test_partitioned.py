@@ -255,3 +255,17 @@ def test_a_partition_seeing_a_job_wide_drop_seconds_later_joins_the_released_cha
     assert ChangeCombiner("j", CombinerConfig(2), Clock()).config.merge_s == 5.0   # the detector's incidents.merge_s
     with pytest.raises(ValueError, match="merge_s"):
         CombinerConfig(2, merge_s=-1.0).validate()
+
+
+def test_a_member_whose_own_slope_decided_still_gives_its_most_affected_size():
+    """The combiner's fallback (pooled slope not significant: the most affected member's size) needs that
+    size from a member whose own fit was significant too: the detector records it always (before: only
+    when its own slope did not decide, so the combiner fell back on a stream count and called a job-wide
+    4 MiB drop 'latency' where the single collector said 'bandwidth')."""
+    import numpy as np
+
+    from dynamiccl.detector.classify import classify_size_response
+    kind, ev = classify_size_response(np.array([4096.0, 65536.0, 4194304.0]), np.array([1.3, 1.1, 0.95]),
+                                      np.array([0.01, 0.01, 0.01]))
+    assert kind == "latency" and "slope_per_doubling" in ev      # its own slope decided
+    assert ev["fallback_bytes"] == 4096.0                       # and its most affected stream is still named
