@@ -117,7 +117,7 @@ class Run:
             window={"window_s": s.window_s, "allowed_lateness_s": s.lateness_s, "idle_flush_s": 1.0})
         self.pipeline = Pipeline(cfg).start()
         self.sub = self.pipeline.subscribe(max_queue=256)
-        self.detector = LiveDetector(s.window_s, **self.detector_overrides)
+        self.detector = LiveDetector(s.window_s, defaults=s.detector == "defaults", **self.detector_overrides)
         self.detect_loop = Loop(self.detector)
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

@@ -40,6 +40,7 @@ from pathlib import Path
 __all__ = ["Action", "Scenario", "builtin", "load", "BUILTIN", "MIN_CHANGE"]
 
 ACTIONS = ("throttle", "release", "bulk_on", "bulk_off")
+DETECTORS = ("testbed", "defaults")  # the live detector's settings: detect.py's, or DetectorConfig() unchanged
 MIN_CHANGE = 0.30
 
 
@@ -82,6 +83,7 @@ class Scenario:
     flush_ms: int = 20              # the torch source's flush interval
     mlock: bool = False             # ranks mlockall() their memory (tried: no measurable effect)
     queue_ms: int = 200             # tbf queue (latency) per link
+    detector: str = "testbed"       # live detector: the test bed's settings (detect.py) or "defaults" (DetectorConfig())
     actions: tuple[Action, ...] = field(default_factory=tuple)
 
     @property
@@ -97,6 +99,8 @@ class Scenario:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v <= 0:
                 raise ValueError(f"{n}: {name} must be > 0, got {v!r}")
+        if self.detector not in DETECTORS:
+            raise ValueError(f"{n}: detector must be one of {', '.join(DETECTORS)}, got {self.detector!r}")
         if self.batch_bytes < 0:
             raise ValueError(f"{n}: batch_bytes must be >= 0")
         if not isinstance(self.settle_s, (int, float)) or not 0 <= self.settle_s < self.warmup_s:
