@@ -97,7 +97,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
-                                scale_floor=b.scale_floor)
+                                scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
@@ -293,7 +293,11 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.inst_hist[t % H, idx[keep]] = inst[keep]      # every instance seen, pooled or not
         warming_before = self.banks[0].warming_up
         u = self._standardise(i_ok, x, warming_before)
-        early = self.early.check(t, i_ok, self.job_code[i_ok], x[i_ok], self.banks[0])
+        with np.errstate(invalid="ignore"):
+            thin_ok = self.instances_ref[i_ok] < cfg.streams.min_instances   # pooled samples
+        self.early.arl0 = float(self.arl0)
+        early = self.early.check(t, i_ok, self.job_code[i_ok], x[i_ok], self.banks[0], thin_ok,
+                                 float(wf.window_start), self._window_s)
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
