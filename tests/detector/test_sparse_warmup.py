@@ -9,6 +9,7 @@ baseline) report it in 3-5 steps."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 from test_sparse import STEP, _feed
 
@@ -16,6 +17,7 @@ from dynamiccl.detector.arl import cusum_threshold_estimated
 from dynamiccl.detector.early_cusum import SparseWarmupCusum
 from dynamiccl.harness.detector_testing import EPOCH, SyntheticJob
 
+SECOND_HALF = {0x200 + i: 1 for i in range(4)} | {0x300: 4}   # dp comms (i, i + 4); the world comm
 SIGMA = 0.09      # per-window noise of log p50, as the test bed's 5 s-step all-reduces measured
 
 
@@ -67,3 +69,50 @@ def test_one_stalled_sample_is_not_a_change():
         else:
             out += det.process(WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks()))
     assert out == [], [(c.kind, (c.detected_s - EPOCH) / STEP) for c in out]
+
+
+def test_straddling_instances_rebase_nothing():
+    """Instances of a sparse job straddling a window's edge: each instance's records split, half
+    of its ranks in one window and the rest in the next, for several steps in a row (a 5.006 s
+    step drifts 6 ms a step against 1 s windows: a straddle lasts several steps). That is no
+    rank leaving: nothing is re-baselined. Before, each pooled sample's completing window
+    showed half the ranks, two of them in a row re-baselined the stream (a test-bed run's
+    warm-up restarted 40 s before its throttle, which was then missed)."""
+    from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+    from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.harness.detector_testing import Regime
+    job = SyntheticJob(seed=8, sigma=SIGMA)
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    straddle = range(30, 36)
+    for t in range(60 * STEP):
+        step, phase = divmod(t, STEP)
+        if step in straddle and phase in (0, 1):   # node-0 ranks' records, then node-1's
+            wf = job.window(t, Regime(instances_frac=1e-6, missing_ranks=(4, 5, 6, 7) if phase == 0 else (0, 1, 2, 3)))
+            if phase == 1:   # node-1's ranks by their rank in the communicator (the synthetic job
+                # numbers the present members of a partial communicator from 0)
+                shift = pl.col("comm_hash").replace_strict(SECOND_HALF, default=0, return_dtype=pl.Int64)
+                wf = WindowFeatures(wf.window_start, wf.window_s, wf.keys,
+                                    wf.ranks.with_columns((pl.col("rank") + shift).cast(wf.ranks.schema["rank"])))
+        elif phase == 0:
+            wf = job.window(t, Regime(instances_frac=1e-6))
+        else:
+            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
+        assert det.process(wf) == []
+    assert det.table.n_rebased == 0
+
+
+def test_rank_that_left_a_sparse_job_still_rebases():
+    """A rank that stopped reporting (every window from then on) is still a rank-set change."""
+    from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+    from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.harness.detector_testing import Regime
+    job = SyntheticJob(seed=8, sigma=SIGMA)
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    for t in range(60 * STEP):
+        if t % STEP == 0:
+            det.process(job.window(t, Regime(instances_frac=1e-6, missing_ranks=(7,) if t >= 30 * STEP else ())))
+        else:
+            det.process(WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks()))
+    assert det.table.n_rebased > 0
