@@ -60,3 +60,18 @@ def test_first_report_counts_steps_and_false_alarms():
 def test_slowdown_is_the_median_ratio_around_the_onset():
     inst = {"start": [float(i) for i in range(20)], "dur": [0.4] * 10 + [0.6] * 10}
     assert sparse.slowdown(inst, 9.5) == pytest.approx(1.5)
+
+
+def test_defaults_run_gives_the_detector_every_window(tmp_path):
+    """A `detector: defaults` run is `dynamiccl replay`'s twin: every window from the first goes to
+    the detector (a start-up window left out shifted a sparse job's instance pairs: live and replay
+    reported one slowdown 4 steps apart); test-bed-settings runs still start at their settle time."""
+    import math
+
+    from dynamiccl.harness.testbed.run import Run
+    for detector, expect in (("defaults", -math.inf), ("testbed", math.inf)):
+        run = Run(Scenario("x", detector=detector), out_dir=tmp_path / detector, prefix="dtb0000")
+        try:
+            assert run.detect_from == expect
+        finally:
+            run.close()

@@ -14,7 +14,9 @@ detector's defaults, live and in ``dynamiccl replay``'s code path.
 * Split fixed before recording: even seeds develop, odd seeds evaluate (:func:`split`).
 * :func:`score_run` — for one recorded run: the measured slowdown (median all-reduce duration,
   per-instance median over ranks, the 10 instances after the onset over the 10 before), and for
-  the live detector (``detections.ndjson``, emission wall time) and the replay of ``records/``
+  the live detector (``detections.ndjson``, emission wall time), the saved windows re-run through
+  a fresh live detector at defaults (``live_rerun``: the live result at the present code, the
+  windows as they arrived and when, every one from the first as the harness now gives them) and the replay of ``records/``
   through :func:`dynamiccl.report.replay.replay` at defaults (the change's ``detected_s``): the
   first degradation reported after the onset, in seconds and in steps (instances that *started*
   after the onset and had finished by the report), and every report before it (false alarms).
@@ -122,6 +124,23 @@ def _replay_reports(run_dir: Path) -> list[tuple[float, dict]]:
     return [(rc.detected_s, {"kind": rc.kind, "magnitude": rc.magnitude}) for rc in res.changes]
 
 
+def _rerun_reports(run_dir: Path) -> list[tuple[float, dict]]:
+    """The run's saved windows (``windows_*.parquet``, with the wall time each reached the live
+    detector) through a fresh live detector at defaults: the live result at the code of now."""
+    from dynamiccl.harness.testbed.analyse import _detect_span, load_windows
+    from dynamiccl.harness.testbed.detect import LiveDetector
+    from dynamiccl.loop import Loop
+    _, hi = _detect_span(run_dir)   # every window from the first, as a `detector: defaults` run now gives them
+    windows = [(wf, r) for wf, r in load_windows(run_dir) if wf.window_start + wf.window_s <= hi]
+    clock = {"now": 0.0}
+    det = LiveDetector(windows[0][0].window_s if windows else 1.0, clock=lambda: clock["now"], defaults=True)
+    loop, out = Loop(det), []
+    for wf, received in windows:
+        clock["now"] = received
+        out += [(d.wall_s, {"kind": d.kind, "magnitude": d.magnitude}) for d in loop.step(wf).changes]
+    return out
+
+
 def score_run(run_dir: Path | str) -> dict:
     """Live and replay scores of one run (throttled or stationary), and its measured slowdown."""
     run_dir = Path(run_dir)
@@ -141,6 +160,7 @@ def score_run(run_dir: Path | str) -> dict:
            "where": events[0]["description"] if events else "stationary",
            "slowdown": round(slowdown(inst, onset), 3) if onset else None,
            "live": _first_report(_live_reports(run_dir), onset, inst),
+           "live_rerun": _first_report(_rerun_reports(run_dir), onset, inst),
            "replay": _first_report(replay, onset, inst)}
     return out
 
@@ -153,7 +173,7 @@ def line(s: dict) -> str:
         got = f"{v['steps']}steps/{v['delay_s']}s" if v.get("reported") else "missed"
         return f"{name}={got} {name}_false_alarms={v['false_alarms']}"
     return (f"{s['run']} ranks={s['nranks']} onset_after_start_s={s['onset_after_start_s']} "
-            f"slowdown={s['slowdown']} step_s={s['step_s']} {part('live')} {part('replay')}")
+            f"slowdown={s['slowdown']} step_s={s['step_s']} {part('live')} {part('live_rerun')} {part('replay')}")
 
 
 # -- CLI ------------------------------------------------------------------------------------------
