@@ -23,6 +23,10 @@ A YAML file with the same fields works too::
       - {at_s: 0, do: throttle, ranks: [2], mbit: 20}
       - {at_s: 8, do: release, ranks: [2]}
 
+``detector: defaults`` runs the live detector at ``DetectorConfig()`` and gives it every window
+(``dynamiccl replay``'s twin; the sparse job's scenarios, docs/testbed.md); the default
+``testbed`` uses the test bed's settings (``dynamiccl/harness/testbed/detect.py``).
+
 >>> s = builtin("ci")
 >>> len(s.actions), s.actions[0].do, s.actions[0].ranks, s.duration_s
 (10, 'throttle', (2,), 104.0)
