@@ -18,6 +18,10 @@ baseline is restored (a recovery, an unconfirmed alarm) its warm-up goes on from
 changed regime never enters the fixed baseline. After the first warm-up the chart is off:
 monitored streams are judged by the CUSUMs alone, exactly as without it.
 
+Sparse streams (pooled samples, `dynamiccl.detector.sparse`) are also judged by CUSUMs with a
+threshold for their short baseline (`dynamiccl.detector.early_cusum`): their first warm-up lasts
+``warmup`` pooled samples (10 minutes at one all-reduce per 5 s), too long for this chart alone.
+
 Only the streams a job starts with are charted (first seen within ``warmup`` windows of the
 job's first window): a stream that appears later (a new message size of a running job) is
 a workload change of a monitored job, whose other streams already watch it; charting it
@@ -52,8 +56,12 @@ class EarlyAlarms:
 class EarlyChart:
     """Per-stream state of the early chart; the samples are the bank's warm-up buffer."""
 
-    def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float):
+    def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float,
+                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5):
+        from .early_cusum import SparseWarmupCusum
         self.warmup = int(warmup)
+        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples)
+        self.arl0 = float(arl0)   # the stream table's per-stream ARL0 (it retargets it)
         self.log_ratio = math.log(ratio) if ratio > 0 else math.inf
         self.z = float(z)
         self.min_samples = int(min_samples)
@@ -77,6 +85,7 @@ class EarlyChart:
         names = ("run", "run_start", "run_keep", "first", "seen", "starter")
         old = [getattr(self, n) for n in names]
         self._alloc(extra)
+        self.sparse.grow(extra)
         for n, a in zip(names, old):
             setattr(self, n, np.concatenate([a, getattr(self, n)]))
 
@@ -84,6 +93,7 @@ class EarlyChart:
         """Slots freed or given a new workload: a new stream's first warm-up."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
         self.run[idx], self.first[idx], self.seen[idx] = 0, True, False
+        self.sparse.forget(idx)
         for i in idx.tolist():
             self.saved.pop(i, None)
 
@@ -99,6 +109,7 @@ class EarlyChart:
         """Streams ``idx`` got a fixed baseline: the chart is off for them from now on."""
         self.first[idx] = False
         self.run[idx] = 0
+        self.sparse.forget(idx)
 
     def _starters(self, t: int, idx: np.ndarray, codes: np.ndarray) -> None:
         new = ~self.seen[idx]
@@ -110,15 +121,18 @@ class EarlyChart:
             self.starter[j] = t - start < self.warmup
             self.seen[j] = True
 
-    def check(self, t: int, idx: np.ndarray, codes: np.ndarray, x: np.ndarray, bank) -> EarlyAlarms:
-        """Judge values ``x`` of streams ``idx`` (jobs ``codes``; before ``bank`` learns them)
-        against their warm-up samples; returns the alarms (their pre-onset samples are saved)."""
+    def check(self, t: int, idx: np.ndarray, codes: np.ndarray, x: np.ndarray, bank,
+              thin: np.ndarray | None = None, now_s: float = 0.0, window_s: float = 0.0) -> EarlyAlarms:
+        """Judge values ``x`` of streams ``idx`` (jobs ``codes``; before ``bank`` learns them;
+        ``thin``: the ones whose samples are pooled) against their warm-up samples; returns the
+        alarms (their pre-onset samples are saved)."""
         if not self.enabled or idx.size == 0:
             return EarlyAlarms.none()
         self._starters(t, idx, codes)
         cand = self.first[idx] & self.starter[idx] & bank.warming_up[idx]
         cand &= np.isin(idx, list(self.saved), invert=True) if self.saved else True
         j, xv = idx[cand], x[cand]
+        thin_j = np.zeros(j.size, bool) if thin is None else np.asarray(thin, bool)[cand]
         if j.size == 0:
             return EarlyAlarms.none()
         rows, counts = bank.warm_samples(j)
@@ -145,7 +159,24 @@ class EarlyChart:
         self.run_keep[j[fresh]] = counts[fresh]
         self.run[j] = np.where(same, prev + beyond, beyond)
         fire = same & (np.abs(self.run[j]) >= PERSIST)
+        if thin_j.any():
+            fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s)
         return self._fire(j[fire], beyond[fire], rows[fire], bank)
+
+    def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s):
+        """The sparse streams' CUSUMs (`dynamiccl.detector.early_cusum`); a stream both charts fire
+        for keeps the chart's onset."""
+        m = np.flatnonzero(thin & (counts < self.warmup - 1))
+        if m.size == 0:
+            return fire, beyond
+        f, d, start, keep = self.sparse.step(t, j[m], xv[m], rows[m], counts[m], self.scale_floor, self.arl0,
+                                             now_s, window_s)
+        new = m[f & ~fire[m]]
+        self.run_start[j[new]] = start[f & ~fire[m]]
+        self.run_keep[j[new]] = keep[f & ~fire[m]]
+        fire, beyond = fire.copy(), beyond.copy()
+        fire[new], beyond[new] = True, d[f & ~fire[m]]
+        return fire, beyond
 
     def _fire(self, j, direction, rows, bank) -> EarlyAlarms:
         if j.size == 0:

@@ -29,16 +29,27 @@ class InstancePool:
         self.s = np.zeros(capacity)
         self.n = np.zeros(capacity, np.int64)
         self.interval = np.full(capacity, np.nan)   # EWMA of seconds between windows with data
+        self.ranks = np.zeros(capacity, np.uint64)  # ranks (bit r % 64) with records in the pool's windows
         self.n_pooled = 0                           # samples formed by pooling
 
     def grow(self, extra: int) -> None:
         self.s = np.concatenate([self.s, np.zeros(extra)])
         self.n = np.concatenate([self.n, np.zeros(extra, np.int64)])
         self.interval = np.concatenate([self.interval, np.full(extra, np.nan)])
+        self.ranks = np.concatenate([self.ranks, np.zeros(extra, np.uint64)])
 
     def clear(self, idx) -> None:
         self.s[idx] = 0.0
         self.n[idx] = 0
+        self.ranks[idx] = 0
+
+    def ranks_reporting(self, idx: np.ndarray, masks: np.ndarray, known: np.ndarray) -> np.ndarray:
+        """Add the windows' rank sets ``masks`` to streams ``idx``'s pools; the number of ranks
+        seen over each pool so far (-1 where the window's ranks are not ``known``). An instance
+        straddling a window's edge puts some ranks' records in one window and the rest in the
+        next: the pool's union, not the completing window, says whether a rank went away."""
+        self.ranks[idx] |= masks
+        return np.where(known, np.bitwise_count(self.ranks[idx]).astype(np.int64), -1)
 
     def forget(self, idx) -> None:
         self.clear(idx)

@@ -7,7 +7,7 @@ import polars as pl
 
 from dynamiccl.collector.wire_format import ALGOS, PROTOS
 
-__all__ = ["STREAM_KEY", "group_streams", "reporting"]
+__all__ = ["STREAM_KEY", "group_streams", "reporting", "rank_masks"]
 
 STREAM_KEY = ("job_id", "comm_hash", "func", "size_bucket")
 _AP_CODE = {(a, p): i * len(PROTOS) + j for i, a in enumerate(ALGOS) for j, p in enumerate(PROTOS)}
@@ -61,3 +61,19 @@ def reporting(agg: pl.DataFrame, ranks: pl.DataFrame) -> np.ndarray:
     out = agg.select("job_id", "comm_hash").join(n, on=["job_id", "comm_hash"], how="left",
                                                    maintain_order="left")
     return out.get_column("n_reporting").fill_null(-1).to_numpy().astype(np.int64)
+
+
+def rank_masks(agg: pl.DataFrame, ranks: pl.DataFrame) -> np.ndarray:
+    """Per stream row of ``agg``: the ranks of its communicator with records in the ranks frame,
+    as bits ``1 << (rank % 64)`` (0 where the frame says nothing about it)."""
+    if ranks is None or ranks.height == 0 or "records" not in ranks.columns:
+        return np.zeros(agg.height, np.uint64)
+    seen = ranks.filter(pl.col("records") > 0).unique(["job_id", "comm_hash", "rank"]).select(
+        "job_id", "comm_hash", "rank")
+    shift = (seen.get_column("rank").to_numpy().astype(np.int64) % 64).astype(np.uint64)
+    bit = np.left_shift(np.ones(seen.height, np.uint64), shift)
+    # distinct ranks: their bits' sum is their union
+    bits = seen.with_columns(pl.Series("_bit", bit, pl.UInt64)).group_by("job_id", "comm_hash").agg(
+        pl.col("_bit").sum().alias("_mask"))
+    out = agg.select("job_id", "comm_hash").join(bits, on=["job_id", "comm_hash"], how="left", maintain_order="left")
+    return out.get_column("_mask").fill_null(0).to_numpy().astype(np.uint64)

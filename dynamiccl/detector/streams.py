@@ -39,7 +39,7 @@ from .sparse import InstancePool, JobCadence
 from .step_rate import StepRate
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
-from .stream_group import STREAM_KEY, group_streams, reporting
+from .stream_group import STREAM_KEY, group_streams, rank_masks, reporting
 from .stream_index import StreamIndex
 from .stream_rebase import StreamRebase
 
@@ -97,7 +97,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
-                                scale_floor=b.scale_floor)
+                                scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
@@ -168,10 +168,14 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
             nonpos = ~nan & (lat <= 0)
             absurd = ~nan & (lat > cfg.streams.max_latency_s)
             sparse = ~(nan | nonpos | absurd) & (inst < cfg.streams.min_instances)
+        rep_pool = None
         if (sparse & keep).any():
             # too few instances for a statistic: pooled with the stream's next windows until
             # there are enough (`dynamiccl.detector.sparse`); the window completing a pool carries it
             rows = np.flatnonzero(sparse & keep)
+            rep_pool = np.full(n_rows, -2, np.int64)   # -2: not pooled (the window's own count)
+            rep_pool[rows] = self.pool.ranks_reporting(idx[rows], rank_masks(agg, wf.ranks)[rows],
+                                                       reporting(agg, wf.ranks)[rows] >= 0)
             done, pooled = self.pool.add(idx[rows], np.log(lat[rows]), inst[rows], cfg.streams.min_instances)
             lat, lat90, sparse = lat.copy(), lat90.copy(), sparse.copy()
             lat[rows[done]] = pooled
@@ -203,6 +207,8 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.bytes_per_record[i_ok] = bpr
         self.coverage[i_ok] = cov
         rep_ok = reporting(agg, wf.ranks)[ok] if n_rows else np.zeros(0, np.int64)
+        if rep_pool is not None:   # a pooled sample: the ranks seen over its windows
+            rep_ok = np.where(rep_pool[ok] != -2, rep_pool[ok], rep_ok)
         self.reporting[i_ok] = rep_ok
         self.instances[:] = 0.0
         self.instances[i_ok] = inst[ok]
@@ -293,7 +299,11 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.inst_hist[t % H, idx[keep]] = inst[keep]      # every instance seen, pooled or not
         warming_before = self.banks[0].warming_up
         u = self._standardise(i_ok, x, warming_before)
-        early = self.early.check(t, i_ok, self.job_code[i_ok], x[i_ok], self.banks[0])
+        with np.errstate(invalid="ignore"):
+            thin_ok = self.instances_ref[i_ok] < cfg.streams.min_instances   # pooled samples
+        self.early.arl0 = float(self.arl0)
+        early = self.early.check(t, i_ok, self.job_code[i_ok], x[i_ok], self.banks[0], thin_ok,
+                                 float(wf.window_start), self._window_s)
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)

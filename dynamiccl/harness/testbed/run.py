@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import shutil
 import signal
@@ -93,7 +94,11 @@ class Run:
         self._last_status = 0.0
         self._latest = None
         self._saved: list = []
-        self.detect_from = float("inf")  # event time from which windows go to the detector
+        # event time from which windows go to the detector: a `detector: defaults` run gives it
+        # every window, as `dynamiccl replay` of its records does (a sparse job pools pairs of
+        # instances: one start-up window left out shifted every pair, and live and replay
+        # reported one slowdown 4 steps apart); else from the scenario's settle time (start())
+        self.detect_from = -math.inf if scenario.detector == "defaults" else math.inf
         self.detect_until = float("inf")  # ... and up to which (the scenario's end: not the shutdown)
         atexit.register(self.close)
 
@@ -117,7 +122,7 @@ class Run:
             window={"window_s": s.window_s, "allowed_lateness_s": s.lateness_s, "idle_flush_s": 1.0})
         self.pipeline = Pipeline(cfg).start()
         self.sub = self.pipeline.subscribe(max_queue=256)
-        self.detector = LiveDetector(s.window_s, **self.detector_overrides)
+        self.detector = LiveDetector(s.window_s, defaults=s.detector == "defaults", **self.detector_overrides)
         self.detect_loop = Loop(self.detector)
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -142,7 +147,8 @@ class Run:
             self._spawn(f"rank{r}", topo.netns_exec(r, argv), env)
         self._wait_for_ranks()
         # the detector learns its baseline from steady state, not from the start-up transient
-        self.detect_from = time.time() + s.settle_s
+        if s.detector != "defaults":
+            self.detect_from = time.time() + s.settle_s
         self._t0 = time.time() + s.warmup_s
         # the job's shutdown (the stop flag, ranks exiting, the last records flushed) slows its
         # last steps 3-8x: windows ending after the scenario are saved but not detected

@@ -23,6 +23,10 @@ A YAML file with the same fields works too::
       - {at_s: 0, do: throttle, ranks: [2], mbit: 20}
       - {at_s: 8, do: release, ranks: [2]}
 
+``detector: defaults`` runs the live detector at ``DetectorConfig()`` and gives it every window
+(``dynamiccl replay``'s twin; the sparse job's scenarios, docs/testbed.md); the default
+``testbed`` uses the test bed's settings (``dynamiccl/harness/testbed/detect.py``).
+
 >>> s = builtin("ci")
 >>> len(s.actions), s.actions[0].do, s.actions[0].ranks, s.duration_s
 (10, 'throttle', (2,), 104.0)
@@ -40,6 +44,7 @@ from pathlib import Path
 __all__ = ["Action", "Scenario", "builtin", "load", "BUILTIN", "MIN_CHANGE"]
 
 ACTIONS = ("throttle", "release", "bulk_on", "bulk_off")
+DETECTORS = ("testbed", "defaults")  # the live detector's settings: detect.py's, or DetectorConfig() unchanged
 MIN_CHANGE = 0.30
 
 
@@ -82,6 +87,7 @@ class Scenario:
     flush_ms: int = 20              # the torch source's flush interval
     mlock: bool = False             # ranks mlockall() their memory (tried: no measurable effect)
     queue_ms: int = 200             # tbf queue (latency) per link
+    detector: str = "testbed"       # live detector: the test bed's settings (detect.py) or "defaults" (DetectorConfig())
     actions: tuple[Action, ...] = field(default_factory=tuple)
 
     @property
@@ -97,6 +103,8 @@ class Scenario:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v <= 0:
                 raise ValueError(f"{n}: {name} must be > 0, got {v!r}")
+        if self.detector not in DETECTORS:
+            raise ValueError(f"{n}: detector must be one of {', '.join(DETECTORS)}, got {self.detector!r}")
         if self.batch_bytes < 0:
             raise ValueError(f"{n}: batch_bytes must be >= 0")
         if not isinstance(self.settle_s, (int, float)) or not 0 <= self.settle_s < self.warmup_s:
