@@ -20,12 +20,18 @@ nats = pytest.importorskip("nats")
 SHARDS = ("s1", "s2")          # rendezvous: j.0 -> s2, j.1 -> s1
 
 
-def _config(tmp_path, url, name, ack_wait):
-    """A `dynamiccl central` shard of job j split in 2 partitions (lateness for a loaded box)."""
+def _config(tmp_path, url, name, ack_wait, ttl_s):
+    """A `dynamiccl central` shard of job j split in 2 partitions (lateness for a loaded box). ``ttl_s``:
+    how long a silent shard keeps its units; the default 1.5 s moved partition 0 to the other shard when
+    one heartbeat write timed out on a loaded CI machine, which these tests do not test (a test that
+    stops no shard uses a TTL no stall reaches; a test of a takeover one a stall of a few seconds does not)."""
+    from dataclasses import replace
+
     from dynamiccl.scaleout import cli
-    return cli.central_config(argparse.Namespace(
+    cfg = cli.central_config(argparse.Namespace(
         shard=name, job=["j=node0,node1"], partitions=["j=2"], lateness=5.0, warmup=WARMUP,
         changes=str(tmp_path / f"changes-{name}.jsonl"), ack_wait=ack_wait, nats=[url], replicas=1, metrics="off"))
+    return replace(cfg, heartbeat_ttl_s=ttl_s).validate()
 
 
 def _retuning(tmp_path, name, **kw):
@@ -66,7 +72,7 @@ def test_partitions_on_two_shards_combine_over_the_bus_and_one_moves_alone(tmp_p
     stop_at = START_NS // 10**9 + 31             # partition 1's shard stops after this window (the drop: 28 s)
 
     async def run():
-        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 1.0))
+        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 1.0, 5.0))
         nc, js = await connect([url], replicas=1)
         ran_by = {"j.0": set(), "j.1": set()}
         for m in msgs:
@@ -133,7 +139,7 @@ def test_a_partitioned_jobs_retuner_over_the_bus_decides_as_the_unsplit_job(tmp_
     last = max(int(m.msg_id.split("/")[2]) for m in msgs)
 
     async def go():
-        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 3.0),
+        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 3.0, 60.0),
                                             lambda name: _retuning(tmp_path, name, **kw))
         nc, js = await connect([url], replicas=1)
         await nc.publish("dynamiccl.changes.j", b'{"v":1,"job":"j","partition":1,"window_end":1.0,"changes":[],'
@@ -185,7 +191,7 @@ def test_partition_0_moves_with_the_jobs_retuner_and_combiner_state(tmp_path):
     stop_at = START_NS // 10**9 + 25             # after the straggler and its recovery, before the drop (28 s)
 
     async def go():
-        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 1.0),
+        stops, shards, tasks = await _start(lambda name: _config(tmp_path, url, name, 1.0, 5.0),
                                             lambda name: _retuning(tmp_path, name))
         nc, js = await connect([url], replicas=1)
         for m in msgs:
