@@ -85,7 +85,10 @@ def analyse(out: str) -> bool:
     peers = load_peers(out)
     exercised = sum(int(run["stats"].get(str(r["pid"]), {}).get("records_sent", 0))
                     for la in launches if la["plugins"] and "overhead" in la["phases"] for r in la["results"])
-    checks.append(check_overhead(_overhead_samples(launches, metric), metric, exercised))
+    if env["spec"]["overhead"].get("skip"):
+        checks.append(Check("5 overhead", None, "not measured in this run (--no-overhead)"))
+    else:
+        checks.append(check_overhead(_overhead_samples(launches, metric), metric, exercised))
     checks.append(check_delivery(events, {int(k): v for k, v in run["stats"].items()}, plug_pids, peers))
     if results:
         slow = events[np.isin(events["pid"], list(pids))]

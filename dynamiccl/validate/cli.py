@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only re-run the checks on a saved run's folder (no GPU needed)")
     p.add_argument("--no-extras", action="store_true",
                    help="skip the extra launches (TSC record clock, per-peer timing, chained profiler)")
+    p.add_argument("--no-overhead", action="store_true",
+                   help="skip the interleaved overhead launches (check 5 is then SKIP); for a second NCCL "
+                        "version in the same GPU session, where check 5 was measured on the first")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +78,8 @@ def make_spec(args: argparse.Namespace, ranks: int, shared: bool = False) -> dic
         "probe": PROBE,
         # shared GPU: each call waits for time slices (ms), so fewer calls per round
         "overhead": {"sizes": [[MIB, 50], [64 * MIB, 10]] if shared else [[MIB, 500], [64 * MIB, 100]],
-                     "rounds": 3 if shared else 7, "metric": "enqueue_us" if shared else "overhead_us"},
+                     "rounds": 3 if shared else 7, "metric": "enqueue_us" if shared else "overhead_us",
+                     "skip": bool(getattr(args, "no_overhead", False))},
     }
 
 
@@ -95,7 +99,7 @@ def _launch_all(args, plan, spec, paths) -> list[Launch]:
             return la
 
         go(Launch("main", ["sweep", "tuner", "reload", "slow", "alltoall"], True, debug=True))
-        for i in range(2 if plan.shared else 3):     # interleaved: without, with, without, with, ...
+        for i in range(0 if spec["overhead"]["skip"] else 2 if plan.shared else 3):  # without, with, ...
             go(Launch(f"bare{i}", ["overhead"], False))
             go(Launch(f"plug{i}", ["overhead"], True))
         if not getattr(args, "no_extras", False) and launches[0].ok:

@@ -115,6 +115,18 @@ def test_overhead_of_a_plugin_that_emitted_nothing_is_no_result(tmp_path):
     assert five["status"] == "FAIL" and "not exercised" in five["summary"]
 
 
+def test_a_run_without_overhead_launches_skips_check_5_and_still_passes(tmp_path):
+    """`--no-overhead` (a second NCCL version in one GPU session): check 5 says it was not measured."""
+    out = fake_run(str(tmp_path / "run"))
+    env = json.loads(Path(out, "env.json").read_text())
+    env["spec"]["overhead"]["skip"] = True
+    Path(out, "env.json").write_text(json.dumps(env))
+    assert analyse(out)
+    doc = json.loads(Path(out, "report.json").read_text())
+    five = next(c for c in doc["checks"] if c["name"] == "5 overhead")
+    assert five["status"] == "SKIP" and "--no-overhead" in five["summary"]
+
+
 def test_worker_phases_run_on_gloo(tmp_path):
     """Every phase of the rank program, two gloo ranks on the CPU (no NCCL: no records)."""
     pytest.importorskip("torch")
