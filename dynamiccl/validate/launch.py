@@ -40,8 +40,8 @@ class GpuInfo:
 def probe_gpu() -> GpuInfo:
     try:
         import torch
-    except ImportError:
-        raise KitError(4, "PyTorch is not installed (the kit needs torch built with NCCL)") from None
+    except ImportError as e:   # not installed, or it cannot load (a preloaded NCCL lacking a symbol it needs)
+        raise KitError(4, f"PyTorch cannot be imported (the kit needs torch built with NCCL): {e}") from None
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         raise KitError(3, "no NVIDIA GPU visible to PyTorch (torch.cuda.is_available() is False): "
                           "nothing to validate on this machine")
