@@ -24,11 +24,13 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from dynamiccl.harness.testbed.scenario import MIN_CHANGE, Action, Scenario
 
-__all__ = ["generate", "split", "parse_seeds", "DEFAULT_GAP_S", "main"]
+__all__ = ["generate", "split", "parse_seeds", "record_seeds", "DEFAULT_GAP_S", "main"]
 
 DEFAULT_GAP_S = (10.0, 20.0)
 BUCKET_SIZES = ("4k", "16k", "64k", "128k", "256k", "512k", "1m")
@@ -129,8 +131,13 @@ def generate(seed: int, *, changes: int = 10, gap_s: tuple[float, float] = DEFAU
                     actions=tuple(actions)).validate()
 
 
-def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
-    """Record each seed's run into ``out/seed-NNN`` (skips seeds already recorded)."""
+def record_seeds(seeds: list[int], out: Path, scenario_of: Callable[[int], Scenario], *, nice: int = 0,
+                 prefix: str = "dtc", describe: Callable[[Scenario], str] = lambda sc: sc.name,
+                 report: Callable[[Path, Any], str] = lambda d, res: res.score.line()) -> int:
+    """The one recording loop of the test bed's seeded suites: each seed's scenario into
+    ``out/seed-NNN`` (seeds already recorded are skipped; an unfinished run's folder is kept aside
+    for its logs, never mixed into a new one). One failed run does not end the recording; a signal
+    does. Returns the number of runs that failed."""
     from dynamiccl.harness.testbed.netns import new_prefix
     from dynamiccl.harness.testbed.run import run_scenario
     failed = 0
@@ -138,19 +145,27 @@ def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
         d = out / f"seed-{seed:03d}"
         if (d / "summary.json").exists():
             continue
-        if d.exists():  # a run that did not finish: kept aside for its logs, never mixed into a new one
+        if d.exists():
             d.rename(out / f"failed-{seed:03d}-{int(time.time())}")
-        sc = generate(seed)
-        print(f"seed {seed} ({split(seed)}): {sc.nranks} ranks, {len(sc.actions)} changes, "
-              f"{sc.duration_s:.0f} s", flush=True)
+        sc = scenario_of(seed)
+        print(f"seed {seed} ({split(seed)}): {describe(sc)}", flush=True)
         try:
             res = run_scenario(sc, out_dir=d, live=False, nice=nice, print_fn=lambda *_: None,
-                               prefix=new_prefix("dtc"))
-            print(f"seed {seed}: {res.score.line()}", flush=True)
+                               prefix=new_prefix(prefix))
+            if res.interrupted:
+                print(f"seed {seed}: interrupted", file=sys.stderr, flush=True)
+                return failed + 1
+            print(f"seed {seed}: {report(d, res)}", flush=True)
         except Exception as exc:  # one failed run must not end the recording
             failed += 1
             print(f"seed {seed}: failed: {exc}", file=sys.stderr, flush=True)
     return failed
+
+
+def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
+    """Record the corpus runs of ``seeds`` into ``out/seed-NNN``."""
+    return record_seeds(seeds, out, generate, nice=nice, prefix="dtc",
+                        describe=lambda sc: f"{sc.nranks} ranks, {len(sc.actions)} changes, {sc.duration_s:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

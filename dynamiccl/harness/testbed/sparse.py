@@ -36,6 +36,7 @@ import random
 import sys
 from pathlib import Path
 
+from dynamiccl.harness.testbed.generate import split  # the corpus rule: even seeds dev, odd eval, fixed before recording
 from dynamiccl.harness.testbed.scenario import Action, Scenario
 
 __all__ = ["scenario", "split", "score_run", "STEP_S", "THROTTLE_MBIT", "TARGET_STEPS", "main"]
@@ -48,11 +49,6 @@ THROTTLE_MBIT = 30.0   # 50 -> 30: pilot runs at 34 Mbit/s measured 1.36x (one r
 TARGET_STEPS = 10      # issue 17: reported within 10 steps
 TAIL_S = 75.0          # after the onset: 15 steps, room for the target and a margin
 RATIO_N = 10           # instances either side of the onset for the measured slowdown
-
-
-def split(seed: int) -> str:
-    """``dev`` (even seeds) or ``eval`` (odd): fixed before any run was recorded."""
-    return "dev" if seed % 2 == 0 else "eval"
 
 
 def scenario(seed: int) -> Scenario:
@@ -178,27 +174,13 @@ def line(s: dict) -> str:
 
 # -- CLI ------------------------------------------------------------------------------------------
 def record(seeds: list[int], out: Path, *, nice: int = 0) -> int:
-    from dynamiccl.harness.testbed.netns import new_prefix
-    from dynamiccl.harness.testbed.run import run_scenario
-    failed = 0
-    for seed in seeds:
-        d = out / f"seed-{seed:03d}"
-        if (d / "summary.json").exists():
-            continue
-        sc = scenario(seed)
-        print(f"seed {seed} ({split(seed)}): {sc.nranks} ranks, {sc.actions[0].describe(sc.base_mbit)} at "
-              f"{sc.warmup_s + sc.actions[0].at_s:.0f} s, {sc.duration_s:.0f} s", flush=True)
-        try:
-            res = run_scenario(sc, out_dir=d, live=False, nice=nice, print_fn=lambda *_: None,
-                               prefix=new_prefix("dtb"))
-            if res.interrupted:  # a signal ends the recording, not just this run
-                print(f"seed {seed}: interrupted", file=sys.stderr, flush=True)
-                return failed + 1
-            print(line(score_run(d)), flush=True)
-        except Exception as exc:  # one failed run must not end the recording
-            failed += 1
-            print(f"seed {seed}: failed: {exc}", file=sys.stderr, flush=True)
-    return failed
+    from dynamiccl.harness.testbed.generate import record_seeds
+
+    def describe(sc: Scenario) -> str:
+        return (f"{sc.nranks} ranks, {sc.actions[0].describe(sc.base_mbit)} at "
+                f"{sc.warmup_s + sc.actions[0].at_s:.0f} s, {sc.duration_s:.0f} s")
+    return record_seeds(seeds, out, scenario, nice=nice, prefix="dtb", describe=describe,
+                        report=lambda d, res: line(score_run(d)))
 
 
 def main(argv: list[str] | None = None) -> int:
