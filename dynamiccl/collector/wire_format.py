@@ -60,6 +60,8 @@ class EventFlags:
                      # counted and enqueue-timed only (timing NONE, algo/proto UNKNOWN)
     TIMING_SUSPECT = 8  # a KernelCh pTimer broke the channel's kernel order (NCCL 2.28 after a send/recv to
                         # self) or stopped before it started: timing_source is NONE, gpu_* kept as seen
+    API_LEVEL = 16  # from the API call alone: NCCL ran it with no Coll event (2.29+: every ncclBroadcast);
+                    # enqueue-timed only (timing NONE, algo/proto UNKNOWN, n_channels 0)
 
 
 # Enum tables: index = wire code. Strings exactly as NCCL passes them (nccl-plugin-abi.md §1.6); the
@@ -198,6 +200,7 @@ def c_header() -> str:
         "#define DCCL_FLAG_SYMMETRIC " + str(EventFlags.SYMMETRIC),
         "#define DCCL_FLAG_COPY_ENGINE " + str(EventFlags.COPY_ENGINE),
         "#define DCCL_FLAG_TIMING_SUSPECT " + str(EventFlags.TIMING_SUSPECT),
+        "#define DCCL_FLAG_API_LEVEL " + str(EventFlags.API_LEVEL),
         "",
         _c_enum("FUNC", FUNCS), _c_enum("DTYPE", DATATYPES),
         "static const uint8_t dccl_dtype_sizes[] = {" + ", ".join(map(str, DATATYPE_SIZES)) + "};",

@@ -38,7 +38,8 @@ class CallRecords:
         timed = ((r["timing_source"] == TimingSource.KERNEL_GPU) & (r["gpu_start_ns"] > 0)
                  & (r["gpu_end_ns"] >= r["gpu_start_ns"]))
         flagged = (r["flags"] & EventFlags.TIMING_SUSPECT) != 0     # the plugin refused a wrong GPU time
-        return bool(len(r)) and bool(np.all(((r["flags"] & EventFlags.STALE) == 0) & (timed | own | flagged)))
+        api = (r["flags"] & EventFlags.API_LEVEL) != 0              # NCCL ran it with no Coll event (2.29+ Broadcast)
+        return bool(len(r)) and bool(np.all(((r["flags"] & EventFlags.STALE) == 0) & (timed | own | flagged | api)))
 
     @property
     def suspect(self) -> bool:
@@ -47,7 +48,7 @@ class CallRecords:
     @property
     def gpu_us(self) -> float:
         r = self.records[~self._self]
-        if not len(r) or self.suspect:
+        if not len(r) or self.suspect or np.any((r["flags"] & EventFlags.API_LEVEL) != 0):
             return float("nan")
         return float(int(r["gpu_end_ns"].max()) - int(r["gpu_start_ns"].min())) / 1e3
 

@@ -182,6 +182,10 @@ def collector_factory():
 
 def _base_env(addr: str, extra: dict | None) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DYNAMICCL_")}
+    # NCCL's pre-2.29 Broadcast path (a Coll event), which the emulator and the plugin both follow, so
+    # these scenarios' Broadcasts are ordinary collectives on every ABI; the 2.29+ default (no Coll
+    # event, an API-level record) is its own test (test_real_paths.py), which sets this itself
+    env["NCCL_ALLGATHERV_ENABLE"] = "0"
     env["DYNAMICCL_COLLECTOR"] = addr
     env["DYNAMICCL_JOB_ID"] = "job-test"
     env.update(extra or {})

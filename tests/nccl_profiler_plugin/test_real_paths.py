@@ -215,10 +215,41 @@ def test_collectives_without_coll_event_counted(abi, run_scenario, collector_fac
     res = run_scenario([
         {"op": "init", "hash": 0xC0, "threads": 2}, {"op": "run", "ops": hidden + ce + normal}, {"op": "sync"},
         {"op": "finalize"},
-    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 4096)})
+    ], sock_addr, abi=abi, env={"DYNAMICCL_EVENT_MASK": str(70 | 4096), "NCCL_ALLGATHERV_ENABLE": "0"})
     assert res["ok"], res
     st = res["stats"]
     assert st["colls_without_event"] == 7, st
     assert st["records_emitted"] == 25 == st["records_sent"], st
     check_events(col.events()[col.events()["seq_number"] >= 200], normal, comm_hash=0xC0, rank=0, nranks=2,
                  nnodes=1)
+
+
+@pytest.mark.parametrize("abi, allgatherv, api_level", [(5, None, False), (6, None, True), (7, None, True),
+                                                        (7, "1", True), (7, "0", False)])
+def test_broadcasts_nccl_runs_without_an_event_are_recorded_at_the_api_level(
+        abi, allgatherv, api_level, run_scenario, collector_factory, sock_addr):
+    """NCCL 2.29+ (ABI 6+) runs every ncclBroadcast through its AllGatherV path with no Coll event (seen on
+    real 2.30.7-2.32.3): the CollApi event becomes an API-level record (func, count, root, enqueue time;
+    timing NONE, algo/proto UNKNOWN, flag API_LEVEL), in call order. With NCCL_ALLGATHERV_ENABLE=0 (NCCL's
+    old path) and on ABI 5 a Broadcast has its Coll event and an ordinary GPU-timed record, never both."""
+    col = collector_factory(sock_addr)
+    hidden = make_ops(6, func=F["Broadcast"], datatype=wf.DATATYPES.index("ncclFloat32"))  # the emulator: no Coll on 6+
+    normal = make_ops(10, seq0=200, func=F["AllReduce"])
+    env = {"DYNAMICCL_EVENT_MASK": "70", "NCCL_ALLGATHERV_ENABLE": allgatherv or ""}  # "": NCCL's default
+    res = run_scenario([
+        {"op": "init", "hash": 0xB0, "threads": 2}, {"op": "run", "ops": hidden + normal}, {"op": "sync"},
+        {"op": "finalize"},
+    ], sock_addr, abi=abi, env=env)
+    assert res["ok"], res
+    st, ev = res["stats"], col.events()
+    api = ev[(ev["flags"] & wf.EventFlags.API_LEVEL) != 0]
+    assert st["records_emitted"] == st["records_sent"] == 16 and st["colls_without_event"] == 0, st
+    assert len(api) == 6 * api_level
+    bc = ev[ev["func"] == F["Broadcast"]]
+    assert len(bc) == 6 and np.all((bc["timing_source"] == wf.TimingSource.KERNEL_GPU) != api_level)
+    if api_level:
+        assert np.all(api["func"] == F["Broadcast"]) and np.all(api["timing_source"] == wf.TimingSource.NONE)
+        assert np.all(api["algo"] == wf.UNKNOWN) and np.all(api["proto"] == wf.UNKNOWN)
+        assert list(api["seq_number"]) == list(range(6)) and list(api["root"]) == [o["root"] for o in hidden]
+        assert list(api["count"]) == [o["count"] for o in hidden]
+        assert list(api["bytes"]) == [4 * o["count"] for o in hidden]

@@ -180,6 +180,14 @@ def _break(breakage: str | None, events: np.ndarray, results: list[dict], log: l
         late = (events["enqueue_ns"] > after) & (events["rank"] == 0)
         events["timing_source"][late] = TimingSource.NONE
         events["flags"][late] |= EventFlags.TIMING_SUSPECT
+    elif breakage in ("api_broadcast", "api_choice"):  # NCCL 2.29+: Broadcast with no Coll event, API-level records
+        bc = events["func"] == FUNCS.index("Broadcast")
+        events["timing_source"][bc] = TimingSource.NONE
+        events["flags"][bc] |= EventFlags.API_LEVEL
+        events["algo"][bc] = events["proto"][bc] = 255
+        events["n_channels"][bc] = events["gpu_start_ns"][bc] = events["gpu_end_ns"][bc] = 0
+        if breakage == "api_choice":         # and an ordinary record disagrees with its line
+            log[5] = log[5].replace("Algo RING", "Algo TREE")
     elif breakage == "split_switch":         # rank 1 applies the mid-run version one collective late
         ix = np.flatnonzero((events["rank"] == 1) & (events["tuner_config_version"] == 3))[0]
         events["tuner_config_version"][ix] = 2

@@ -115,6 +115,24 @@ def test_overhead_of_a_plugin_that_emitted_nothing_is_no_result(tmp_path):
     assert five["status"] == "FAIL" and "not exercised" in five["summary"]
 
 
+def test_api_level_broadcast_records_pass_records_and_choice_without_timing(tmp_path):
+    """NCCL 2.29+ runs Broadcast with no Coll event; the plugin's API-level records count as the calls'
+    records (no GPU timing cell), and check 3 sets them aside with NCCL's lines for them."""
+    out = fake_run(str(tmp_path / "run"), "api_broadcast")
+    assert analyse(out), _status(out)
+    doc = json.loads(Path(out, "report.json").read_text())
+    two = next(c for c in doc["checks"] if c["name"] == "2 records")
+    assert not any(row["func"] == "Broadcast" for row in two["numbers"]["timing"])
+    three = next(c for c in doc["checks"] if c["name"] == "3 NCCL's choice")
+    assert "API-level records and their lines set aside" in three["summary"]
+
+
+def test_api_level_records_do_not_hide_a_wrong_choice(tmp_path):
+    out = fake_run(str(tmp_path / "run"), "api_choice")
+    assert not analyse(out)
+    assert _status(out)["3 NCCL's choice"] == "FAIL"
+
+
 def test_a_run_without_overhead_launches_skips_check_5_and_still_passes(tmp_path):
     """`--no-overhead` (a second NCCL version in one GPU session): check 5 says it was not measured."""
     out = fake_run(str(tmp_path / "run"))

@@ -1,5 +1,6 @@
 /* The emulator's replay of NCCL's profiler call sequence for one operation (see nccl_emu.h). */
 #define _GNU_SOURCE
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -241,6 +242,15 @@ void emu_replay_proxy(emu_comm_t* c, void* coll, const emu_coll_t* op, uint64_t*
   *calls += n;
 }
 
+/* NCCL 2.29+ (ABI 6+) runs ncclBroadcast through its AllGatherV path: the task it becomes carries
+   no profiler activation mask, so no Coll and no KernelCh event (enqueue.cc), unless
+   NCCL_ALLGATHERV_ENABLE=0. */
+static int bcast_without_event(const struct emu* e, const emu_coll_t* op) {
+  if (e->version < 6 || op->func != DCCL_FUNC_BROADCAST || (op->flags & EMU_F_CE)) return 0;
+  const char* v = getenv("NCCL_ALLGATHERV_ENABLE");
+  return v == NULL || *v == '\0' || strtol(v, NULL, 10) != 0;
+}
+
 /* The application-thread part of one operation. Returns the Coll/P2p handle. */
 void* emu_replay_app(emu_comm_t* c, const emu_coll_t* op) {
   struct emu* e = c->emu;
@@ -290,7 +300,7 @@ void* emu_replay_app(emu_comm_t* c, const emu_coll_t* op) {
   }
   void* parent = (op->flags & EMU_F_NULL_PARENT) ? NULL : (e->version >= 5 ? api : group);
   int ce = (op->flags & EMU_F_CE) && e->version >= 6;
-  if (!p2p && (op->flags & EMU_F_NO_COLL_EVENT)) {
+  if (!p2p && ((op->flags & EMU_F_NO_COLL_EVENT) || bcast_without_event(e, op))) {
     coll = NULL; /* the CollApi above was its only event */
   } else if (ce) { /* ncclLaunchCeColl: CeColl around the host-side launch, no Coll, no kernel */
     if (mask & (ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch)) {

@@ -208,6 +208,12 @@ typedef struct dccl_ctx {
   uint64_t min_bytes;
   uint32_t sample;
   int abi_version;
+  /* NCCL 2.29+ runs every ncclBroadcast through its AllGatherV path with no Coll event
+     (enqueue.cc: the task it becomes has no activation mask): its CollApi event becomes an
+     API-level record (DCCL_FLAG_API_LEVEL). Set at init: ABI >= 6, Coll recorded,
+     NCCL_ALLGATHERV_ENABLE not 0. */
+  int api_bcast;
+  uint64_t api_bcast_seq;        /* ordinal of those broadcasts (the application thread's) */
   char name[88];
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
   struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */

@@ -127,6 +127,14 @@ static void ctx_free(dccl_ctx_t* ctx) {
   free(ctx);
 }
 
+
+/* NCCL's NCCL_ALLGATHERV_ENABLE (default 1): with it, 2.29+ runs ncclBroadcast without a Coll
+   event (dccl_ctx_t.api_bcast). An nccl.conf setting is not seen here. */
+static int allgatherv_enabled(void) {
+  const char* v = getenv("NCCL_ALLGATHERV_ENABLE");
+  return v == NULL || *v == '\0' || strtol(v, NULL, 10) != 0;
+}
+
 static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const char* commName, int nNodes,
                               int nranks, int rank, int* mask, int abi) {
   dccl_ctx_t* ctx = aligned_alloc(64, (sizeof(dccl_ctx_t) + 63) & ~(size_t)63);
@@ -168,6 +176,7 @@ static dccl_ctx_t* ctx_create(const dccl_config_t* cfg, uint64_t commId, const c
   ctx->min_bytes = cfg->min_bytes;
   ctx->sample = cfg->sample;
   ctx->abi_version = abi;
+  ctx->api_bcast = abi >= 6 && (cfg->event_mask & ncclProfileColl) && allgatherv_enabled();
   if (commName) snprintf(ctx->name, sizeof ctx->name, "%s", commName);
   return ctx;
 }

@@ -161,6 +161,23 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
            DCCL_FLAG_COPY_ENGINE, 0);
 }
 
+/* A CollApi event on a communicator where NCCL runs broadcasts with no Coll event (ctx->api_bcast,
+   NCCL 2.29+): a Broadcast call becomes an API-level record (enqueued at the call, stopped when
+   NCCL has queued it; timing NONE, algo/proto UNKNOWN), counted as covered; every other call keeps
+   the dummy handle its Coll event's children need. Out of line: taken only where api_bcast is set. */
+static __attribute__((noinline)) void start_api(dccl_ctx_t* ctx, void** eHandle, const char* func,
+                                                const char* dtype, size_t count, int root, uint64_t user_tag) {
+  if (MAP_FUNC(func) != DCCL_FUNC_BROADCAST) {
+    start_dummy(ctx, eHandle, ncclProfileCollApi);
+    return;
+  }
+  dccl_bump(&ctx->api_colls);
+  dccl_bump(&ctx->coll_events);
+  uint64_t seq = ctx->api_bcast_seq++;
+  start_op(ctx, eHandle, DCCL_KIND_COLL, seq, func, dtype, count, root, 0, 0, NULL, NULL, 0, user_tag,
+           DCCL_FLAG_API_LEVEL, 0);
+}
+
 /* v7 KernelPhase, a child of a KernelCh fired before the KernelCh stops (profiler.cc:
    profilerFireKernelPhaseEvents): only phase 0, initial_sync, the channel's wait for its peers, is
    kept. Its handle is the parent's payload under the dummy tag, so its stopEvent is a no-op and
@@ -185,7 +202,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
    with our own parent handle and the chained plugin with its own. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST)                  \
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_CASE)        \
   static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
   static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
                                                                       descr_t* d);                          \
@@ -203,8 +220,11 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
-    else if ((uint64_t)d->type & DCCL_DUMMY_TYPES)                                                           \
+    else if ((uint64_t)d->type & DCCL_DUMMY_TYPES) {                                                         \
+      if (__builtin_expect(((dccl_ctx_t*)context)->api_bcast, 0) && (uint64_t)d->type == ncclProfileCollApi)  \
+        return fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                  \
       start_dummy((dccl_ctx_t*)context, eHandle, (uint64_t)d->type);                                         \
+    }                                                                                                        \
     else                                                                                                     \
       return fn##_rest((dccl_ctx_t*)context, eHandle, d); /* a tail call */                                  \
     return ncclSuccess;                                                                                      \
@@ -221,6 +241,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
+      API_CASE                                                                                               \
       case ncclProfileProxyOp: /* per-peer network timing, opt-in (net.h) */                                \
         if (ctx->net)                                                                                        \
           dccl_net_start_op(ctx, eHandle, d->parentObj, d->proxyOp.pid, d->proxyOp.peer, d->proxyOp.isSend); \
@@ -245,11 +266,17 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
     start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
 
-DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, NULL, 0, , )
-DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, NULL, 0, , )
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCCL_CE_CASE(0), )
+/* v6+: a Broadcast's CollApi event, routed here only where ctx->api_bcast is set (start_api). */
+#define DCCL_API_CASE(TAG)                                                                                 \
+  case ncclProfileCollApi:                                                                                 \
+    start_api(ctx, eHandle, d->collApi.func, d->collApi.datatype, d->collApi.count, d->collApi.root, (TAG)); \
+    break;
+
+DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, NULL, 0, , , )
+DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, NULL, 0, , , )
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCCL_CE_CASE(0), , DCCL_API_CASE(0))
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->coll.kernelVariant,
-                  d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST)
+                  d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST, DCCL_API_CASE(d->collApi.userTag))
 
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent, chained or not, does nothing: NCCL
    records the KernelChStop state (with its pTimer) right before it (profiler.cc
