@@ -3,6 +3,7 @@
  * and from the reaper; no allocation, no lock.
  */
 #include "net.h"
+#include "ring.h"
 
 dccl_global_t dccl_g = {
     .lifecycle = PTHREAD_MUTEX_INITIALIZER,
@@ -17,6 +18,12 @@ dccl_ctx_t* _Atomic dccl_ctx_tab[DCCL_MAX_CTX];
 void dccl_slot_finish(dccl_slot_t* s, int stale) {
   uint32_t gen = (uint32_t)((atomic_load_explicit(&s->ctl, memory_order_acquire) >> 1) & DCCL_H_GEN_MASK);
   (void)atomic_load_explicit(&s->done, memory_order_acquire); /* pairs with the events' RMWs (the reaper's view) */
+  dccl_slot_finish_gen(s, gen, stale);
+}
+
+/* The hot path's entry (slot_mark): the completing CAS on `done` (acq_rel) already ordered the other
+   party's writes, and the caller knows the generation, so neither word is read again here. */
+void dccl_slot_finish_gen(dccl_slot_t* s, uint32_t gen, int stale) {
   /* the KernelCh aggregate counts only when it is this generation's (dccl_kagg_t) */
   const dccl_kagg_t* a = &s->kagg;
   int mine = a->gen == gen;
@@ -48,7 +55,7 @@ void dccl_slot_finish(dccl_slot_t* s, int stale) {
       atomic_fetch_add_explicit(&dccl_g.timing_suspect, 1, memory_order_relaxed);
     }
   }
-  if (dccl_ring_push(&dccl_g.ring, r) != 0)
+  if (dccl_ring_push_inline(&dccl_g.ring, r) != 0)
     atomic_fetch_add_explicit(&dccl_g.records_dropped_ring_full, 1, memory_order_relaxed);
   if (s->net) dccl_net_emit(s); /* its PEER records follow it (per-peer timing opted in) */
   atomic_store_explicit(&s->busy, 0, memory_order_release);

@@ -322,6 +322,8 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns);
 void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns);
 /* Complete a slot (the caller won the ctl "finished" bit); stale: reaped. finish.c */
 void dccl_slot_finish(dccl_slot_t* s, int stale);
+/* Same, for the generation gen the caller completed with its CAS on `done` (slot_mark). */
+void dccl_slot_finish_gen(dccl_slot_t* s, uint32_t gen, int stale);
 
 /* Tuner link (plugin.c): find the DynamICCL tuner NCCL loaded ($NCCL_TUNER_PLUGIN, dlopen with
    RTLD_NOLOAD, so nothing is loaded here) and its dynamiccl_tuner_config_version(); retried by the

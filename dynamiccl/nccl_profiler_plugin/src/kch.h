@@ -18,7 +18,7 @@ static inline void slot_mark(dccl_slot_t* s, uint64_t h, uint64_t part) {
   if ((w & DCCL_DONE_REAPED) || ((w | part) & DCCL_DONE_BOTH) != DCCL_DONE_BOTH) return;
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_relaxed);
   atomic_store_explicit(&s->ctl, c | 1, memory_order_release);
-  dccl_slot_finish(s, 0);
+  dccl_slot_finish_gen(s, (uint32_t)DCCL_H_GEN(h), 0);
 }
 
 #define DUMMY_HANDLE ((void*)(uintptr_t)DCCL_H_TAG_DUMMY)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "ring.h"
 
 /* record_seq base: ring pushes of earlier plugin lifetimes (all comms finalized, then a new init). */
 uint64_t dccl_seq_base;
@@ -41,27 +42,7 @@ void dccl_ring_free(dccl_ring_t* r) {
   r->recs = NULL;
 }
 
-int dccl_ring_push(dccl_ring_t* r, const dccl_event_record_t* rec) {
-  uint64_t pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
-  for (;;) {
-    uint64_t s = atomic_load_explicit(&r->seq[pos & r->mask], memory_order_acquire);
-    int64_t diff = (int64_t)(s - pos);
-    if (diff == 0) {
-      if (atomic_compare_exchange_weak_explicit(&r->enqueue_pos, &pos, pos + 1, memory_order_relaxed,
-                                                memory_order_relaxed))
-        break;
-    } else if (diff < 0) {
-      return -1; /* full */
-    } else {
-      pos = atomic_load_explicit(&r->enqueue_pos, memory_order_relaxed);
-    }
-  }
-  dccl_event_record_t* dst = &r->recs[pos & r->mask];
-  memcpy(dst, rec, sizeof *dst);
-  dst->record_seq = dccl_seq_base + pos + 1;
-  atomic_store_explicit(&r->seq[pos & r->mask], pos + 1, memory_order_release);
-  return 0;
-}
+int dccl_ring_push(dccl_ring_t* r, const dccl_event_record_t* rec) { return dccl_ring_push_inline(r, rec); }
 
 uint32_t dccl_ring_pop(dccl_ring_t* r, dccl_event_record_t* out, uint32_t max) {
   uint32_t n = 0;
