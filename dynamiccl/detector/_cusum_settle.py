@@ -71,6 +71,26 @@ def drop_earlier_regime(det, buffer: list[float]) -> None:
                                    min_rel_scale=det.min_rel_scale, cap=det._cap)]
 
 
+def keeps_growing(det, buffer: list[float]) -> bool:
+    """Whether ``det``'s warm-up, at or past its full length, stays open and keeps learning:
+    the one-regime rule is on, the warm-up is unsettled (fewer than ``min_effective_warmup``
+    effective samples) and shorter than ``warmup_growth`` x ``warmup`` (the memory bound)."""
+    m = det.min_effective_warmup
+    if m is None or len(buffer) >= det.warmup_growth * det.warmup:
+        return False
+    values = np.asarray(buffer, dtype=np.float64)
+    return effective_samples(values, estimator=det.estimator, min_rel_scale=det.min_rel_scale,
+                             cap=det._cap) < m
+
+
+def validate_growth(warmup_growth) -> int:
+    """Check the bound on an unsettled warm-up's growth, in multiples of ``warmup``."""
+    if not (isinstance(warmup_growth, int) and not isinstance(warmup_growth, bool)
+            and warmup_growth >= 1):
+        raise ValueError(f"warmup_growth must be an int >= 1, got {warmup_growth!r}")
+    return warmup_growth
+
+
 def validate_min_effective(min_effective_warmup) -> int | None:
     """Check the effective-sample count of a settled regime (None: the rule is off)."""
     if min_effective_warmup is not None and not (

@@ -5,7 +5,8 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
-from ._cusum_settle import drop_earlier_regime, validate_min_effective
+from ._cusum_settle import (drop_earlier_regime, keeps_growing, validate_growth,
+                            validate_min_effective)
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
@@ -101,14 +102,20 @@ class CUSUM(base.DriftDetector):
         the full warm-up (what `CUSUMBank` does).
     min_effective_warmup
         Effective samples of a settled regime (`dynamiccl.detector._cusum_settle`); None: off.
+    warmup_growth
+        An unsettled full warm-up (fewer than ``min_effective_warmup`` effective samples) keeps
+        learning, provisional, up to this many times ``warmup`` samples; 1: it closes at
+        ``warmup``.
 
     One regime per baseline: a warm-up holding a level change drops its earlier regime when the
-    latest one is settled (`dynamiccl.detector._cusum_settle`).
+    latest one is settled; an unsettled one keeps learning (`dynamiccl.detector._cusum_settle`).
 
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
-    winsorised baseline, monitored from 20; the serial correction; the cap at delta + 1; a 0.5 %
-    scale floor; no lower bound; one regime per baseline) were chosen on the development half of public labelled data
-    and scored on the other half: docs/evaluation/2026-11-27-cusum-public.md.
+    winsorised baseline, monitored from 20, growing to 400 while unsettled; the serial
+    correction; the cap at delta + 1; a 0.5 % scale floor; no lower bound; one regime per
+    baseline) were chosen on the development half of public labelled data and scored on the
+    other half: docs/evaluation/2026-11-27-cusum-public.md. Seasonal series are outside the
+    promise: each seasonal rise and fall is a level change to this chart.
 
     Attributes
     ----------
@@ -183,6 +190,7 @@ class CUSUM(base.DriftDetector):
         min_rel_scale: float = 0.005,
         min_warmup: int | None = 20,
         min_effective_warmup: int | None = 20,
+        warmup_growth: int = 4,
     ):
         super().__init__()
         self.delta = delta
@@ -198,6 +206,7 @@ class CUSUM(base.DriftDetector):
         self.min_rel_scale = min_rel_scale
         self.min_warmup = min_warmup
         self.min_effective_warmup = validate_min_effective(min_effective_warmup)
+        self.warmup_growth = validate_growth(warmup_growth)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -394,7 +403,7 @@ class CUSUM(base.DriftDetector):
             two_sided=self.mode == "both")
         self._inv_scale = 1.0 / self._scale
         n = len(buffer)  # type: ignore[arg-type]
-        if n >= self.warmup:
+        if n >= self.warmup and not keeps_growing(self, buffer):  # type: ignore[arg-type]
             self._buffer = None
             self._s_up = self._s_down = 0.0
             self._run_up = self._run_down = 0
@@ -405,10 +414,12 @@ class CUSUM(base.DriftDetector):
         if old_scale is not None:
             self._s_up *= old_scale * self._inv_scale
             self._s_down *= old_scale * self._inv_scale
-        self._next_learn = next_learn_size(n, self.warmup)
+        self._next_learn = next_learn_size(n, self.warmup if n < self.warmup
+                                           else self.warmup_growth * self.warmup)
 
     @classmethod
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
         yield {"min_effective_warmup": None}
+        yield {"warmup_growth": 1}
