@@ -166,8 +166,8 @@ static inline void start_ce(dccl_ctx_t* ctx, void** eHandle, uint64_t seq, const
 
 /* A CollApi event on a communicator where NCCL runs broadcasts with no Coll event (ctx->api_bcast,
    NCCL 2.29+): a Broadcast call becomes an API-level record (enqueued at the call, stopped when
-   NCCL has queued it; timing NONE, algo/proto UNKNOWN), counted as covered; every other call keeps
-   the dummy handle its Coll event's children need. Out of line: taken only where api_bcast is set. */
+   NCCL has queued it; timing NONE, algo/proto UNKNOWN), counted as covered; a call that is no
+   Broadcast keeps the dummy handle its Coll event's children need. Out of line: broadcasts only. */
 static __attribute__((noinline)) void start_api(dccl_ctx_t* ctx, void** eHandle, const char* func,
                                                 const char* dtype, size_t count, int root, uint64_t user_tag) {
   if (MAP_FUNC(func) != DCCL_FUNC_BROADCAST) {
@@ -205,7 +205,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
    with our own parent handle and the chained plugin with its own. */
-#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_CASE)        \
+#define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_FAST)        \
   static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
   static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
                                                                       descr_t* d);                          \
@@ -223,11 +223,9 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
     PHASE_FAST                                                                                               \
-    else if ((uint64_t)d->type & DCCL_DUMMY_TYPES) {                                                         \
-      if (__builtin_expect(((dccl_ctx_t*)context)->api_bcast, 0) && (uint64_t)d->type == ncclProfileCollApi)  \
-        return fn##_rest((dccl_ctx_t*)context, eHandle, d);                                                  \
+    API_FAST                                                                                                 \
+    else if ((uint64_t)d->type & DCCL_DUMMY_TYPES)                                                           \
       start_dummy((dccl_ctx_t*)context, eHandle, (uint64_t)d->type);                                         \
-    }                                                                                                        \
     else                                                                                                     \
       return fn##_rest((dccl_ctx_t*)context, eHandle, d); /* a tail call */                                  \
     return ncclSuccess;                                                                                      \
@@ -244,7 +242,6 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
                   (P2P_TAG));                                                                                \
         break;                                                                                               \
       CE_CASE                                                                                                \
-      API_CASE                                                                                               \
       case ncclProfileProxyOp: /* per-peer network timing, opt-in (net.h) */                                \
         if (ctx->net)                                                                                        \
           dccl_net_start_op(ctx, eHandle, d->parentObj, d->proxyOp.pid, d->proxyOp.peer, d->proxyOp.isSend); \
@@ -269,17 +266,19 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
     start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
 
-/* v6+: a Broadcast's CollApi event, routed here only where ctx->api_bcast is set (start_api). */
-#define DCCL_API_CASE(TAG)                                                                                 \
-  case ncclProfileCollApi:                                                                                 \
-    start_api(ctx, eHandle, d->collApi.func, d->collApi.datatype, d->collApi.count, d->collApi.root, (TAG)); \
-    break;
+/* v6+: a Broadcast's CollApi event where ctx->api_bcast is set (start_api). NCCL's only collective
+   name starting with 'B' is "Broadcast": one byte decides, inline, for the other calls. */
+#define DCCL_API_FAST(TAG)                                                                                 \
+  else if (__builtin_expect(((dccl_ctx_t*)context)->api_bcast, 0) && (uint64_t)d->type == ncclProfileCollApi && \
+           d->collApi.func != NULL && d->collApi.func[0] == 'B')                                           \
+    start_api((dccl_ctx_t*)context, eHandle, d->collApi.func, d->collApi.datatype, d->collApi.count,       \
+              d->collApi.root, (TAG));
 
 DCCL_DEFINE_START(dccl_start_v4, ncclProfilerEventDescr_v4_t, 0, 0, NULL, 0, , , )
 DCCL_DEFINE_START(dccl_start_v5, ncclProfilerEventDescr_v5_t, 0, 0, NULL, 0, , , )
-DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCCL_CE_CASE(0), , DCCL_API_CASE(0))
+DCCL_DEFINE_START(dccl_start_v6, ncclProfilerEventDescr_v6_t, 0, 0, NULL, 0, DCCL_CE_CASE(0), , DCCL_API_FAST(0))
 DCCL_DEFINE_START(dccl_start_v7, ncclProfilerEventDescr_v7_t, d->coll.userTag, d->coll.isSymColl, d->coll.kernelVariant,
-                  d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST, DCCL_API_CASE(d->collApi.userTag))
+                  d->p2p.userTag, DCCL_CE_CASE(d->ceColl.userTag), DCCL_PHASE_FAST, DCCL_API_FAST(d->collApi.userTag))
 
 /* A Coll/P2p stopEvent ("enqueued"). A KernelCh stopEvent, chained or not, does nothing: NCCL
    records the KernelChStop state (with its pTimer) right before it (profiler.cc
