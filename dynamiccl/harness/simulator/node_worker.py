@@ -80,6 +80,9 @@ def _open_emulator(node: int, plugin: str, emu_lib: str, abi: int, inits: list[t
     if EMU_DT != EMU_OP_DTYPE:
         raise _StartError("emu_coll_t layout mismatch between dynamiccl.harness.simulator.engine and "
                           "dynamiccl.nccl_profiler_plugin.emulator")
+    # The simulated job's broadcasts take NCCL's timed path (a Coll event, GPU times), as before 2.29;
+    # NCCL 2.29+'s default (no event, an API-level record) is the plugin tests'. Set it to 1 to see it.
+    os.environ.setdefault("NCCL_ALLGATHERV_ENABLE", "0")
     try:
         emu = Emulator(plugin, abi, lib=emu_lib)
     except OSError as exc:
