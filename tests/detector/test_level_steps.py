@@ -43,3 +43,22 @@ def test_ramp_is_no_step():
     _, out = _run(ramp)
     assert not [c for c in out if c.evidence.get("step")], [(c.kind, c.detected_s - EPOCH) for c in out]
     assert [c.kind for c in out if c.kind == "recovery"]
+
+
+def test_throttle_that_eases_is_a_softer_step():
+    """2.5x at window 100, eased to 1.5x at 115 (a softer throttle, still degraded): a softer
+    step within 3 windows, and the release at 140 still a recovery. Before, the windows between
+    the two levels were neither on nor recovered and the easing went unreported."""
+    det, out = _run(lambda t: 1.0 if t < ON or t >= OFF else (2.5 if t < 115 else 1.5))
+    softer = [c for c in out if c.evidence.get("step") == "softer"]
+    assert softer, [(c.kind, c.detected_s - EPOCH, c.evidence.get("step")) for c in out]
+    assert 0 < softer[0].detected_s - (EPOCH + 115) <= 3.0
+    assert softer[0].magnitude < 1.0
+    rec = [c for c in out if c.kind == "recovery"]
+    assert rec and 0 < rec[0].detected_s - (EPOCH + OFF) <= 3.0
+
+
+def test_noisy_degraded_level_is_no_softer_step():
+    """A steady 2.5x throttle with the job's noise: no step either way until its release."""
+    det, out = _run(lambda t: 1.0 if t < ON or t >= OFF else 2.5)
+    assert not [c for c in out if c.evidence.get("step")], [(c.kind, c.detected_s - EPOCH) for c in out]
