@@ -100,9 +100,12 @@ class Tracking:
             inc.deeper_run = 0
             return None
         if inc.deeper_run == 0:
-            if (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s or before >= ABRUPT * m:
-                # still the onset unfolding (what follows within ``merge_s`` joins the
-                # incident: a degrading NIC's 4 s ramp), or a ramp: no step of its own
+            # still the onset unfolding (what follows within ``merge_s`` joins the incident: a
+            # degrading NIC's 4 s ramp), or a ramp: no step of its own. An incident that has been
+            # back at its old level since its report (``onsets``) is no onset unfolding: a ramp
+            # never goes back, and a change that follows a short excursion is a step of its own
+            unfolding = (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s and not inc.onsets
+            if unfolding or before >= ABRUPT * m:
                 return None
             inc.deeper_from = ws.t
         inc.deeper_run += 1

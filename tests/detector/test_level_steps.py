@@ -62,3 +62,20 @@ def test_noisy_degraded_level_is_no_softer_step():
     """A steady 2.5x throttle with the job's noise: no step either way until its release."""
     det, out = _run(lambda t: 1.0 if t < ON or t >= OFF else 2.5)
     assert not [c for c in out if c.evidence.get("step")], [(c.kind, c.detected_s - EPOCH) for c in out]
+
+
+def test_change_after_a_short_excursion_is_a_step():
+    """A 1.6x excursion at 100-101 opens an incident, the windows are back at 102, a 3x throttle
+    starts at 103: the throttle is a deeper step within 3 windows. Before, the `merge_s` guard
+    (the onset unfolding) held for 5 s after the report while the tracked level chased the
+    throttle, and it was never reported (test-bed dev seeds 20 and 28)."""
+    def level(t):
+        if t < ON or t >= OFF:
+            return 1.0
+        return 1.6 if t < ON + 2 else (1.0 if t == ON + 2 else 3.0)
+    _, out = _run(level)
+    first = [c for c in out if c.kind != "recovery"]
+    assert first and first[0].detected_s - EPOCH <= ON + 2, [(c.kind, c.detected_s - EPOCH) for c in out]
+    steps = [c for c in out if c.evidence.get("step") == "deeper"]
+    assert steps, [(c.kind, c.detected_s - EPOCH, c.evidence.get("step")) for c in out]
+    assert 0 < steps[0].detected_s - (EPOCH + ON + 3) <= 3.0
