@@ -92,3 +92,12 @@ def test_score_softer_step_reports_an_eased_throttle():
     s = score(ev, det)
     assert (s.detected, s.false_alarms) == (3, 0), s.false
     assert not score(ev, [Detection("b", "bandwidth", 114.0, step="softer")]).rows[0]["detected"]
+
+
+def test_score_falling_latency_reports_a_release():
+    """A release whose throttle was not reported is seen, if at all, as an incident of falling
+    latency (a change of kind bandwidth / latency with magnitude below 1): an improvement."""
+    ev = [TruthEvent(0, "throttle", [1], False, True, 0, 100.0, 100.0, 200, 50, "t"),
+          TruthEvent(1, "release", [1], False, False, 12, 112.0, 112.0, 50, 200, "r")]
+    s = score(ev, [Detection("a", "bandwidth", 113.5, magnitude=0.45)])
+    assert (s.detected, s.false_alarms) == (1, 0) and s.rows[1]["detected"], s.false

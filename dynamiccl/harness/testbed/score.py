@@ -42,9 +42,10 @@ class Detection:
 
     @property
     def degrades(self) -> bool:
-        """A recovery, and a softer step of an open incident (`dynamiccl.detector.steps`: a
-        change of the incident's kind with ``evidence.step == "softer"``), report an improvement."""
-        return self.kind != "recovery" and self.step != "softer"
+        """A recovery, a softer step of an open incident (`dynamiccl.detector.steps`: a change
+        of the incident's kind with ``evidence.step == "softer"``) and an incident of falling
+        latency (no incident open: magnitude, new over old, below 1) report an improvement."""
+        return self.kind != "recovery" and self.step != "softer" and not self.magnitude < 1.0
 
     @classmethod
     def from_change(cls, rc, wall_s: float) -> "Detection":
