@@ -19,8 +19,10 @@ give the figure of localisation alone.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import math
+import shutil
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -49,8 +51,21 @@ class RunScore:
     rows: list[dict] = field(default_factory=list)
 
 
+_EXTRACTED: list[Path] = []
+
+
+def cleanup_extracted() -> None:
+    """Remove the folders this process unpacked corpus archives into (also run at exit)."""
+    while _EXTRACTED:
+        shutil.rmtree(_EXTRACTED.pop(), ignore_errors=True)
+
+
 def _extract(archive: Path) -> Path:
+    """Unpack into a fresh temporary folder, removed when the process exits (cleanup_extracted)."""
     out = Path(tempfile.mkdtemp(prefix="dynamiccl-corpus-"))
+    if not _EXTRACTED:
+        atexit.register(cleanup_extracted)
+    _EXTRACTED.append(out)
     with tarfile.open(archive) as tf:
         tf.extractall(out, filter="data")
     subdirs = [p for p in out.iterdir() if p.is_dir()]

@@ -31,7 +31,12 @@ def test_an_archive_is_read_like_a_folder(tmp_path):
     archive = tmp_path / "c.tar.xz"
     with tarfile.open(archive, "w:xz") as tf:
         tf.add(src, arcname="corpus")
-    assert [s for s, _ in corpus.load_runs(archive, "eval")] == [1]
+    runs = corpus.load_runs(archive, "eval")
+    assert [s for s, _ in runs] == [1]
+    unpacked = runs[0][1].parent
+    assert unpacked.exists() and unpacked.name.startswith(("dynamiccl-corpus-", "corpus"))
+    corpus.cleanup_extracted()                  # what the process does at exit: nothing left in /tmp
+    assert not runs[0][1].exists()
 
 
 def test_missing_corpus_is_a_clear_error(tmp_path):
