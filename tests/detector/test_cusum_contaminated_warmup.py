@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cusum_noise import ar1 as _ar1
+
 from dynamiccl.detector import CUSUM
 from dynamiccl.detector._cusum_settle import best_split, earlier_regime, effective_samples
 
@@ -67,13 +69,6 @@ def test_a_trend_is_not_split():
     assert earlier_regime(list(trend), 20, **KW) == 0
 
 
-def _ar1(rng, n, rho):
-    z = np.empty(n)
-    z[0] = rng.standard_normal()
-    e = rng.standard_normal(n) * np.sqrt(1.0 - rho * rho)
-    for t in range(1, n):
-        z[t] = rho * z[t - 1] + e[t]
-    return z
 
 
 NOISES = {"iid": lambda rng, n: rng.standard_normal(n),

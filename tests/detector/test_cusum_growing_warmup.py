@@ -11,16 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cusum_noise import ar1 as _ar1
+
 from dynamiccl.detector import CUSUM
 
 
-def _ar1(rng, n, rho):
-    z = np.empty(n)
-    z[0] = rng.standard_normal()
-    e = rng.standard_normal(n) * np.sqrt(1.0 - rho * rho)
-    for t in range(1, n):
-        z[t] = rho * z[t - 1] + e[t]
-    return z
 
 
 def _run(xs, **kw):
