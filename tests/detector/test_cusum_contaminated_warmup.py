@@ -69,8 +69,6 @@ def test_a_trend_is_not_split():
     assert earlier_regime(list(trend), 20, **KW) == 0
 
 
-
-
 NOISES = {"iid": lambda rng, n: rng.standard_normal(n),
           "student_t2": lambda rng, n: rng.standard_t(2, n),
           "ar1_0.6": lambda rng, n: _ar1(rng, n, 0.6),

@@ -16,8 +16,6 @@ from cusum_noise import ar1 as _ar1
 from dynamiccl.detector import CUSUM
 
 
-
-
 def _run(xs, **kw):
     det, alarms, thresholds = CUSUM(**kw), [], []
     for x in xs:
