@@ -15,6 +15,7 @@ from dynamiccl.collector.wire_format import FUNCS, EventFlags, Kind
 
 from .matching import match_calls, record_choice
 from .nccl_log import NcclLog
+from .owners import describe_offsets, owner_offsets
 
 __all__ = ["Check", "check_versions", "check_records", "check_tuning_log", "check_tuner",
            "check_delivery", "check_overhead", "check_after_self_send", "TIMING_REL", "TIMING_ABS_US", "OVERHEAD_MAX"]
@@ -266,8 +267,9 @@ def check_after_self_send(results: list[dict], events: np.ndarray) -> Check:
     med = statistics.median(g / c for g, c in timed if c > 0) if timed else float("nan")
     why = ("NCCL's per-channel profiler counters still match its kernels" if not flagged and not wrong else
            "this NCCL's KernelCh events stopped describing their operations after the send/recv to self")
+    owners = owner_offsets(events)
     return Check("2b timing after send-to-self", wrong == 0,
                  f"{len(calls)} AllReduce calls after an all-to-all: {right} GPU-timed within tolerance, "
                  f"{len(flagged)} flagged TIMING_SUSPECT (untimed), {wrong} with a wrong unflagged GPU time"
-                 f"{f' (median ratio {med:.2f})' if wrong else ''}; {why}",
-                 {"right": right, "flagged": len(flagged), "wrong": wrong, "calls": len(calls)})
+                 f"{f' (median ratio {med:.2f})' if wrong else ''}; {why}{describe_offsets(owners)}",
+                 {"right": right, "flagged": len(flagged), "wrong": wrong, "calls": len(calls), "owners": owners})
