@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dynamiccl.collector.wire_format import TimingSource
 from dynamiccl.loop import Loop
 
 from .checks import Check
@@ -41,6 +42,21 @@ def _run_detector(events: np.ndarray, hosts: dict[int, str]) -> tuple[list, str]
     return changes, "dynamiccl.detector.service.Detector"
 
 
+def gpu_clock_offset_ns(events: np.ndarray) -> float:
+    """Median GPU start − enqueue of the GPU-timed records: maps the worker's wall-clock onset onto the records'
+    event time (%globaltimer). Refused (TIMING_SUSPECT) or stale timestamps say nothing of the clock, and records
+    without a GPU time use their enqueue time: 0 when no record is GPU-timed.
+
+    >>> ev = np.array([(1, 10, 15), (0, 20, 900)], [("timing_source", "u1"), ("enqueue_ns", "u8"), ("gpu_start_ns", "u8")])
+    >>> gpu_clock_offset_ns(ev), gpu_clock_offset_ns(ev[1:])
+    (5.0, 0.0)
+    """
+    gpu = events["timing_source"] == TimingSource.KERNEL_GPU
+    if not gpu.any():
+        return 0.0
+    return float(np.median(events["gpu_start_ns"][gpu].astype(np.int64) - events["enqueue_ns"][gpu].astype(np.int64)))
+
+
 def check_detection(events: np.ndarray, hosts: dict[int, str], onset_ns: int, slow_rank: int) -> Check:
     """A regime change within ``MAX_DELAY_S`` of the slow rank's onset (event time), and where it points."""
     if not len(events) or not onset_ns:
@@ -50,9 +66,7 @@ def check_detection(events: np.ndarray, hosts: dict[int, str], onset_ns: int, sl
     except ImportError as e:
         return Check("6b detection", None, f"skipped: the detector needs {e.name} (pip install "
                      "'dynamiccl[services]'); run `dynamiccl validate-nccl --analyse DIR` where it is installed")
-    # the records' event time is the GPU's %globaltimer: map the worker's wall-clock onset onto it
-    gpu = events["gpu_start_ns"] > 0
-    offset = float(np.median(events["gpu_start_ns"][gpu].astype(np.int64) - events["enqueue_ns"][gpu].astype(np.int64)))
+    offset = gpu_clock_offset_ns(events)
     onset_s = (onset_ns + offset) / 1e9
     hits = [c for c in changes if c.kind != "recovery" and -1.0 <= c.detected_s - onset_s <= MAX_DELAY_S]
     early = [c for c in changes if c.detected_s < onset_s - 1.0]
