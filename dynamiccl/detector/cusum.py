@@ -405,17 +405,27 @@ class CUSUM(base.DriftDetector):
         n = len(buffer)  # type: ignore[arg-type]
         if n >= self.warmup and not keeps_growing(self, buffer):  # type: ignore[arg-type]
             self._buffer = None
-            self._s_up = self._s_down = 0.0
-            self._run_up = self._run_down = 0
-            if self._pending is not None:  # a held extreme of the provisional chart: dropped
-                self._n_outliers += 1
-                self._pending = None
+            self._hand_over()
             return
-        if old_scale is not None:
+        if n == self.warmup:
+            # Hand-over, also for a warm-up that keeps growing: at ``warmup`` samples every
+            # chart starts afresh, as the one that waited would, so an unsettled (trending)
+            # warm-up's provisional excursion is not carried on as evidence of a change.
+            self._hand_over()
+        elif old_scale is not None:
             self._s_up *= old_scale * self._inv_scale
             self._s_down *= old_scale * self._inv_scale
         self._next_learn = next_learn_size(n, self.warmup if n < self.warmup
                                            else self.warmup_growth * self.warmup)
+
+    def _hand_over(self) -> None:
+        """Start the statistics afresh on the full-length baseline; a held extreme of the
+        provisional chart is dropped."""
+        self._s_up = self._s_down = 0.0
+        self._run_up = self._run_down = 0
+        if self._pending is not None:
+            self._n_outliers += 1
+            self._pending = None
 
     @classmethod
     def _unit_test_params(cls):

@@ -82,3 +82,24 @@ def test_growth_is_bounded():
 def test_warmup_growth_validated(bad):
     with pytest.raises(ValueError, match="warmup_growth"):
         CUSUM(warmup_growth=bad)
+
+
+def test_growing_warmup_hands_over_at_warmup():
+    """At ``warmup`` samples every chart starts afresh, as the one that waited would, also when
+    its unsettled warm-up keeps growing (AR(1) 0.9, 20 seeds). Before the hand-over rule the
+    provisional excursions carried on (11 of the 20 charts at S != 0, up to 19.5 sigma), and a
+    trend's later alarm dated its change from the provisional phase."""
+    handed_over = 0
+    for seed in range(20):
+        xs = 5e-3 + 2e-4 * _ar1(np.random.default_rng(seed), 100, 0.9)
+        det, waited = CUSUM(), CUSUM(warmup_growth=1)
+        for x in xs:
+            det.update(float(x))
+            waited.update(float(x))
+        if det.n_detections or det._buffer is None or len(det._buffer) != 100:
+            continue  # alarmed, closed, or the one-regime rule dropped samples
+        handed_over += 1
+        assert (det.statistic_up, det.statistic_down) == (0.0, 0.0)
+        assert (det.statistic_up, det.statistic_down) == (waited.statistic_up,
+                                                          waited.statistic_down)
+    assert handed_over >= 10
