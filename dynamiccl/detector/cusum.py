@@ -5,6 +5,7 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
+from ._cusum_sign import validate_sign_gate, zero_is_extreme
 from ._cusum_settle import (drop_earlier_regime, keeps_growing, validate_growth,
                             validate_min_effective)
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
@@ -105,7 +106,11 @@ class CUSUM(base.DriftDetector):
     warmup_growth
         An unsettled full warm-up (fewer than ``min_effective_warmup`` effective samples) keeps
         learning, provisional, up to this many times ``warmup`` samples; 1: it closes at
-        ``warmup``.
+        ``warmup``. Either way the statistics start afresh at ``warmup`` samples.
+    sign_gate
+        In a positive series (zero beyond ``z_clip`` scales below a baseline's level, no value
+        <= 0 ever accepted) values <= 0 are failed measurements, counted in `n_invalid`
+        (`dynamiccl.detector._cusum_sign`).
 
     One regime per baseline: a warm-up holding a level change drops its earlier regime when the
     latest one is settled; an unsettled one keeps learning (`dynamiccl.detector._cusum_settle`).
@@ -191,6 +196,7 @@ class CUSUM(base.DriftDetector):
         min_warmup: int | None = 20,
         min_effective_warmup: int | None = 20,
         warmup_growth: int = 4,
+        sign_gate: bool = True,
     ):
         super().__init__()
         self.delta = delta
@@ -207,6 +213,7 @@ class CUSUM(base.DriftDetector):
         self.min_warmup = min_warmup
         self.min_effective_warmup = validate_min_effective(min_effective_warmup)
         self.warmup_growth = validate_growth(warmup_growth)
+        self.sign_gate = validate_sign_gate(sign_gate)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -229,6 +236,9 @@ class CUSUM(base.DriftDetector):
         self._direction: str | None = None
         self._magnitude: float | None = None
         self._shift: float | None = None
+        # Sign gate (`dynamiccl.detector._cusum_sign`): a value <= 0 was accepted / is invalid.
+        self._signed = False
+        self._nonpositive_invalid = False
         self._reset()
 
     def _reset(self) -> None:
@@ -301,7 +311,7 @@ class CUSUM(base.DriftDetector):
             self._n_invalid += 1
             return
         # NaN fails both comparisons; +/-inf fail the finiteness test.
-        if not (self._lo <= x <= self._hi) or x - x != 0.0:
+        if not (self._lo <= x <= self._hi) or x - x != 0.0 or (x <= 0.0 and self._failed(x)):
             self._n_invalid += 1
             return
 
@@ -318,6 +328,14 @@ class CUSUM(base.DriftDetector):
                 return
         if len(buffer) >= self._next_learn:
             self._learn_baseline()
+
+    def _failed(self, x: float) -> bool:
+        """Sign gate: whether the value x <= 0 is a failed measurement of a positive series;
+        if it is accepted instead, the stream is signed for good."""
+        if self._nonpositive_invalid:
+            return True
+        self._signed = True
+        return False
 
     def _monitor(self, x: float, i: int) -> None:
         """Standardise the valid value x of input index i; hold, drop or step on it."""
@@ -402,6 +420,8 @@ class CUSUM(base.DriftDetector):
             serial=self.serial, cap=self._cap, arl0=self.arl0, k=self._k,
             two_sided=self.mode == "both")
         self._inv_scale = 1.0 / self._scale
+        self._nonpositive_invalid = (self.sign_gate and not self._signed
+                                     and zero_is_extreme(self._median, self._scale, self._clip))
         n = len(buffer)  # type: ignore[arg-type]
         if n >= self.warmup and not keeps_growing(self, buffer):  # type: ignore[arg-type]
             self._buffer = None
@@ -433,3 +453,4 @@ class CUSUM(base.DriftDetector):
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
         yield {"min_effective_warmup": None}
         yield {"warmup_growth": 1}
+        yield {"sign_gate": False}
