@@ -7,7 +7,7 @@ from river import base
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
 from ._cusum_sign import validate_sign_gate, zero_is_extreme
 from ._cusum_settle import (drop_earlier_regime, keeps_growing, validate_growth,
-                            validate_min_effective)
+                            validate_min_effective, validate_trend_t)
 from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
 
 __all__ = ["CUSUM"]
@@ -111,6 +111,9 @@ class CUSUM(base.DriftDetector):
         In a positive series (zero beyond ``z_clip`` scales below a baseline's level, no value
         <= 0 ever accepted) values <= 0 are failed measurements, counted in `n_invalid`
         (`dynamiccl.detector._cusum_sign`).
+    max_trend_t
+        A full warm-up whose least-squares trend has |t| above this (long-run-variance
+        corrected) is unsettled too and keeps growing; None: off.
 
     One regime per baseline: a warm-up holding a level change drops its earlier regime when the
     latest one is settled; an unsettled one keeps learning (`dynamiccl.detector._cusum_settle`).
@@ -197,6 +200,7 @@ class CUSUM(base.DriftDetector):
         min_effective_warmup: int | None = 20,
         warmup_growth: int = 4,
         sign_gate: bool = True,
+        max_trend_t: float | None = 3.0,
     ):
         super().__init__()
         self.delta = delta
@@ -214,6 +218,7 @@ class CUSUM(base.DriftDetector):
         self.min_effective_warmup = validate_min_effective(min_effective_warmup)
         self.warmup_growth = validate_growth(warmup_growth)
         self.sign_gate = validate_sign_gate(sign_gate)
+        self.max_trend_t = validate_trend_t(max_trend_t)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -454,3 +459,4 @@ class CUSUM(base.DriftDetector):
         yield {"min_effective_warmup": None}
         yield {"warmup_growth": 1}
         yield {"sign_gate": False}
+        yield {"max_trend_t": None}
