@@ -121,7 +121,7 @@ class CUSUM(base.DriftDetector):
     The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
     winsorised baseline, monitored from 20, growing to 400 while unsettled; the serial
     correction; the cap at delta + 1; a 0.5 % scale floor; no lower bound; one regime per
-    baseline) were chosen on the development half of public labelled data and scored on the
+    baseline; the sign and trend gates) were chosen on the development half of public labelled data and scored on the
     other half: docs/evaluation/2026-11-27-cusum-public.md. Seasonal series are outside the
     promise: each seasonal rise and fall is a level change to this chart.
 
