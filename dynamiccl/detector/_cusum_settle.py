@@ -22,6 +22,8 @@ noise, tests/detector/test_cusum_contaminated_warmup.py).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._baseline import robust_baseline
@@ -71,16 +73,54 @@ def drop_earlier_regime(det, buffer: list[float]) -> None:
                                    min_rel_scale=det.min_rel_scale, cap=det._cap)]
 
 
+def trend_t(values: np.ndarray, *, estimator: str, min_rel_scale: float, cap: float) -> float:
+    """t statistic of the least-squares slope of a warm-up's standardised values (capped at
+    ``+/- cap``), its standard error from the residuals' scale and AR(1) long-run variance.
+
+    Trend gate: a slow trend under heavy noise (a daily cycle under count noise) barely moves
+    the lag-1 autocorrelation, so `effective_samples` reads it as settled; its slope does not
+    hide: |t| > ``max_trend_t`` marks the warm-up unsettled (it has no level to learn yet)."""
+    med, scale = robust_baseline(values, estimator)
+    level = float(med)
+    scale = max(float(scale), min_rel_scale * abs(level))
+    z = np.clip((values - level) / scale, -cap, cap)
+    n = z.size
+    if n < 4:
+        return 0.0
+    t = np.arange(n) - (n - 1) / 2.0
+    stt = float(t @ t)
+    slope = float(t @ z) / stt
+    resid = z - z.mean() - slope * t
+    s2 = float(resid @ resid) / (n - 2)
+    if s2 <= 0.0:
+        return 0.0 if slope == 0.0 else math.copysign(math.inf, slope)
+    v = ar1_long_run_variance(resid, 0.0, math.sqrt(s2))
+    return slope * math.sqrt(stt / (s2 * v))
+
+
 def keeps_growing(det, buffer: list[float]) -> bool:
     """Whether ``det``'s warm-up, at or past its full length, stays open and keeps learning:
     the one-regime rule is on, the warm-up is unsettled (fewer than ``min_effective_warmup``
-    effective samples) and shorter than ``warmup_growth`` x ``warmup`` (the memory bound)."""
+    effective samples, or a trend with |t| > ``max_trend_t``) and shorter than
+    ``warmup_growth`` x ``warmup`` (the memory bound)."""
     m = det.min_effective_warmup
     if m is None or len(buffer) >= det.warmup_growth * det.warmup:
         return False
     values = np.asarray(buffer, dtype=np.float64)
-    return effective_samples(values, estimator=det.estimator, min_rel_scale=det.min_rel_scale,
-                             cap=det._cap) < m
+    kw = dict(estimator=det.estimator, min_rel_scale=det.min_rel_scale, cap=det._cap)
+    if effective_samples(values, **kw) < m:
+        return True
+    t_max = det.max_trend_t
+    return t_max is not None and abs(trend_t(values, **kw)) > t_max
+
+
+def validate_trend_t(max_trend_t) -> float | None:
+    """Check the trend gate's critical |t| (None: off)."""
+    if max_trend_t is not None and not (isinstance(max_trend_t, (int, float))
+                                        and not isinstance(max_trend_t, bool)
+                                        and 0.0 < max_trend_t < math.inf):
+        raise ValueError(f"max_trend_t must be None or a finite number > 0, got {max_trend_t!r}")
+    return None if max_trend_t is None else float(max_trend_t)
 
 
 def validate_growth(warmup_growth) -> int:

@@ -5,9 +5,10 @@ import math
 from river import base
 
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
-from ._cusum_settle import (drop_earlier_regime, keeps_growing, validate_growth,
-                            validate_min_effective)
-from ._cusum_warmup import first_learn_size, learn_baseline, next_learn_size
+from ._cusum_relearn import relearn
+from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
+from ._cusum_sign import validate_sign_gate
+from ._cusum_warmup import first_learn_size
 
 __all__ = ["CUSUM"]
 
@@ -34,24 +35,18 @@ class CUSUM(base.DriftDetector):
     estimated, not a known, baseline). See `dynamiccl.detector.arl.cusum_threshold_estimated` and the
     package README.
 
-    Serially correlated series (most real latency and monitoring series) wander further than
-    their per-sample scale says; with ``serial=True`` the threshold is re-solved at each learnt
-    baseline for the warm-up's AR(1) long-run variance times the variance excess of its capped
-    values over Gaussian ones (`dynamiccl.detector._serial`), so the false-alarm rate holds on
-    correlated and on heavy-tailed series too.
-
-    Heavy tails: every standardised value enters the statistics capped at $\pm$ ``z_cap``
-    ($\delta + 1$), so a burst of tail values cannot cross the threshold at once (a large real
-    shift costs 3 samples at the defaults). Practical size: the baseline scale is at least
-    ``min_rel_scale`` x |level|, so shifts under 1 % of a latency's level raise no alarm
-    (scale-free; a no-op on series centred near 0).
+    With ``serial=True`` the threshold is re-solved at each learnt baseline for the warm-up's
+    AR(1) long-run variance times the variance excess of its capped values
+    (`dynamiccl.detector._serial`): the rate holds on correlated and heavy-tailed series. Every
+    standardised value enters capped at $\pm$ ``z_cap`` ($\delta + 1$), so a burst of tail
+    values cannot cross the threshold at once; the scale is at least ``min_rel_scale`` x
+    |level|, so shifts under 1 % of a latency's level raise no alarm.
 
     Self-starting warm-up: from ``min_warmup`` valid samples on, each value is judged against
     the baseline of the samples before it, with the threshold for a baseline of that many
-    samples at the same ``arl0`` (wider for a short one); the baseline is re-learnt each time the
-    warm-up grows by a quarter, and from ``warmup`` samples on the chart is exactly the one that
-    waited for the full warm-up (`dynamiccl.detector._cusum_warmup`). After an alarm the
-    detector resets itself on the next `update` and warms up again.
+    samples at the same ``arl0``; from ``warmup`` samples on the chart is exactly the one that
+    waited (`dynamiccl.detector._cusum_warmup`, `dynamiccl.detector._cusum_relearn`). After an
+    alarm the detector resets itself on the next `update` and warms up again.
 
     Invalid inputs (not a number, NaN, +/-inf, below ``min_value`` or above ``max_value``) are
     counted in `n_invalid` and skipped: they change no state besides the counters. A valid value
@@ -75,20 +70,16 @@ class CUSUM(base.DriftDetector):
         ``'both'`` (increases and decreases), ``'up'`` (increases only, e.g. latency going up)
         or ``'down'``.
     min_value
-        Inputs below this are invalid and skipped. The default None accepts signed series
-        (residuals, log-latencies, differences); latency mode ``min_value=0.0`` counts negative
-        values (failed measurements recorded as -1) as invalid instead of as outliers.
+        Inputs below this are invalid and skipped. None accepts signed series (residuals,
+        log-latencies); ``0.0`` makes every negative value invalid (see also ``sign_gate``).
     max_value
         Inputs above this are invalid and skipped. None means no upper bound.
     z_clip
         Limit, in standard deviations, beyond which a value is extreme (held back, then dropped
         if isolated or winsorised to this limit if not). None means ``delta + 4``.
     estimator
-        How the warm-up's baseline is estimated: ``'mad'`` (median and 1.4826 x MAD) or
-        ``'winsorized'`` (mean and standard deviation of the warm-up clipped to median ± 3
-        MAD-sigma: as robust to a few outliers, a much less noisy scale, so a lower threshold
-        for the same `arl0`; see `dynamiccl.detector._baseline.robust_baseline`).
-
+        The warm-up's baseline: ``'mad'`` (median, 1.4826 x MAD) or ``'winsorized'`` (mean and
+        standard deviation clipped to median ± 3 MAD-sigma; `dynamiccl.detector._baseline`).
     serial
         Correct the threshold for the warm-up's lag-1 autocorrelation (when significantly > 0)
         and for the excess variance of its capped values (heavy tails).
@@ -105,17 +96,23 @@ class CUSUM(base.DriftDetector):
     warmup_growth
         An unsettled full warm-up (fewer than ``min_effective_warmup`` effective samples) keeps
         learning, provisional, up to this many times ``warmup`` samples; 1: it closes at
-        ``warmup``.
+        ``warmup``. Either way the statistics start afresh at ``warmup`` samples.
+    sign_gate
+        In a positive series (zero beyond ``z_clip`` scales below a baseline's level, no value
+        <= 0 ever accepted) values <= 0 are failed measurements, counted in `n_invalid`
+        (`dynamiccl.detector._cusum_sign`).
+    max_trend_t
+        A full warm-up whose least-squares trend has |t| above this (long-run-variance
+        corrected) is unsettled too and keeps growing; None: off.
 
     One regime per baseline: a warm-up holding a level change drops its earlier regime when the
     latest one is settled; an unsettled one keeps learning (`dynamiccl.detector._cusum_settle`).
 
-    The defaults (a 2-sigma CUSUM, near-optimal for shifts of 1-4 sigma; a 100-sample
-    winsorised baseline, monitored from 20, growing to 400 while unsettled; the serial
-    correction; the cap at delta + 1; a 0.5 % scale floor; no lower bound; one regime per
-    baseline) were chosen on the development half of public labelled data and scored on the
-    other half: docs/evaluation/2026-11-27-cusum-public.md. Seasonal series are outside the
-    promise: each seasonal rise and fall is a level change to this chart.
+    The defaults (a 2-sigma CUSUM; a 100-sample winsorised baseline, monitored from 20,
+    growing to 400 while unsettled; the serial correction; the cap at delta + 1; a 0.5 % scale
+    floor; no lower bound; one regime per baseline; the sign and trend gates) were chosen on the
+    development half of public labelled data and scored on the other half:
+    docs/evaluation/2026-11-27-cusum-public.md. Seasonal series are outside the promise.
 
     Attributes
     ----------
@@ -191,6 +188,8 @@ class CUSUM(base.DriftDetector):
         min_warmup: int | None = 20,
         min_effective_warmup: int | None = 20,
         warmup_growth: int = 4,
+        sign_gate: bool = True,
+        max_trend_t: float | None = 3.0,
     ):
         super().__init__()
         self.delta = delta
@@ -207,6 +206,8 @@ class CUSUM(base.DriftDetector):
         self.min_warmup = min_warmup
         self.min_effective_warmup = validate_min_effective(min_effective_warmup)
         self.warmup_growth = validate_growth(warmup_growth)
+        self.sign_gate = validate_sign_gate(sign_gate)
+        self.max_trend_t = validate_trend_t(max_trend_t)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -229,6 +230,9 @@ class CUSUM(base.DriftDetector):
         self._direction: str | None = None
         self._magnitude: float | None = None
         self._shift: float | None = None
+        # Sign gate (`dynamiccl.detector._cusum_sign`): a value <= 0 was accepted / is invalid.
+        self._signed = False
+        self._nonpositive_invalid = False
         self._reset()
 
     def _reset(self) -> None:
@@ -301,7 +305,7 @@ class CUSUM(base.DriftDetector):
             self._n_invalid += 1
             return
         # NaN fails both comparisons; +/-inf fail the finiteness test.
-        if not (self._lo <= x <= self._hi) or x - x != 0.0:
+        if not (self._lo <= x <= self._hi) or x - x != 0.0 or (x <= 0.0 and self._failed(x)):
             self._n_invalid += 1
             return
 
@@ -317,7 +321,15 @@ class CUSUM(base.DriftDetector):
             if self._drift_detected:
                 return
         if len(buffer) >= self._next_learn:
-            self._learn_baseline()
+            relearn(self)
+
+    def _failed(self, x: float) -> bool:
+        """Sign gate: whether the value x <= 0 is a failed measurement of a positive series;
+        if it is accepted instead, the stream is signed for good."""
+        if self._nonpositive_invalid:
+            return True
+        self._signed = True
+        return False
 
     def _monitor(self, x: float, i: int) -> None:
         """Standardise the valid value x of input index i; hold, drop or step on it."""
@@ -390,36 +402,11 @@ class CUSUM(base.DriftDetector):
         self._drift_detected = True
         return True
 
-    def _learn_baseline(self) -> None:
-        """(Re-)learn the baseline and its threshold from the warm-up so far. A provisional
-        chart's statistics carry over, rescaled to the new scale; at the full length the warm-up
-        closes and the chart starts afresh, exactly as if it had waited for the full warm-up."""
-        buffer = self._buffer
-        drop_earlier_regime(self, buffer)  # a baseline comes from one regime
-        old_scale = self._scale
-        self._median, self._scale, self._h = learn_baseline(
-            buffer, self.warmup, estimator=self.estimator, min_rel_scale=self.min_rel_scale,  # type: ignore[arg-type]
-            serial=self.serial, cap=self._cap, arl0=self.arl0, k=self._k,
-            two_sided=self.mode == "both")
-        self._inv_scale = 1.0 / self._scale
-        n = len(buffer)  # type: ignore[arg-type]
-        if n >= self.warmup and not keeps_growing(self, buffer):  # type: ignore[arg-type]
-            self._buffer = None
-            self._s_up = self._s_down = 0.0
-            self._run_up = self._run_down = 0
-            if self._pending is not None:  # a held extreme of the provisional chart: dropped
-                self._n_outliers += 1
-                self._pending = None
-            return
-        if old_scale is not None:
-            self._s_up *= old_scale * self._inv_scale
-            self._s_down *= old_scale * self._inv_scale
-        self._next_learn = next_learn_size(n, self.warmup if n < self.warmup
-                                           else self.warmup_growth * self.warmup)
-
     @classmethod
     def _unit_test_params(cls):
         yield {}
         yield {"delta": 0.5, "arl0": 1e5, "warmup": 500, "mode": "up"}
         yield {"min_effective_warmup": None}
         yield {"warmup_growth": 1}
+        yield {"sign_gate": False}
+        yield {"max_trend_t": None}

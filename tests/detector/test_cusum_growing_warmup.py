@@ -14,6 +14,7 @@ import pytest
 from cusum_noise import ar1 as _ar1
 
 from dynamiccl.detector import CUSUM
+from dynamiccl.detector._cusum_settle import trend_t
 
 
 def _run(xs, **kw):
@@ -82,3 +83,63 @@ def test_growth_is_bounded():
 def test_warmup_growth_validated(bad):
     with pytest.raises(ValueError, match="warmup_growth"):
         CUSUM(warmup_growth=bad)
+
+
+def test_growing_warmup_hands_over_at_warmup():
+    """At ``warmup`` samples every chart starts afresh, as the one that waited would, also when
+    its unsettled warm-up keeps growing (AR(1) 0.9, 20 seeds). Before the hand-over rule the
+    provisional excursions carried on (11 of the 20 charts at S != 0, up to 19.5 sigma), and a
+    trend's later alarm dated its change from the provisional phase."""
+    handed_over = 0
+    for seed in range(20):
+        xs = 5e-3 + 2e-4 * _ar1(np.random.default_rng(seed), 100, 0.9)
+        det, waited = CUSUM(), CUSUM(warmup_growth=1)
+        for x in xs:
+            det.update(float(x))
+            waited.update(float(x))
+        if det.n_detections or det._buffer is None or len(det._buffer) != 100:
+            continue  # alarmed, closed, or the one-regime rule dropped samples
+        handed_over += 1
+        assert (det.statistic_up, det.statistic_down) == (0.0, 0.0)
+        assert (det.statistic_up, det.statistic_down) == (waited.statistic_up,
+                                                          waited.statistic_down)
+    assert handed_over >= 10
+
+
+def _warmup_of(xs, **kw):
+    """The detector after ``xs`` (a full warm-up's worth of samples, no alarm)."""
+    det = CUSUM(**kw)
+    for x in xs:
+        det.update(float(x))
+    assert det.n_detections == 0
+    return det
+
+
+def test_trend_gate_keeps_a_trending_warmup_growing():
+    """A 2 sigma trend over 100 samples under iid noise: lag-1 sees little correlation (the
+    warm-up reads settled), the slope's |t| is above 5: the warm-up stays open. Without the
+    gate it closes at 100 on a baseline that is already 1 sigma behind. (Seed 0's one-regime
+    rule drops its first 29 samples, seed 5 alarms: both skipped.)"""
+    for seed in (1, 2, 3, 4, 6, 7):
+        xs = 100.0 + 0.02 * np.arange(100) + np.random.default_rng(seed).standard_normal(100)
+        assert len(_warmup_of(xs)._buffer) == 100
+        assert _warmup_of(xs, max_trend_t=None)._buffer is None
+
+
+def test_trend_gate_rarely_holds_a_stationary_warmup():
+    """iid and AR(1) 0.6 warm-ups (100 each of 100 samples): |t| > 3 in at most a few
+    (measured: 0 and 1)."""
+    held = 0
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        for xs in (rng.standard_normal(100), _ar1(rng, 100, 0.6)):
+            det = CUSUM(min_effective_warmup=20)
+            kw = dict(estimator=det.estimator, min_rel_scale=det.min_rel_scale, cap=det._cap)
+            held += abs(trend_t(100.0 + xs, **kw)) > 3.0
+    assert held <= 6
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), True, "3"])
+def test_max_trend_t_validated(bad):
+    with pytest.raises(ValueError, match="max_trend_t"):
+        CUSUM(max_trend_t=bad)
