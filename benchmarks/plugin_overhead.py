@@ -6,7 +6,8 @@ start/record(KernelChStop)/stop) through the GPU-free emulator
 (dynamiccl/nccl_profiler_plugin/emulator), once against a no-op plugin (returns success and a dummy
 handle, same activation mask) and once against ours, with 1 thread (KernelCh inline) and with an
 application thread + a proxy thread. Fixed workload: 20,000 warm-up + 200,000 timed collectives
-per run, runs alternate no-op/ours (interleaved), the minimum over --reps runs of each side (the
+per run. Interleaved: each of --reps rounds runs every configuration once, its baseline then its
+candidate, so machine drift lands on all configurations alike; the minimum over the rounds of each side (the
 median is printed beside it): on a shared machine a run is only ever slowed by other work, so the
 minimum of interleaved runs is the cost without that interference, while the median moves with the
 load (Session 14: the no-op's own median ranged 107 to 13,056 ns at load 7).
@@ -205,7 +206,7 @@ def main() -> int:
     added = {}
     delivered = True
     print(f"eager AllReduce, 8 channels, KernelCh on; {WARMUP} warm-up + {args.colls} timed collectives per run, "
-          f"{args.reps} interleaved runs per configuration (minimum; median beside it); load {os.getloadavg()}")
+          f"{args.reps} rounds, each running every configuration (minimum; median beside it); load {os.getloadavg()}")
     phases_env = dict(env, DYNAMICCL_EVENT_MASK=str(PHASES_MASK))
     chain_env = dict(env, DYNAMICCL_PROFILER_CHAIN=str(noop))
     net_env = dict(env, DYNAMICCL_EVENT_MASK=str(NET_MASK))
@@ -217,27 +218,34 @@ def main() -> int:
                ("chain", "chained no-op, 1 thread", 6, 0, (ours, env), (ours, chain_env)),
                ("net", "per-peer timing, 1 thread", 6, EMU_F_NET, (noop, net_env), (ours, net_env)),
                ("tsc", "TSC clock (opt-in), 1 thread", 6, 0, (noop, env), (ours, tsc_env))]
-    for key, label, abi, flags, (base, benv), (cand, cenv) in configs:
-        threads = 2 if key == 2 else 1
-        t_base, t_cand = [], []
-        for _ in range(args.reps):
-            t_base.append(run_once(base, threads, args.colls, benv, abi, flags)[0])
+    # Rounds outside, configurations inside: a burst of load costs every configuration one round, never
+    # all the runs of one configuration (Session 16: a load-7 burst lost the 1-thread and v7 figures so).
+    t_base: dict[object, list[float]] = {c[0]: [] for c in configs}
+    t_cand: dict[object, list[float]] = {c[0]: [] for c in configs}
+    last: dict = {}
+    for _ in range(args.reps):
+        for key, label, abi, flags, (base, benv), (cand, cenv) in configs:
+            threads = 2 if key == 2 else 1
+            t_base[key].append(run_once(base, threads, args.colls, benv, abi, flags)[0])
             before = sink.count()
             ns, st = run_once(cand, threads, args.colls, cenv, abi, flags)
-            t_cand.append(ns)
+            t_cand[key].append(ns)
             expected = (WARMUP + args.colls) * RECORDS_PER_COLL.get(key, 1)
             if st.get("records_emitted") != expected or st.get("records_sent") != expected:
                 delivered = False
-                print(f"  warning: plugin emitted {st.get('records_emitted')} / sent {st.get('records_sent')} "
-                      f"of {expected} records: {st}", file=sys.stderr)
-            received = sink.count() - before
-        m_base, m_cand = min(t_base), min(t_cand)
+                print(f"  warning: {label}: plugin emitted {st.get('records_emitted')} / sent "
+                      f"{st.get('records_sent')} of {expected} records: {st}", file=sys.stderr)
+            last[key] = (st, sink.count() - before)
+    for key, label, abi, flags, (base, benv), (cand, cenv) in configs:
+        tb, tc = t_base[key], t_cand[key]
+        st, received = last[key]
+        m_base, m_cand = min(tb), min(tc)
         added[key] = m_cand - m_base
-        med_added = statistics.median(t_cand) - statistics.median(t_base)
+        med_added = statistics.median(tc) - statistics.median(tb)
         print(f"{label:>28}: {base.name} {m_base:7.1f} ns/coll   measured {m_cand:7.1f} ns/coll   "
               f"added {added[key]:6.1f} ns  (goal {'<= %.0f' % GOAL_NS[key] if GOAL_NS[key] else 'none'}; "
               f"medians' difference {med_added:.1f})   "
-              f"runs base={['%.0f' % x for x in t_base]} measured={['%.0f' % x for x in t_cand]}")
+              f"runs base={['%.0f' % x for x in tb]} measured={['%.0f' % x for x in tc]}")
         print(f"{'':>28}  last run: records_emitted={st.get('records_emitted')} records_sent={st.get('records_sent')} "
               f"ring_full={st.get('records_dropped_ring_full')} pool_full={st.get('events_dropped_pool_full')} "
               f"received by sink={received}")

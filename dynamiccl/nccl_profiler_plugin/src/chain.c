@@ -153,7 +153,8 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
 
 /* Our start with our parent, theirs with theirs. The descriptor is NCCL's per-call object, passed
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
-   restored before returning (a copy of the whole descriptor per start would cost more than the rest). */
+   restored before returning (a copy of the whole descriptor per start would cost more than the rest),
+   except on the KernelCh path, where the chained start is a tail call (chain_kch_start). */
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
   /* A KernelCh under a kept Coll/P2p that ours refused (counted): theirs alone. */                         \
   static __attribute__((noinline)) ncclResult_t chain_kch_alone_v##V(dccl_ctx_t* ctx, void** eHandle,        \
@@ -174,20 +175,21 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
      channel entry's generation, so a reader that checks the stamp never takes an earlier occupant's. */  \
   static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
                                                                       ncclProfilerEventDescr_v##V##_t* d) { \
-    void* parent = d->parentObj;                                                                             \
-    void* tp = chain_kch_begin(ctx, (uint64_t)(uintptr_t)parent, d->kernelCh.channelId, d->kernelCh.pTimer,  \
-                               eHandle);                                                                     \
-    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle */                           \
+    uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
+    uint8_t ch = d->kernelCh.channelId;                                                                      \
+    void* tp = chain_kch_begin(ctx, p, ch, d->kernelCh.pTimer, eHandle);                                     \
+    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle (slot of p, channel ch) */   \
     if (o == 0) return chain_kch_alone_v##V(ctx, eHandle, d, tp);                                            \
-    _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)DCCL_H_SLOT(o) * DCCL_MAX_CHANNELS + DCCL_H_CH(o)];    \
+    _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)DCCL_H_SLOT(p) * DCCL_MAX_CHANNELS + ch];              \
     atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
     atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     const dccl_chain_t* c = ctx->chain;                                                                      \
+    /* A tail call, parentObj left as theirs: NCCL's KernelCh descriptor is a local of                      \
+       ncclProfilerStartKernelChEvent, built for this one call and dead after it (profiler.cc, every        \
+       release with KernelCh), so no register is saved to restore it. */                                    \
     d->parentObj = tp;                                                                                       \
-    ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, (void**)kept, d);                           \
-    d->parentObj = parent;                                                                                  \
-    return ncclSuccess;                                                                                     \
+    return ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, (void**)kept, d);                    \
   }                                                                                                          \
   /* Any other start; `dummy`: an untracked parent (ours is the dummy, whatever its parent). Called with \
      a constant `dummy`, so each caller gets its own copy. */                                                \

@@ -202,7 +202,8 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
 /* One startEvent per ABI version; the member names used are the same in all of them. The v7
    extras (userTag, isSymColl) are expressions of `d`, constants before v7. */
 /* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
-   KernelCh) are taken before the out-of-line switch, so they run without the others' register saves. */
+   KernelCh, tested first) are taken before the out-of-line switch, so they run without the others'
+   register saves. */
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
    with our own parent handle and the chained plugin with its own. */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_FAST)        \
@@ -220,9 +221,9 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) { return fn##_body(context, eHandle, d); } \
   static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
                                                                       descr_t* d) {                         \
+    PHASE_FAST                                                                                               \
     if ((uint64_t)d->type == ncclProfileKernelCh)                                                            \
       start_kch(eHandle, d->parentObj, d->kernelCh.channelId, d->kernelCh.pTimer);                           \
-    PHASE_FAST                                                                                               \
     API_FAST                                                                                                 \
     else if ((uint64_t)d->type & DCCL_DUMMY_TYPES)                                                           \
       start_dummy((dccl_ctx_t*)context, eHandle, (uint64_t)d->type);                                         \
@@ -261,10 +262,12 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
              d->ceColl.root, (TAG));                                                                       \
     break;
 
-/* v7 KernelPhase: three per KernelCh, so like KernelCh it is taken before the out-of-line switch. */
+/* v7 KernelPhase: three per KernelCh where NCCL emits them, the most frequent v7 start, so it is tested
+   first (an `if ... else` that the KernelCh test completes), before the out-of-line switch. */
 #define DCCL_PHASE_FAST                                                                                    \
-  else if ((uint64_t)d->type == ncclProfileKernelPhase)                                                    \
-    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);
+  if ((uint64_t)d->type == ncclProfileKernelPhase)                                                         \
+    start_phase(eHandle, d->parentObj, d->kernelPhase.phaseId, d->kernelPhase.pTimer);                     \
+  else
 
 /* v6+: a Broadcast's CollApi event where ctx->api_bcast is set (start_api). NCCL's only collective
    name starting with 'B' is "Broadcast": one byte decides, inline, for the other calls. */
@@ -313,7 +316,7 @@ static inline void phase_stopped(uint64_t h, uint64_t t) {
   if (st != 0 && t >= st && t - st > s->kagg.sync_ns) s->kagg.sync_ns = t - st;
 }
 
-/* Tested in the order of frequency: KernelChStop (one per channel, chained or not) first. */
+/* Tested in the order of frequency: KernelChStop (one per channel, unchained, then chained) first. */
 ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eState,
                                     ncclProfilerEventStateArgs_v4_t* args) {
   uint64_t h = (uint64_t)(uintptr_t)eHandle;
@@ -326,11 +329,12 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
     else kch_stopped(ctx, s, h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
+  /* a chained KernelCh's (8 of 9 states with a chain) before the untracked parents' (1 of 9 either way) */
+  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
   if (route == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
     if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
   }
-  if (route == (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_chain_kch_record(h, eState, args);
   if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event's (ProxyStep: the most frequent opt-in state) */
     return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);
   if (__builtin_expect(route != DCCL_H_TAG_SLOT && h != 0, 0)) /* chained (chain.h) */
