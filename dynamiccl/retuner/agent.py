@@ -36,6 +36,7 @@ from dynamiccl.retuner.metrics import RetunerMetrics
 from dynamiccl.retuner.planner import Planner
 from dynamiccl.retuner.push import ConfigPusher, PushError
 from dynamiccl.retuner.recognition import RecognitionMixin
+from dynamiccl.retuner.steps import StepMap
 from dynamiccl.retuner.state import (
     Key,
     TargetState,
@@ -92,6 +93,7 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
         self._rn = 0                          # regimes recognised from the measurements
         self._started = False
         self._self_induced: OrderedDict[str, None] = OrderedDict()   # ids of changes ignored as self-induced
+        self._steps = StepMap()               # steps of open incidents -> the regime their targets are in
         self._bad_targets: set[Key] = set()   # targets whose rule could not be built (audited once each)
 
     # ================================================================ inputs
