@@ -29,6 +29,7 @@ from dynamiccl.nccl_tuner_plugin.config import Rule
 from dynamiccl.retuner.audit import AuditLog
 from dynamiccl.retuner.config import RetunerConfig
 from dynamiccl.retuner.explore import Exploration, _n
+from dynamiccl.retuner.inflight import InFlight
 from dynamiccl.retuner.exploring import ExploringMixin
 from dynamiccl.retuner.learned.policy import DEFAULT_WEIGHTS, LearnedPolicy
 from dynamiccl.retuner.memory import Memory
@@ -88,6 +89,7 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
         self._stale = False                  # a step that started after it still ran an older version
         self._republished = 0                # re-pushes of the same rules since the last change of them
         self._versions_echoed = False        # seen one of our versions in the input (else versions are not ours)
+        self._inflight = InFlight(self.policy.max_in_flight_s)   # one version in flight
         self._lock = threading.RLock()
         self._xn = 0
         self._rn = 0                          # regimes recognised from the measurements
@@ -223,6 +225,9 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
             self._republished += 1
             republish = True
         else:
+            if not stale and self._inflight.holds(self.now, self._versions_echoed):
+                self.metrics.inc("pushes_held")
+                return None              # written at the first call after it is seen applied (or the bound)
             self._republished = 0
             republish = False
         try:
@@ -238,6 +243,7 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
         prev = self.versions[next(reversed(self.versions))] if self.versions else {}
         self._pushed_rules = rules
         self._push_t = self.now
+        self._inflight.pushed(v, self.now)
         self.versions[v] = {k: c for k, c in cur.items() if c is not None}
         while len(self.versions) > 64:
             self.versions.popitem(last=False)
