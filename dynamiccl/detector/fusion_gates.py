@@ -163,10 +163,12 @@ class FusionGates:
         cfg, tab, idx = self.config, self.table, a.idx
         stragglers = None
         # partial windows (a pause starting, the job's last) and the first windows after a gap
-        # are no evidence on their own: their value waits for the next window
+        # are no evidence on their own: their value waits for the next window. A confirmed
+        # alarm has had that window: its gap windows count (a step-paced job that a throttle
+        # slows leaves a gap before every window, and its alarms were never evidence)
         with np.errstate(invalid="ignore", divide="ignore"):
             partial = (tab.instances[idx] < cfg.fusion.partial_window * tab.instances_ref[idx]) | (
-                ws.t - tab.gap_step[idx] <= 1)
+                (ws.t - tab.gap_step[idx] <= 1) & (not a.confirmed))
         full = int((~partial).sum())
         # a one-window job-wide hiccup (GC, OS jitter) moves many streams by a few per cent at
         # once: below ``persist_ratio`` a shift must persist one more window, however many

@@ -36,6 +36,9 @@ class Incident:
     deeper_run: int = 0                        # windows in a row beyond the level (`Tracking._deeper`)
     deeper_from: int = 0
     last_move: float = 0.0                     # last window's median move beyond the level
+    softer_run: int = 0                        # windows in a row back from the level (`Tracking._softer`)
+    softer_from: int = 0
+    last_back: float = 0.0                     # last window's median move back from the level
     off_scores: deque = field(default_factory=lambda: deque(maxlen=MAX_OFF_RUN))   # run of old-side positions
     on: bool = True
     onsets: list[int] = field(default_factory=list)

@@ -60,6 +60,9 @@ class Tracking:
             return None
         p = (cur[ok] - inc.base_med[ok]) / shift[ok]
         score = float(np.median(p))
+        softer = self._softer(ws, inc, cur, ok, score)
+        if softer is not None:
+            return softer
         if score < OLD_SIDE:
             return self._off_side(ws, inc, cur, score)
         if not inc.on:
@@ -97,9 +100,12 @@ class Tracking:
             inc.deeper_run = 0
             return None
         if inc.deeper_run == 0:
-            if (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s or before >= ABRUPT * m:
-                # still the onset unfolding (what follows within ``merge_s`` joins the
-                # incident: a degrading NIC's 4 s ramp), or a ramp: no step of its own
+            # still the onset unfolding (what follows within ``merge_s`` joins the incident: a
+            # degrading NIC's 4 s ramp), or a ramp: no step of its own. An incident that has been
+            # back at its old level since its report (``onsets``) is no onset unfolding: a ramp
+            # never goes back, and a change that follows a short excursion is a step of its own
+            unfolding = (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s and not inc.onsets
+            if unfolding or before >= ABRUPT * m:
                 return None
             inc.deeper_from = ws.t
         inc.deeper_run += 1
@@ -110,6 +116,37 @@ class Tracking:
             return None
         inc.deeper_run = 0
         return self.steps.level_step(ws, self._window_s, inc, ok, cur, inc.deeper_from)
+
+    def _softer(self, ws, inc: Incident, cur, ok, score: float) -> RegimeChange | None:
+        """Rule (the mirror of `_deeper`): ``recovery_windows`` + 1 windows in a row whose median
+        move back from the incident's level is >= ``step_ratio`` and >= ``confirm_z`` of its
+        streams' old sigma, while the streams stay short of the old level (position above
+        ``recovery_fraction``), are a softer step: a throttle eased, not released. Not within
+        ``merge_s`` of the detection (an onset's overshoot settling) nor after a window that had
+        already moved half as far (a gradual return: the recovery rule's). Without it a softer
+        step was absorbed: the windows sat between the two levels, neither on nor recovered."""
+        cfg = self.config
+        if inc.kind == "flapping" or inc.flapping_id is not None:
+            return None
+        back = (inc.level[ok] - cur[ok]) * inc.direction
+        z = back / inc.base_scale[ok]
+        m, before = float(np.median(back)), inc.last_back
+        inc.last_back = m
+        if not (m >= math.log(cfg.incidents.step_ratio) and float(np.median(z)) >= cfg.fusion.confirm_z
+                and score > cfg.incidents.recovery_fraction):
+            inc.softer_run = 0
+            return None
+        if inc.softer_run == 0:
+            if (ws.t - inc.detected_step) * self._window_s <= cfg.incidents.merge_s or before >= ABRUPT * m:
+                return None
+            inc.softer_from = ws.t
+        inc.softer_run += 1
+        # a release passes through the levels between (a queue draining): the recovery rule
+        # judges ``recovery_windows`` windows first, so a softer step must outlast it by one
+        if inc.softer_run <= cfg.incidents.recovery_windows:
+            return None
+        inc.softer_run = 0
+        return self.steps.level_step(ws, self._window_s, inc, ok, cur, inc.softer_from)
 
     def _off_side(self, ws, inc: Incident, cur, score: float) -> RegimeChange | None:
         """A window nearer the old level than the degraded one. Rule: ``need`` such windows in a

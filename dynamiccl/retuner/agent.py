@@ -29,6 +29,7 @@ from dynamiccl.nccl_tuner_plugin.config import Rule
 from dynamiccl.retuner.audit import AuditLog
 from dynamiccl.retuner.config import RetunerConfig
 from dynamiccl.retuner.explore import Exploration, _n
+from dynamiccl.retuner.inflight import InFlight
 from dynamiccl.retuner.exploring import ExploringMixin
 from dynamiccl.retuner.learned.policy import DEFAULT_WEIGHTS, LearnedPolicy
 from dynamiccl.retuner.memory import Memory
@@ -36,6 +37,7 @@ from dynamiccl.retuner.metrics import RetunerMetrics
 from dynamiccl.retuner.planner import Planner
 from dynamiccl.retuner.push import ConfigPusher, PushError
 from dynamiccl.retuner.recognition import RecognitionMixin
+from dynamiccl.retuner.steps import StepMap
 from dynamiccl.retuner.state import (
     Key,
     TargetState,
@@ -87,11 +89,13 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
         self._stale = False                  # a step that started after it still ran an older version
         self._republished = 0                # re-pushes of the same rules since the last change of them
         self._versions_echoed = False        # seen one of our versions in the input (else versions are not ours)
+        self._inflight = InFlight(self.policy.max_in_flight_s)   # one version in flight
         self._lock = threading.RLock()
         self._xn = 0
         self._rn = 0                          # regimes recognised from the measurements
         self._started = False
         self._self_induced: OrderedDict[str, None] = OrderedDict()   # ids of changes ignored as self-induced
+        self._steps = StepMap()               # steps of open incidents -> the regime their targets are in
         self._bad_targets: set[Key] = set()   # targets whose rule could not be built (audited once each)
 
     # ================================================================ inputs
@@ -221,6 +225,9 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
             self._republished += 1
             republish = True
         else:
+            if not stale and self._inflight.holds(self.now, self._versions_echoed):
+                self.metrics.inc("pushes_held")
+                return None              # written at the first call after it is seen applied (or the bound)
             self._republished = 0
             republish = False
         try:
@@ -236,6 +243,7 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
         prev = self.versions[next(reversed(self.versions))] if self.versions else {}
         self._pushed_rules = rules
         self._push_t = self.now
+        self._inflight.pushed(v, self.now)
         self.versions[v] = {k: c for k, c in cur.items() if c is not None}
         while len(self.versions) > 64:
             self.versions.popitem(last=False)

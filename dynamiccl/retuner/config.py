@@ -117,6 +117,9 @@ class PolicyConfig:
     republish_after_s: float = 3.0      # only steps starting this long (event time) after a push count as missed: the
                                         # pipeline's lag (a live job's input is window + lateness ~3 s behind the job
                                         # its pushes reach; the in-process evaluation has no lag and uses 0)
+    max_in_flight_s: float = 5.0        # new rules wait while our newest version is not yet seen applied in the input
+                                        # (one version in flight, `dynamiccl.retuner.inflight`), at most this long
+                                        # (event time) after its push; 0 = off
     recognize: bool = True              # recognise a regime seen before (or the baseline) from the measured durations
                                         # of the config in force, without waiting for the detector
     recognize_tolerance: float = 0.05   # ... when its measured mean is within this of what it measured in that regime
@@ -127,7 +130,7 @@ class PolicyConfig:
 
     def validate(self, where: str = "policy.") -> "PolicyConfig":
         for n in ("min_change", "rollback_margin", "min_gain", "apply_grace_s", "budget_initial_s", "cooldown_s",
-                  "not_applied_s", "republish_after_s", "start_after_s"):
+                  "not_applied_s", "republish_after_s", "start_after_s", "max_in_flight_s"):
             _num(self, n, 0.0, where=where)
         _num(self, "exploration_budget", 0.0, 1.0, where=where)
         _num(self, "min_time_share", 0.0, 1.0, where=where)

@@ -50,6 +50,8 @@ METRICS: tuple[MetricSpec, ...] = (
     # --- the contract (docs/architecture.md) ---
     MetricSpec("dynamiccl_retuner_decisions_total", "counter", "Retuner decisions, by action.", ("action",)),
     MetricSpec("dynamiccl_retuner_pushes_total", "counter", "Tuner config versions written."),
+    MetricSpec("dynamiccl_retuner_pushes_held_total", "counter",
+               "Writes of new rules held back while the newest version was not yet seen applied (one in flight)."),
     MetricSpec("dynamiccl_retuner_rollbacks_total", "counter",
                "Committed configs undone because they measured slower than the one before."),
     MetricSpec("dynamiccl_retuner_active_config_version", "gauge", "Version of the newest tuner config written."),
@@ -85,7 +87,7 @@ class RetunerMetrics:
         self.decisions = {a: 0 for a in ACTIONS}
         self.dropped = {r: 0 for r in DROP_REASONS}
         self.push_errors = {r: 0 for r in PUSH_ERRORS}
-        self.counters = {"pushes": 0, "rollbacks": 0, "changes": 0, "windows": 0, "observations": 0,
+        self.counters = {"pushes": 0, "pushes_held": 0, "rollbacks": 0, "changes": 0, "windows": 0, "observations": 0,
                          "audit_errors": 0, "collective_s": 0.0, "excess_s": 0.0}
         self.version = 0
         self.dry_run = 1
@@ -156,6 +158,7 @@ class RetunerMetrics:
             f.add_metric([a], float(v))
         yield f
         for name, key in (("dynamiccl_retuner_pushes_total", "pushes"), ("dynamiccl_retuner_rollbacks_total", "rollbacks"),
+                          ("dynamiccl_retuner_pushes_held_total", "pushes_held"),
                           ("dynamiccl_retuner_regime_changes_received_total", "changes"),
                           ("dynamiccl_retuner_windows_received_total", "windows"),
                           ("dynamiccl_retuner_observations_received_total", "observations"),

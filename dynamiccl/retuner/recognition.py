@@ -71,6 +71,7 @@ class RecognitionMixin:
         self.now = max(self.now, o.t_end)
         if o.version is not None and o.version > 0 and o.version in self.versions:
             self._versions_echoed = True     # the input reports the versions we write: staleness can be judged
+        self._inflight.observed(o.version)
         if self._versions_echoed and o.version is not None and \
                 o.t_start >= self._push_t + self.policy.republish_after_s and \
                 o.version < self.pusher.version:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dynamiccl.retuner.explore import Exploration, _n
+from dynamiccl.retuner.steps import step_of_open_regime
 from dynamiccl.retuner.types import Candidate
 
 from dynamiccl.retuner.state import (
@@ -261,7 +262,7 @@ def recovery(rt, c: Triage) -> bool:
     rc = c.rc
     if rc.kind != "recovery":
         return False
-    ends = _ends(rc)
+    ends = rt._steps.regimes_of(_ends(rc))
     tss = [ts for ts in rt.targets.values() if ts.regime is not None and ts.regime in ends]
     g = rt.policy.apply_grace_s
     if not tss:       # (targets that recognised a change of their own since this onset are not its)
@@ -372,6 +373,7 @@ def explore(rt, c: Triage) -> bool:
 
 
 TRIAGE: tuple[Callable[[Any, Triage], bool], ...] = (
-    adopt_recognized, recovery_of_self_induced, self_induced, recovery, straggler, below_hysteresis,
+    adopt_recognized, recovery_of_self_induced, step_of_open_regime, self_induced, recovery, straggler,
+    below_hysteresis,
     no_heavy_target, enter_regime, dry_run, reuse_remembered, flapping, explore,
 )

@@ -77,3 +77,27 @@ def test_score_perfect_run_meets_targets():
     s = score(ev, [Detection("a", "straggler", 11.0, ranks=[1]), Detection("b", "recovery", 19.9)])
     assert s.meets() and s.line() == "changes=2 detected=2 false_alarms=0 max_delay_s=2.90 localised=1/1"
     assert not s.meets(limit_s=2.0)
+
+
+def test_score_softer_step_reports_an_eased_throttle():
+    """A softer throttle (more capacity than the throttle before it) is an improvement: the
+    detector's softer step (a change of the incident's kind, ``evidence.step == "softer"``)
+    reports it; before, only a ``recovery`` could, and the softer step was a wrong-direction
+    false alarm. A deeper step stays a degradation."""
+    ev = [TruthEvent(0, "throttle", [1], False, True, 0, 100.0, 100.0, 200, 50, "t"),
+          TruthEvent(1, "throttle", [1], False, False, 12, 112.0, 112.0, 50, 120, "softer"),
+          TruthEvent(2, "throttle", [1], False, True, 24, 124.0, 124.0, 120, 30, "deeper")]
+    det = [Detection("a", "bandwidth", 101.5), Detection("b", "bandwidth", 114.0, step="softer"),
+           Detection("c", "bandwidth", 126.0, step="deeper")]
+    s = score(ev, det)
+    assert (s.detected, s.false_alarms) == (3, 0), s.false
+    assert not score(ev, [Detection("b", "bandwidth", 114.0, step="softer")]).rows[0]["detected"]
+
+
+def test_score_falling_latency_reports_a_release():
+    """A release whose throttle was not reported is seen, if at all, as an incident of falling
+    latency (a change of kind bandwidth / latency with magnitude below 1): an improvement."""
+    ev = [TruthEvent(0, "throttle", [1], False, True, 0, 100.0, 100.0, 200, 50, "t"),
+          TruthEvent(1, "release", [1], False, False, 12, 112.0, 112.0, 50, 200, "r")]
+    s = score(ev, [Detection("a", "bandwidth", 113.5, magnitude=0.45)])
+    assert (s.detected, s.false_alarms) == (1, 0) and s.rows[1]["detected"], s.false

@@ -3,7 +3,8 @@
 Each detection is matched to the latest truth change whose onset precedes it (by wall clock:
 the detection's ``wall_s`` is when the detector emitted it in this process). It is a hit when it
 comes within ``match_s`` of that onset, is of the right direction (a throttle / ``bulk_on`` needs
-a non-recovery change, a release / ``bulk_off`` a ``recovery``) and is the first for that change;
+a degradation, a release / ``bulk_off`` / softer throttle an improvement: a ``recovery`` or a softer
+step, `Detection.degrades`) and is the first for that change;
 anything else — before the first change, too late, wrong direction, a second report of the same
 change — is a false alarm. The delay of a hit is ``wall_s − onset_wall`` (onset taken before
 the ``tc`` command), so it includes the window, the allowed lateness and the transport.
@@ -37,15 +38,19 @@ class Detection:
     hosts: list[str] = field(default_factory=list)
     magnitude: float = float("nan")
     recovers: str | None = None
+    step: str | None = None        # ``evidence["step"]`` of a step inside an incident
 
     @property
     def degrades(self) -> bool:
-        return self.kind != "recovery"
+        """A recovery, a softer step of an open incident (`dynamiccl.detector.steps`: a change
+        of the incident's kind with ``evidence.step == "softer"``) and an incident of falling
+        latency (no incident open: magnitude, new over old, below 1) report an improvement."""
+        return self.kind != "recovery" and self.step != "softer" and not self.magnitude < 1.0
 
     @classmethod
     def from_change(cls, rc, wall_s: float) -> "Detection":
         return cls(rc.id, rc.kind, wall_s, rc.start_s, rc.detected_s, list(rc.ranks), list(rc.hosts),
-                   rc.magnitude, rc.recovers)
+                   rc.magnitude, rc.recovers, (rc.evidence or {}).get("step"))
 
 
 @dataclass
