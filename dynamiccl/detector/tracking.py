@@ -123,7 +123,9 @@ class Tracking:
         streams' old sigma, while the streams stay short of the old level (position above
         ``recovery_fraction``), are a softer step: a throttle eased, not released. Not within
         ``merge_s`` of the detection (an onset's overshoot settling) nor after a window that had
-        already moved half as far (a gradual return: the recovery rule's). Without it a softer
+        already moved half as far (a gradual return: the recovery rule's), nor while the newest
+        window still moved back by a step (``step_ratio``) from the one before: a softer step is
+        a plateau, a release draining back is the recovery rule's (the run waits). Without it a softer
         step was absorbed: the windows sat between the two levels, neither on nor recovered."""
         cfg = self.config
         if inc.kind == "flapping" or inc.flapping_id is not None:
@@ -145,6 +147,8 @@ class Tracking:
         # judges ``recovery_windows`` windows first, so a softer step must outlast it by one
         if inc.softer_run <= cfg.incidents.recovery_windows:
             return None
+        if m - before >= math.log(cfg.incidents.step_ratio):
+            return None          # still moving back by a step a window: a descent, not yet a plateau
         inc.softer_run = 0
         return self.steps.level_step(ws, self._window_s, inc, ok, cur, inc.softer_from)
 

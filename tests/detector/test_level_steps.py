@@ -79,3 +79,16 @@ def test_change_after_a_short_excursion_is_a_step():
     steps = [c for c in out if c.evidence.get("step") == "deeper"]
     assert steps, [(c.kind, c.detected_s - EPOCH, c.evidence.get("step")) for c in out]
     assert 0 < steps[0].detected_s - (EPOCH + ON + 3) <= 3.0
+
+
+def test_release_that_drains_is_one_recovery():
+    """A 2.5x throttle released at window 140, the latency draining back over four windows (2.0,
+    1.6, 1.3, 1.1x): one recovery and no softer step. A softer step is a plateau: while the
+    streams still move back by a step a window it is a descent, and the recovery rule judges it
+    (test-bed dev seed 34's release at 142.5 s: a softer step at 144.8 s, then its recovery)."""
+    drain = {OFF + i: m for i, m in enumerate((2.0, 1.6, 1.3, 1.1))}
+    _, out = _run(lambda t: 1.0 if t < ON else (2.5 if t < OFF else drain.get(t, 1.0)))
+    seen = [(c.kind, c.detected_s - EPOCH, c.evidence.get("step")) for c in out]
+    assert not [c for c in out if c.evidence.get("step")], seen
+    rec = [c for c in out if c.kind == "recovery"]
+    assert len(rec) == 1 and 0 < rec[0].detected_s - (EPOCH + OFF) <= 6.0, seen
