@@ -73,29 +73,36 @@ def drop_earlier_regime(det, buffer: list[float]) -> None:
                                    min_rel_scale=det.min_rel_scale, cap=det._cap)]
 
 
-def trend_t(values: np.ndarray, *, estimator: str, min_rel_scale: float, cap: float) -> float:
-    """t statistic of the least-squares slope of a warm-up's standardised values (capped at
-    ``+/- cap``), its standard error from the residuals' scale and AR(1) long-run variance.
-
-    Trend gate: a slow trend under heavy noise (a daily cycle under count noise) barely moves
-    the lag-1 autocorrelation, so `effective_samples` reads it as settled; its slope does not
-    hide: |t| > ``max_trend_t`` marks the warm-up unsettled (it has no level to learn yet)."""
+def trend_fit(values: np.ndarray, *, estimator: str, min_rel_scale: float,
+              cap: float) -> tuple[float, float]:
+    """(t, slope) of the least-squares slope of a warm-up's standardised values (capped at
+    ``+/- cap``): its t statistic, the standard error from the residuals' scale and AR(1)
+    long-run variance, and the slope in input units per valid sample."""
     med, scale = robust_baseline(values, estimator)
     level = float(med)
     scale = max(float(scale), min_rel_scale * abs(level))
     z = np.clip((values - level) / scale, -cap, cap)
     n = z.size
     if n < 4:
-        return 0.0
+        return 0.0, 0.0
     t = np.arange(n) - (n - 1) / 2.0
     stt = float(t @ t)
     slope = float(t @ z) / stt
     resid = z - z.mean() - slope * t
     s2 = float(resid @ resid) / (n - 2)
     if s2 <= 0.0:
-        return 0.0 if slope == 0.0 else math.copysign(math.inf, slope)
+        return (0.0 if slope == 0.0 else math.copysign(math.inf, slope)), slope * float(scale)
     v = ar1_long_run_variance(resid, 0.0, math.sqrt(s2))
-    return slope * math.sqrt(stt / (s2 * v))
+    return slope * math.sqrt(stt / (s2 * v)), slope * float(scale)
+
+
+def trend_t(values: np.ndarray, *, estimator: str, min_rel_scale: float, cap: float) -> float:
+    """t statistic of `trend_fit`'s slope.
+
+    Trend gate: a slow trend under heavy noise (a daily cycle under count noise) barely moves
+    the lag-1 autocorrelation, so `effective_samples` reads it as settled; its slope does not
+    hide: |t| > ``max_trend_t`` marks the warm-up unsettled (it has no level to learn yet)."""
+    return trend_fit(values, estimator=estimator, min_rel_scale=min_rel_scale, cap=cap)[0]
 
 
 def keeps_growing(det, buffer: list[float]) -> bool:

@@ -8,6 +8,7 @@ from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_wa
 from ._cusum_relearn import relearn
 from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
 from ._cusum_sign import validate_sign_gate
+from ._cusum_trend import validate_trend_veto, veto_trend
 from ._cusum_warmup import first_learn_size
 
 __all__ = ["CUSUM"]
@@ -104,14 +105,17 @@ class CUSUM(base.DriftDetector):
     max_trend_t
         A full warm-up whose least-squares trend has |t| above this (long-run-variance
         corrected) is unsettled too and keeps growing; None: off.
+    trend_veto
+        While the warm-up is open, an alarm whose excursion only continues the trend of the
+        warm-up samples before it is not raised (`dynamiccl.detector._cusum_trend`).
 
     One regime per baseline: a warm-up holding a level change drops its earlier regime when the
     latest one is settled; an unsettled one keeps learning (`dynamiccl.detector._cusum_settle`).
 
     The defaults (a 2-sigma CUSUM; a 100-sample winsorised baseline, monitored from 20,
     growing to 400 while unsettled; the serial correction; the cap at delta + 1; a 0.5 % scale
-    floor; no lower bound; one regime per baseline; the sign and trend gates) were chosen on the
-    development half of public labelled data and scored on the other half:
+    floor; no lower bound; one regime per baseline; the sign and trend gates; the trend veto)
+    were chosen on the development half of public labelled data and scored on the other half:
     docs/evaluation/2026-11-27-cusum-public.md. Seasonal series are outside the promise.
 
     Attributes
@@ -190,6 +194,7 @@ class CUSUM(base.DriftDetector):
         warmup_growth: int = 4,
         sign_gate: bool = True,
         max_trend_t: float | None = 3.0,
+        trend_veto: bool = True,
     ):
         super().__init__()
         self.delta = delta
@@ -208,6 +213,7 @@ class CUSUM(base.DriftDetector):
         self.warmup_growth = validate_growth(warmup_growth)
         self.sign_gate = validate_sign_gate(sign_gate)
         self.max_trend_t = validate_trend_t(max_trend_t)
+        self.trend_veto = validate_trend_veto(trend_veto)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -385,6 +391,8 @@ class CUSUM(base.DriftDetector):
                 self._s_down = 0.0
                 self._run_down = 0
 
+        if (fired_up or fired_down) and self.trend_veto and self._buffer is not None:
+            fired_up, fired_down = veto_trend(self, fired_up, fired_down)
         if not (fired_up or fired_down):
             return False
         up = fired_up and (not fired_down or self._s_up >= self._s_down)
@@ -410,3 +418,4 @@ class CUSUM(base.DriftDetector):
         yield {"warmup_growth": 1}
         yield {"sign_gate": False}
         yield {"max_trend_t": None}
+        yield {"trend_veto": False}
