@@ -34,13 +34,19 @@ static int file_has_word(const char* path, const char* prefix, const char* word)
   return found;
 }
 
-int dccl_tsc_usable(void) {
+int dccl_tsc_usable_at(const char* cpuinfo_path, const char* clocksource_path) {
 #if defined(__x86_64__)
-  return file_has_word("/proc/cpuinfo", "flags", "constant_tsc") && file_has_word("/proc/cpuinfo", "flags", "nonstop_tsc") &&
-         file_has_word("/sys/devices/system/clocksource/clocksource0/current_clocksource", NULL, "tsc");
+  return file_has_word(cpuinfo_path, "flags", "constant_tsc") && file_has_word(cpuinfo_path, "flags", "nonstop_tsc") &&
+         file_has_word(clocksource_path, NULL, "tsc");
 #else
+  (void)cpuinfo_path;
+  (void)clocksource_path;
   return 0;
 #endif
+}
+
+int dccl_tsc_usable(void) {
+  return dccl_tsc_usable_at("/proc/cpuinfo", "/sys/devices/system/clocksource/clocksource0/current_clocksource");
 }
 
 static uint64_t mono_ns(void) {

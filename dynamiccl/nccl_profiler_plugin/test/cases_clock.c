@@ -14,7 +14,8 @@ static int test_tsc_clock_anchor(void) {
   char err[256];
   TEST_ASSERT(parse_one("DYNAMICCL_CLOCK", "2", &cfg, err) != 0 && strstr(err, "DYNAMICCL_CLOCK"), "refused: %s", err);
   TEST_ASSERT(parse_one("DYNAMICCL_CLOCK", "1", &cfg, err) == 0 && cfg.clock == 1, "tsc accepted");
-  TEST_ASSERT(parse_one("DYNAMICCL_CLOCK", "", &cfg, err) == 0 && cfg.clock == 0, "default: clock_gettime");
+  TEST_ASSERT(parse_one("DYNAMICCL_CLOCK", "", &cfg, err) == 0 && cfg.clock == DCCL_CLOCK_AUTO, "default: chosen at init");
+  TEST_ASSERT(parse_one("DYNAMICCL_CLOCK", "0", &cfg, err) == 0 && cfg.clock == DCCL_CLOCK_VDSO, "0: clock_gettime");
   tsc_reset();
   const uint64_t T = 1000000, RT = 5000000000ull, MONO = 1000000000ull;
   uint64_t t = 0;
@@ -66,5 +67,65 @@ static int test_tsc_clock_live(void) {
   }
   ncclProfiler_v6.finalize(ctx);
   TEST_ASSERT(atomic_load(&dccl_tsc.on) == 0 && atomic_load(&dccl_tsc.mult) == 0, "off after the last finalize");
+  return 0;
+}
+
+/* Writes text to a fresh file under /tmp; its path in path. */
+static int write_tmp(char* path, size_t n, const char* tag, const char* text) {
+  snprintf(path, n, "/tmp/dccl-clock-%d-%s", (int)getpid(), tag);
+  FILE* f = fopen(path, "w");
+  if (f == NULL) return -1;
+  fputs(text, f);
+  fclose(f);
+  return 0;
+}
+
+/* The default clock is chosen from the host's readings (injected): the TSC only with constant_tsc and
+   nonstop_tsc on the first CPU and the tsc clocksource; DYNAMICCL_CLOCK=0 always gets clock_gettime. */
+static int test_clock_choice(void) {
+  static const char* const both = "processor\t: 0\nflags\t\t: fpu tsc constant_tsc rep_good nonstop_tsc cpuid\n"
+                                  "processor\t: 1\nflags\t\t: fpu\n";
+  static const char* const no_nonstop = "processor\t: 0\nflags\t\t: fpu tsc constant_tsc rep_good\n";
+  static const char* const later_cpu_only = "processor\t: 0\nflags\t\t: fpu\nprocessor\t: 1\n"
+                                            "flags\t\t: constant_tsc nonstop_tsc\n";
+  char cpu_ok[128], cpu_no[128], cpu_late[128], cs_tsc[128], cs_kvm[128];
+  TEST_ASSERT(write_tmp(cpu_ok, sizeof cpu_ok, "cpu-ok", both) == 0 && write_tmp(cpu_no, sizeof cpu_no, "cpu-no", no_nonstop) == 0 &&
+                  write_tmp(cpu_late, sizeof cpu_late, "cpu-late", later_cpu_only) == 0 &&
+                  write_tmp(cs_tsc, sizeof cs_tsc, "cs-tsc", "tsc\n") == 0 && write_tmp(cs_kvm, sizeof cs_kvm, "cs-kvm", "kvm-clock\n") == 0,
+              "temporary files");
+#if defined(__x86_64__)
+  TEST_ASSERT(dccl_tsc_usable_at(cpu_ok, cs_tsc) == 1, "invariant TSC, clocksource tsc: usable");
+#endif
+  TEST_ASSERT(dccl_tsc_usable_at(cpu_no, cs_tsc) == 0, "no nonstop_tsc: not usable");
+  TEST_ASSERT(dccl_tsc_usable_at(cpu_late, cs_tsc) == 0, "the first CPU's flags decide");
+  TEST_ASSERT(dccl_tsc_usable_at(cpu_ok, cs_kvm) == 0, "clocksource kvm-clock: not usable");
+  TEST_ASSERT(dccl_tsc_usable_at("/nonexistent/cpuinfo", cs_tsc) == 0 && dccl_tsc_usable_at(cpu_ok, "/nonexistent/cs") == 0,
+              "unreadable: not usable");
+  TEST_ASSERT(dccl_clock_wants_tsc(DCCL_CLOCK_AUTO, 1) && !dccl_clock_wants_tsc(DCCL_CLOCK_AUTO, 0), "default: the TSC where usable");
+  TEST_ASSERT(dccl_clock_wants_tsc(DCCL_CLOCK_TSC, 1) && !dccl_clock_wants_tsc(DCCL_CLOCK_TSC, 0), "1: the TSC where usable");
+  TEST_ASSERT(!dccl_clock_wants_tsc(DCCL_CLOCK_VDSO, 1) && !dccl_clock_wants_tsc(DCCL_CLOCK_VDSO, 0), "0: never the TSC");
+  unlink(cpu_ok);
+  unlink(cpu_no);
+  unlink(cpu_late);
+  unlink(cs_tsc);
+  unlink(cs_kvm);
+  /* through init on this host: unset follows the host, 0 forces clock_gettime, neither warns */
+  clear_env();
+  tsc_reset();
+  int usable = dccl_tsc_usable();
+  g_log[0] = '\0';
+  void* ctx = init6(0xc10d, 0, 2);
+  TEST_ASSERT(ctx != NULL, "init: %s", g_log);
+  TEST_ASSERT(atomic_load(&dccl_tsc.on) == usable, "unset: TSC exactly where usable (usable %d, on %d)", usable,
+              atomic_load(&dccl_tsc.on));
+  TEST_ASSERT(strstr(g_log, "DYNAMICCL_CLOCK=1 needs") == NULL, "no warning by default: %s", g_log);
+  ncclProfiler_v6.finalize(ctx);
+  setenv("DYNAMICCL_CLOCK", "0", 1);
+  ctx = init6(0xc10e, 0, 2);
+  unsetenv("DYNAMICCL_CLOCK");
+  TEST_ASSERT(ctx != NULL, "init: %s", g_log);
+  TEST_ASSERT(atomic_load(&dccl_tsc.on) == 0, "DYNAMICCL_CLOCK=0: clock_gettime");
+  ncclProfiler_v6.finalize(ctx);
+  tsc_reset();
   return 0;
 }
