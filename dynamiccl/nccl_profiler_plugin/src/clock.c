@@ -45,9 +45,10 @@ int dccl_tsc_usable_at(const char* cpuinfo_path, const char* clocksource_path) {
 #endif
 }
 
-int dccl_tsc_usable(void) {
-  return dccl_tsc_usable_at("/proc/cpuinfo", "/sys/devices/system/clocksource/clocksource0/current_clocksource");
-}
+const char* dccl_cpuinfo_path = "/proc/cpuinfo";
+const char* dccl_clocksource_path = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+int dccl_tsc_usable(void) { return dccl_tsc_usable_at(dccl_cpuinfo_path, dccl_clocksource_path); }
 
 static uint64_t mono_ns(void) {
   struct timespec ts;

@@ -41,8 +41,11 @@ typedef struct dccl_tsc_clock {
 
 extern dccl_tsc_clock_t dccl_tsc;
 
+/* Where the host's TSC readings are read (tests point them at injected files). */
+extern const char* dccl_cpuinfo_path;
+extern const char* dccl_clocksource_path;
 /* 1 when this host's TSC may stand in for the vDSO clock (x86-64, constant_tsc and nonstop_tsc in the
-   first CPU's flags, clocksource tsc). */
+   first CPU's flags, clocksource tsc), read from the two paths above. */
 int dccl_tsc_usable(void);
 /* Same, from the given /proc/cpuinfo and current_clocksource files (tests inject them). */
 int dccl_tsc_usable_at(const char* cpuinfo_path, const char* clocksource_path);
