@@ -31,7 +31,7 @@
 #define DCCL_CLOCK_AUTO 2u
 
 typedef struct dccl_tsc_clock {
-  _Atomic int on;                 /* set at the first init (DYNAMICCL_CLOCK=1 on a qualifying host) */
+  _Atomic int on;                 /* set at the first init on a qualifying host, unless DYNAMICCL_CLOCK=0 */
   _Atomic uint64_t seq;           /* seqlock: odd while the anchor is written */
   _Atomic uint64_t tsc0, rt0;     /* the anchor: a TSC reading and CLOCK_REALTIME at that moment */
   _Atomic uint64_t mult;          /* ns per tick << 32; 0 until a rate was measured */
