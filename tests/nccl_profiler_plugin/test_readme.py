@@ -9,7 +9,8 @@ PLUGIN_DIR = Path(__file__).resolve().parents[2] / "dynamiccl" / "nccl_profiler_
 NO_C_DEFAULT = {"DYNAMICCL_JOB_ID", "DYNAMICCL_HOST",  # fallback chains, documented in words
                 "DYNAMICCL_TOKEN_FILE", "DYNAMICCL_TOKEN",  # secrets: no default
                 "DYNAMICCL_PROFILER_CHAIN",  # a path: no default
-                "DYNAMICCL_COLLECTOR"}  # the per-user socket, computed at init (dynamiccl_paths.h)
+                "DYNAMICCL_COLLECTOR",  # the per-user socket, computed at init (dynamiccl_paths.h)
+                "DYNAMICCL_CLOCK"}  # unset: the clock chosen at init from the host's TSC (clock.h)
 
 
 def readme_defaults() -> dict[str, str]:

@@ -34,14 +34,21 @@ static int file_has_word(const char* path, const char* prefix, const char* word)
   return found;
 }
 
-int dccl_tsc_usable(void) {
+int dccl_tsc_usable_at(const char* cpuinfo_path, const char* clocksource_path) {
 #if defined(__x86_64__)
-  return file_has_word("/proc/cpuinfo", "flags", "constant_tsc") && file_has_word("/proc/cpuinfo", "flags", "nonstop_tsc") &&
-         file_has_word("/sys/devices/system/clocksource/clocksource0/current_clocksource", NULL, "tsc");
+  return file_has_word(cpuinfo_path, "flags", "constant_tsc") && file_has_word(cpuinfo_path, "flags", "nonstop_tsc") &&
+         file_has_word(clocksource_path, NULL, "tsc");
 #else
+  (void)cpuinfo_path;
+  (void)clocksource_path;
   return 0;
 #endif
 }
+
+const char* dccl_cpuinfo_path = "/proc/cpuinfo";
+const char* dccl_clocksource_path = "/sys/devices/system/clocksource/clocksource0/current_clocksource";
+
+int dccl_tsc_usable(void) { return dccl_tsc_usable_at(dccl_cpuinfo_path, dccl_clocksource_path); }
 
 static uint64_t mono_ns(void) {
   struct timespec ts;

@@ -36,8 +36,9 @@
    0 for an emulated NCCL whose pTimers are simulated time (the emulator sets it). */
 #define DCCL_DEFAULT_SPAN_CHECK 1
 #define DCCL_SPAN_SLACK_NS 20000ull
-/* record clock (clock.h): 0 clock_gettime(CLOCK_REALTIME), 1 the TSC anchored to it where usable */
-#define DCCL_DEFAULT_CLOCK 0
+/* record clock (clock.h): DCCL_CLOCK_AUTO (unset) the TSC where it is as good as the vDSO's own source,
+   else clock_gettime; DYNAMICCL_CLOCK=0 forces clock_gettime, 1 asks for the TSC (a warning where unusable) */
+#define DCCL_DEFAULT_CLOCK DCCL_CLOCK_AUTO
 
 /* ---- limits ---- */
 #define DCCL_MAX_CHANNELS 64           /* NCCL MAXCHANNELS: KernelCh channelId < 64 */

@@ -230,16 +230,20 @@ static void retired_sweep(uint64_t now, int all) {
   }
 }
 
-/* DYNAMICCL_CLOCK=1 (clock.h): the first anchor; the sender refreshes it and a rate follows. */
+/* The record clock, chosen once per lifetime (clock.h): the TSC where it qualifies unless
+   DYNAMICCL_CLOCK=0; its first anchor here, the sender refreshes it and a rate follows. */
 static void clock_start(const dccl_config_t* cfg) {
-  if (cfg->clock != 1) return;
-  if (!dccl_tsc_usable()) {
-    DCCL_WARN("DynamICCL profiler: DYNAMICCL_CLOCK=1 needs an invariant TSC (constant_tsc, nonstop_tsc) and the "
-              "tsc clocksource; using clock_gettime(CLOCK_REALTIME)");
+  if (cfg->clock == DCCL_CLOCK_VDSO) return;
+  int usable = dccl_tsc_usable();
+  if (!dccl_clock_wants_tsc(cfg->clock, usable)) {
+    if (cfg->clock == DCCL_CLOCK_TSC)
+      DCCL_WARN("DynamICCL profiler: DYNAMICCL_CLOCK=1 needs an invariant TSC (constant_tsc, nonstop_tsc) and the "
+                "tsc clocksource; using clock_gettime(CLOCK_REALTIME)");
     return;
   }
   dccl_tsc_anchor();
   atomic_store_explicit(&dccl_tsc.on, 1, memory_order_relaxed);
+  DCCL_INFO("DynamICCL profiler: record clock: TSC anchored to CLOCK_REALTIME (DYNAMICCL_CLOCK=0 for clock_gettime)");
 }
 
 /* At the last finalize (no communicator, no reader): the next lifetime starts without a rate. */

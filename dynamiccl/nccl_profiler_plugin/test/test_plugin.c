@@ -156,6 +156,7 @@ static const test_case_t k_tests[] = {
     {"net_peers_and_stale", test_net_peers_and_stale},
     {"tsc_clock_anchor", test_tsc_clock_anchor},
     {"tsc_clock_live", test_tsc_clock_live},
+    {"clock_choice", test_clock_choice},
     {"completion_marks_generation", test_completion_marks_generation},
     {"stale_guard_rule", test_stale_guard_rule},
     {"stale_guard_off_unless_aligned", test_stale_guard_off_unless_aligned},
