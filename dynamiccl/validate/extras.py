@@ -1,8 +1,10 @@
 """The kit's extra launches: one short programme (the worker's ``probe`` phase) run under settings
 the main launch does not use, so that their records and counts compare launch by launch.
 
-* ``probe_ref``: the plugins with their defaults (the reference for the others);
-* ``probe_tsc``: ``DYNAMICCL_CLOCK=1`` (the opt-in TSC record clock);
+* ``probe_ref``: the plugins with their defaults, the record clock forced to ``clock_gettime``
+  (``DYNAMICCL_CLOCK=0``): the reference for the others, and check 7's reference clock (the default is
+  the TSC where the host qualifies, so the defaults alone would compare the TSC with itself);
+* ``probe_tsc``: ``DYNAMICCL_CLOCK=1`` (the TSC record clock asked for: a warning where it does not qualify);
 * ``probe_peer``: ``DYNAMICCL_EVENT_MASK=94`` (Coll|P2p|KernelCh|ProxyOp|ProxyStep: PEER records);
 * ``probe_chainonly``: NCCL's profiler is the chain probe alone (``test/chain_probe.c``), which prints
   its event counts at its last finalize;
@@ -49,7 +51,7 @@ def _logged(name: str, **env: str) -> dict:
 
 def extra_launches() -> tuple[list[Launch], list[str]]:
     """The extra launches, in the order they run, and notes on any left out."""
-    out = [Launch("probe_ref", ["probe"], True, env=_logged("probe_ref")),
+    out = [Launch("probe_ref", ["probe"], True, env=_logged("probe_ref", DYNAMICCL_CLOCK="0")),
            Launch("probe_tsc", ["probe"], True, env=_logged("probe_tsc", DYNAMICCL_CLOCK="1")),
            Launch("probe_peer", ["probe"], True, env=_logged("probe_peer", DYNAMICCL_EVENT_MASK=str(PEER_MASK)))]
     probe, why = build_chain_probe()

@@ -43,3 +43,13 @@ def test_host_without_invariant_tsc_skips_the_clock_check(tmp_path):
     analyse(out)
     checks = _checks(out)
     assert checks[EXTRA[0]]["status"] == "SKIP" and "invariant TSC" in checks[EXTRA[0]]["summary"]
+
+
+def test_the_reference_launch_reads_clock_gettime():
+    """Check 7 compares the TSC record clock with the reference launch's; the TSC is the default
+    where the host qualifies, so the reference must force ``clock_gettime``."""
+    from dynamiccl.validate.extras import extra_launches
+
+    launches = {ln.name: ln for ln in extra_launches()[0]}
+    assert launches["probe_ref"].env["DYNAMICCL_CLOCK"] == "0"
+    assert launches["probe_tsc"].env["DYNAMICCL_CLOCK"] == "1"
