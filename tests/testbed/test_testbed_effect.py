@@ -96,3 +96,20 @@ def test_the_line_keeps_its_keys_and_adds_the_effective_figures():
     line = corpus.line(s)
     assert line.startswith("testbed_runs=2 testbed_changes=20 testbed_within_5s=0.150 ")
     assert line.endswith(" testbed_effective_changes=10 testbed_within_5s_effective=0.300")
+
+
+def test_a_release_out_of_a_noisy_regime_is_measured_in_the_quiet_regime_spread():
+    """Dev seed 34's ``bulk_off``: 200-400 ms under competing traffic, 55-65 ms after. In the
+    noisy regime's own sds the 5x drop was 2 sds (``no_move``); in the quiet side's it moved."""
+    noisy = [1.5, 5.0, 3.2, 1.8, 4.6, 2.0, 3.3, 5.2, 1.6, 4.4] * 2    # median 3.25: 0.6 is 1.3 of its sds
+    w = _windows([1.0] * 20 + noisy + [0.6, 0.55, 0.62, 0.64, 0.58] + [0.33] * 5, sd=0.0)
+    fx = label([_ev(0, "bulk_on", 1020.0, True), _ev(1, "bulk_off", 1040.0, False)], w)
+    assert fx[1].rule == "moved" and fx[1].ratio > 4, fx
+
+
+def test_a_release_whose_queue_drains_is_measured_in_the_throttled_regime_spread():
+    """Dev seed 38's release: a quiet throttled level, then 116-158 ms of queue draining and 70-83
+    ms within its 5 s. Measured in the draining side's sds alone the 2x drop read 2.7 sds."""
+    w = _windows([1.0] * 20 + [2.5] * 15 + [1.2, 1.3, 1.6, 0.85, 0.7] + [0.7] * 5, sd=0.005)
+    fx = label([_ev(0, "throttle", 1020.0, True), _ev(1, "release", 1035.0, False)], w)
+    assert [f.rule for f in fx] == ["moved", "moved"], fx

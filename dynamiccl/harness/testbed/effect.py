@@ -7,8 +7,9 @@ cannot be reported from collective latency. This labeller does not use the detec
 its level, like the detector's replay windows. A labelled change **moved** latency when, for
 some stream, the median of its windows in the ``POST_S`` after the onset sits, in the change's
 direction, at least ``RATIO`` times and ``Z`` spreads away from the median of its windows before
-(from the previous change's onset, at most ``PRE_S``), the spread being the windows' robust sd
-(1.4826 × MAD). The thresholds are the detector's documented smallest change, not fitted here:
+(from the previous change's onset, at most ``PRE_S``), the spread being the robust sd
+(1.4826 × MAD) of the windows before a degradation (the detector's old sigmas), and for an
+improvement the smaller of the two sides' (a throttled regime and a draining queue are both noisy). The thresholds are the detector's documented smallest change, not fitted here:
 
 * ``RATIO`` = ``incidents.step_ratio`` (1.1): the smallest level move the detector reports as a
   change of its own (`dynamiccl.detector.steps`);
@@ -78,13 +79,26 @@ def stream_windows(records_dir: Path | str) -> pl.DataFrame:
 
 def moved(pre: np.ndarray, post: np.ndarray, degrades: bool) -> tuple[float, float]:
     """One stream's move in the change's direction: (ratio ≥ 1 when it moved that way, z in
-    pre-onset robust sds; inf when the windows before did not vary)."""
+    robust sds of the quieter side, `_lower_regime_sd`; inf when it did not vary)."""
     m0, m1 = float(np.median(pre)), float(np.median(post))
-    sd = MAD_SD * float(np.median(np.abs(pre - m0)))
+    sd = _lower_regime_sd(pre, post, degrades)
     shift = (m1 - m0) if degrades else (m0 - m1)
     ratio = (m1 / m0 if degrades else m0 / m1) if m0 > 0 and m1 > 0 else float("nan")
     z = shift / sd if sd > 0 else (float("inf") if shift > 0 else 0.0)
     return ratio, z
+
+
+def _lower_regime_sd(pre: np.ndarray, post: np.ndarray, degrades: bool) -> float:
+    """The quieter side's spread: the windows before a degradation (the detector's old-sigma
+    rule); for an improvement the smaller of the two sides' spreads, because either can be the
+    noisy one — a throttled regime under competing traffic (dev seed 34's ``bulk_off``, 200-400
+    ms: in its own sds a 5x drop to 60 ms was 2 sds) or the queue draining after a release (dev
+    seed 38's release: 116-158 ms then 70-83 ms within its 5 s)."""
+    def spread(v: np.ndarray) -> float:
+        return MAD_SD * float(np.median(np.abs(v - np.median(v))))
+    if degrades or len(post) < MIN_PRE_WINDOWS:
+        return spread(pre)
+    return min(spread(pre), spread(post))
 
 
 def _spans(events: list, i: int) -> tuple[float, float, float, float]:
