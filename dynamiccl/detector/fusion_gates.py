@@ -190,11 +190,23 @@ class FusionGates:
                 tab.restore_baseline(idx, a.med, a.scale)
         return ok, stragglers, big
 
+    def _wait_is_a_step(self, a: AlarmGroup) -> bool:
+        """A degradation of a step-paced job that passed the evidence gate is not held for its
+        kind: the waits below judge the kind (straggler or not) again on the next window because
+        a dense job's alarm window may straddle the onset, partly the old regime. A step-paced
+        job's window holds one step's burst of collectives, before or after the onset, and its
+        next window is the next step (2-10 s away, `dynamiccl.detector.sparse.JobCadence`), past
+        a 5 s report. A dense job's next window is 1 s away: it waits."""
+        return self.table.cadence.paced(int(self.table.job_code[a.idx[0]]), self._window_s)
+
     def _gate_wait(self, ws, a: AlarmGroup, big: bool, stragglers):
         """A degradation seen in the window holding its onset is judged one window later (as a
         pending group with ``peak``), with the counter that says why. Returns (verdict, stragglers)."""
         cfg = self.config
         if not (a.direction > 0 and ws.t <= a.onset_step and len(self.pending) < MAX_PENDING):
+            return None, stragglers
+        if self._wait_is_a_step(a):
+            self.counters["paced_kind_now"] += 1
             return None, stragglers
         wait = None
         if big and not a.confirmed:

@@ -55,3 +55,33 @@ def test_recheck_when_collectives_are_long_against_the_window():
     n_on, later = _straggler(True, None, 0.002)
     assert (n_off, n_on) == (0, 1)
     assert later.detected_s == pytest.approx(now.detected_s + 0.002)
+
+
+PACED = 3          # a step-paced job: one window with data per 3 s step
+
+
+def _paced_straggler():
+    job = SyntheticJob(seed=5)
+    job.streams = [dataclasses.replace(s, per_window=2) for s in job.streams]
+    reg = Regime(straggler=6, straggler_delay_s=40e-6)
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+    ch, onset = [], (WARM + 10) * PACED
+    for t in range((WARM + 30) * PACED):
+        if t % PACED:
+            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
+        else:
+            wf = job.window(t, reg if onset <= t < (WARM + 25) * PACED else None)
+        ch += det.process(wf)
+    return det, ch, onset
+
+
+def test_step_paced_job_is_not_held_a_step_for_its_kind():
+    """The recheck judges the kind again on the next window; in a step-paced job that is the next
+    step (3 s here, 2-10 s on the test bed), past a 5 s report. The change that passed the
+    evidence gate is reported from the onset's window (before: one step later, `rank_rechecks`)."""
+    det, ch, onset = _paced_straggler()
+    assert ch, det.fusion.counters
+    first = ch[0]
+    assert first.detected_s == EPOCH + onset + 1, ((first.detected_s - EPOCH - onset), det.fusion.counters)
+    assert det.fusion.counters["paced_kind_now"] == 1 and det.fusion.counters["rank_rechecks"] == 0
