@@ -36,6 +36,7 @@ from dynamiccl.collector.processors.aggregate import (
     _counters,
     aggregate_window,
 )
+from dynamiccl.collector.processors.wait import attach_waits, wait_stand_ins
 from dynamiccl.collector.wire_format import TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
@@ -362,8 +363,11 @@ class WindowAggregator:
         self._buffered -= n
         self._cap_hint = min(int(n * 1.25) + 1024, 1 << 24, self._max_win)
         try:
-            result = aggregate_window(win.view(), window_start_ns=w * self._window_ns,
+            view = win.view()
+            result = aggregate_window(view, window_start_ns=w * self._window_ns,
                                       window_s=self.config.window_s, aggregator=self)
+            if self.config.wait_streams:
+                result.features = self._with_waits(result.features, view, w)
         except Exception:
             log.exception("window %d: aggregation failed (%d records dropped)", w, n)
             self.metrics.drop("aggregation_error", n)
@@ -377,6 +381,16 @@ class WindowAggregator:
             m.last_window_end_s = (w + 1) * self.config.window_s
         result.features.counters.update(_counters(m, n))
         self.next_consumer.consume(result)
+
+    def _with_waits(self, features, view: dict[str, np.ndarray], w: int):
+        """The window's features with its wait streams (processors/wait.py) attached, outcomes counted."""
+        sub, counts = wait_stand_ins(view, self.config.max_wait_s)
+        self.metrics.wait_outcomes(counts.as_dict())
+        if sub is None:
+            return features
+        waits = aggregate_window(sub, window_start_ns=w * self._window_ns, window_s=self.config.window_s,
+                                 aggregator=self)
+        return attach_waits(features, waits.features)
 
     # -- code → string tables used by aggregate_window -------------------------------------------
     def gcomm_table(self, codes: np.ndarray) -> tuple[list[str], np.ndarray, list[str]]:
