@@ -86,7 +86,7 @@ METRICS: tuple[MetricSpec, ...] = (
                ("reason",)),
     MetricSpec("dynamiccl_collector_wait_instances_total", "counter",
                "Untimed collective instances by outcome: given wait stand-ins (outcome=instances) or refused "
-               "(missing_rank, duplicate, gap); waits are never exported as latencies.", ("outcome",)),
+               "(missing_rank, duplicate, gap, withheld); waits are never exported as latencies.", ("outcome",)),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -209,7 +209,7 @@ class SelfMetrics:
         self.last_window_end_s = 0.0
         self.inputs_authenticated = 0  # 1: every network peer had to present a token
         # untimed collective instances by outcome: given wait stand-ins, or refused and why (processors/wait.py)
-        self.wait = {"instances": 0, "missing_rank": 0, "duplicate": 0, "gap": 0}
+        self.wait = {"instances": 0, "missing_rank": 0, "duplicate": 0, "gap": 0, "withheld": 0}
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:

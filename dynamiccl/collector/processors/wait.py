@@ -15,7 +15,13 @@ Rules (each one a named gate below, each refusal counted):
 * ``complete``: exactly one record per rank of the communicator (``missing_rank`` when fewer distinct ranks,
   ``duplicate`` when a rank has several records);
 * ``gap``: the instance's largest wait at most ``max_wait_s`` (enqueue clocks of different hosts that
-  disagree by seconds say nothing about arrival).
+  disagree by seconds say nothing about arrival);
+* ``withheld``: a (communicator, collective) whose untimed instances in the window were refused more than
+  ``WITHHOLD_SHARE`` of the time gives no waits in that window: records are being lost or held back (a host's
+  clock jumped, a rank vanished), and the instances that stay complete are a biased sample (on the simulated
+  bad-input run, a clock jump on another node raised tp0's median wait by 40 % while its complete instances
+  fell from ~450 to 4-100 a window). An instance split across two windows is refused in both: a share of
+  about (wait spread / window) of the instances, far below it.
 
 Enqueue times of one instance are compared across ranks: ranks on different hosts compare their hosts'
 clocks, so a constant clock offset is a constant part of the wait (its change is what the detector sees).
@@ -28,10 +34,15 @@ import numpy as np
 
 from dynamiccl.contracts.collectives import COLLECTIVES
 
-__all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits"]
+__all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "window_waits", "LOSSY_SHARE"]
 
 #: outcomes counted per untimed instance: made a wait stand-in, or refused and why
-WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap")
+WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap", "withheld")
+#: refused share of a (communicator, collective)'s untimed instances above which its window gives no waits
+WITHHOLD_SHARE = 0.25
+#: records dropped as late / too early since the last window closed, as a share of the window's records,
+#: above which the window gives no waits (`window_waits`)
+LOSSY_SHARE = 0.01
 
 # per 4-bit func code of the packed key: True for a collective (all ranks take part)
 _COLLECTIVE = np.zeros(16, bool)
@@ -46,6 +57,7 @@ class WaitCounts:
     missing_rank: int = 0
     duplicate: int = 0
     gap: int = 0
+    withheld: int = 0        # complete, but their (communicator, collective) lost too many in the window
 
     def as_dict(self) -> dict[str, int]:
         return {k: int(getattr(self, k)) for k in WAIT_OUTCOMES}
@@ -78,6 +90,15 @@ def _timed_per_instance(cols: dict[str, np.ndarray], timed: np.ndarray, ucodes: 
     return out
 
 
+def _lossy(group: np.ndarray, ok: np.ndarray, refused: np.ndarray) -> np.ndarray:
+    """Per instance: whether its (communicator, collective) ``group`` had more than WITHHOLD_SHARE of its
+    untimed instances refused in the window."""
+    _, g = np.unique(group, return_inverse=True)
+    n_ok = np.bincount(g, weights=ok, minlength=g.max() + 1)
+    n_ref = np.bincount(g, weights=refused, minlength=g.max() + 1)
+    return (n_ref > WITHHOLD_SHARE * (n_ok + n_ref))[g]
+
+
 def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float) -> tuple[dict[str, np.ndarray] | None, WaitCounts]:
     """The window's columns of the records that get a wait stand-in (``dur`` = their wait, in seconds), or
     None when none does, and the untimed instances' outcomes.
@@ -89,7 +110,7 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float) -> tuple[dict
     ...         "nranks": np.full(4, 4, np.int32), "dur": np.full(4, np.nan), "rel": np.array([.1, .1, .1, .3])}
     >>> sub, counts = wait_stand_ins(cols, 1.0)
     >>> sub["dur"].round(3).tolist(), counts.as_dict()
-    ([0.2, 0.2, 0.2, 0.0], {'instances': 1, 'missing_rank': 0, 'duplicate': 0, 'gap': 0})
+    ([0.2, 0.2, 0.2, 0.0], {'instances': 1, 'missing_rank': 0, 'duplicate': 0, 'gap': 0, 'withheld': 0})
     >>> wait_stand_ins(cols, 0.1)[1].gap, wait_stand_ins({k: v[:3] for k, v in cols.items()}, 1.0)[1].missing_rank
     (1, 1)
     """
@@ -116,6 +137,9 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float) -> tuple[dict
     missing = untimed & ~dup & (distinct < want)
     gap = untimed & ~dup & ~missing & (distinct >= want) & (last - first > max_wait_s)
     ok = untimed & ~dup & ~missing & ~gap & (distinct >= want) & (want >= 2)
+    withheld = ok & _lossy(ucodes >> _U(40), ok, dup | missing | gap)
+    ok &= ~withheld
+    counts.withheld = int(withheld.sum())
     counts.instances, counts.missing_rank = int(ok.sum()), int(missing.sum())
     counts.duplicate, counts.gap = int(dup.sum()), int(gap.sum())
     if not counts.instances:
@@ -146,3 +170,22 @@ def attach_waits(features, waits_features):
              .with_columns((pl.col("shortest_count") + pl.col("_wait_votes").fill_null(0)).alias("shortest_count"))
              .drop("_wait_votes"))
     return dataclasses.replace(features, ranks=ranks, waits=waits)
+
+
+def window_waits(features, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: bool, aggregate, metrics):
+    """``features`` with the window's waits attached (``aggregate``: the window aggregation, applied to the
+    stand-ins), the outcomes counted in ``metrics``.
+
+    ``lossy``: records were dropped as late or too early while the window was open (more than LOSSY_SHARE of
+    its own): its instances are all ``withheld``. Which instances stayed complete then depends on how the
+    records were cut, a biased sample: a host's clock 30 s ahead closes the other hosts' windows early, and
+    on the simulated bad-input run with every record untimed this gave a false change at +40 % wait."""
+    sub, counts = wait_stand_ins(view, max_wait_s)
+    if lossy and sub is not None:
+        counts.withheld += counts.instances
+        counts.instances = 0
+        sub = None
+    metrics.wait_outcomes(counts.as_dict())
+    if sub is None:
+        return features
+    return attach_waits(features, aggregate(sub).features)

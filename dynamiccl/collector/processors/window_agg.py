@@ -36,12 +36,13 @@ from dynamiccl.collector.processors.aggregate import (
     _counters,
     aggregate_window,
 )
-from dynamiccl.collector.processors.wait import attach_waits, wait_stand_ins
+from dynamiccl.collector.processors.wait import LOSSY_SHARE, window_waits
 from dynamiccl.collector.wire_format import TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
 
 log = logging.getLogger(__name__)
+
 
 
 class Interner:
@@ -142,6 +143,7 @@ class WindowAggregator:
         self._last_arrival = clock()
         self._batches_since_wm = 0
         self._lock = threading.Lock()
+        self._lost_seen = 0                     # late + too_early drops when the last window closed
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -383,14 +385,15 @@ class WindowAggregator:
         self.next_consumer.consume(result)
 
     def _with_waits(self, features, view: dict[str, np.ndarray], w: int):
-        """The window's features with its wait streams (processors/wait.py) attached, outcomes counted."""
-        sub, counts = wait_stand_ins(view, self.config.max_wait_s)
-        self.metrics.wait_outcomes(counts.as_dict())
-        if sub is None:
-            return features
-        waits = aggregate_window(sub, window_start_ns=w * self._window_ns, window_s=self.config.window_s,
-                                 aggregator=self)
-        return attach_waits(features, waits.features)
+        """The window's features with its wait streams attached (processors/wait.py), outcomes counted."""
+        dropped = self.metrics.dropped
+        lost = dropped.get("late", 0) + dropped.get("too_early", 0)
+        lossy = lost - self._lost_seen > LOSSY_SHARE * len(view["kc"])
+        self._lost_seen = lost
+        return window_waits(features, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
+                            aggregate=lambda sub: aggregate_window(sub, window_start_ns=w * self._window_ns,
+                                                                   window_s=self.config.window_s, aggregator=self),
+                            metrics=self.metrics)
 
     # -- code → string tables used by aggregate_window -------------------------------------------
     def gcomm_table(self, codes: np.ndarray) -> tuple[list[str], np.ndarray, list[str]]:
