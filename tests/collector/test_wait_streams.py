@@ -179,3 +179,17 @@ def test_windows_losing_records_as_late_give_no_waits():
     h0_waits = [wf for wf in sink.items if wf.features.waits is not None
                 and (wf.features.waits["comm_hash"] == 0xABC).any() and wf.features.window_start > T0 / 1e9 + 6]
     assert h0_waits == [], "waits from windows that lost records as late"
+
+
+def test_a_malformed_waits_frame_drops_the_window_counted():
+    """A waits frame without the key columns (a foreign producer) is refused like a malformed keys frame."""
+    import dataclasses
+
+    from dynamiccl.detector.service import Detector
+    wf = windows(job(0.5))[0][0]
+    det = Detector()
+    assert det.process(dataclasses.replace(wf, waits=wf.waits.drop("lat_p50_s"))) == []
+    assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1
+    assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="error") == 0
+    det.process(dataclasses.replace(wf, window_start=wf.window_start + 1))
+    assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1

@@ -127,7 +127,8 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float) -> tuple[dict
     n = np.diff(np.r_[starts, len(sel)])
     want = cols["nranks"][sel][order][starts].astype(np.int64)   # the communicator's size, as its records say
     timed = _timed_per_instance(cols, coll & ~nan, ucodes)   # an instance with a timed record is timed
-    pairs = np.sort((iid << 32) | rank.astype(np.int64))      # a sort: np.unique hashes, 8x slower here
+    # (instance, rank) pairs, one sort (np.unique hashes: 8x slower here); the rank's 32 bits only
+    pairs = np.sort((iid << 32) | (rank.astype(np.int64) & 0xFFFFFFFF))
     distinct = np.bincount(pairs[np.r_[True, pairs[1:] != pairs[:-1]]] >> 32, minlength=ni)
     rs = rel[order]
     last = np.maximum.reduceat(rs, starts)
