@@ -193,3 +193,19 @@ def test_a_malformed_waits_frame_drops_the_window_counted():
     assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="error") == 0
     det.process(dataclasses.replace(wf, window_start=wf.window_start + 1))
     assert det.metrics.value("dynamiccl_detector_windows_dropped_total", reason="malformed") == 1
+
+
+def test_the_testbed_saves_and_replays_the_waits(tmp_path):
+    """The test bed's saved windows (replayed offline by `harness.testbed.analyse`) keep the waits frame."""
+    from types import SimpleNamespace
+
+    from dynamiccl.harness.testbed.analyse import load_windows
+    from dynamiccl.harness.testbed.run import Run
+    got = windows(job(1.0))[0]
+    timed = windows(job(0.5, timed_until_s=1.0, start_s=1.0))[0]
+    Run._save_windows(SimpleNamespace(_saved=[(wf, 1.0) for wf in got + timed], out_dir=tmp_path))
+    back = load_windows(tmp_path)
+    assert len(back) == len(got) + len(timed)
+    for (wf, _), ref in zip(back, got + timed):
+        assert (wf.waits is None) == (ref.waits is None)
+        assert ref.waits is None or wf.waits.equals(ref.waits)
