@@ -79,17 +79,6 @@ def _group(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return order, starts, sc[starts], gid
 
 
-def _timed_per_instance(cols: dict[str, np.ndarray], timed: np.ndarray, ucodes: np.ndarray) -> np.ndarray:
-    """How many timed records of the window belong to each instance of ``ucodes`` (sorted)."""
-    out = np.zeros(len(ucodes), np.int64)
-    t = np.flatnonzero(timed)
-    if len(t):
-        ct = _codes(cols["kc"][t], cols["seq"][t])
-        pos = np.minimum(np.searchsorted(ucodes, ct), len(ucodes) - 1)
-        out += np.bincount(pos[ucodes[pos] == ct], minlength=len(ucodes))
-    return out
-
-
 def _lossy(group: np.ndarray, ok: np.ndarray, refused: np.ndarray) -> np.ndarray:
     """Per instance: whether its (communicator, collective) ``group`` had more than WITHHOLD_SHARE of its
     untimed instances refused in the window."""
@@ -99,26 +88,28 @@ def _lossy(group: np.ndarray, ok: np.ndarray, refused: np.ndarray) -> np.ndarray
     return (n_ref > WITHHOLD_SHARE * (n_ok + n_ref))[g]
 
 
-def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float) -> tuple[dict[str, np.ndarray] | None, WaitCounts]:
+def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float,
+                   wholly_untimed: np.ndarray) -> tuple[dict[str, np.ndarray] | None, WaitCounts]:
     """The window's columns of the records that get a wait stand-in (``dur`` = their wait, in seconds), or
-    None when none does, and the untimed instances' outcomes.
+    None when none does, and the untimed instances' outcomes. ``wholly_untimed``: per record, whether its
+    instance has no timed record in the window (the window aggregation's own instance table,
+    ``WindowResult.wholly_untimed``): a partly timed instance is timed, neither a wait nor a refusal.
 
-    Cost: one sort of the untimed collective records and one binary search per timed one; nothing more
-    than a mask when every record is timed.
+    Cost: one sort of those records; nothing when every record is timed.
 
     >>> cols = {"kc": np.full(4, 1 << 12), "seq": np.zeros(4, np.int64), "rank": np.arange(4, dtype=np.int32),
     ...         "nranks": np.full(4, 4, np.int32), "dur": np.full(4, np.nan), "rel": np.array([.1, .1, .1, .3])}
-    >>> sub, counts = wait_stand_ins(cols, 1.0)
+    >>> sub, counts = wait_stand_ins(cols, 1.0, np.ones(4, bool))
     >>> sub["dur"].round(3).tolist(), counts.as_dict()
     ([0.2, 0.2, 0.2, 0.0], {'instances': 1, 'missing_rank': 0, 'duplicate': 0, 'gap': 0, 'withheld': 0})
-    >>> wait_stand_ins(cols, 0.1)[1].gap, wait_stand_ins({k: v[:3] for k, v in cols.items()}, 1.0)[1].missing_rank
-    (1, 1)
+    >>> wait_stand_ins(cols, 0.1, np.ones(4, bool))[1].gap
+    1
+    >>> wait_stand_ins({k: v[:3] for k, v in cols.items()}, 1.0, np.ones(3, bool))[1].missing_rank
+    1
     """
     counts = WaitCounts()
-    kc, dur = cols["kc"], cols["dur"]
-    coll = _COLLECTIVE[(kc >> 12) & 0xF]
-    nan = np.isnan(dur)
-    sel = np.flatnonzero(coll & nan)
+    kc = cols["kc"]
+    sel = np.flatnonzero(_COLLECTIVE[(kc >> 12) & 0xF] & wholly_untimed)
     if not len(sel):
         return None, counts
     order, starts, ucodes, iid = _group(_codes(kc[sel], cols["seq"][sel]))
@@ -126,18 +117,16 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float) -> tuple[dict
     rank, rel = cols["rank"][sel], cols["rel"][sel]
     n = np.diff(np.r_[starts, len(sel)])
     want = cols["nranks"][sel][order][starts].astype(np.int64)   # the communicator's size, as its records say
-    timed = _timed_per_instance(cols, coll & ~nan, ucodes)   # an instance with a timed record is timed
     # (instance, rank) pairs, one sort (np.unique hashes: 8x slower here); the rank's 32 bits only
     pairs = np.sort((iid << 32) | (rank.astype(np.int64) & 0xFFFFFFFF))
     distinct = np.bincount(pairs[np.r_[True, pairs[1:] != pairs[:-1]]] >> 32, minlength=ni)
     rs = rel[order]
     last = np.maximum.reduceat(rs, starts)
     first = np.minimum.reduceat(rs, starts)
-    untimed = timed == 0
-    dup = untimed & (n > distinct)
-    missing = untimed & ~dup & (distinct < want)
-    gap = untimed & ~dup & ~missing & (distinct >= want) & (last - first > max_wait_s)
-    ok = untimed & ~dup & ~missing & ~gap & (distinct >= want) & (want >= 2)
+    dup = n > distinct
+    missing = ~dup & (distinct < want)
+    gap = ~dup & ~missing & (last - first > max_wait_s)
+    ok = ~dup & ~missing & ~gap & (want >= 2)
     withheld = ok & _lossy(ucodes >> _U(40), ok, dup | missing | gap)
     ok &= ~withheld
     counts.withheld = int(withheld.sum())
@@ -173,15 +162,18 @@ def attach_waits(features, waits_features):
     return dataclasses.replace(features, ranks=ranks, waits=waits)
 
 
-def window_waits(features, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: bool, aggregate, metrics):
-    """``features`` with the window's waits attached (``aggregate``: the window aggregation, applied to the
-    stand-ins), the outcomes counted in ``metrics``.
+def window_waits(result, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: bool, aggregate, metrics):
+    """The window's features (of its aggregation ``result``) with its waits attached (``aggregate``: the
+    window aggregation, applied to the stand-ins), the outcomes counted in ``metrics``.
 
     ``lossy``: records were dropped as late or too early while the window was open (more than LOSSY_SHARE of
     its own): its instances are all ``withheld``. Which instances stayed complete then depends on how the
     records were cut, a biased sample: a host's clock 30 s ahead closes the other hosts' windows early, and
     on the simulated bad-input run with every record untimed this gave a false change at +40 % wait."""
-    sub, counts = wait_stand_ins(view, max_wait_s)
+    if result.wholly_untimed is None:         # every record timed
+        return result.features
+    features = result.features
+    sub, counts = wait_stand_ins(view, max_wait_s, result.wholly_untimed)
     if lossy and sub is not None:
         counts.withheld += counts.instances
         counts.instances = 0

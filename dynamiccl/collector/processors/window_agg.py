@@ -369,7 +369,7 @@ class WindowAggregator:
             result = aggregate_window(view, window_start_ns=w * self._window_ns,
                                       window_s=self.config.window_s, aggregator=self)
             if self.config.wait_streams:
-                result.features = self._with_waits(result.features, view, w)
+                result.features = self._with_waits(result, view, w)
         except Exception:
             log.exception("window %d: aggregation failed (%d records dropped)", w, n)
             self.metrics.drop("aggregation_error", n)
@@ -384,13 +384,13 @@ class WindowAggregator:
         result.features.counters.update(_counters(m, n))
         self.next_consumer.consume(result)
 
-    def _with_waits(self, features, view: dict[str, np.ndarray], w: int):
+    def _with_waits(self, result, view: dict[str, np.ndarray], w: int):
         """The window's features with its wait streams attached (processors/wait.py), outcomes counted."""
         dropped = self.metrics.dropped
         lost = dropped.get("late", 0) + dropped.get("too_early", 0)
         lossy = lost - self._lost_seen > LOSSY_SHARE * len(view["kc"])
         self._lost_seen = lost
-        return window_waits(features, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
+        return window_waits(result, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
                             aggregate=lambda sub: aggregate_window(sub, window_start_ns=w * self._window_ns,
                                                                    window_s=self.config.window_s, aggregator=self),
                             metrics=self.metrics)
