@@ -88,6 +88,9 @@ class WindowResult:
     histograms: Any
     last_event: Any
     skew: Any
+    # per record: its instance has no timed record in the window (None: every record is timed); the wait
+    # stand-ins' candidates (processors/wait.py), from the aggregation's own instance table
+    wholly_untimed: Any = None
 
 
 class FuncConsumer:

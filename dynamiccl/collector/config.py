@@ -113,9 +113,14 @@ class WindowConfig:
     # open windows together ~6 M (window + lateness; 2.7x headroom, ~0.95 GB at the bound).
     max_window_records: int = 8_000_000     # per open window
     max_buffered_records: int = 16_000_000  # all open windows together
+    # Untimed records of complete collective instances (NCCL 2.31+ after a send/recv: TIMING_SUSPECT) get
+    # their wait for the last rank to enqueue as a stand-in, emitted as streams of their own (the window's
+    # ``waits`` frame, processors/wait.py); an instance whose waits span more than max_wait_s is refused.
+    wait_streams: bool = True
+    max_wait_s: float = 1.0
 
     def validate(self) -> None:
-        _positive(self, "window_s", "idle_flush_s", "queue_max_records", "max_open_windows",
+        _positive(self, "window_s", "max_wait_s", "idle_flush_s", "queue_max_records", "max_open_windows",
                   "max_window_records", "max_buffered_records", "max_event_spread_s", "max_clock_ahead_s")
         for name in ("max_window_records", "max_buffered_records"):
             if not isinstance(getattr(self, name), numbers.Integral):

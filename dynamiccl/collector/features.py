@@ -1,7 +1,8 @@
 """The feature stream (collector → detector), per docs/architecture.md "Feature stream".
 
 In process: :class:`WindowFeatures`. Across processes: one JSON object per line,
-``{"v":1,"window_start":…,"window_s":…,"keys":{col:[…]},"ranks":{col:[…]},"counters":{…}}``;
+``{"v":1,"window_start":…,"window_s":…,"keys":{col:[…]},"ranks":{col:[…]},"counters":{…}}``, plus
+``"waits":{col:[…]}`` in a window with wait stand-ins (below);
 :func:`subscribe` connects to a collector's feature server and yields WindowFeatures.
 
 >>> wf = WindowFeatures(10.0, 1.0, empty_keys(), empty_ranks(), {"records": 0})
@@ -60,6 +61,11 @@ class WindowFeatures:
     keys: pl.DataFrame
     ranks: pl.DataFrame
     counters: dict = field(default_factory=dict)
+    # Wait streams (collector/processors/wait.py): rows with KEYS_SCHEMA's columns for the untimed records of
+    # complete collective instances, whose "latency" columns hold each record's wait for the last rank to
+    # enqueue (not a duration: the bandwidth columns are null). Never mixed into ``keys``, whose rows keep
+    # counting those records as untimed; None when the window has none.
+    waits: pl.DataFrame | None = None
 
 
 def _columns(df: pl.DataFrame) -> dict[str, list]:
@@ -77,6 +83,8 @@ def encode_line(wf: WindowFeatures) -> bytes:
     """The NDJSON line (with trailing newline) for one window."""
     msg = {"v": 1, "window_start": wf.window_start, "window_s": wf.window_s,
            "keys": _columns(wf.keys), "ranks": _columns(wf.ranks), "counters": wf.counters}
+    if wf.waits is not None and wf.waits.height:
+        msg["waits"] = _columns(wf.waits)
     return (json.dumps(msg, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
@@ -86,8 +94,9 @@ def decode_line(line: bytes | str) -> WindowFeatures:
         raise ValueError(f"unsupported feature stream version {msg.get('v')!r}")
     keys = pl.DataFrame(_with_defaults(msg["keys"]), schema=KEYS_SCHEMA) if msg["keys"] else empty_keys()
     ranks = _ranks(msg["ranks"]) if msg["ranks"] else empty_ranks()
+    waits = pl.DataFrame(_with_defaults(msg["waits"]), schema=KEYS_SCHEMA) if msg.get("waits") else None
     return WindowFeatures(float(msg["window_start"]), float(msg["window_s"]), keys, ranks,
-                          dict(msg.get("counters", {})))
+                          dict(msg.get("counters", {})), waits)
 
 
 def _ranks(cols: dict) -> pl.DataFrame:

@@ -84,6 +84,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_collector_connections_refused_total", "counter",
                "Connections refused or closed by the collector (limit, timeouts, credentials), by reason.",
                ("reason",)),
+    MetricSpec("dynamiccl_collector_wait_instances_total", "counter",
+               "Untimed collective instances by outcome: given wait stand-ins (outcome=instances) or refused "
+               "(missing_rank, duplicate, gap, withheld); waits are never exported as latencies.", ("outcome",)),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -205,6 +208,8 @@ class SelfMetrics:
         self.peer_series_dropped = 0   # peer rows beyond peers.top_k, not exported to Prometheus
         self.last_window_end_s = 0.0
         self.inputs_authenticated = 0  # 1: every network peer had to present a token
+        # untimed collective instances by outcome: given wait stand-ins, or refused and why (processors/wait.py)
+        self.wait = {"instances": 0, "missing_rank": 0, "duplicate": 0, "gap": 0, "withheld": 0}
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -214,6 +219,12 @@ class SelfMetrics:
         if n:
             with self._lock:
                 self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def wait_outcomes(self, counts: dict[str, int]) -> None:
+        if any(counts.values()):
+            with self._lock:
+                for k, v in counts.items():
+                    self.wait[k] = self.wait.get(k, 0) + v
 
     def bad(self, reason: str) -> None:
         with self._lock:
@@ -259,6 +270,7 @@ class SelfMetrics:
                 "feature_windows_dropped_total": self.feature_windows_dropped,
                 "records_unconfirmed_total": self.records_unconfirmed,
                 "inputs_authenticated": self.inputs_authenticated,
+                "wait_instances_total": dict(self.wait),
             }
 
 

@@ -65,5 +65,6 @@ def _fast(line: bytes) -> WindowFeatures:
     keys = _frame(raw, "keys", KEYS_SCHEMA, KEYS_DEFAULTS)
     ranks = _frame(raw, "ranks", RANKS_SCHEMA, optional=RANKS_OPTIONAL)
     counters = raw.get_column("counters")[0] if "counters" in raw.columns else {}
+    waits = _frame(raw, "waits", KEYS_SCHEMA, KEYS_DEFAULTS) if "waits" in raw.columns else None
     return WindowFeatures(float(raw.get_column("window_start")[0]), float(raw.get_column("window_s")[0]),
-                          keys, ranks, dict(counters or {}))
+                          keys, ranks, dict(counters or {}), waits)

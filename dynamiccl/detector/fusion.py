@@ -53,6 +53,7 @@ from .steps import StepRule
 from .straggler import RankHistory
 from .streams import StreamTable, WindowStreams
 from .tracking import Tracking
+from .wait_streams import is_wait, timing_of
 
 MAX_ENDED = 4096   # transients closed (`TransientEnd`), waiting for the service (drained each window)
 
@@ -249,6 +250,12 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
              "z": round(float(r / s), 2) if s > 0 else None}
             for i, r, s in zip(idx[:MAX_EVIDENCE_STREAMS].tolist(), lr[:MAX_EVIDENCE_STREAMS].tolist(),
                                scale[:MAX_EVIDENCE_STREAMS].tolist())]
+        timing = timing_of(tab.func[idx].tolist())
+        if timing:      # waits for the last rank to enqueue stand in for untimed durations (`wait_streams`)
+            evidence["timing"] = timing
+            for s in evidence["streams"]:
+                if is_wait(s["func"]):
+                    s["timing"] = "wait"
         if math.isfinite(ae_score):
             evidence["autoencoder_score"] = round(float(ae_score), 4)
             evidence["autoencoder_threshold"] = round(float(ae_thr), 4) if math.isfinite(ae_thr) else None

@@ -285,4 +285,11 @@ def _malformed(wf) -> str | None:
     missing = [c for c in _RANK_COLUMNS if c not in wf.ranks.columns]
     if missing and wf.ranks.height:
         return f"ranks frame lacks {missing}"
+    waits = getattr(wf, "waits", None)       # optional: the wait streams (`wait_streams`)
+    if waits is not None:
+        if not isinstance(waits, pl.DataFrame):
+            return "waits is not a polars frame"
+        missing = [c for c in _KEY_COLUMNS if c not in waits.columns]
+        if missing and waits.height:
+            return f"waits frame lacks {missing}"
     return None

@@ -40,6 +40,7 @@ from .step_rate import StepRate
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
 from .stream_group import STREAM_KEY, group_streams, rank_masks, reporting
+from .wait_streams import with_wait_rows
 from .stream_index import StreamIndex
 from .stream_rebase import StreamRebase
 
@@ -148,6 +149,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         invalid: dict[str, int] = {}
         keys = (self.step_rate.with_rows(wf.keys, float(wf.window_start), self._window_s)
                 if cfg.streams.step_rate else wf.keys)
+        keys = with_wait_rows(keys, getattr(wf, "waits", None))
         agg, h = group_streams(keys)
         n_rows = agg.height
         if n_rows:

@@ -230,11 +230,16 @@ def test_far_future_record_is_dropped_not_watermarked():
 
 
 def test_untimed_records_count_but_have_no_latency():
+    """Untimed records count in their keys with no latency; their only votes for the shortest value are
+    the wait stand-ins' (tests/collector/test_wait_streams.py), none without them."""
     ev = synthetic_events(20, nranks=2, untimed_fraction=1.0, cpu_timed_fraction=0.0)
-    wf = _run(ev)[0][0].features
+    wf = _run(ev, wait_streams=False)[0][0].features
     assert wf.keys["records"].sum() == 40
     assert wf.keys["lat_mean_s"].null_count() == wf.keys.height
-    assert wf.ranks["shortest_count"].sum() == 0
+    assert wf.ranks["shortest_count"].sum() == 0 and wf.waits is None
+    with_waits = _run(ev)[0][0].features
+    assert with_waits.keys.equals(wf.keys)
+    assert with_waits.ranks["shortest_count"].sum() == with_waits.waits["instances"].sum() == 20
 
 
 def _two_hosts(lag_s: float, max_skew_s: float):

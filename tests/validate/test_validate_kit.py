@@ -189,6 +189,25 @@ def test_detector_names_the_slow_rank_on_real_nccl_records(run):
     assert c.numbers["slow_rank_named"] and c.numbers["false_before_onset"] == 0, c.summary
 
 
+def test_detector_names_the_slow_rank_on_untimed_nccl_2_31_records():
+    """NCCL 2.31.2 after a send/recv: every record of the slow-rank phase is untimed (TIMING_SUSPECT), so only
+    the wait streams (the collector's wait stand-ins) can see the late rank. The records span 31 s of
+    stationary traffic (the reload phase and the slow phase's first 16 s) before rank 3 slows: nothing there,
+    then rank 3 named. Without the wait streams: 0 changes (docs/evaluation/2026-11-28-wait-streams.md)."""
+    pytest.importorskip("polars")
+    import numpy as np
+
+    from dynamiccl.validate.detect import check_detection
+    data = np.load(Path(__file__).with_name("data") / "slow_rank_nccl2312_untimed.npz")
+    meta = json.loads(str(data["meta"]))
+    ev = data["events"]
+    assert (ev["timing_source"] == 0).all()
+    c = check_detection(ev, {int(k): v for k, v in meta["hosts"].items()}, meta["onset_ns"], meta["slow_rank"])
+    assert c.ok, c.summary
+    assert c.numbers["slow_rank_named"] and c.numbers["false_before_onset"] == 0, c.summary
+    assert c.numbers["changes"] == 1 and c.numbers["delay_s"] <= 2.0, c.summary
+
+
 def test_overhead_within_the_launches_noise_is_inconclusive():
     """Launch medians spread +-20 % around a 1.10x ratio: neither inside nor beyond the bound."""
     from dynamiccl.validate.checks import check_overhead

@@ -440,4 +440,5 @@ def aggregate_window(cols: dict[str, np.ndarray], *, window_start_ns: int, windo
         "rank": c_rank, "skew_s": _nan_to_null(c_skew),
     })
     features = WindowFeatures(window_start_ns / 1e9, window_s, keys_df, ranks_df, {})
-    return WindowResult(features=features, histograms=hist, last_event=last_event, skew=skew_df)
+    return WindowResult(features=features, histograms=hist, last_event=last_event, skew=skew_df,
+                        wholly_untimed=(n_t == 0)[iid] if len(untimed) else None)

@@ -36,11 +36,13 @@ from dynamiccl.collector.processors.aggregate import (
     _counters,
     aggregate_window,
 )
+from dynamiccl.collector.processors.wait import LOSSY_SHARE, window_waits
 from dynamiccl.collector.wire_format import TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
 
 log = logging.getLogger(__name__)
+
 
 
 class Interner:
@@ -141,6 +143,7 @@ class WindowAggregator:
         self._last_arrival = clock()
         self._batches_since_wm = 0
         self._lock = threading.Lock()
+        self._lost_seen = 0                     # late + too_early drops when the last window closed
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -362,8 +365,11 @@ class WindowAggregator:
         self._buffered -= n
         self._cap_hint = min(int(n * 1.25) + 1024, 1 << 24, self._max_win)
         try:
-            result = aggregate_window(win.view(), window_start_ns=w * self._window_ns,
+            view = win.view()
+            result = aggregate_window(view, window_start_ns=w * self._window_ns,
                                       window_s=self.config.window_s, aggregator=self)
+            if self.config.wait_streams:
+                result.features = self._with_waits(result, view, w)
         except Exception:
             log.exception("window %d: aggregation failed (%d records dropped)", w, n)
             self.metrics.drop("aggregation_error", n)
@@ -377,6 +383,17 @@ class WindowAggregator:
             m.last_window_end_s = (w + 1) * self.config.window_s
         result.features.counters.update(_counters(m, n))
         self.next_consumer.consume(result)
+
+    def _with_waits(self, result, view: dict[str, np.ndarray], w: int):
+        """The window's features with its wait streams attached (processors/wait.py), outcomes counted."""
+        dropped = self.metrics.dropped
+        lost = dropped.get("late", 0) + dropped.get("too_early", 0)
+        lossy = lost - self._lost_seen > LOSSY_SHARE * len(view["kc"])
+        self._lost_seen = lost
+        return window_waits(result, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
+                            aggregate=lambda sub: aggregate_window(sub, window_start_ns=w * self._window_ns,
+                                                                   window_s=self.config.window_s, aggregator=self),
+                            metrics=self.metrics)
 
     # -- code → string tables used by aggregate_window -------------------------------------------
     def gcomm_table(self, codes: np.ndarray) -> tuple[list[str], np.ndarray, list[str]]:

@@ -1,7 +1,8 @@
 """After a run: where each change's detection delay went, and offline replays of its windows.
 
 A run's output directory holds everything needed: ``truth.json``, ``detections.ndjson``,
-``windows_keys.parquet`` / ``windows_ranks.parquet`` (every feature window with the wall time
+``windows_keys.parquet`` / ``windows_ranks.parquet`` (and ``windows_waits.parquet`` where there were wait
+streams; every feature window with the wall time
 it reached the detector, ``received_wall_s``) and ``records/`` (every raw record, parquet).
 
 :func:`decompose` splits each detected change's delay into the stages it went through::
@@ -49,10 +50,11 @@ def load_windows(run_dir: Path) -> list[tuple]:
 
     from dynamiccl.collector.features import WindowFeatures
     frames = {}
-    for part in ("keys", "ranks"):
+    for part in ("keys", "ranks", "waits"):
         path = run_dir / f"windows_{part}.parquet"
         frames[part] = pl.read_parquet(path) if path.exists() else pl.DataFrame()
-    starts = sorted({ws for df in frames.values() if df.height for ws in df["window_start"].to_list()})
+    starts = sorted({ws for part in ("keys", "ranks") if frames[part].height
+                     for ws in frames[part]["window_start"].to_list()})
     by = {part: {k[0]: g for k, g in df.group_by("window_start")} if df.height else {}
           for part, df in frames.items()}
     out = []
@@ -65,7 +67,10 @@ def load_windows(run_dir: Path) -> list[tuple]:
         keys = k.drop(drop) if k is not None else frames["keys"].drop(drop).clear()
         ranks = r.drop(drop) if r is not None else frames["ranks"].drop(
             [c for c in drop if c in frames["ranks"].columns]).clear()
-        out.append((WindowFeatures(float(ws), window_s, keys, ranks), received))
+        w = by["waits"].get(ws)
+        waits = w.drop([c for c in ("window_start", "window_s", "received_wall_s") if c in w.columns]) \
+            if w is not None else None
+        out.append((WindowFeatures(float(ws), window_s, keys, ranks, {}, waits), received))
     return out
 
 

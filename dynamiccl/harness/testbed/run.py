@@ -266,13 +266,15 @@ class Run:
                          int(m.get("records_decoded_total", 0)), worker_lines, interrupted)
 
     def _save_windows(self) -> None:
-        """keys and ranks frames of every window, with window_start, as two parquet files."""
+        """keys, ranks and waits frames of every window (waits: where there are any), with window_start, as
+        parquet files ``windows_{part}.parquet``."""
         import polars as pl
-        for part in ("keys", "ranks"):
+        for part in ("keys", "ranks", "waits"):
             frames = [getattr(wf, part).with_columns(pl.lit(wf.window_start).alias("window_start"),
                                                      pl.lit(wf.window_s).alias("window_s"),
                                                      pl.lit(received).alias("received_wall_s"))
-                      for wf, received in self._saved if getattr(wf, part).height]
+                      for wf, received in self._saved
+                      if getattr(wf, part, None) is not None and getattr(wf, part).height]
             if frames:
                 pl.concat(frames, how="vertical_relaxed").write_parquet(self.out_dir / f"windows_{part}.parquet")
 

@@ -1,0 +1,184 @@
+"""Wait stand-ins: what a window can still say about records that carry no duration.
+
+On NCCL 2.31+ after a send/recv the plugin refuses the KernelCh GPU times (TIMING_SUSPECT): the records are
+untimed and keep only their enqueue time (docs/real-nccl.md). For an instance of a collective seen once on
+every rank of its communicator, each record's **wait** is the instance's latest enqueue minus its own: how
+long the rank waited for the last one to arrive. A rank that starts arriving late waits less (the last one
+waits 0) and every other rank waits more, so a rising wait names a late rank; a uniformly slower transfer
+leaves every wait unchanged (a wait is not a latency and says nothing of a link).
+
+Rules (each one a named gate below, each refusal counted):
+
+* only collectives (send/recv instances are not seen on every rank);
+* only instances whose every record in the window is untimed: a record with a duration keeps it, and an
+  instance is never split between a duration stream and a wait stream;
+* ``complete``: exactly one record per rank of the communicator (``missing_rank`` when fewer distinct ranks,
+  ``duplicate`` when a rank has several records);
+* ``gap``: the instance's largest wait at most ``max_wait_s`` (enqueue clocks of different hosts that
+  disagree by seconds say nothing about arrival);
+* ``withheld``: a (communicator, collective) whose untimed instances in the window were refused more than
+  ``WITHHOLD_SHARE`` of the time gives no waits in that window: records are being lost or held back (a host's
+  clock jumped, a rank vanished), and the instances that stay complete are a biased sample (on the simulated
+  bad-input run, a clock jump on another node raised tp0's median wait by 40 % while its complete instances
+  fell from ~450 to 4-100 a window). An instance split across two windows is refused in both: a share of
+  about (wait spread / window) of the instances, far below it.
+
+Enqueue times of one instance are compared across ranks: ranks on different hosts compare their hosts'
+clocks, so a constant clock offset is a constant part of the wait (its change is what the detector sees).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dynamiccl.contracts.collectives import COLLECTIVES
+
+__all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "window_waits", "LOSSY_SHARE"]
+
+#: outcomes counted per untimed instance: made a wait stand-in, or refused and why
+WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap", "withheld")
+#: refused share of a (communicator, collective)'s untimed instances above which its window gives no waits
+WITHHOLD_SHARE = 0.25
+#: records dropped as late / too early since the last window closed, as a share of the window's records,
+#: above which the window gives no waits (`window_waits`)
+LOSSY_SHARE = 0.01
+
+# per 4-bit func code of the packed key: True for a collective (all ranks take part)
+_COLLECTIVE = np.zeros(16, bool)
+_COLLECTIVE[[c.code for c in COLLECTIVES if not c.p2p and c.code < 16]] = True
+_U = np.uint64
+
+
+@dataclass
+class WaitCounts:
+    """Untimed collective instances of one window by outcome (see the module's rules)."""
+    instances: int = 0       # given wait stand-ins
+    missing_rank: int = 0
+    duplicate: int = 0
+    gap: int = 0
+    withheld: int = 0        # complete, but their (communicator, collective) lost too many in the window
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: int(getattr(self, k)) for k in WAIT_OUTCOMES}
+
+
+def _codes(kc: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """Instance code (communicator, func, seqNumber mod 2^40) of each record, as u64."""
+    return ((kc >> 12).astype(_U) << _U(40)) | seq.astype(_U)
+
+
+def _group(code: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One sort of the untimed records' codes: (order, group starts in sorted order, the groups' codes,
+    each record's dense group id)."""
+    order = np.argsort(code, kind="stable")
+    sc = code[order]
+    starts = np.r_[0, np.flatnonzero(sc[1:] != sc[:-1]) + 1]
+    gid = np.empty(len(code), np.int64)
+    gid[order] = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(code)]))
+    return order, starts, sc[starts], gid
+
+
+def _lossy(group: np.ndarray, ok: np.ndarray, refused: np.ndarray) -> np.ndarray:
+    """Per instance: whether its (communicator, collective) ``group`` had more than WITHHOLD_SHARE of its
+    untimed instances refused in the window."""
+    _, g = np.unique(group, return_inverse=True)
+    n_ok = np.bincount(g, weights=ok, minlength=g.max() + 1)
+    n_ref = np.bincount(g, weights=refused, minlength=g.max() + 1)
+    return (n_ref > WITHHOLD_SHARE * (n_ok + n_ref))[g]
+
+
+def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float,
+                   wholly_untimed: np.ndarray) -> tuple[dict[str, np.ndarray] | None, WaitCounts]:
+    """The window's columns of the records that get a wait stand-in (``dur`` = their wait, in seconds), or
+    None when none does, and the untimed instances' outcomes. ``wholly_untimed``: per record, whether its
+    instance has no timed record in the window (the window aggregation's own instance table,
+    ``WindowResult.wholly_untimed``): a partly timed instance is timed, neither a wait nor a refusal.
+
+    Cost: one sort of those records; nothing when every record is timed.
+
+    >>> cols = {"kc": np.full(4, 1 << 12), "seq": np.zeros(4, np.int64), "rank": np.arange(4, dtype=np.int32),
+    ...         "nranks": np.full(4, 4, np.int32), "dur": np.full(4, np.nan), "rel": np.array([.1, .1, .1, .3])}
+    >>> sub, counts = wait_stand_ins(cols, 1.0, np.ones(4, bool))
+    >>> sub["dur"].round(3).tolist(), counts.as_dict()
+    ([0.2, 0.2, 0.2, 0.0], {'instances': 1, 'missing_rank': 0, 'duplicate': 0, 'gap': 0, 'withheld': 0})
+    >>> wait_stand_ins(cols, 0.1, np.ones(4, bool))[1].gap
+    1
+    >>> wait_stand_ins({k: v[:3] for k, v in cols.items()}, 1.0, np.ones(3, bool))[1].missing_rank
+    1
+    """
+    counts = WaitCounts()
+    kc = cols["kc"]
+    sel = np.flatnonzero(_COLLECTIVE[(kc >> 12) & 0xF] & wholly_untimed)
+    if not len(sel):
+        return None, counts
+    order, starts, ucodes, iid = _group(_codes(kc[sel], cols["seq"][sel]))
+    ni = len(starts)
+    rank, rel = cols["rank"][sel], cols["rel"][sel]
+    n = np.diff(np.r_[starts, len(sel)])
+    want = cols["nranks"][sel][order][starts].astype(np.int64)   # the communicator's size, as its records say
+    # (instance, rank) pairs, one sort (np.unique hashes: 8x slower here); the rank's 32 bits only
+    pairs = np.sort((iid << 32) | (rank.astype(np.int64) & 0xFFFFFFFF))
+    distinct = np.bincount(pairs[np.r_[True, pairs[1:] != pairs[:-1]]] >> 32, minlength=ni)
+    rs = rel[order]
+    last = np.maximum.reduceat(rs, starts)
+    first = np.minimum.reduceat(rs, starts)
+    dup = n > distinct
+    missing = ~dup & (distinct < want)
+    gap = ~dup & ~missing & (last - first > max_wait_s)
+    ok = ~dup & ~missing & ~gap & (want >= 2)
+    withheld = ok & _lossy(ucodes >> _U(40), ok, dup | missing | gap)
+    ok &= ~withheld
+    counts.withheld = int(withheld.sum())
+    counts.instances, counts.missing_rank = int(ok.sum()), int(missing.sum())
+    counts.duplicate, counts.gap = int(dup.sum()), int(gap.sum())
+    if not counts.instances:
+        return None, counts
+    keep = ok[iid]
+    rows = sel[keep]
+    # every record of the window kept (an untimed job): the columns as they are, no copy
+    out = dict(cols) if len(rows) == len(kc) else {name: a[rows] for name, a in cols.items()}
+    out["dur"] = (last[iid] - rel)[keep]
+    return out, counts
+
+
+def attach_waits(features, waits_features):
+    """``features`` (the window's WindowFeatures) with the wait stand-ins' aggregation ``waits_features``
+    attached: its keys rows become the window's ``waits`` frame (bandwidth null: a wait moves no bytes), and
+    its per-rank votes for the shortest value (the rank that arrived last waits least) add to the ranks
+    frame's ``shortest_count``. Those instances are untimed, so they had no vote there: nothing is counted
+    twice, and the ranks frame keeps its rows and schema."""
+    import dataclasses
+
+    import polars as pl
+
+    waits = waits_features.keys.with_columns(pl.lit(None, pl.Float64).alias("algbw_Bps"),
+                                             pl.lit(None, pl.Float64).alias("busbw_Bps"))
+    on = ["job_id", "comm_hash", "rank"]
+    votes = waits_features.ranks.select(*on, pl.col("shortest_count").alias("_wait_votes"))
+    ranks = (features.ranks.join(votes, on=on, how="left", maintain_order="left")
+             .with_columns((pl.col("shortest_count") + pl.col("_wait_votes").fill_null(0)).alias("shortest_count"))
+             .drop("_wait_votes"))
+    return dataclasses.replace(features, ranks=ranks, waits=waits)
+
+
+def window_waits(result, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: bool, aggregate, metrics):
+    """The window's features (of its aggregation ``result``) with its waits attached (``aggregate``: the
+    window aggregation, applied to the stand-ins), the outcomes counted in ``metrics``.
+
+    ``lossy``: records were dropped as late or too early while the window was open (more than LOSSY_SHARE of
+    its own): its instances are all ``withheld``. Which instances stayed complete then depends on how the
+    records were cut, a biased sample: a host's clock 30 s ahead closes the other hosts' windows early, and
+    on the simulated bad-input run with every record untimed this gave a false change at +40 % wait."""
+    if result.wholly_untimed is None:         # every record timed
+        return result.features
+    features = result.features
+    sub, counts = wait_stand_ins(view, max_wait_s, result.wholly_untimed)
+    if lossy and sub is not None:
+        counts.withheld += counts.instances
+        counts.instances = 0
+        sub = None
+    metrics.wait_outcomes(counts.as_dict())
+    if sub is None:
+        return features
+    return attach_waits(features, aggregate(sub).features)
