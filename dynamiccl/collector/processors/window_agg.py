@@ -44,7 +44,6 @@ __all__ = ["WindowAggregator", "aggregate_window"]
 log = logging.getLogger(__name__)
 
 
-
 class Interner:
     """str/tuple → dense int code (bounded: ``get`` returns -1 when full)."""
 
