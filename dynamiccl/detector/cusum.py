@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from river import base
 
+from ._cusum_locate import locate, validate_start_split
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
 from ._cusum_relearn import relearn
 from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
@@ -75,6 +77,8 @@ class CUSUM(base.DriftDetector):
     trend_veto
         During the warm-up, an alarm that only continues the warm-up's own trend is not raised
         (`dynamiccl.detector._cusum_trend`).
+    start_split
+        Critical value of the change-start split (`dynamiccl.detector._cusum_locate`); None: off.
 
     Attributes
     ----------
@@ -153,6 +157,7 @@ class CUSUM(base.DriftDetector):
         sign_gate: bool = True,
         max_trend_t: float | None = 3.0,
         trend_veto: bool = True,
+        start_split: float | None = None,
     ):
         super().__init__()
         self.delta = delta
@@ -172,6 +177,7 @@ class CUSUM(base.DriftDetector):
         self.sign_gate = validate_sign_gate(sign_gate)
         self.max_trend_t = validate_trend_t(max_trend_t)
         self.trend_veto = validate_trend_veto(trend_veto)
+        self.start_split = validate_start_split(start_split)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -216,6 +222,9 @@ class CUSUM(base.DriftDetector):
         self._start_down = -1
         self._pending: float | None = None  # held extreme value (+/- clip), see `update`
         self._pending_index = -1
+        # The last `warmup` stepped (z, input index), kept only for ``start_split``.
+        self._steps: deque[tuple[float, int]] | None = (
+            None if self.start_split is None else deque(maxlen=self.warmup))
 
     # ------------------------------------------------------------------ read-only state
     threshold = property(lambda self: self._h, doc="Decision threshold h (sigma units).")
@@ -325,6 +334,8 @@ class CUSUM(base.DriftDetector):
         h = self._h
         cap = self._cap
         z = cap if z > cap else (-cap if z < -cap else z)
+        if self._steps is not None:
+            self._steps.append((z, i))
         fired_up = fired_down = False
         if self._use_up:
             s = self._s_up + z - k
@@ -358,10 +369,14 @@ class CUSUM(base.DriftDetector):
             mag = k + self._s_up / self._run_up
             self._change_start = self._start_up
             self._direction = "up"
+            run = self._run_up
         else:
             mag = -(k + self._s_down / self._run_down)
             self._change_start = self._start_down
             self._direction = "down"
+            run = self._run_down
+        if self._steps is not None:
+            locate(self, run)
         self._magnitude = mag
         self._shift = mag * self._scale  # type: ignore[operator]
         self._n_detections += 1
@@ -377,3 +392,4 @@ class CUSUM(base.DriftDetector):
         yield {"sign_gate": False}
         yield {"max_trend_t": None}
         yield {"trend_veto": False}
+        yield {"start_split": 1.36}
