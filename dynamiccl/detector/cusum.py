@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from river import base
 
+from ._cusum_locate import locate, validate_start_split
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
 from ._cusum_relearn import relearn
 from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
@@ -17,106 +19,66 @@ __all__ = ["CUSUM"]
 class CUSUM(base.DriftDetector):
     r"""Two-sided CUSUM change detector with a robust, self-learned baseline.
 
-    The detector standardises every input against a baseline learned from its first
-    ``warmup`` valid samples (robust location and scale, so the input may be on any scale:
-    seconds, nanoseconds, bytes/s), then runs Page's CUSUM on the standardised value $z_t$:
+    Every valid input is standardised against a robust baseline learnt from its first
+    ``warmup`` valid samples (so any scale works: seconds, nanoseconds, bytes/s), and Page's
+    CUSUM runs on the standardised value $z_t$:
 
     $$S^+_t = \max(0, S^+_{t-1} + z_t - k), \qquad S^-_t = \max(0, S^-_{t-1} - z_t - k)$$
 
-    with reference $k = \delta / 2$, and alarms when $S^+_t \ge h$ or $S^-_t \ge h$. The
-    threshold $h$ is not given in raw units: it is solved from the requested in-control average
-    run length `arl0` (mean number of samples between false alarms on a stationary Gaussian
-    stream, i.e. a false-alarm rate of 1/`arl0` per sample) with Siegmund's approximation
+    with $k = \delta / 2$; an alarm is raised when $S^+_t \ge h$ or $S^-_t \ge h$. The threshold
+    $h$ is solved from the in-control average run length `arl0` (Siegmund's approximation,
+    averaged over the baseline's estimation error, re-solved for the warm-up's serial
+    correlation and heavy tails when ``serial``): `dynamiccl.detector.arl`. Values enter capped
+    at $\pm$ ``z_cap``; the scale is at least ``min_rel_scale`` x |level|. From ``min_warmup``
+    samples on the chart is self-starting; after an alarm it resets on the next `update` and
+    warms up again. Invalid inputs are counted in `n_invalid` and change nothing else; an
+    isolated value beyond ``z_clip`` is dropped (`n_outliers`), two in a row in one direction
+    enter winsorised (`n_clipped`). Each rule, with its derivation and measurements, is in
+    dynamiccl/detector/README.md ("CUSUM") and its ``_cusum_*.py`` part.
 
-    $$\mathrm{ARL}(\mu) \approx \frac{e^{-2\Delta b} + 2\Delta b - 1}{2\Delta^2},
-    \qquad \Delta = \mu - k, \quad b = h + 1.166,$$
-
-    summing the rates of the two sides when ``mode='both'``, and averaging the rate over the
-    sampling error of the ``warmup``-sample median/MAD baseline (so the target holds for an
-    estimated, not a known, baseline). See `dynamiccl.detector.arl.cusum_threshold_estimated` and the
-    package README.
-
-    With ``serial=True`` the threshold is re-solved at each learnt baseline for the warm-up's
-    AR(1) long-run variance times the variance excess of its capped values
-    (`dynamiccl.detector._serial`): the rate holds on correlated and heavy-tailed series. Every
-    standardised value enters capped at $\pm$ ``z_cap`` ($\delta + 1$), so a burst of tail
-    values cannot cross the threshold at once; the scale is at least ``min_rel_scale`` x
-    |level|, so shifts under 1 % of a latency's level raise no alarm.
-
-    Self-starting warm-up: from ``min_warmup`` valid samples on, each value is judged against
-    the baseline of the samples before it, with the threshold for a baseline of that many
-    samples at the same ``arl0``; from ``warmup`` samples on the chart is exactly the one that
-    waited (`dynamiccl.detector._cusum_warmup`, `dynamiccl.detector._cusum_relearn`). After an
-    alarm the detector resets itself on the next `update` and warms up again.
-
-    Invalid inputs (not a number, NaN, +/-inf, below ``min_value`` or above ``max_value``) are
-    counted in `n_invalid` and skipped: they change no state besides the counters. A valid value
-    more than ``z_clip`` standard deviations from the baseline is *extreme*: it is held back
-    until the next valid value. If that one is extreme in the same direction too, both enter
-    the CUSUM winsorised to $\pm$ ``z_clip`` (`n_clipped`); otherwise the held value is
-    dropped (`n_outliers`). So a single absurd value never changes the statistics.
+    The defaults were chosen on the development half of public labelled data and scored on the
+    other half (docs/evaluation/2026-11-27-cusum-public.md). Seasonal series are outside the
+    promise.
 
     Parameters
     ----------
     delta
-        Size of the shift to detect fastest, in standard deviations of the baseline. The
-        reference value is $k = \delta / 2$ (optimal for a shift of exactly ``delta``; a CUSUM
-        tuned for $\delta_0$ stays near-optimal for shifts in $[\delta_0/2, 2\delta_0]$).
+        Shift to detect fastest, in baseline standard deviations ($k = \delta / 2$).
     arl0
-        Target in-control average run length, in samples: the mean number of updates between
-        false alarms on a stationary stream. The threshold is derived from it.
+        Target in-control average run length, in samples (false-alarm rate 1/`arl0`).
     warmup
         Valid samples behind the full baseline, initially and after each detection.
     mode
-        ``'both'`` (increases and decreases), ``'up'`` (increases only, e.g. latency going up)
-        or ``'down'``.
+        ``'both'``, ``'up'`` (increases only) or ``'down'``.
     min_value
-        Inputs below this are invalid and skipped. None accepts signed series (residuals,
-        log-latencies); ``0.0`` makes every negative value invalid (see also ``sign_gate``).
+        Inputs below this are invalid and skipped; None accepts signed series.
     max_value
-        Inputs above this are invalid and skipped. None means no upper bound.
+        Inputs above this are invalid and skipped; None: no upper bound.
     z_clip
-        Limit, in standard deviations, beyond which a value is extreme (held back, then dropped
-        if isolated or winsorised to this limit if not). None means ``delta + 4``.
+        Limit, in standard deviations, beyond which a value is extreme; None: ``delta + 4``.
     estimator
-        The warm-up's baseline: ``'mad'`` (median, 1.4826 x MAD) or ``'winsorized'`` (mean and
-        standard deviation clipped to median ± 3 MAD-sigma; `dynamiccl.detector._baseline`).
+        The warm-up's baseline: ``'mad'`` or ``'winsorized'`` (`dynamiccl.detector._baseline`).
     serial
-        Correct the threshold for the warm-up's lag-1 autocorrelation (when significantly > 0)
-        and for the excess variance of its capped values (heavy tails).
+        Correct the threshold for the warm-up's autocorrelation and capped-value variance excess.
     z_cap
-        Cap, in standard deviations, on every value entering the CUSUM. None means
-        ``delta + 1``; ``math.inf`` disables the cap.
+        Cap, in standard deviations, on every value entering the CUSUM; None: ``delta + 1``.
     min_rel_scale
-        Floor of the baseline scale as a fraction of the baseline's absolute level (0 disables).
+        Floor of the baseline scale as a fraction of its absolute level (0 disables).
     min_warmup
-        Valid samples before the first alarm is possible (at most ``warmup``); None waits for
-        the full warm-up (what `CUSUMBank` does).
+        Valid samples before the first alarm is possible; None waits for the full warm-up.
     min_effective_warmup
         Effective samples of a settled regime (`dynamiccl.detector._cusum_settle`); None: off.
     warmup_growth
-        An unsettled full warm-up (fewer than ``min_effective_warmup`` effective samples) keeps
-        learning, provisional, up to this many times ``warmup`` samples; 1: it closes at
-        ``warmup``. Either way the statistics start afresh at ``warmup`` samples.
+        An unsettled full warm-up keeps learning up to this many times ``warmup`` samples.
     sign_gate
-        In a positive series (zero beyond ``z_clip`` scales below a baseline's level, no value
-        <= 0 ever accepted) values <= 0 are failed measurements, counted in `n_invalid`
-        (`dynamiccl.detector._cusum_sign`).
+        In a positive series, values <= 0 are failed measurements (`dynamiccl.detector._cusum_sign`).
     max_trend_t
-        A full warm-up whose least-squares trend has |t| above this (long-run-variance
-        corrected) is unsettled too and keeps growing; None: off.
+        A full warm-up whose trend has |t| above this is unsettled and keeps growing; None: off.
     trend_veto
-        While the warm-up is open, an alarm whose excursion only continues the trend of the
-        warm-up samples before it is not raised (`dynamiccl.detector._cusum_trend`).
-
-    One regime per baseline: a warm-up holding a level change drops its earlier regime when the
-    latest one is settled; an unsettled one keeps learning (`dynamiccl.detector._cusum_settle`).
-
-    The defaults (a 2-sigma CUSUM; a 100-sample winsorised baseline, monitored from 20,
-    growing to 400 while unsettled; the serial correction; the cap at delta + 1; a 0.5 % scale
-    floor; no lower bound; one regime per baseline; the sign and trend gates; the trend veto)
-    were chosen on the development half of public labelled data and scored on the other half:
-    docs/evaluation/2026-11-27-cusum-public.md. Seasonal series are outside the promise.
+        During the warm-up, an alarm that only continues the warm-up's own trend is not raised
+        (`dynamiccl.detector._cusum_trend`).
+    start_split
+        Critical value of the change-start split (`dynamiccl.detector._cusum_locate`); None: off.
 
     Attributes
     ----------
@@ -195,6 +157,7 @@ class CUSUM(base.DriftDetector):
         sign_gate: bool = True,
         max_trend_t: float | None = 3.0,
         trend_veto: bool = True,
+        start_split: float | None = None,
     ):
         super().__init__()
         self.delta = delta
@@ -214,6 +177,7 @@ class CUSUM(base.DriftDetector):
         self.sign_gate = validate_sign_gate(sign_gate)
         self.max_trend_t = validate_trend_t(max_trend_t)
         self.trend_veto = validate_trend_veto(trend_veto)
+        self.start_split = validate_start_split(start_split)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -258,6 +222,9 @@ class CUSUM(base.DriftDetector):
         self._start_down = -1
         self._pending: float | None = None  # held extreme value (+/- clip), see `update`
         self._pending_index = -1
+        # The last `warmup` stepped (z, input index), kept only for ``start_split``.
+        self._steps: deque[tuple[float, int]] | None = (
+            None if self.start_split is None else deque(maxlen=self.warmup))
 
     # ------------------------------------------------------------------ read-only state
     threshold = property(lambda self: self._h, doc="Decision threshold h (sigma units).")
@@ -367,6 +334,8 @@ class CUSUM(base.DriftDetector):
         h = self._h
         cap = self._cap
         z = cap if z > cap else (-cap if z < -cap else z)
+        if self._steps is not None:
+            self._steps.append((z, i))
         fired_up = fired_down = False
         if self._use_up:
             s = self._s_up + z - k
@@ -400,10 +369,14 @@ class CUSUM(base.DriftDetector):
             mag = k + self._s_up / self._run_up
             self._change_start = self._start_up
             self._direction = "up"
+            run = self._run_up
         else:
             mag = -(k + self._s_down / self._run_down)
             self._change_start = self._start_down
             self._direction = "down"
+            run = self._run_down
+        if self._steps is not None:
+            locate(self, run)
         self._magnitude = mag
         self._shift = mag * self._scale  # type: ignore[operator]
         self._n_detections += 1
@@ -419,3 +392,4 @@ class CUSUM(base.DriftDetector):
         yield {"sign_gate": False}
         yield {"max_trend_t": None}
         yield {"trend_veto": False}
+        yield {"start_split": 1.36}
