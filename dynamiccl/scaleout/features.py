@@ -15,7 +15,11 @@ import polars as pl
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures
 from dynamiccl.collector.records import busbw_factor
 from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
-from dynamiccl.scaleout.partials import BOUNDS_S, KEY_COLS, NodePartial
+from dynamiccl.scaleout.partials import _BOUNDS_NS, BOUNDS_S, KEY_COLS, NodePartial
+from dynamiccl.scaleout.waits import with_merged_waits
+
+#: an instance whose ranks' enqueues lie further apart gives no waits (the collector's window.max_wait_s)
+MAX_WAIT_S = 1.0
 
 __all__ = ["window_features", "hist_quantile"]
 
@@ -102,8 +106,15 @@ def _ranks_frame(p: NodePartial, per_comm: pl.DataFrame, short: pl.DataFrame) ->
     return r.select(list(RANKS_SCHEMA)).cast(RANKS_SCHEMA).fill_nan(None)
 
 
-def window_features(p: NodePartial, counters: dict | None = None) -> WindowFeatures:
-    """The feature-stream window of a (merged) partial."""
+def window_features(p: NodePartial, counters: dict | None = None, max_wait_s: float = MAX_WAIT_S) -> WindowFeatures:
+    """The feature-stream window of a (merged) partial; with the nodes' wait records (``waitq``), its
+    ``waits`` frame as the single collector forms it (scaleout/waits.py), the outcomes in the counters
+    (``wait_<outcome>``)."""
     per_key, per_comm, short = _instance_stats(p["inst"])
-    return WindowFeatures(p["window"] * p["window_s"], p["window_s"], _keys_frame(p, per_key),
-                          _ranks_frame(p, per_comm, short), dict(counters or {}))
+    wf = WindowFeatures(p["window"] * p["window_s"], p["window_s"], _keys_frame(p, per_key),
+                        _ranks_frame(p, per_comm, short), dict(counters or {}))
+    if p.get("waitq") is None:
+        return wf
+    wf, counts = with_merged_waits(p, wf, max_wait_s, _BOUNDS_NS, window_features)
+    wf.counters.update({f"wait_{k}": v for k, v in counts.as_dict().items()})
+    return wf
