@@ -35,7 +35,7 @@ class NodeConfig:
     inputs_authenticated: bool = False      # every peer of the node's receiver presents a token (wire "auth")
     partitions: int = 1                     # communicator partitions of the job (1: the whole job, one subject)
     # the node's untimed collective records go upstream so the merger forms the wait streams (scaleout/waits.py)
-    wait_streams: bool = False
+    wait_streams: bool = True
     max_wait_records: int = MAX_WAIT_RECORDS  # per window; past it none are sent (counted waits_cut)
 
     def validate(self) -> None:

@@ -190,3 +190,14 @@ def test_a_late_rank_on_an_untimed_job_gives_the_same_changes_as_one_collector()
     key = [(c.kind, round(c.detected_s, 3), c.ranks[:1], c.funcs) for c in one]
     assert key and key[0][0] == "straggler" and key[0][2] == [11] and key[0][3] == ["AllReduce:wait"]
     assert [(c.kind, round(c.detected_s, 3), c.ranks[:1], c.funcs) for c in many] == key
+
+
+@pytest.mark.parametrize("flag,on", [([], True), (["--no-wait-streams"], False), (["--wait-streams"], True)])
+def test_the_node_cli_sets_the_wait_streams(flag, on):
+    import argparse
+
+    from dynamiccl.scaleout.cli import node_config, register
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers(dest="cmd"))
+    args = ap.parse_args(["node", "--node", "n0", "--job", "j", *flag])
+    assert node_config(args).node.wait_streams is on
