@@ -31,7 +31,8 @@ from dynamiccl.scaleout.wire import encode_messages, frames_of, read_partial  # 
 
 def windows(ev, per_node: int) -> list[tuple[int, list[np.ndarray]]]:
     w = event_time_ns(ev) // 1_000_000_000
-    return [(win, [ev[(w == win) & (ev["rank"] // per_node == n)] for n in (0, 1)]) for win in np.unique(w).tolist()]
+    out = [(win, [ev[(w == win) & (ev["rank"] // per_node == n)] for n in (0, 1)]) for win in np.unique(w).tolist()]
+    return [(win, evs) for win, evs in out if all(len(e) for e in evs)]     # whole windows of both nodes
 
 
 def run(wins, waits: bool, repeats: int) -> tuple[float, float, int, int]:
