@@ -74,12 +74,18 @@ def node_partials(ev, **kw) -> dict[int, list]:
             for win in np.unique(w).tolist()}
 
 
-def scaled(ev, **kw) -> list:
-    """The merger's windows of the two nodes' partials, through the wire."""
+def scaled(ev, merger=None, **kw) -> list:
+    """The merger's windows of the two nodes' partials, through the wire (``merger``: a WindowMerger
+    expecting both nodes; else merged directly)."""
     out = []
     for w, parts in sorted(node_partials(ev, **kw).items()):
         raws = [read_partial(encode_partial(p, "j")) for p in parts]
-        out.append(window_features(merge_partials([frames_of(raws)])))
+        if merger is None:
+            out.append(window_features(merge_partials([frames_of(raws)])))
+            continue
+        for r in raws:
+            merger.add("j", r)
+        out.extend(wf for _, wf in merger.due())
     return out
 
 
@@ -88,9 +94,11 @@ def _by_start(wfs):
 
 
 def test_two_nodes_and_the_merger_give_the_single_collectors_waits():
+    from dynamiccl.scaleout.merger import MergerConfig, WindowMerger
     ev = untimed_job(6.0, seed=3, late_rank=11, late_from_s=3.0, timed_every=7)
     one, m = single(ev)
-    many = _by_start(scaled(ev))
+    merger = WindowMerger(MergerConfig({"j": frozenset({"node0", "node1"})}), lambda: 0.0)
+    many = _by_start(scaled(ev, merger))
     compared = 0
     for wf in one:
         other = many[round(wf.window_start, 3)]
@@ -108,6 +116,7 @@ def test_two_nodes_and_the_merger_give_the_single_collectors_waits():
     assert compared >= 4
     merged = {k: sum(wf.counters.get(f"wait_{k}", 0) for wf in many.values()) for k in m.wait}
     assert merged == m.wait and m.wait["instances"] > 0
+    assert {k: merger.counters[f"wait_{k}"] for k in m.wait} == m.wait
 
 
 def test_without_the_node_records_there_are_no_waits():
