@@ -87,6 +87,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_collector_wait_instances_total", "counter",
                "Untimed collective instances by outcome: given wait stand-ins (outcome=instances) or refused "
                "(missing_rank, duplicate, gap, withheld); waits are never exported as latencies.", ("outcome",)),
+    MetricSpec("dynamiccl_collector_wait_withheld_lossy_total", "counter",
+               "Untimed collective instances withheld (no wait stand-in) because their job lost records as late "
+               "or too early while the window was open, per job (part of outcome=withheld above).", ("job_id",)),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -174,6 +177,8 @@ assert len(BY_NAME) == len(METRICS)
 
 
 _EVICTED = ("_evicted", "_evicted")
+#: job label sets of dynamiccl_collector_wait_withheld_lossy_total (beyond: folded into "_evicted")
+MAX_WAIT_JOBS = 1024
 
 
 class SelfMetrics:
@@ -210,6 +215,9 @@ class SelfMetrics:
         self.inputs_authenticated = 0  # 1: every network peer had to present a token
         # untimed collective instances by outcome: given wait stand-ins, or refused and why (processors/wait.py)
         self.wait = {"instances": 0, "missing_rank": 0, "duplicate": 0, "gap": 0, "withheld": 0}
+        # job_id -> instances withheld because that job lost records (beyond MAX_WAIT_JOBS label sets the
+        # oldest is folded into "_evicted": totals exact, labels bounded)
+        self.wait_lossy: dict[str, int] = {}
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -225,6 +233,14 @@ class SelfMetrics:
             with self._lock:
                 for k, v in counts.items():
                     self.wait[k] = self.wait.get(k, 0) + v
+
+    def wait_lossy_jobs(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            for job, n in counts.items():
+                while job not in self.wait_lossy and len(self.wait_lossy) >= MAX_WAIT_JOBS:
+                    old = next(k for k in self.wait_lossy if k != "_evicted")
+                    self.wait_lossy["_evicted"] = self.wait_lossy.get("_evicted", 0) + self.wait_lossy.pop(old)
+                self.wait_lossy[job] = self.wait_lossy.pop(job, 0) + n
 
     def bad(self, reason: str) -> None:
         with self._lock:
@@ -271,6 +287,7 @@ class SelfMetrics:
                 "records_unconfirmed_total": self.records_unconfirmed,
                 "inputs_authenticated": self.inputs_authenticated,
                 "wait_instances_total": dict(self.wait),
+                "wait_withheld_lossy_total": dict(self.wait_lossy),
             }
 
 

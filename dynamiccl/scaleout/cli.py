@@ -55,6 +55,9 @@ def register(subparsers) -> None:
     n.add_argument("--partitions", type=int, default=1, metavar="P",
                    help="split the job's partials by communicator into P partitions (the central tier's "
                         "--partitions JOB=P; 1: the whole job, one subject)")
+    n.add_argument("--wait-streams", action=argparse.BooleanOptionalAction, default=None,
+                   help="send the node's untimed collective records (NCCL 2.31+ after a send/recv) so the central "
+                        "tier forms the wait streams (AllReduce:wait) as one collector does (scaleout/waits.py)")
     n.add_argument("--tuner-poll", type=float, default=5.0, metavar="S",
                    help="read the job's latest tuner config from the stream this often (besides the live updates)")
     _nats_args(n)
@@ -98,7 +101,9 @@ def node_config(args):
                               tokens_file=getattr(args, "tokens_file", None))
     return NodeServiceConfig(NodeConfig(args.node, args.job, window_s=args.window, allowed_lateness_s=args.lateness,
                                         max_message_bytes=args.max_message,
-                                        partitions=getattr(args, "partitions", 1)),
+                                        partitions=getattr(args, "partitions", 1),
+                                        **({} if getattr(args, "wait_streams", None) is None
+                                           else {"wait_streams": args.wait_streams})),
                              receiver=receiver, nats=_nats(args), metrics=_off(args.metrics),
                              tuner_config=getattr(args, "tuner_config", None),
                              tuner_poll_s=getattr(args, "tuner_poll", 5.0)).validate()

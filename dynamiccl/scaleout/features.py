@@ -15,7 +15,11 @@ import polars as pl
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures
 from dynamiccl.collector.records import busbw_factor
 from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
-from dynamiccl.scaleout.partials import BOUNDS_S, KEY_COLS, NodePartial
+from dynamiccl.scaleout.partials import _BOUNDS_NS, BOUNDS_S, KEY_COLS, NodePartial
+from dynamiccl.scaleout.waits import with_merged_waits
+
+#: an instance whose ranks' enqueues lie further apart gives no waits (the collector's window.max_wait_s)
+MAX_WAIT_S = 1.0
 
 __all__ = ["window_features", "hist_quantile"]
 
@@ -44,13 +48,38 @@ def hist_quantile(counts: np.ndarray, q: float) -> float:
     return float(_EDGES[b] + (_EDGES[b + 1] - _EDGES[b]) * frac)
 
 
+def hist_quantiles(counts: np.ndarray, q: float) -> np.ndarray:
+    """:func:`hist_quantile` of every row of ``counts`` at once (the same arithmetic, element by element).
+
+    >>> c = np.zeros((2, len(_EDGES) - 1)); c[0, 1] = 4
+    >>> [round(x * 1e6, 3) for x in hist_quantiles(c, 0.5).tolist()]
+    [10.453, nan]
+    """
+    total = counts.sum(axis=1)
+    target = q * total
+    cum = np.cumsum(counts, axis=1)
+    b = (cum < target[:, None]).sum(axis=1)          # searchsorted(cum, target, "left") per row
+    b = np.minimum(b, counts.shape[1] - 1)
+    row = np.arange(len(counts))
+    before = np.where(b > 0, cum[row, b - 1], 0)
+    cb = counts[row, b]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(cb != 0, (target - before) / np.where(cb != 0, cb, 1), 0.0)
+    out = _EDGES[b] + (_EDGES[b + 1] - _EDGES[b]) * frac
+    out[total == 0] = np.nan
+    return out
+
+
 def _key_quantiles(keys: pl.DataFrame, hist: pl.DataFrame) -> dict[str, list[float]]:
+    """Per key row, its quantiles from the histogram rows (vectorised: one join, one scatter-add)."""
     nb = len(_EDGES) - 1
-    rows = {tuple(r): i for i, r in enumerate(keys.select(KEY_COLS).iter_rows())}
-    counts = np.zeros((len(rows), nb))
-    for *k, b, c in hist.select(KEY_COLS + ["bucket", "count"]).iter_rows():
-        counts[rows[tuple(k)], min(b, nb - 1)] += c
-    return {f"lat_p{int(q * 100)}_s": [hist_quantile(c, q) for c in counts] for q in (0.5, 0.9, 0.99)}
+    counts = np.zeros((len(keys), nb))
+    h = hist.join(keys.select(KEY_COLS).with_row_index("_row"), on=KEY_COLS, how="left", nulls_equal=True)
+    if h["_row"].null_count():
+        raise ValueError("partial: a histogram row without its key row")
+    np.add.at(counts, (h["_row"].to_numpy().astype(np.int64), np.minimum(h["bucket"].to_numpy(), nb - 1)),
+              h["count"].to_numpy())
+    return {f"lat_p{int(q * 100)}_s": hist_quantiles(counts, q).tolist() for q in (0.5, 0.9, 0.99)}
 
 
 def _instance_stats(inst: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
@@ -102,8 +131,15 @@ def _ranks_frame(p: NodePartial, per_comm: pl.DataFrame, short: pl.DataFrame) ->
     return r.select(list(RANKS_SCHEMA)).cast(RANKS_SCHEMA).fill_nan(None)
 
 
-def window_features(p: NodePartial, counters: dict | None = None) -> WindowFeatures:
-    """The feature-stream window of a (merged) partial."""
+def window_features(p: NodePartial, counters: dict | None = None, max_wait_s: float = MAX_WAIT_S) -> WindowFeatures:
+    """The feature-stream window of a (merged) partial; with the nodes' wait records (``waitq``), its
+    ``waits`` frame as the single collector forms it (scaleout/waits.py), the outcomes in the counters
+    (``wait_<outcome>``)."""
     per_key, per_comm, short = _instance_stats(p["inst"])
-    return WindowFeatures(p["window"] * p["window_s"], p["window_s"], _keys_frame(p, per_key),
-                          _ranks_frame(p, per_comm, short), dict(counters or {}))
+    wf = WindowFeatures(p["window"] * p["window_s"], p["window_s"], _keys_frame(p, per_key),
+                        _ranks_frame(p, per_comm, short), dict(counters or {}))
+    if p.get("waitq") is None:
+        return wf
+    wf, counts = with_merged_waits(p, wf, max_wait_s, _BOUNDS_NS, window_features)
+    wf.counters.update({f"wait_{k}": v for k, v in counts.as_dict().items()})
+    return wf

@@ -34,7 +34,8 @@ from typing import Callable
 from dynamiccl.collector.features import WindowFeatures
 from dynamiccl.contracts.partition import check_partitions
 from dynamiccl.scaleout.bus import unit
-from dynamiccl.scaleout.features import window_features
+from dynamiccl.collector.processors.wait import WAIT_OUTCOMES
+from dynamiccl.scaleout.features import MAX_WAIT_S, window_features
 from dynamiccl.scaleout.partials import NodePartial, merge_partials
 from dynamiccl.scaleout.wire import RawPartial, frames_of
 
@@ -47,11 +48,13 @@ class MergerConfig:
     lateness_s: float = 2.0
     max_lateness_s: float = 30.0                # merged past this whatever the shard's backlog
     max_pending_windows: int = 64               # per job; the oldest is merged early past it
+    max_wait_s: float = MAX_WAIT_S              # the waits' gap gate (the collector's window.max_wait_s)
 
     def validate(self) -> None:
-        if not 0 < self.lateness_s <= self.max_lateness_s or self.max_pending_windows < 1:
-            raise ValueError(f"merger config: 0 < lateness_s <= max_lateness_s and max_pending_windows >= 1 "
-                             f"(got {self.lateness_s}, {self.max_lateness_s}, {self.max_pending_windows})")
+        if not 0 < self.lateness_s <= self.max_lateness_s or self.max_pending_windows < 1 or not self.max_wait_s > 0:
+            raise ValueError(f"merger config: 0 < lateness_s <= max_lateness_s, max_pending_windows >= 1 and "
+                             f"max_wait_s > 0 (got {self.lateness_s}, {self.max_lateness_s}, "
+                             f"{self.max_pending_windows}, {self.max_wait_s})")
         for job, nodes in self.expected_nodes.items():
             if not nodes:
                 raise ValueError(f"merger config: job {job!r} expects no node")
@@ -217,11 +220,15 @@ class WindowMerger:
         if not parts:
             self.counters["windows_empty"] += 1
             return None
-        return window_features(merge_partials(_batched(parts)),
-                               {"nodes_reported": len(whole), "nodes_missing": len(missing),
-                                "missing_nodes": missing,
-                                # every node's peers authenticated (the shard adds whether the bus did)
-                                "inputs_authenticated": int(all(p.get("auth", False) for p in parts))})
+        wf = window_features(merge_partials(_batched(parts)),
+                             {"nodes_reported": len(whole), "nodes_missing": len(missing),
+                              "missing_nodes": missing,
+                              # every node's peers authenticated (the shard adds whether the bus did)
+                              "inputs_authenticated": int(all(p.get("auth", False) for p in parts))},
+                             max_wait_s=self.config.max_wait_s)
+        for k in WAIT_OUTCOMES:               # untimed instances by outcome (scaleout/waits.py)
+            self.counters[f"wait_{k}"] = self.counters.get(f"wait_{k}", 0) + wf.counters.get(f"wait_{k}", 0)
+        return wf
 
 
 def _batched(parts: list) -> list[NodePartial]:

@@ -15,7 +15,9 @@ import numpy as np
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.contracts.partition import check_partitions
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject, unit
+from dynamiccl.collector.processors.wait import LOSSY_SHARE
 from dynamiccl.scaleout.partials import node_partial, split_partial
+from dynamiccl.scaleout.waits import MAX_WAIT_RECORDS
 from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
 from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages, raw_size
 
@@ -32,6 +34,9 @@ class NodeConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES  # the bus's max payload: a larger partial goes in parts
     inputs_authenticated: bool = False      # every peer of the node's receiver presents a token (wire "auth")
     partitions: int = 1                     # communicator partitions of the job (1: the whole job, one subject)
+    # the node's untimed collective records go upstream so the merger forms the wait streams (scaleout/waits.py)
+    wait_streams: bool = True
+    max_wait_records: int = MAX_WAIT_RECORDS  # per window; past it none are sent (counted waits_cut)
 
     def validate(self) -> None:
         subject(self.job_id, self.node)        # both must be subject tokens
@@ -39,6 +44,8 @@ class NodeConfig:
         if not self.window_s > 0 or self.allowed_lateness_s < 0 or self.max_buffered_records < 1:
             raise ValueError(f"node config: window_s > 0, allowed_lateness_s >= 0, max_buffered_records >= 1 "
                              f"(got {self.window_s}, {self.allowed_lateness_s}, {self.max_buffered_records})")
+        if self.max_wait_records < 1:
+            raise ValueError(f"node config: max_wait_records >= 1 (got {self.max_wait_records})")
         if not 4096 <= self.max_message_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"node config: 4096 <= max_message_bytes <= {MAX_MESSAGE_BYTES} "
                              f"(got {self.max_message_bytes})")
@@ -58,7 +65,8 @@ class NodeCollector:
         self._closed_upto = -1 << 62
         self.counters = {"received": 0, "aggregated": 0, "windows": 0, "dropped_invalid": 0,
                          "dropped_late": 0, "dropped_buffer_full": 0, "dropped_unencodable": 0,
-                         "split_partials": 0}
+                         "split_partials": 0, "waits_cut": 0, "waits_lossy_windows": 0}
+        self._lost_open = 0                        # records dropped late / buffer full since the last close
 
     def consume(self, ev: np.ndarray) -> None:
         c = self.counters
@@ -72,10 +80,12 @@ class NodeCollector:
         late = w < self._closed_upto
         if late.any():
             c["dropped_late"] += int(late.sum())
+            self._lost_open += int(late.sum())
             ev, t, w = ev[~late], t[~late], w[~late]
         room = self.config.max_buffered_records - self._buffered
         if len(ev) > room:
             c["dropped_buffer_full"] += len(ev) - room
+            self._lost_open += len(ev) - room
             ev, t, w = ev[:room], t[:room], w[:room]
         if not len(ev):
             return
@@ -116,7 +126,13 @@ class NodeCollector:
         self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)
         cfg = self.config
-        p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s)
+        # the waits' lossy rule (collector/processors/wait.py): records lost while the window was open
+        lossy, self._lost_open = self._lost_open > LOSSY_SHARE * n, 0
+        p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s,
+                         waits=cfg.wait_streams, max_wait_records=cfg.max_wait_records, lossy=lossy)
+        if cfg.wait_streams:
+            self.counters["waits_cut"] += p["waits_cut"]
+            self.counters["waits_lossy_windows"] += p["waits_lossy"]
         self._pool.give(store)                     # the partial's frames hold copies, not these views
         # P > 1: every partition's partial, an empty one included (its merger then does not wait for us)
         pieces = [p] if cfg.partitions == 1 else split_partial(p, cfg.partitions)
@@ -151,6 +167,12 @@ def registry(node: NodeCollector):
                 fam.add_metric([k], c[k])
             yield fam
             yield CounterMetricFamily("dynamiccl_node_windows", "windows closed", value=c["windows"])
+            waits = CounterMetricFamily("dynamiccl_node_waits", "--wait-streams: untimed collective records not "
+                                        "sent (cut: over max_wait_records) and windows whose waits the merger "
+                                        "withholds (lossy_windows)", labels=["outcome"])
+            waits.add_metric(["cut"], c["waits_cut"])
+            waits.add_metric(["lossy_windows"], c["waits_lossy_windows"])
+            yield waits
             yield CounterMetricFamily("dynamiccl_node_split_partials", "partials sent in several messages",
                                       value=c["split_partials"])
             out = CounterMetricFamily("dynamiccl_node_partials", "partials by outcome", labels=["outcome"])

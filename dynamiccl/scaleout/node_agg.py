@@ -63,10 +63,11 @@ def timing(ev: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def compact(ev: np.ndarray, t: np.ndarray | None = None) -> dict:
     """The columns a partial reads, out of the 128-byte records (``t``: their event times, when the
-    caller has them; contiguous copies)."""
-    timed, dur = timing(ev, event_time_ns(ev) if t is None else t)
+    caller has them; kept as column ``t``: an untimed record's enqueue, for the waits; contiguous copies)."""
+    t = event_time_ns(ev) if t is None else t
+    timed, dur = timing(ev, t)
     out = {f: np.ascontiguousarray(ev[f]) for f in KEPT_FIELDS}
-    out.update(timed=timed, dur=dur)
+    out.update(timed=timed, dur=dur, t=np.asarray(t, np.int64))
     return out
 
 

@@ -11,6 +11,10 @@ integer nanoseconds: their sums merge bit-exactly). Three frames:
   count, duration min / max, how many ranks took the minimum and which rank (the straggler arrives
   last, so its duration is the shortest: the central tier names it from these).
 * ``ranks`` per (job, comm, rank): records, timed records, duration sum, host.
+
+With waits on (``waits=True``) a fifth frame, ``waitq``: the node's untimed collective records, from which
+the merger forms the wait stand-ins (scaleout/waits.py), and ``waits_lossy`` (1: the node cut them or lost
+records while the window was open; the merger then withholds the window's waits).
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ import polars as pl
 
 from dynamiccl.collector.metrics import DURATION_BUCKETS_S
 from dynamiccl.contracts.partition import comm_partition
-from dynamiccl.scaleout.node_agg import aggregate
+from dynamiccl.scaleout.node_agg import aggregate, compact
+from dynamiccl.scaleout.waits import MAX_WAIT_RECORDS, node_waitq
 
 __all__ = ["KEY_COLS", "INST_COLS", "BOUNDS_S", "SUB_BUCKETS", "node_partial", "merge_partials", "split_partial",
            "NodePartial"]
@@ -32,14 +37,26 @@ INST_COLS = ["job_id", "comm_hash", "func", "seq"]
 SUB_BUCKETS = 8
 BOUNDS_S = DURATION_BUCKETS_S[0] * 2.0 ** (np.arange((len(DURATION_BUCKETS_S) - 1) * SUB_BUCKETS + 1) / SUB_BUCKETS)
 _BOUNDS_NS = np.round(BOUNDS_S * 1e9)
-NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"[, "partition"]}; the frames are polars
+NodePartial = dict  # {"node", "window", "keys", "hist", "inst", "ranks"[, "waitq", "waits_lossy"][, "partition"]}
 _FRAMES = ("keys", "hist", "inst", "ranks")
 
 
-def node_partial(ev: np.ndarray, *, node: str, job_id: str, window: int, window_s: float) -> NodePartial:
-    """The partial of one node's records (``wire_format.EVENT_DTYPE``) of window ``window``."""
-    frames = aggregate(ev, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS)
-    return {"node": node, "window": int(window), "window_s": float(window_s), **frames}
+def _frames(p: NodePartial) -> tuple[str, ...]:
+    return _FRAMES + ("waitq",) if p.get("waitq") is not None else _FRAMES
+
+
+def node_partial(ev, *, node: str, job_id: str, window: int, window_s: float, waits: bool = False,
+                 max_wait_records: int = MAX_WAIT_RECORDS, lossy: bool = False) -> NodePartial:
+    """The partial of one node's records (``wire_format.EVENT_DTYPE``, or their ``node_agg.compact``
+    columns) of window ``window``; with ``waits``, its untimed collective records too (``lossy``: the node
+    lost records while the window was open). ``waits_cut`` (not sent): the untimed records cut by the bound."""
+    c = compact(ev) if isinstance(ev, np.ndarray) else ev
+    frames = aggregate(c, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS)
+    p = {"node": node, "window": int(window), "window_s": float(window_s), **frames}
+    if waits:
+        p["waitq"], cut = node_waitq(c, job_id, max_wait_records)
+        p["waits_lossy"], p["waits_cut"] = int(lossy or cut > 0), cut
+    return p
 
 
 def split_partial(p: NodePartial, partitions: int) -> list[NodePartial]:
@@ -47,12 +64,13 @@ def split_partial(p: NodePartial, partitions: int) -> list[NodePartial]:
     partition, every frame row in exactly the partition of its ``comm_hash``, so each is a whole
     partial of its communicators. A partition without records gets an empty partial, so the central
     tier's merger for it hears from this node and does not wait."""
-    comms = pl.concat([p[n]["comm_hash"] for n in _FRAMES]).unique().to_list()
+    names = _frames(p)
+    comms = pl.concat([p[n]["comm_hash"] for n in names]).unique().to_list()
     part_of: dict[int, int] = {c: comm_partition(c, partitions) for c in comms}
-    which = {n: p[n]["comm_hash"].replace_strict(part_of, return_dtype=pl.Int32) for n in _FRAMES}
+    which = {n: p[n]["comm_hash"].replace_strict(part_of, return_dtype=pl.Int32) for n in names}
     out = []
     for i in range(partitions):
-        out.append({**p, "partition": i, **{n: p[n].filter(which[n] == i) for n in _FRAMES}})
+        out.append({**p, "partition": i, **{n: p[n].filter(which[n] == i) for n in names}})
     return out
 
 
@@ -85,6 +103,11 @@ def merge_partials(parts: list[NodePartial]) -> NodePartial:
     hist = pl.concat([p["hist"] for p in parts]).group_by(KEY_COLS + ["bucket"]).agg(pl.col("count").sum())
     ranks = pl.concat([p["ranks"] for p in parts]).group_by(["job_id", "comm_hash", "rank"]).agg(
         pl.col("records").sum(), pl.col("timed").sum(), pl.col("dur_sum_ns").sum(), pl.col("host").first())
-    return {"node": "+".join(sorted(p["node"] for p in parts)), "window": parts[0]["window"],
-            "window_s": parts[0]["window_s"], "keys": keys, "hist": hist,
-            "inst": _merge_inst(pl.concat([p["inst"] for p in parts])), "ranks": ranks}
+    out = {"node": "+".join(sorted(p["node"] for p in parts)), "window": parts[0]["window"],
+           "window_s": parts[0]["window_s"], "keys": keys, "hist": hist,
+           "inst": _merge_inst(pl.concat([p["inst"] for p in parts])), "ranks": ranks}
+    waitqs = [p["waitq"] for p in parts if p.get("waitq") is not None]
+    if waitqs:               # the records themselves: the waits need every rank's enqueue (scaleout/waits.py)
+        out["waitq"] = pl.concat(waitqs)
+        out["waits_lossy"] = int(max(p.get("waits_lossy", 0) for p in parts))
+    return out

@@ -14,7 +14,8 @@ from dynamiccl.scaleout.node_agg import KEPT_FIELDS, timing
 
 __all__ = ["WindowColumns", "ColumnPool"]
 
-_DTYPES = {**{f: EVENT_DTYPE[f] for f in KEPT_FIELDS}, "timed": np.dtype(bool), "dur": np.dtype(np.int64)}
+_DTYPES = {**{f: EVENT_DTYPE[f] for f in KEPT_FIELDS}, "timed": np.dtype(bool), "dur": np.dtype(np.int64),
+           "t": np.dtype(np.int64)}
 MIN_CAPACITY = 1 << 12
 
 
@@ -36,6 +37,7 @@ class WindowColumns:
         for f in KEPT_FIELDS:
             cols[f][s] = ev[f]
         cols["timed"][s], cols["dur"][s] = timing(ev, t)
+        cols["t"][s] = t                           # event time: an untimed record's enqueue (scaleout/waits.py)
         self.n += m
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -21,6 +21,7 @@ import polars as pl
 
 from dynamiccl.contracts.partition import MAX_PARTITIONS
 from dynamiccl.scaleout.partials import NodePartial
+from dynamiccl.scaleout.waits import check_waitq
 
 __all__ = ["encode_partial", "encode_messages", "raw_size", "decode_partial", "read_partial", "peek_header", "frames_of", "RawPartial", "FRAMES", "MAX_MESSAGE_BYTES", "MAX_INFLATED_BYTES"]
 
@@ -41,7 +42,15 @@ FRAMES: dict[str, list[tuple[str, str, pl.DataType]]] = {
              ("min_rank", "<i4", pl.Int32)],
     "ranks": [("comm_hash", "<u8", pl.UInt64), ("rank", "<i4", pl.Int32), ("records", "<u4", pl.UInt32),
               ("timed", "<i4", pl.Int64), ("dur_sum_ns", "<i8", pl.Int64)],
+    # version 2 only (a node with waits on): its untimed collective records (scaleout/waits.py), last in the body
+    "waitq": [("comm_hash", "<u8", pl.UInt64), ("func", "u1", pl.Int64), ("seq_number", "<i8", pl.Int64),
+              ("rank", "<i4", pl.Int64), ("nranks", "<i4", pl.Int64), ("algo", "u1", pl.Int64),
+              ("proto", "u1", pl.Int64), ("bytes", "<i8", pl.Int64), ("nnodes", "<i4", pl.Int64),
+              ("tuner_config_version", "<i8", pl.Int64), ("t", "<i8", pl.Int64)],
 }
+#: the frames of a version-1 partial (and of every partial); version 2 adds WAIT_FRAME
+BASE_FRAMES = ("keys", "hist", "inst", "ranks")
+WAIT_FRAME = "waitq"
 #: bytes of one row of each frame on the wire (read once per message: computed once here)
 _ROW_BYTES = {n: sum(np.dtype(dt).itemsize for _, dt, _ in cols) for n, cols in FRAMES.items()}
 _NULL = -1                      # dmin/dmax/dur_max of an untimed group (durations are >= 0)
@@ -67,12 +76,16 @@ def _column(df: pl.DataFrame, name: str, dtype: str) -> bytes:
 
 def _body(frames: dict[str, pl.DataFrame], head: dict) -> bytes:
     h = json.dumps({**head, "rows": {n: len(f) for n, f in frames.items()}}).encode()
-    body = b"".join(_column(frames[n], c, dt) for n, cols in FRAMES.items() for c, dt, _ in cols)
+    body = b"".join(_column(frames[n], c, dt) for n, cols in FRAMES.items() if n in frames for c, dt, _ in cols)
     return _U32.pack(len(h)) + h + zlib.compress(body, ZLIB_LEVEL)
 
 
+def _names(p: NodePartial) -> tuple[str, ...]:
+    return BASE_FRAMES + (WAIT_FRAME,) if p.get(WAIT_FRAME) is not None else BASE_FRAMES
+
+
 def _sorted_frames(p: NodePartial) -> dict[str, pl.DataFrame]:
-    return {name: p[name].sort([c for c, _, _ in cols[:3]]) for name, cols in FRAMES.items()}
+    return {name: p[name].sort([c for c, _, _ in FRAMES[name][:3]]) for name in _names(p)}
 
 
 def _head(p: NodePartial, job_id: str, authenticated: bool) -> dict:
@@ -80,6 +93,8 @@ def _head(p: NodePartial, job_id: str, authenticated: bool) -> dict:
     # inputs_authenticated); the central tier applies tuning only where every node's partial says so
     head = {"v": 1, "node": p["node"], "job": job_id, "window": p["window"], "window_s": p["window_s"],
             "auth": int(authenticated)}
+    if p.get(WAIT_FRAME) is not None:    # version 2: the waits' records, and whether the node lost some
+        head.update(v=2, waits_lossy=int(p.get("waits_lossy", 0)))
     if p.get("partition") is not None:   # one communicator partition of the job (absent: the whole job)
         head["partition"] = int(p["partition"])
     return head
@@ -96,7 +111,7 @@ def _slices(frames: dict[str, pl.DataFrame], k: int, i: int) -> dict[str, pl.Dat
 
 def raw_size(p: NodePartial) -> int:
     """The bytes of a partial's columns before compression."""
-    return sum(len(p[n]) * _ROW_BYTES[n] for n in FRAMES)
+    return sum(len(p[n]) * _ROW_BYTES[n] for n in _names(p))
 
 
 def encode_messages(p: NodePartial, job_id: str, max_bytes: int = MAX_MESSAGE_BYTES,
@@ -128,16 +143,20 @@ def _header(data: bytes) -> tuple[dict, int]:
     n = _U32.unpack_from(data)[0]
     try:
         head = json.loads(data[4:4 + n])
-        rows = {k: int(head["rows"][k]) for k in FRAMES}
+        names = BASE_FRAMES + (WAIT_FRAME,) if head.get("v") == 2 else BASE_FRAMES
+        rows = {k: int(head["rows"][k]) for k in names}
         head = {"node": str(head["node"]), "job": str(head["job"]), "window": int(head["window"]),
                 "window_s": float(head["window_s"]), "v": head.get("v"), "rows": rows,
                 "part": int(head.get("part", 0)), "parts": int(head.get("parts", 1)),
                 "auth": head.get("auth", 0) == 1,
-                "partition": None if head.get("partition") is None else int(head["partition"])}
+                "partition": None if head.get("partition") is None else int(head["partition"]),
+                "waits_lossy": head.get("waits_lossy", 0)}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"partial: bad header ({type(e).__name__}: {e})") from None
-    if head["v"] != 1 or not head["window_s"] > 0 or min(rows.values()) < 0:
+    if head["v"] not in (1, 2) or not head["window_s"] > 0 or min(rows.values()) < 0:
         raise ValueError(f"partial: unsupported version {head['v']!r}, window_s or row count")
+    if head["waits_lossy"] not in (0, 1) or (head["v"] == 1 and head["waits_lossy"]):
+        raise ValueError(f"partial: waits_lossy {head['waits_lossy']!r} (0 or 1, version 2 only)")
     if head["partition"] is not None and not 0 <= head["partition"] < MAX_PARTITIONS:
         raise ValueError(f"partial: partition {head['partition']} (at most {MAX_PARTITIONS} partitions)")
     if not 0 <= head["part"] < head["parts"] <= MAX_PARTS:
@@ -148,13 +167,14 @@ def _header(data: bytes) -> tuple[dict, int]:
 class RawPartial:
     """A checked, inflated partial whose frames are built later, together with the rest of its
     window's (:func:`frames_of`): one polars frame per window instead of one per node."""
-    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts", "auth", "partition")
+    __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts", "auth", "partition",
+                 "waits_lossy")
 
     def __init__(self, head: dict, body: bytes):
         self.job, self.node, self.window = head["job"], head["node"], head["window"]
         self.window_s, self.rows, self.body = head["window_s"], head["rows"], body
         self.part, self.parts, self.auth = head["part"], head["parts"], head["auth"]
-        self.partition = head["partition"]
+        self.partition, self.waits_lossy = head["partition"], head["waits_lossy"]
 
     def __getitem__(self, key: str):          # the merger reads node / window like a NodePartial's
         return getattr(self, key)
@@ -172,7 +192,7 @@ def read_partial(data: bytes) -> RawPartial:
     """Check and inflate one message (header, sizes, zlib); ValueError naming the defect otherwise."""
     head, pos = _header(data)
     rows = head["rows"]
-    need = sum(rows[n] * _ROW_BYTES[n] for n in FRAMES)
+    need = sum(rows[n] * _ROW_BYTES[n] for n in rows)
     if need > MAX_INFLATED_BYTES:
         raise ValueError(f"partial: {need} bytes of columns > {MAX_INFLATED_BYTES}")
     try:
@@ -182,11 +202,23 @@ def read_partial(data: bytes) -> RawPartial:
         raise ValueError(f"partial: body is not zlib ({e})") from None
     if len(body) != need or not d.eof or d.unused_data:
         raise ValueError(f"partial: body holds {len(body)}+ bytes, the header's row counts need {need}")
+    if rows.get(WAIT_FRAME):
+        _check_waitq(rows, body)
     return RawPartial(head, body)
 
 
+def _check_waitq(rows: dict[str, int], body: bytes) -> None:
+    """A hostile node's wait records (the last frame of the body): ValueError naming the defect."""
+    pos = sum(rows[n] * _ROW_BYTES[n] for n in BASE_FRAMES)
+    n, cols = rows[WAIT_FRAME], {}
+    for c, dt, _ in FRAMES[WAIT_FRAME]:
+        cols[c] = np.frombuffer(body, dt, n, pos).astype(np.int64) if c != "comm_hash" else None
+        pos += n * np.dtype(dt).itemsize
+    check_waitq(cols)
+
+
 def _frame(raws: list[RawPartial], name: str, offsets: list[int]) -> pl.DataFrame:
-    n = [r.rows[name] for r in raws]
+    n = [r.rows.get(name, 0) for r in raws]
     out = {"job_id": pl.Series(np.repeat(np.array([r.job for r in raws], dtype=object), n), dtype=pl.String)}
     for c, dt, pdt in FRAMES[name]:
         parts = []
@@ -208,8 +240,11 @@ def frames_of(raws: list[RawPartial]) -> NodePartial:
     offsets = [0] * len(raws)
     p: NodePartial = {"node": "+".join(sorted({r.node for r in raws})), "window": raws[0].window,
                       "window_s": raws[0].window_s}
-    for name in FRAMES:
+    for name in BASE_FRAMES:
         p[name] = _frame(raws, name, offsets)
+    if any(WAIT_FRAME in r.rows for r in raws):      # version 2: the nodes' wait records (scaleout/waits.py)
+        p[WAIT_FRAME] = _frame(raws, WAIT_FRAME, offsets)
+        p["waits_lossy"] = int(max(r.waits_lossy for r in raws))
     return p
 
 

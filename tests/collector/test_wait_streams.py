@@ -209,3 +209,39 @@ def test_the_testbed_saves_and_replays_the_waits(tmp_path):
     for (wf, _), ref in zip(back, got + timed):
         assert (wf.waits is None) == (ref.waits is None)
         assert ref.waits is None or wf.waits.equals(ref.waits)
+
+
+def _two_jobs_one_losing_records(late_every: int) -> tuple[list, SelfMetrics]:
+    """Jobs A and B (4 ranks each, every record untimed) through one collector in 0.1 s slices; from 3 s on,
+    every ``late_every``-th instance of A (all its ranks' records, so no instance is left partial) arrives
+    3 s late: dropped as late, counted against A."""
+    a, b = job(8.0, seed=11), job(8.0, seed=12)
+    rel = (a["enqueue_ns"].astype(np.int64) - T0) // 1_000_000             # ms
+    held = (rel >= 3000) & (a["seq_number"] % late_every == 0) if late_every else np.zeros(len(a), bool)
+    sink, m = SinkConsumer(), SelfMetrics()
+    agg = WindowAggregator(WindowConfig(window_s=0.5, allowed_lateness_s=0.5), next_consumer=sink, metrics=m,
+                           wall_clock=lambda: T0 / 1e9 + 100.0)
+    for lo in range(0, 11_000, 100):
+        for name, ev, sel in (("A", a, ~held), ("B", b, np.ones(len(b), bool)), ("A", a, held)):
+            t = (ev["enqueue_ns"].astype(np.int64) - T0) // 1_000_000 + (3000 if sel is held else 0)
+            part = ev[sel & (t >= lo) & (t < lo + 100)]
+            if len(part):
+                agg.consume(RecordBatch(part, f"h{name}", name, {}))
+    agg.shutdown()
+    return [r.features for r in sink.items], m
+
+
+def _wait_windows(wfs: list, job_id: str) -> set[float]:
+    return {wf.window_start for wf in wfs if wf.waits is not None and (wf.waits["job_id"] == job_id).any()}
+
+
+def test_one_job_losing_records_withholds_only_its_own_waits():
+    """The lossy-window rule is per job: A losing 5 % of its records as late withholds A's waits in those
+    windows (counted per job), not B's (before: every job's waits in those windows were withheld)."""
+    clean, _ = _two_jobs_one_losing_records(0)
+    wfs, m = _two_jobs_one_losing_records(20)
+    assert m.dropped["late"] > 0
+    assert _wait_windows(wfs, "B") == _wait_windows(clean, "B"), "B's waits withheld for A's losses"
+    lost_a = _wait_windows(clean, "A") - _wait_windows(wfs, "A")
+    assert len(lost_a) >= 3, "A's windows that lost records still gave waits"
+    assert m.wait_lossy.get("A", 0) > 0 and "B" not in m.wait_lossy

@@ -105,6 +105,7 @@ class MetricsCollector:
                 "dynamiccl_collector_connections_total": dict(m.connections_total),
                 "dynamiccl_collector_connections_refused_total": dict(m.refusals),
                 "dynamiccl_collector_wait_instances_total": dict(m.wait),
+                "dynamiccl_collector_wait_withheld_lossy_total": dict(m.wait_lossy),
             }
             pairs = {
                 "dynamiccl_collector_delivery_gap_records_total": dict(m.gap_records),

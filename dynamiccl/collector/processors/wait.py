@@ -16,6 +16,9 @@ Rules (each one a named gate below, each refusal counted):
   ``duplicate`` when a rank has several records);
 * ``gap``: the instance's largest wait at most ``max_wait_s`` (enqueue clocks of different hosts that
   disagree by seconds say nothing about arrival);
+* ``withheld`` (lossy job): the instances of a job that lost records as late or too early while the window was
+  open (more than ``LOSSY_SHARE`` of its records in the window; ``window_waits``). The drops are attributed
+  to their job when the record batch arrives (every batch is one job's), so another job's waits stand;
 * ``withheld``: a (communicator, collective) whose untimed instances in the window were refused more than
   ``WITHHOLD_SHARE`` of the time gives no waits in that window: records are being lost or held back (a host's
   clock jumped, a rank vanished), and the instances that stay complete are a biased sample (on the simulated
@@ -34,7 +37,8 @@ import numpy as np
 
 from dynamiccl.contracts.collectives import COLLECTIVES
 
-__all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "window_waits", "LOSSY_SHARE"]
+__all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "window_waits", "LOSSY_SHARE",
+           "lossy_records"]
 
 #: outcomes counted per untimed instance: made a wait stand-in, or refused and why
 WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap", "withheld")
@@ -58,6 +62,8 @@ class WaitCounts:
     duplicate: int = 0
     gap: int = 0
     withheld: int = 0        # complete, but their (communicator, collective) lost too many in the window
+    #: (communicator, collective) code (``kc >> 12``) of each instance withheld because its job lost records
+    lossy_groups: np.ndarray | None = None
 
     def as_dict(self) -> dict[str, int]:
         return {k: int(getattr(self, k)) for k in WAIT_OUTCOMES}
@@ -88,12 +94,14 @@ def _lossy(group: np.ndarray, ok: np.ndarray, refused: np.ndarray) -> np.ndarray
     return (n_ref > WITHHOLD_SHARE * (n_ok + n_ref))[g]
 
 
-def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float,
-                   wholly_untimed: np.ndarray) -> tuple[dict[str, np.ndarray] | None, WaitCounts]:
+def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float, wholly_untimed: np.ndarray,
+                   lossy: np.ndarray | None = None) -> tuple[dict[str, np.ndarray] | None, WaitCounts]:
     """The window's columns of the records that get a wait stand-in (``dur`` = their wait, in seconds), or
     None when none does, and the untimed instances' outcomes. ``wholly_untimed``: per record, whether its
     instance has no timed record in the window (the window aggregation's own instance table,
     ``WindowResult.wholly_untimed``): a partly timed instance is timed, neither a wait nor a refusal.
+    ``lossy``: per record, whether its job lost records while the window was open: its complete instances
+    are ``withheld`` (their groups in ``counts.lossy_groups``).
 
     Cost: one sort of those records; nothing when every record is timed.
 
@@ -129,6 +137,11 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float,
     ok = ~dup & ~missing & ~gap & (want >= 2)
     withheld = ok & _lossy(ucodes >> _U(40), ok, dup | missing | gap)
     ok &= ~withheld
+    if lossy is not None:
+        cut = ok & np.logical_or.reduceat(lossy[sel][order], starts)
+        counts.lossy_groups = (ucodes[cut] >> _U(40)).astype(np.int64)
+        withheld |= cut
+        ok &= ~cut
     counts.withheld = int(withheld.sum())
     counts.instances, counts.missing_rank = int(ok.sum()), int(missing.sum())
     counts.duplicate, counts.gap = int(dup.sum()), int(gap.sum())
@@ -162,23 +175,37 @@ def attach_waits(features, waits_features):
     return dataclasses.replace(features, ranks=ranks, waits=waits)
 
 
-def window_waits(result, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: bool, aggregate, metrics):
-    """The window's features (of its aggregation ``result``) with its waits attached (``aggregate``: the
-    window aggregation, applied to the stand-ins), the outcomes counted in ``metrics``.
+def lossy_records(job_of_gcomm: np.ndarray, kc: np.ndarray, lost: dict[int, int]) -> np.ndarray | None:
+    """Per record, whether its job lost more than LOSSY_SHARE of its window records' number as late or too
+    early while the window was open (``lost``: job code -> records dropped; ``job_of_gcomm``: the job code of
+    each (job, communicator) code, ``kc >> 16``); None when no job did.
 
-    ``lossy``: records were dropped as late or too early while the window was open (more than LOSSY_SHARE of
-    its own): its instances are all ``withheld``. Which instances stayed complete then depends on how the
-    records were cut, a biased sample: a host's clock 30 s ahead closes the other hosts' windows early, and
-    on the simulated bad-input run with every record untimed this gave a false change at +40 % wait."""
+    >>> lossy_records(np.array([0, 1]), np.array([0, 1 << 16, 1 << 16]), {1: 1}).tolist()
+    [False, True, True]
+    """
+    if not lost:
+        return None
+    job = job_of_gcomm[kc >> 16]
+    n = np.bincount(job, minlength=max(lost) + 1)
+    bad = [j for j, k in lost.items() if k > LOSSY_SHARE * (n[j] if j < len(n) else 0)]
+    return np.isin(job, bad) if bad else None
+
+
+def window_waits(result, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: np.ndarray | None,
+                 aggregate, metrics):
+    """The window's features (of its aggregation ``result``) with its waits attached (``aggregate``: the
+    window aggregation, applied to the stand-ins), the outcomes counted in ``metrics``; the counts returned.
+
+    ``lossy`` (:func:`lossy_records`): per record, whether its job lost records as late or too early while the
+    window was open: that job's instances are all ``withheld``. Which instances stayed complete then depends
+    on how the records were cut, a biased sample: a host's clock 30 s ahead closes the other hosts' windows
+    early, and on the simulated bad-input run with every record untimed this gave a false change at +40 %
+    wait. The drops are the job's own: another job's instances in the window keep their waits."""
     if result.wholly_untimed is None:         # every record timed
-        return result.features
+        return result.features, WaitCounts()
     features = result.features
-    sub, counts = wait_stand_ins(view, max_wait_s, result.wholly_untimed)
-    if lossy and sub is not None:
-        counts.withheld += counts.instances
-        counts.instances = 0
-        sub = None
+    sub, counts = wait_stand_ins(view, max_wait_s, result.wholly_untimed, lossy)
     metrics.wait_outcomes(counts.as_dict())
     if sub is None:
-        return features
-    return attach_waits(features, aggregate(sub).features)
+        return features, counts
+    return attach_waits(features, aggregate(sub).features), counts

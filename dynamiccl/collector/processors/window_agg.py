@@ -36,7 +36,7 @@ from dynamiccl.collector.processors.aggregate import (
     _counters,
     aggregate_window,
 )
-from dynamiccl.collector.processors.wait import LOSSY_SHARE, window_waits
+from dynamiccl.collector.processors.wait import lossy_records, window_waits
 from dynamiccl.collector.wire_format import TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
@@ -142,7 +142,9 @@ class WindowAggregator:
         self._last_arrival = clock()
         self._batches_since_wm = 0
         self._lock = threading.Lock()
-        self._lost_seen = 0                     # late + too_early drops when the last window closed
+        # job code -> records dropped as late / too early since the last window closed (the waits' lossy-job
+        # rule, processors/wait.py); bounded by the jobs interner
+        self._lost: dict[int, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -203,6 +205,7 @@ class WindowAggregator:
             n_late = int((late & keep).sum())
             if n_late:
                 m.drop("late", n_late)
+                self._lost[job] = self._lost.get(job, 0) + n_late
                 keep &= ~late
         if self._watermark_ns is not None and self._open:
             newest = max(self._src_max.values(), default=self._watermark_ns)
@@ -211,6 +214,7 @@ class WindowAggregator:
             n_early = int((early & keep).sum())
             if n_early:
                 m.drop("too_early", n_early)
+                self._lost[job] = self._lost.get(job, 0) + n_early
                 keep &= ~early
         if not keep.all():
             ev, t, widx, gcomm, ts, gpu = ev[keep], t[keep], widx[keep], gcomm[keep], ts[keep], gpu[keep]
@@ -385,14 +389,20 @@ class WindowAggregator:
 
     def _with_waits(self, result, view: dict[str, np.ndarray], w: int):
         """The window's features with its wait streams attached (processors/wait.py), outcomes counted."""
-        dropped = self.metrics.dropped
-        lost = dropped.get("late", 0) + dropped.get("too_early", 0)
-        lossy = lost - self._lost_seen > LOSSY_SHARE * len(view["kc"])
-        self._lost_seen = lost
-        return window_waits(result, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
-                            aggregate=lambda sub: aggregate_window(sub, window_start_ns=w * self._window_ns,
-                                                                   window_s=self.config.window_s, aggregator=self),
-                            metrics=self.metrics)
+        lost, self._lost = self._lost, {}
+        lossy = None
+        if lost:
+            job_of = np.array([j for j, _ in self.gcomms.values], np.int64)
+            lossy = lossy_records(job_of, view["kc"], lost)
+        features, counts = window_waits(
+            result, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
+            aggregate=lambda sub: aggregate_window(sub, window_start_ns=w * self._window_ns,
+                                                   window_s=self.config.window_s, aggregator=self),
+            metrics=self.metrics)
+        if counts.lossy_groups is not None and len(counts.lossy_groups):
+            jobs, n = np.unique(job_of[counts.lossy_groups >> 4], return_counts=True)
+            self.metrics.wait_lossy_jobs({self.jobs.values[j]: int(k) for j, k in zip(jobs.tolist(), n.tolist())})
+        return features
 
     # -- code → string tables used by aggregate_window -------------------------------------------
     def gcomm_table(self, codes: np.ndarray) -> tuple[list[str], np.ndarray, list[str]]:
