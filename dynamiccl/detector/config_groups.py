@@ -103,6 +103,9 @@ class BaselineConfig(_Group):
                                              # typical instances (a noisier median, often a phase's
                                              # edge) enters the CUSUM shrunk by sqrt(instances /
                                              # (this x typical)); 0: off
+    split_warmup: bool = False               # a full warm-up holding a level shift (Pettitt's rank test,
+                                             # p < 1e-3, >= ``incidents.step_ratio``) warms up again
+                                             # from the later regime (`dynamiccl.detector.warmup_split`)
     memory: int = 480                        # a monitored baseline keeps learning from its in-control
                                              # windows: expanding up to this many, then forgetting
                                              # with this horizon
