@@ -207,6 +207,9 @@ class IncidentConfig(_Group):
                                              # below) = recovered
     recovery_windows: int = 2                # ... over this many consecutive windows nearer the old level
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
+    recovery_drain: bool = True              # a degradation within ``flap_window_s`` of a recovery, on its
+                                             # streams, at a level within ``recovery_fraction`` of it:
+                                             # the release draining (`dynamiccl.detector.fusion_drain`)
     flap_window_s: float = 10.0              # ... within this span (also: re-onset after a recovery);
                                              # a flapping incident recovers after half of it quiet.
                                              # Longer spans called separate regimes 10-30 s apart
