@@ -103,6 +103,9 @@ class BaselineConfig(_Group):
                                              # typical instances (a noisier median, often a phase's
                                              # edge) enters the CUSUM shrunk by sqrt(instances /
                                              # (this x typical)); 0: off
+    split_warmup: bool = False               # a full warm-up holding a level shift (Pettitt's rank test,
+                                             # p < 1e-3, >= ``incidents.step_ratio``) warms up again
+                                             # from the later regime (`dynamiccl.detector.warmup_split`)
     memory: int = 480                        # a monitored baseline keeps learning from its in-control
                                              # windows: expanding up to this many, then forgetting
                                              # with this horizon
@@ -204,6 +207,9 @@ class IncidentConfig(_Group):
                                              # below) = recovered
     recovery_windows: int = 2                # ... over this many consecutive windows nearer the old level
     flap_transitions: int = 2                # off->on transitions that make an incident "flapping"
+    recovery_drain: bool = True              # a degradation within ``flap_window_s`` of a recovery, on its
+                                             # streams, at a level within ``recovery_fraction`` of it:
+                                             # the release draining (`dynamiccl.detector.fusion_drain`)
     flap_window_s: float = 10.0              # ... within this span (also: re-onset after a recovery);
                                              # a flapping incident recovers after half of it quiet.
                                              # Longer spans called separate regimes 10-30 s apart

@@ -168,3 +168,8 @@ class StreamManagement:
         width = min(self.warmup, np.asarray(samples).shape[-1])
         self._buf[idx, :width] = np.nan_to_num(np.asarray(samples, dtype=np.float64)[:, :width])
         self._nbuf[idx] = counts
+
+    def full_warmup(self, idx) -> np.ndarray:
+        """The warm-up buffers (``warmup`` samples each) that streams ``idx`` were just
+        baselined from (a copy; valid only in the window their warm-up completed)."""
+        return self._buf[np.atleast_1d(np.asarray(idx, dtype=np.int64))].copy()

@@ -71,7 +71,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
         self.closed: dict[str, deque] = {}
         self.stream_incident: dict[int, Incident] = {}
         self.pending: list[Pending] = []
-        self.counters = {"spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
+        self.counters = {"recovery_drains": 0, "spikes_suppressed": 0, "small_shifts": 0, "alarms_absorbed": 0,
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
                          "rank_triggers": 0, "rank_waits": 0, "small_waits": 0,

@@ -1,6 +1,7 @@
 """The gates a new alarm group passes before it becomes a regime change, in order:
 
 1. ``recovery_tail`` — the far side of a recovery seen late by a stream: absorbed;
+   ``recovery_drain`` — a recovered incident's streams still draining (`fusion_drain`): absorbed;
 2. ``merge`` — same job and direction as an active incident, near in time, on a communicator
    it covers or with a similar shift: joins it;
 3. ``small_shift`` — below ``min_ratio``: no regime change (or waits, ``small_shift_wait``);
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .fusion_drain import drained
 from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Alarms, Pending
 from .stream_rebase import LOST_RANK_SHIFT
 
@@ -45,7 +47,7 @@ class FusionGates:
 
     def _judge(self, ws, job, direction, g, ae):
         a = self._assemble(ws, job, direction, g)
-        for gate in (self._gate_recovery_tail, self._gate_merge, self._gate_small_shift, self._gate_workload):
+        for gate in (self._gate_recovery_tail, self._gate_recovery_drain, self._gate_merge, self._gate_small_shift, self._gate_workload):
             if gate(ws, a) is not None:
                 return None, None
         ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
@@ -92,6 +94,9 @@ class FusionGates:
                 tab.rebase(a.idx)
                 return "alarms_absorbed"
         return None
+
+    def _gate_recovery_drain(self, ws, a: AlarmGroup) -> str | None:
+        return "recovery_drains" if drained(self, ws, a) else None
 
     def _gate_merge(self, ws, a: AlarmGroup) -> str | None:
         """Joins an active incident of the same job and direction: near in time, on a

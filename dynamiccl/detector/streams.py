@@ -39,6 +39,7 @@ from .sparse import InstancePool, JobCadence
 from .step_rate import StepRate
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
+from .warmup_split import split_warmups
 from .stream_group import STREAM_KEY, group_streams, rank_masks, reporting
 from .wait_streams import with_wait_rows
 from .stream_index import StreamIndex
@@ -91,6 +92,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.n_dropped_streams = 0
         self.n_rebased = 0
         self.n_restored = 0
+        self.n_warmup_splits = 0                     # warm-ups restarted from a later regime
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)
         self.cadence = JobCadence()
@@ -309,6 +311,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
+        done = split_warmups(self, done)              # a warm-up holding two regimes restarts
         self.monitor_since[done] = t
         self.early.monitored(done)
         if done.size:
