@@ -211,6 +211,7 @@ class CUSUM(base.DriftDetector):
         self._buffer: list[float] | None = []  # warm-up samples; None once the warm-up is full
         self._next_learn = self._first_learn
         self._h = self._h_full
+        self._long_run_var = 1.0  # the warm-up's long-run variance of z (`_cusum_warmup`)
         self._median: float | None = None
         self._scale: float | None = None
         self._inv_scale: float | None = None
