@@ -1,4 +1,5 @@
-"""`CUSUM`'s change-start split (``start_split``, default None: off): the start of an alarming
+"""`CUSUM`'s change-start split (``start_split``, default 1.36: the
+conventional 5 % level, chosen as the convention, not by a score; None: off): the start of an alarming
 excursion moved to where its own mean steps, when that step is significant.
 
 Page's ``change_start`` (one after the last zero of the alarming statistic) is the

@@ -1,6 +1,6 @@
-"""The change-start split (``start_split``, default None: off; `dynamiccl.detector._cusum_locate`):
-an alarm's start moves to where its excursion's own mean steps, when that step is significant
-(docs/evaluation/2026-11-27-cusum-public.md, Session 19). Only the location changes."""
+"""The change-start split (``start_split``, default 1.36; `dynamiccl.detector._cusum_locate`): an
+alarm's start moves to where its excursion's own mean steps, when that step is significant
+(docs/evaluation/2026-11-27-cusum-public.md, Sessions 19 and 19b). Only the location changes."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_an_approach_before_a_step_is_dated_no_worse():
     page = split = 0
     for seed in range(50):
         xs = _approach_then_step(seed)
-        a, b = _first_start_near(xs, 500), _first_start_near(xs, 500, start_split=1.36)
+        a, b = _first_start_near(xs, 500, start_split=None), _first_start_near(xs, 500, start_split=1.36)
         page += a is not None and abs(a - 500) <= 5
         split += b is not None and abs(b - 500) <= 5
     assert split >= page
@@ -66,7 +66,7 @@ def test_clean_steps_are_located_as_well(size):
     for seed in range(60):
         rng = np.random.default_rng(seed)
         xs = np.r_[rng.standard_normal(500), size + rng.standard_normal(300)]
-        a, b = _first_start_near(xs, 500), _first_start_near(xs, 500, start_split=1.36)
+        a, b = _first_start_near(xs, 500, start_split=None), _first_start_near(xs, 500, start_split=1.36)
         page += a is not None and abs(a - 500) <= 5
         split += b is not None and abs(b - 500) <= 5
     assert split >= page - 1
@@ -77,7 +77,7 @@ def test_only_the_location_changes():
     for seed in range(5):
         xs = _approach_then_step(seed)
         xs[300:] += np.random.default_rng(seed + 100).standard_normal(300)
-        assert [i for i, _ in _alarms(xs)] == [i for i, _ in _alarms(xs, start_split=1.22)]
+        assert [i for i, _ in _alarms(xs, start_split=None)] == [i for i, _ in _alarms(xs, start_split=1.22)]
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), True, "1.36"])
@@ -104,9 +104,13 @@ def test_no_step_inside_the_excursion_moves_at_most_the_level(kind, crit, level)
     for seed in range(40):
         xs = _noise(kind, np.random.default_rng(seed), 700)
         xs[500:] += 3.0
-        a, b = _first_start_near(xs, 530), _first_start_near(xs, 530, start_split=crit)
+        a, b = _first_start_near(xs, 530, start_split=None), _first_start_near(xs, 530, start_split=crit)
         if a is not None:
             alarms += 1
             moved += a != b
     assert alarms >= 30
     assert moved <= level * alarms
+
+
+def test_default_is_the_five_percent_level():
+    assert CUSUM().start_split == 1.36
