@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ._cusum_settle import drop_earlier_regime, keeps_growing
 from ._cusum_sign import zero_is_extreme
-from ._cusum_warmup import learn_baseline, next_learn_size
+from ._cusum_warmup import learn_baseline_variance, next_learn_size
 
 
 def relearn(det) -> None:
@@ -22,7 +22,7 @@ def relearn(det) -> None:
     buffer = det._buffer
     drop_earlier_regime(det, buffer)  # a baseline comes from one regime
     old_scale = det._scale
-    det._median, det._scale, det._h = learn_baseline(
+    det._median, det._scale, det._h, det._long_run_var = learn_baseline_variance(
         buffer, det.warmup, estimator=det.estimator, min_rel_scale=det.min_rel_scale,
         serial=det.serial, cap=det._cap, arl0=det.arl0, k=det._k, two_sided=det.mode == "both")
     det._inv_scale = 1.0 / det._scale

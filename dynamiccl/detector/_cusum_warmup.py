@@ -76,11 +76,21 @@ def _round_up_variance(v: float) -> float:
 def learn_baseline(buffer: list[float], warmup: int, *, estimator: str, min_rel_scale: float,
                    serial: bool, cap: float, arl0: float, k: float,
                    two_sided: bool) -> tuple[float, float, float]:
-    """(level, scale, threshold) of a baseline learnt from ``buffer``'s ``n`` samples.
+    """(level, scale, threshold) of a baseline learnt from ``buffer``'s ``n`` samples
+    (`learn_baseline_variance` without the variance)."""
+    return learn_baseline_variance(buffer, warmup, estimator=estimator, min_rel_scale=min_rel_scale,
+                                   serial=serial, cap=cap, arl0=arl0, k=k, two_sided=two_sided)[:3]
+
+
+def learn_baseline_variance(buffer: list[float], warmup: int, *, estimator: str,
+                            min_rel_scale: float, serial: bool, cap: float, arl0: float, k: float,
+                            two_sided: bool) -> tuple[float, float, float, float]:
+    """(level, scale, threshold, v) of a baseline learnt from ``buffer``'s ``n`` samples.
 
     The threshold is the one for an ``n``-sample baseline at ``arl0``, re-solved for the
-    samples' AR(1) long-run variance and capped-value variance excess when ``serial`` (rounded
-    up to a cached grid while ``n < warmup``).
+    samples' long-run variance v of the capped standardised values when ``serial``: AR(1)
+    long-run variance times capped-value variance excess (rounded up to a cached grid while
+    ``n < warmup``); v = 1.0 when not ``serial``.
     """
     values = np.asarray(buffer, dtype=np.float64)
     n = values.size
@@ -96,5 +106,6 @@ def learn_baseline(buffer: list[float], warmup: int, *, estimator: str, min_rel_
             v *= capped_variance_ratio(values, level, scale, cap)
         h = cusum_threshold_correlated(float(arl0), k, n, v, two_sided, estimator)
     else:
+        v = 1.0
         h = cusum_threshold_estimated(float(arl0), k, n, two_sided, estimator)
-    return level, scale, h
+    return level, scale, h, v

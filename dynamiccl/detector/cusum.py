@@ -78,7 +78,8 @@ class CUSUM(base.DriftDetector):
         During the warm-up, an alarm that only continues the warm-up's own trend is not raised
         (`dynamiccl.detector._cusum_trend`).
     start_split
-        Critical value of the change-start split (`dynamiccl.detector._cusum_locate`); None: off.
+        Critical value of the change-start split (`dynamiccl.detector._cusum_locate`): 1.36, the
+        conventional 5 % level; None: off (Page's last-zero start).
 
     Attributes
     ----------
@@ -90,7 +91,8 @@ class CUSUM(base.DriftDetector):
         The decision threshold $h$ (standard-deviation units).
     change_start
         Input index of the first sample of the excursion that raised the last alarm (the sample
-        after the last index at which the alarming statistic was zero). None before any alarm.
+        after the last index at which the alarming statistic was zero, or the step of the
+        excursion's own mean with ``start_split``). None before any alarm.
     direction
         ``'up'`` or ``'down'`` for the last alarm, None before any alarm.
     magnitude
@@ -157,7 +159,7 @@ class CUSUM(base.DriftDetector):
         sign_gate: bool = True,
         max_trend_t: float | None = 3.0,
         trend_veto: bool = True,
-        start_split: float | None = None,
+        start_split: float | None = 1.36,
     ):
         super().__init__()
         self.delta = delta
@@ -211,6 +213,7 @@ class CUSUM(base.DriftDetector):
         self._buffer: list[float] | None = []  # warm-up samples; None once the warm-up is full
         self._next_learn = self._first_learn
         self._h = self._h_full
+        self._long_run_var = 1.0  # the warm-up's long-run variance of z (`_cusum_warmup`)
         self._median: float | None = None
         self._scale: float | None = None
         self._inv_scale: float | None = None
@@ -392,4 +395,4 @@ class CUSUM(base.DriftDetector):
         yield {"sign_gate": False}
         yield {"max_trend_t": None}
         yield {"trend_veto": False}
-        yield {"start_split": 1.36}
+        yield {"start_split": None}
