@@ -147,7 +147,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     return NULL;
   }
   if (c & 1) kch_reject(); /* ours finished (theirs still gets its parent) */
-  else start_kch_in(ctx, s, p & ~(uint64_t)DCCL_H_CHAINED, ours, ch, pTimer);
+  else start_kch_in(ctx, s, p, ours, ch, pTimer); /* (which drops p's chained bit) */
   return (void*)t;
 }
 

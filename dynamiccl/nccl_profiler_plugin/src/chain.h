@@ -57,6 +57,13 @@ typedef struct dccl_chain {
   _Atomic uint64_t cursor __attribute__((aligned(64)));
 } dccl_chain_t;
 
+/* The event types NCCL emits to a profiler loaded alone whose init asked for `mask`: those it asked
+   for and every ancestor of them (NCCL starts a parent whenever a child type is asked for: profiler.cc;
+   nccl-plugin-abi.md 1.3), where unsure more rather than fewer. Only these are forwarded to the
+   chained plugin (ctx->chain_types, chosen at its init), so it gets what it gets alone, not the events
+   only our mask asked for (KernelPhase, proxy events, KernelCh for a Coll-only plugin). */
+uint64_t dccl_chain_types(int mask);
+
 /* lifecycle (lifecycle lock held): attach at init (after the context exists; nothing on failure
    but a warning), detach at finalize (calls the chained finalize), free with the context, unload
    at the last finalize. */
