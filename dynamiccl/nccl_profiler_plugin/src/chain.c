@@ -242,9 +242,24 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
   }                                                                                                          \
+  /* An event of a type NCCL would not give the chained plugin alone (dccl_chain_types): ours only, and   \
+     its handle never chained. A chained KernelCh parent (its KernelPhase) is given to ours without the    \
+     chained bit (start_kch clears it itself), the descriptor restored after. */                           \
+  static __attribute__((noinline)) ncclResult_t chain_ours_only_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d) {  \
+    void* parent = d->parentObj;                                                                             \
+    uint64_t p = (uint64_t)(uintptr_t)parent;                                                                \
+    if (DCCL_H_ROUTE(p) != (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_start_v##V##_core(ctx, eHandle, d); \
+    d->parentObj = (void*)(uintptr_t)(p & ~(uint64_t)DCCL_H_CHAINED);                                        \
+    dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
+    d->parentObj = parent;                                                                                  \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
   /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
+    if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
+      return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
     if (type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
         DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \

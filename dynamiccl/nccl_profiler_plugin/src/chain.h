@@ -1,7 +1,8 @@
 /* DynamICCL profiler plugin: forwarding to a second profiler plugin (DYNAMICCL_PROFILER_CHAIN=/path/lib.so).
  *
- * NCCL loads one profiler. With a chain, every call it makes to ours is also made to the chained
- * plugin (loaded at the first init, same ABI version as NCCL loaded ours with), which keeps its own
+ * NCCL loads one profiler. With a chain, every call it makes to ours of an event type NCCL would give
+ * the chained plugin alone (dccl_chain_types) is also made to the chained plugin (loaded at the first
+ * init, same ABI version as NCCL loaded ours with), which keeps its own
  * context per communicator and its own event handles; a child's parentObj is translated, so each
  * plugin only ever sees its own handles. No allocation or lock on NCCL's threads.
  *

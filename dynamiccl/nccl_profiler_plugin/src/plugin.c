@@ -195,7 +195,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   uint32_t ch = DCCL_H_CH(p);
   if (atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
   s->ksync[ch] = pTimer;
-  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)(3u | DCCL_H_CHAINED)) | DCCL_H_TAG_DUMMY); /* ours alone */
+  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY); /* (p never chained here: chain.c) */
 }
 
 
@@ -204,9 +204,9 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
 /* KernelCh, the most frequent start (nChannels per operation), and v7's KernelPhase (3 per
    KernelCh, tested first) are taken before the out-of-line switch, so they run without the others'
    register saves. */
-/* With DYNAMICCL_PROFILER_CHAIN the events of the types NCCL would give the chained plugin alone
-   (ctx->chain_types, chosen at its init) go through chain.c, which calls fn##_core with our own parent
-   handle and the chained plugin with its own; the others take our own path, as unchained. */
+/* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
+   with our own parent handle and the chained plugin with its own (for the types NCCL would give the
+   chained plugin alone, ctx->chain_types; the others take fn##_core alone). */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_FAST)        \
   static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
   static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
@@ -215,8 +215,8 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
-    if (__builtin_expect((((dccl_ctx_t*)context)->chain_types & (uint64_t)d->type) != 0, 0))                 \
-      return fn##_chain((dccl_ctx_t*)context, eHandle, d); /* a type NCCL would give the chained plugin */  \
+    if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0))                                          \
+      return fn##_chain((dccl_ctx_t*)context, eHandle, d);                                                   \
     return fn##_body(context, eHandle, d); /* inlined: no second jump on the most frequent starts */         \
   }                                                                                                          \
   ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) { return fn##_body(context, eHandle, d); } \
