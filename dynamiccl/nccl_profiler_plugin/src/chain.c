@@ -258,11 +258,12 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
   /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
-    if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
-      return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
-    if (type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
+    /* (chain_kch_type: KernelCh where the chained plugin gets it, else 0: the type test costs nothing) */  \
+    if (type == ctx->chain_kch_type && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
         DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
+    if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
+      return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
     if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
       if (type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                           \
       if (type == ncclProfileColl || type == ncclProfileP2p) return chain_op_start_v##V(ctx, eHandle, d);    \

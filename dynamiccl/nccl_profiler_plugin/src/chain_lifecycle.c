@@ -133,6 +133,7 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   }
   ctx->chain = c;
   ctx->chain_types = dccl_chain_types(c->mask);
+  ctx->chain_kch_type = ctx->chain_types & ncclProfileKernelCh;
   ctx->chain_kch = kch;
   ctx->chain_stop = c->stop;
   ctx->chain_record = c->record;
@@ -154,7 +155,7 @@ void dccl_chain_free(dccl_ctx_t* ctx) {
   free((void*)ctx->chain->kch);
   free(ctx->chain);
   ctx->chain = NULL;
-  ctx->chain_types = 0;
+  ctx->chain_types = ctx->chain_kch_type = 0;
 }
 
 /* At the last finalize: no communicator refers to the library any more. It is not unloaded: a

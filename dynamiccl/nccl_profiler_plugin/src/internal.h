@@ -219,6 +219,7 @@ typedef struct dccl_ctx {
   uint64_t* p2p_seq;             /* [2 * nranks]: per (send|recv, peer) ordinal */
   struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
   uint64_t chain_types;          /* event types forwarded to it (dccl_chain_types; 0 when not chained) */
+  uint64_t chain_kch_type;       /* ncclProfileKernelCh when among them, else 0 */
   _Atomic uintptr_t* chain_kch;  /* chain->kch, one load nearer for the chained KernelCh paths */
   ncclResult_t (*chain_stop)(void*); /* chain->stop and ->record, likewise */
   ncclResult_t (*chain_record)(void*, ncclProfilerEventState_t, ncclProfilerEventStateArgs_v4_t*);
