@@ -262,12 +262,13 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     if (type == ctx->chain_kch_type && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
         DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
+    if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
+      /* (the masks: DCCL_DUMMY_TYPES and Coll | P2p, each of them only where forwarded) */                   \
+      if (type & ctx->chain_dummy_types) return chain_dummy_start_v##V(ctx, eHandle, d);                     \
+      if (type & ctx->chain_op_types) return chain_op_start_v##V(ctx, eHandle, d);                           \
+    }                                                                                                        \
     if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
       return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
-    if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
-      if (type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                           \
-      if (type == ncclProfileColl || type == ncclProfileP2p) return chain_op_start_v##V(ctx, eHandle, d);    \
-    }                                                                                                        \
     if (type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                                \
     return chain_start_v##V(ctx, eHandle, d, 0);                                                             \
   }

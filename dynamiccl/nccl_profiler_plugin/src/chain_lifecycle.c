@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "chain.h"
+#include "kch.h"
 
 /* The chained library, loaded at the first init of a plugin lifetime (lifecycle lock). */
 static struct {
@@ -134,6 +135,8 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   ctx->chain = c;
   ctx->chain_types = dccl_chain_types(c->mask);
   ctx->chain_kch_type = ctx->chain_types & ncclProfileKernelCh;
+  ctx->chain_dummy_types = ctx->chain_types & DCCL_DUMMY_TYPES;
+  ctx->chain_op_types = ctx->chain_types & (ncclProfileColl | ncclProfileP2p);
   ctx->chain_kch = kch;
   ctx->chain_stop = c->stop;
   ctx->chain_record = c->record;
@@ -155,7 +158,7 @@ void dccl_chain_free(dccl_ctx_t* ctx) {
   free((void*)ctx->chain->kch);
   free(ctx->chain);
   ctx->chain = NULL;
-  ctx->chain_types = ctx->chain_kch_type = 0;
+  ctx->chain_types = ctx->chain_kch_type = ctx->chain_dummy_types = ctx->chain_op_types = 0;
 }
 
 /* At the last finalize: no communicator refers to the library any more. It is not unloaded: a

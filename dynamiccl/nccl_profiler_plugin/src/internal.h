@@ -220,6 +220,8 @@ typedef struct dccl_ctx {
   struct dccl_chain* chain;      /* the chained profiler's state, NULL when not chained (chain.h) */
   uint64_t chain_types;          /* event types forwarded to it (dccl_chain_types; 0 when not chained) */
   uint64_t chain_kch_type;       /* ncclProfileKernelCh when among them, else 0 */
+  uint64_t chain_dummy_types;    /* DCCL_DUMMY_TYPES among them */
+  uint64_t chain_op_types;       /* Coll | P2p among them */
   _Atomic uintptr_t* chain_kch;  /* chain->kch, one load nearer for the chained KernelCh paths */
   ncclResult_t (*chain_stop)(void*); /* chain->stop and ->record, likewise */
   ncclResult_t (*chain_record)(void*, ncclProfilerEventState_t, ncclProfilerEventStateArgs_v4_t*);
