@@ -147,7 +147,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     return NULL;
   }
   if (c & 1) kch_reject(); /* ours finished (theirs still gets its parent) */
-  else start_kch_in(ctx, s, p, ours, ch, pTimer); /* (which drops p's chained bit) */
+  else start_kch_in(ctx, s, p & ~(uint64_t)DCCL_H_CHAINED, ours, ch, pTimer);
   return (void*)t;
 }
 
@@ -243,13 +243,13 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
   }                                                                                                          \
   /* An event of a type NCCL would not give the chained plugin alone (dccl_chain_types): ours only, and   \
-     its handle never chained. A chained KernelCh parent (its KernelPhase) is given to ours without the    \
-     chained bit (start_kch clears it itself), the descriptor restored after. */                           \
+     its handle never chained. A chained parent of ours (a KernelCh's Coll/P2p, a KernelPhase's KernelCh)  \
+     is given to ours without the chained bit, the descriptor restored after. */                           \
   static __attribute__((noinline)) ncclResult_t chain_ours_only_v##V(dccl_ctx_t* ctx, void** eHandle,        \
                                                                       ncclProfilerEventDescr_v##V##_t* d) {  \
     void* parent = d->parentObj;                                                                             \
     uint64_t p = (uint64_t)(uintptr_t)parent;                                                                \
-    if (DCCL_H_ROUTE(p) != (DCCL_H_TAG_KCH | DCCL_H_CHAINED)) return dccl_start_v##V##_core(ctx, eHandle, d); \
+    if (!chain_is_kept(p)) return dccl_start_v##V##_core(ctx, eHandle, d);                                   \
     d->parentObj = (void*)(uintptr_t)(p & ~(uint64_t)DCCL_H_CHAINED);                                        \
     dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
     d->parentObj = parent;                                                                                  \

@@ -75,8 +75,7 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
   s->kstart[channelId] = pTimer;
   kch_order(ctx, a, channelId, pTimer);
   atomic_store_explicit(&s->kgen[channelId], g, memory_order_release);
-  /* never chained here: a chained parent's chained child gets the bit from chain.c after this */
-  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)(3u | DCCL_H_CHAINED)) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
+  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2)); /* (p never chained) */
 }
 
 /* Inlined into each version's startEvent: KernelCh is the most frequent start. */
