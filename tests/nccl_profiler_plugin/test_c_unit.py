@@ -17,7 +17,7 @@ PLUGIN_DIR = REPO / "dynamiccl" / "nccl_profiler_plugin"
 
 
 def test_c_unit(built):
-    run_unit_binary(built["test_plugin"], 46)
+    run_unit_binary(built["test_plugin"], 47)
 
 
 def test_c_unit_asan(built):
@@ -46,7 +46,7 @@ def test_plugin_builds_without_warnings(built, tmp_path):
 
 
 def test_c_unit_tsan(built):
-    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 46)
+    assert_all_passed(make(PLUGIN_DIR, "test-tsan"), 47)
 
 
 def test_emulator_under_tsan(built):

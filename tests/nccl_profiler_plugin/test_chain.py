@@ -46,6 +46,21 @@ def test_chained_profiler_sees_what_it_sees_alone(built, abi):
     assert our_stats(r.stdout)["records_emitted"] == COLLS
 
 
+@pytest.mark.parametrize("abi, flags, probe_mask, our_mask", [(6, 0, 2, None),  # Coll only: no KernelCh
+                                                            (7, 0x400, 70, 70 | 32768)])  # ours adds KernelPhase
+def test_events_only_our_mask_asked_for_are_not_forwarded(built, abi, flags, probe_mask, our_mask):
+    """NCCL emits the union of both masks; the chained plugin gets only the types NCCL would give it alone
+    (its mask and their parents), not the KernelCh or KernelPhase events only ours asked for, and ours
+    still records them (every record whole)."""
+    env = {"CHAIN_PROBE_MASK": str(probe_mask)} | ({"DYNAMICCL_EVENT_MASK": str(our_mask)} if our_mask else {})
+    alone = probe_counts(emulate(built, built["chain_probe"], abi, flags=flags, env=env).stdout)
+    r = emulate(built, built["plugin"], abi, flags=flags, env={**env, "DYNAMICCL_PROFILER_CHAIN": str(built["chain_probe"])})
+    chained = probe_counts(r.stdout)
+    assert chained == alone, (chained, alone)
+    assert chained["bad_handles"] == chained["foreign_parents"] == chained["double_stops"] == 0
+    assert our_stats(r.stdout)["records_emitted"] == COLLS
+
+
 def test_events_only_the_chained_plugin_asked_for_and_our_sampling(built):
     """The probe asks for ProxyOp/ProxyStep (cross-node operations), which we do not record, and we sample
     1 in 4: the probe still gets every event with its own parents, and our records are sampled as alone."""

@@ -157,16 +157,17 @@ def test_copy_engine_collectives_counted(abi, run_scenario, collector_factory, s
     assert res["stats"]["records_emitted"] == 50
 
 
-@pytest.mark.parametrize("abi,chained", [(6, False), (7, False), (7, True)])
+@pytest.mark.parametrize("abi,chained", [(6, 0), (7, 0), (7, 70 | 32768), (7, 70)])
 def test_kernel_phase_initial_sync(abi, chained, built, run_scenario, collector_factory, sock_addr):
     """v7 KernelPhase (mask bit 32768): each record carries its longest initial_sync phase (a rank's
     wait for its peers). The emulator's channel c waits 100 + c ns; v6 has no phases: 0. The same
-    with a profiler chained behind ours (DYNAMICCL_PROFILER_CHAIN: phase handles go through the chain)."""
+    with a profiler chained behind ours (DYNAMICCL_PROFILER_CHAIN, its mask: with KernelPhase the phase
+    handles go through the chain; without, the phases under a chained KernelCh are ours alone)."""
     col = collector_factory(sock_addr)
     ops = make_ops(40, flags=FLAG["PHASES"])
     env = {"DYNAMICCL_EVENT_MASK": str(70 | 32768)}
     if chained:
-        env |= {"DYNAMICCL_PROFILER_CHAIN": str(built["chain_probe"]), "CHAIN_PROBE_MASK": str(70 | 32768)}
+        env |= {"DYNAMICCL_PROFILER_CHAIN": str(built["chain_probe"]), "CHAIN_PROBE_MASK": str(chained)}
     res = run_scenario([
         {"op": "init", "hash": 0x5C, "threads": 2}, {"op": "run", "ops": ops}, {"op": "sync"}, {"op": "finalize"},
     ], sock_addr, abi=abi, env=env)

@@ -242,16 +242,33 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
     return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
   }                                                                                                          \
+  /* An event of a type NCCL would not give the chained plugin alone (dccl_chain_types): ours only, and   \
+     its handle never chained. A chained parent of ours (a KernelCh's Coll/P2p, a KernelPhase's KernelCh)  \
+     is given to ours without the chained bit, the descriptor restored after. */                           \
+  static __attribute__((noinline)) ncclResult_t chain_ours_only_v##V(dccl_ctx_t* ctx, void** eHandle,        \
+                                                                      ncclProfilerEventDescr_v##V##_t* d) {  \
+    void* parent = d->parentObj;                                                                             \
+    uint64_t p = (uint64_t)(uintptr_t)parent;                                                                \
+    if (!chain_is_kept(p)) return dccl_start_v##V##_core(ctx, eHandle, d);                                   \
+    d->parentObj = (void*)(uintptr_t)(p & ~(uint64_t)DCCL_H_CHAINED);                                        \
+    dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
+    d->parentObj = parent;                                                                                  \
+    return ncclSuccess;                                                                                     \
+  }                                                                                                          \
   /* Tail calls: no path pays another's register saves. */                                                  \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
-    if (type == ncclProfileKernelCh && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
+    /* (chain_kch_type: KernelCh where the chained plugin gets it, else 0: the type test costs nothing) */  \
+    if (type == ctx->chain_kch_type && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
         DCCL_H_CTX(p) == ctx->index)                                                                         \
       return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
     if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
-      if (type & DCCL_DUMMY_TYPES) return chain_dummy_start_v##V(ctx, eHandle, d);                           \
-      if (type == ncclProfileColl || type == ncclProfileP2p) return chain_op_start_v##V(ctx, eHandle, d);    \
+      /* (the masks: DCCL_DUMMY_TYPES and Coll | P2p, each of them only where forwarded) */                   \
+      if (type & ctx->chain_dummy_types) return chain_dummy_start_v##V(ctx, eHandle, d);                     \
+      if (type & ctx->chain_op_types) return chain_op_start_v##V(ctx, eHandle, d);                           \
     }                                                                                                        \
+    if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
+      return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
     if (type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                                \
     return chain_start_v##V(ctx, eHandle, d, 0);                                                             \
   }

@@ -1,7 +1,8 @@
 /* DynamICCL profiler plugin: forwarding to a second profiler plugin (DYNAMICCL_PROFILER_CHAIN=/path/lib.so).
  *
- * NCCL loads one profiler. With a chain, every call it makes to ours is also made to the chained
- * plugin (loaded at the first init, same ABI version as NCCL loaded ours with), which keeps its own
+ * NCCL loads one profiler. With a chain, every call it makes to ours of an event type NCCL would give
+ * the chained plugin alone (dccl_chain_types) is also made to the chained plugin (loaded at the first
+ * init, same ABI version as NCCL loaded ours with), which keeps its own
  * context per communicator and its own event handles; a child's parentObj is translated, so each
  * plugin only ever sees its own handles. No allocation or lock on NCCL's threads.
  *
@@ -56,6 +57,13 @@ typedef struct dccl_chain {
   dccl_chain_entry_t* ring;      /* [DCCL_CHAIN_ENTRIES] */
   _Atomic uint64_t cursor __attribute__((aligned(64)));
 } dccl_chain_t;
+
+/* The event types NCCL emits to a profiler loaded alone whose init asked for `mask`: those it asked
+   for and every ancestor of them (NCCL starts a parent whenever a child type is asked for: profiler.cc;
+   nccl-plugin-abi.md 1.3), where unsure more rather than fewer. Only these are forwarded to the
+   chained plugin (ctx->chain_types, chosen at its init), so it gets what it gets alone, not the events
+   only our mask asked for (KernelPhase, proxy events, KernelCh for a Coll-only plugin). */
+uint64_t dccl_chain_types(int mask);
 
 /* lifecycle (lifecycle lock held): attach at init (after the context exists; nothing on failure
    but a warning), detach at finalize (calls the chained finalize), free with the context, unload

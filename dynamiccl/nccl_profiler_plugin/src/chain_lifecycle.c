@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "chain.h"
+#include "kch.h"
 
 /* The chained library, loaded at the first init of a plugin lifetime (lifecycle lock). */
 static struct {
@@ -78,6 +79,26 @@ static int chain_init(dccl_chain_t* c, int abi, uint64_t commId, const char* com
   return r == ncclSuccess && c->ctx != NULL ? 0 : -1;
 }
 
+uint64_t dccl_chain_types(int mask) {
+  const uint64_t m = (uint32_t)mask;
+  const uint64_t kch = ncclProfileKernelCh | ncclProfileKernelPhase; /* a KernelPhase's parent is its KernelCh */
+  const uint64_t step = ncclProfileProxyStep | ncclProfileNetPlugin; /* a NetPlugin's parent is its ProxyStep */
+  const uint64_t op = ncclProfileProxyOp | step;
+  const uint64_t task = kch | op; /* a Coll/P2p's children */
+  const uint64_t ce = ncclProfileCeColl | ncclProfileCeSync | ncclProfileCeBatch;
+  if (m == 0) return 0;
+  uint64_t t = m | ncclProfileGroup | ncclProfileGroupApi; /* asked for (unknown bits too); groups: any bit */
+  if (m & (ncclProfileCollApi | ncclProfileColl | task | ce)) t |= ncclProfileCollApi;
+  if (m & (ncclProfileP2pApi | ncclProfileP2p | task)) t |= ncclProfileP2pApi;
+  if (m & (ncclProfileColl | task)) t |= ncclProfileColl;
+  if (m & (ncclProfileP2p | task)) t |= ncclProfileP2p;
+  if (m & ce) t |= ce;
+  if (m & kch) t |= ncclProfileKernelCh;
+  if (m & op) t |= ncclProfileProxyOp;
+  if (m & step) t |= ncclProfileProxyStep;
+  return t;
+}
+
 void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* commName, int nNodes, int nranks,
                        int rank, ncclDebugLogger_t logfn) {
   const char* path = getenv("DYNAMICCL_PROFILER_CHAIN");
@@ -112,6 +133,10 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
     return;
   }
   ctx->chain = c;
+  ctx->chain_types = dccl_chain_types(c->mask);
+  ctx->chain_kch_type = ctx->chain_types & ncclProfileKernelCh;
+  ctx->chain_dummy_types = ctx->chain_types & DCCL_DUMMY_TYPES;
+  ctx->chain_op_types = ctx->chain_types & (ncclProfileColl | ncclProfileP2p);
   ctx->chain_kch = kch;
   ctx->chain_stop = c->stop;
   ctx->chain_record = c->record;
@@ -133,6 +158,7 @@ void dccl_chain_free(dccl_ctx_t* ctx) {
   free((void*)ctx->chain->kch);
   free(ctx->chain);
   ctx->chain = NULL;
+  ctx->chain_types = ctx->chain_kch_type = ctx->chain_dummy_types = ctx->chain_op_types = 0;
 }
 
 /* At the last finalize: no communicator refers to the library any more. It is not unloaded: a

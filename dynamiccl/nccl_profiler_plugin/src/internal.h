@@ -231,6 +231,11 @@ typedef struct dccl_ctx {
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
   uint64_t announced_conn;       /* sender: connection on which the COMM record was sent (registry lock) */
+  /* (here, in the padding before `cursor`: the fields above keep their offsets) */
+  uint64_t chain_types;          /* event types forwarded to the chained plugin (dccl_chain_types; 0: none) */
+  uint64_t chain_kch_type;       /* ncclProfileKernelCh when among them, else 0 */
+  uint64_t chain_dummy_types;    /* DCCL_DUMMY_TYPES among them */
+  uint64_t chain_op_types;       /* Coll | P2p among them */
   /* written on the hot path */
   _Atomic uint64_t cursor __attribute__((aligned(64)));
   _Atomic uint64_t dropped_pool_full;

@@ -75,7 +75,7 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
   s->kstart[channelId] = pTimer;
   kch_order(ctx, a, channelId, pTimer);
   atomic_store_explicit(&s->kgen[channelId], g, memory_order_release);
-  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2));
+  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2)); /* (p never chained) */
 }
 
 /* Inlined into each version's startEvent: KernelCh is the most frequent start. */

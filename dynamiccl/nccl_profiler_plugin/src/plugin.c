@@ -195,7 +195,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
   uint32_t ch = DCCL_H_CH(p);
   if (atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) != (uint32_t)DCCL_H_GEN(p)) return;
   s->ksync[ch] = pTimer;
-  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY);
+  *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_DUMMY); /* (p never chained here: chain.c) */
 }
 
 
@@ -205,7 +205,8 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    KernelCh, tested first) are taken before the out-of-line switch, so they run without the others'
    register saves. */
 /* With DYNAMICCL_PROFILER_CHAIN the communicator's events go through chain.c, which calls fn##_core
-   with our own parent handle and the chained plugin with its own. */
+   with our own parent handle and the chained plugin with its own (for the types NCCL would give the
+   chained plugin alone, ctx->chain_types; the others take fn##_core alone). */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_FAST)        \
   static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
   static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \

@@ -47,7 +47,7 @@ static int test_chain_handles(void) {
   char probe[4096];
   TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
   setenv("DYNAMICCL_PROFILER_CHAIN", probe, 1);
-  setenv("CHAIN_PROBE_MASK", "2050", 1); /* Coll | KernelLaunch */
+  setenv("CHAIN_PROBE_MASK", "2114", 1); /* Coll | KernelCh | KernelLaunch */
   setenv("DYNAMICCL_POOL_SIZE", "1", 1);  /* every operation reuses slot 0 */
   dccl_ctx_t* ctx = init6(0xC4A1, 0, 2);
   unsetenv("DYNAMICCL_PROFILER_CHAIN");
@@ -57,7 +57,7 @@ static int test_chain_handles(void) {
   void* dl;
   probe_calls_fn calls = probe_calls(probe, &dl);
   TEST_ASSERT(calls != NULL, "the probe's counter");
-  TEST_ASSERT(g_mask == (DCCL_DEFAULT_EVENT_MASK | 2050), "NCCL's mask has both plugins' events: %d", g_mask);
+  TEST_ASSERT(g_mask == (DCCL_DEFAULT_EVENT_MASK | 2114), "NCCL's mask has both plugins' events: %d", g_mask);
   dccl_event_record_t out[4];
   void* h = run_coll(ctx, 7, 4, 0, 1000, 9000);
   uint64_t hv = (uint64_t)(uintptr_t)h;
@@ -184,6 +184,50 @@ static int test_chain_handle_of_reused_index(void) {
   TEST_ASSERT(atomic_load(&dccl_g.chain_stale) == stale0 + 3, "each counted: %llu",
               (unsigned long long)(atomic_load(&dccl_g.chain_stale) - stale0));
   ncclProfiler_v6.finalize(ctx);
+  clear_env();
+  return 0;
+}
+
+/* Only the event types NCCL would give the chained plugin alone are forwarded (dccl_chain_types):
+   with a Coll-only chained plugin, a KernelCh under our chained Coll is ours alone (no chained bit:
+   its KernelChStop takes our own path, nothing reaches the chained plugin) and still times our record. */
+static int test_chain_forwards_only_its_types(void) {
+  TEST_ASSERT(dccl_chain_types(0) == 0, "nothing asked, nothing forwarded");
+  uint64_t t = dccl_chain_types(ncclProfileColl);
+  TEST_ASSERT((t & (ncclProfileColl | ncclProfileCollApi | ncclProfileGroupApi)) ==
+                  (ncclProfileColl | ncclProfileCollApi | ncclProfileGroupApi) &&
+                  !(t & (ncclProfileKernelCh | ncclProfileKernelPhase | ncclProfileProxyOp | ncclProfileP2p)),
+              "Coll and its parents only: %llx", (unsigned long long)t);
+  t = dccl_chain_types(ncclProfileKernelPhase);
+  TEST_ASSERT((t & (ncclProfileKernelCh | ncclProfileColl | ncclProfileP2p)) ==
+                  (ncclProfileKernelCh | ncclProfileColl | ncclProfileP2p),
+              "a KernelPhase's ancestors: %llx", (unsigned long long)t);
+  t = dccl_chain_types(ncclProfileNetPlugin);
+  TEST_ASSERT((t & (ncclProfileProxyStep | ncclProfileProxyOp)) == (ncclProfileProxyStep | ncclProfileProxyOp) &&
+                  !(t & ncclProfileKernelCh), "a NetPlugin's ancestors: %llx", (unsigned long long)t);
+  clear_env();
+  char probe[4096];
+  TEST_ASSERT(probe_path(probe, sizeof probe) == 0, "own path");
+  setenv("CHAIN_PROBE_MASK", "2", 1); /* Coll */
+  dccl_ctx_t* ctx = init_chained(probe, 0xC4A4);
+  unsetenv("CHAIN_PROBE_MASK");
+  TEST_ASSERT(ctx != NULL && ctx->chain != NULL, "chained (log: %s)", g_log);
+  void* dl;
+  probe_calls_fn calls = probe_calls(probe, &dl);
+  TEST_ASSERT(calls != NULL, "the probe's counter");
+  void* h = coll_enqueued(ctx, 5);
+  TEST_ASSERT(DCCL_H_ROUTE((uint64_t)(uintptr_t)h) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED), "the Coll is chained");
+  uint64_t c0 = calls();
+  void* k = kch_start(ctx, h, 0, 100);
+  TEST_ASSERT(DCCL_H_ROUTE((uint64_t)(uintptr_t)k) == DCCL_H_TAG_KCH, "the KernelCh is ours alone: %llx",
+              (unsigned long long)(uintptr_t)k);
+  kch_stop(k, 200);
+  TEST_ASSERT(calls() == c0, "nothing forwarded: %llu", (unsigned long long)(calls() - c0));
+  dccl_event_record_t out[2];
+  TEST_ASSERT(ring_take(out, 2) == 1 && out[0].timing_source == DCCL_TIMING_KERNEL_GPU && out[0].channels_seen == 1,
+              "our record is timed: %u", out[0].timing_source);
+  ncclProfiler_v6.finalize(ctx);
+  if (dl) dlclose(dl);
   clear_env();
   return 0;
 }

@@ -152,6 +152,7 @@ static const test_case_t k_tests[] = {
     {"chain_child_under_other_comm", test_chain_child_under_other_comm},
     {"chain_kch_stop_at_state", test_chain_kch_stop_at_state},
     {"chain_handle_of_reused_index", test_chain_handle_of_reused_index},
+    {"chain_forwards_only_its_types", test_chain_forwards_only_its_types},
     {"kernel_variant_hash", test_kernel_variant_hash},
     {"net_peers_and_stale", test_net_peers_and_stale},
     {"tsc_clock_anchor", test_tsc_clock_anchor},
