@@ -19,7 +19,7 @@ import polars as pl
 
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures
 
-__all__ = ["SyntheticJob", "Regime", "bandwidth_regime", "latency_regime"]
+__all__ = ["SyntheticJob", "Regime", "bandwidth_regime", "latency_regime", "run_cross_levels"]
 
 EPOCH = 1_767_225_600.0
 
@@ -156,3 +156,15 @@ def bandwidth_regime(job: SyntheticJob, factor: float = 1.5) -> Regime:
 def latency_regime(job: SyntheticJob, added_s: float = 20e-6) -> Regime:
     """Added latency: every cross-node stream +added_s (so small messages change most)."""
     return Regime(mult={i: (s.base_s + added_s) / s.base_s for i, s in enumerate(job.streams) if s.nnodes > 1})
+
+
+def run_cross_levels(detector, level_at, windows: int, *, seed: int = 5, sigma: float = 0.01) -> list:
+    """Feed ``detector`` windows ``0 .. windows - 1`` of a `SyntheticJob` whose cross-node streams run at
+    latency x ``level_at(t)`` (1: the baseline); return the regime changes it reported."""
+    job = SyntheticJob(seed=seed, sigma=sigma)
+    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
+    out: list = []
+    for t in range(windows):
+        m = level_at(t)
+        out += detector.process(job.window(t, Regime(mult={i: m for i in cross}) if m != 1.0 else None))
+    return out

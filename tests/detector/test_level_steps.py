@@ -5,21 +5,15 @@ import math
 
 from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import EPOCH, run_cross_levels
 
 ON, OFF = 100, 140
 
 
 def _run(level_at):
     """Cross-node streams at latency x ``level_at(t)`` (1: baseline)."""
-    job = SyntheticJob(seed=5, sigma=0.01)
-    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
     det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
-    out = []
-    for t in range(OFF + 10):
-        m = level_at(t)
-        out += det.process(job.window(t, Regime(mult={i: m for i in cross}) if m != 1.0 else None))
-    return det, out
+    return det, run_cross_levels(det, level_at, OFF + 10)
 
 
 def test_throttle_that_deepens_is_a_step():

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig, IncidentConfig
 from dynamiccl.detector.service import Detector
-from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
+from dynamiccl.harness.detector_testing import EPOCH, run_cross_levels
 
 
 def _run(level_at, drain=True):
     """Cross-node streams at latency x ``level_at(t)`` (1: baseline)."""
-    job = SyntheticJob(seed=5, sigma=0.01)
-    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
     det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
                                   incidents=IncidentConfig(recovery_drain=drain)))
-    out = []
-    for t in range(170):
-        m = level_at(t)
-        out += det.process(job.window(t, Regime(mult={i: m for i in cross}) if m != 1.0 else None))
+    out = run_cross_levels(det, level_at, 170)
     return det, [(c.kind, round(c.detected_s - EPOCH, 1)) for c in out]
 
 

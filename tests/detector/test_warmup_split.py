@@ -39,16 +39,11 @@ def _stepped_warmup(split: bool):
     chart's 1.5x), then 1.15x more from window 110."""
     from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
     from dynamiccl.detector.service import Detector
-    from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
+    from dynamiccl.harness.detector_testing import EPOCH, run_cross_levels
 
-    job = SyntheticJob(seed=5, sigma=0.01)
-    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
     det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
                                   baseline=BaselineConfig(split_warmup=split)))
-    out = []
-    for t in range(140):
-        m = 1.0 if t < 30 else (1.3 if t < 110 else 1.3 * 1.15)
-        out += det.process(job.window(t, Regime(mult={i: m for i in cross}) if m != 1.0 else None))
+    out = run_cross_levels(det, lambda t: 1.0 if t < 30 else (1.3 if t < 110 else 1.3 * 1.15), 140)
     return det, [(c.kind, round(c.detected_s - EPOCH, 1)) for c in out]
 
 
