@@ -1,0 +1,43 @@
+"""The wait streams' wiring into the window aggregator (processors/window_agg.py): the records dropped while a
+window was open (the lossy rule's input, processors/wait.py) and the waits attached when the window closes."""
+from __future__ import annotations
+
+import numpy as np
+
+from dynamiccl.collector.processors.wait import lossy_records, window_waits
+
+__all__ = ["WaitWiring"]
+
+
+class WaitWiring:
+    """Records dropped as late / too early since the last window closed, per job code (bounded by the
+    aggregator's jobs interner), and the close-time step that attaches a window's waits."""
+
+    def __init__(self) -> None:
+        self.lost: dict[int, int] = {}
+
+    def dropped(self, job: int, n: int) -> None:
+        """``n`` records of job code ``job`` dropped as late or too early."""
+        self.lost[job] = self.lost.get(job, 0) + n
+
+    def close(self, agg, result, view: dict[str, np.ndarray], w: int):
+        """The window's features with its wait streams attached (processors/wait.py), outcomes counted in
+        ``agg.metrics`` (``agg``: the WindowAggregator, for its code tables and aggregation)."""
+        from dynamiccl.collector.processors.aggregate import aggregate_window
+
+        lost, self.lost = self.lost, {}
+        lossy = None
+        if lost:
+            job_of = np.array([j for j, _ in agg.gcomms.values], np.int64)
+            lossy = lossy_records(job_of, view["kc"], lost)
+        cfg = agg.config
+        window_start_ns = int(round(cfg.window_s * 1e9)) * w
+        features, counts = window_waits(
+            result, view, max_wait_s=cfg.max_wait_s, lossy=lossy,
+            aggregate=lambda sub: aggregate_window(sub, window_start_ns=window_start_ns,
+                                                   window_s=cfg.window_s, aggregator=agg),
+            metrics=agg.metrics)
+        if counts.lossy_groups is not None and len(counts.lossy_groups):
+            jobs, n = np.unique(job_of[counts.lossy_groups >> 4], return_counts=True)
+            agg.metrics.wait_lossy_jobs({agg.jobs.values[j]: int(k) for j, k in zip(jobs.tolist(), n.tolist())})
+        return features
