@@ -4,32 +4,53 @@ from __future__ import annotations
 
 import numpy as np
 
-from dynamiccl.collector.processors.wait import lossy_records, window_waits
+from dynamiccl.collector.processors.wait import LOSSY_SCOPES, lossy_records, window_waits
 
-__all__ = ["WaitWiring"]
+__all__ = ["WaitWiring", "MAX_LOSSY_COMMS"]
+
+#: communicators whose drops are tracked between two window closes (a job has dozens: tensor-, pipeline-,
+#: data-parallel groups); a drop of another communicator past it counts against its whole job, counted
+#: ``dynamiccl_collector_wait_lossy_folded_records_total``
+MAX_LOSSY_COMMS = 4096
 
 
 class WaitWiring:
-    """Records dropped as late / too early since the last window closed, per job code (bounded by the
-    aggregator's jobs interner), and the close-time step that attaches a window's waits."""
+    """Records dropped as late / too early since the last window closed, per (job, communicator) code and,
+    for drops of no known communicator or past ``max_comms``, per job code (bounded by the aggregator's jobs
+    interner); and the close-time step that attaches a window's waits."""
 
-    def __init__(self) -> None:
-        self.lost: dict[int, int] = {}
+    def __init__(self, max_comms: int | None = None) -> None:
+        self.max_comms = MAX_LOSSY_COMMS if max_comms is None else max_comms
+        self.comms: dict[int, int] = {}
+        self.jobs: dict[int, int] = {}
 
-    def dropped(self, job: int, n: int) -> None:
-        """``n`` records of job code ``job`` dropped as late or too early."""
-        self.lost[job] = self.lost.get(job, 0) + n
+    def dropped(self, job: int, gcomm: np.ndarray, metrics) -> None:
+        """Records of job code ``job`` dropped as late or too early; ``gcomm``: their (job, communicator)
+        codes (-1: communicator unknown, counted against the job)."""
+        first = int(gcomm[0])
+        if (gcomm == first).all():                 # the usual batch: one communicator
+            codes, counts = [first], [len(gcomm)]
+        else:
+            u, c = np.unique(gcomm, return_counts=True)
+            codes, counts = u.tolist(), c.tolist()
+        folded = 0
+        for code, n in zip(codes, counts):
+            if code >= 0 and (code in self.comms or len(self.comms) < self.max_comms):
+                self.comms[code] = self.comms.get(code, 0) + n
+            else:
+                self.jobs[job] = self.jobs.get(job, 0) + n
+                folded += n if code >= 0 else 0
+        if folded:
+            metrics.add("wait_lossy_folded", folded)
 
     def close(self, agg, result, view: dict[str, np.ndarray], w: int):
         """The window's features with its wait streams attached (processors/wait.py), outcomes counted in
         ``agg.metrics`` (``agg``: the WindowAggregator, for its code tables and aggregation)."""
         from dynamiccl.collector.processors.aggregate import aggregate_window
 
-        lost, self.lost = self.lost, {}
-        lossy = None
-        if lost:
-            job_of = np.array([j for j, _ in agg.gcomms.values], np.int64)
-            lossy = lossy_records(job_of, view["kc"], lost)
+        comms, jobs, self.comms, self.jobs = self.comms, self.jobs, {}, {}
+        job_of = np.array([j for j, _ in agg.gcomms.values], np.int64)
+        lossy = lossy_records(job_of, view["kc"], comms, jobs) if comms or jobs else None
         cfg = agg.config
         window_start_ns = int(round(cfg.window_s * 1e9)) * w
         features, counts = window_waits(
@@ -38,6 +59,8 @@ class WaitWiring:
                                                    window_s=cfg.window_s, aggregator=agg),
             metrics=agg.metrics)
         if counts.lossy_groups is not None and len(counts.lossy_groups):
-            jobs, n = np.unique(job_of[counts.lossy_groups >> 4], return_counts=True)
-            agg.metrics.wait_lossy_jobs({agg.jobs.values[j]: int(k) for j, k in zip(jobs.tolist(), n.tolist())})
+            jobs_, n = np.unique(job_of[counts.lossy_groups >> 4], return_counts=True)
+            agg.metrics.wait_lossy_jobs({agg.jobs.values[j]: int(k) for j, k in zip(jobs_.tolist(), n.tolist())})
+            scope = np.bincount(counts.lossy_scope, minlength=max(LOSSY_SCOPES) + 1)
+            agg.metrics.wait_lossy_scopes({name: int(scope[s]) for s, name in LOSSY_SCOPES.items()})
         return features

@@ -203,7 +203,7 @@ class WindowAggregator:
             n_late = int((late & keep).sum())
             if n_late:
                 m.drop("late", n_late)
-                self._waits.dropped(job, n_late)
+                self._waits.dropped(job, gcomm[late & keep], m)
                 keep &= ~late
         if self._watermark_ns is not None and self._open:
             newest = max(self._src_max.values(), default=self._watermark_ns)
@@ -212,7 +212,7 @@ class WindowAggregator:
             n_early = int((early & keep).sum())
             if n_early:
                 m.drop("too_early", n_early)
-                self._waits.dropped(job, n_early)
+                self._waits.dropped(job, gcomm[early & keep], m)
                 keep &= ~early
         if not keep.all():
             ev, t, widx, gcomm, ts, gpu = ev[keep], t[keep], widx[keep], gcomm[keep], ts[keep], gpu[keep]
