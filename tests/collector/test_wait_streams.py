@@ -261,7 +261,7 @@ def _comms_one_losing_records(late_every: int, max_comms: int | None = None) -> 
     agg = WindowAggregator(WindowConfig(window_s=0.5, allowed_lateness_s=0.5), next_consumer=sink, metrics=m,
                            wall_clock=lambda: T0 / 1e9 + 100.0)
     if max_comms is not None:
-        agg._waits.max_comms = max_comms
+        agg._waits.lost.max_comms = max_comms
     for lo in range(0, 11_000, 100):
         for name, ev, sel in (("A", a, ~held), ("B", b, np.ones(len(b), bool)), ("A", a, held)):
             t = (ev["enqueue_ns"].astype(np.int64) - T0) // 1_000_000 + (3000 if sel is held else 0)
@@ -308,4 +308,4 @@ def test_a_drop_of_an_unknown_communicator_counts_against_the_job():
     from dynamiccl.collector.processors.wait_window import WaitWiring
     w, m = WaitWiring(), SelfMetrics()
     w.dropped(3, np.array([-1, -1, 5, 5, 5]), m)
-    assert w.jobs == {3: 2} and w.comms == {5: 3} and m.wait_lossy_folded == 0
+    assert w.lost.take() == ({5: 3}, {3: 2}) and m.wait_lossy_folded == 0

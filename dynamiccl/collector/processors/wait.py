@@ -41,7 +41,7 @@ import numpy as np
 from dynamiccl.contracts.collectives import COLLECTIVES
 
 __all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "window_waits", "LOSSY_SHARE",
-           "lossy_records", "LOSSY_COMM", "LOSSY_JOB", "LOSSY_SCOPES"]
+           "lossy_records", "LOSSY_COMM", "LOSSY_JOB", "LOSSY_SCOPES", "LostRecords", "MAX_LOSSY_COMMS"]
 
 #: outcomes counted per untimed instance: made a wait stand-in, or refused and why
 WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap", "withheld")
@@ -54,6 +54,9 @@ LOSSY_SHARE = 0.01
 #: drop's communicator unknown or past the bound); a larger value wins
 LOSSY_COMM, LOSSY_JOB = 1, 2
 LOSSY_SCOPES = {LOSSY_COMM: "communicator", LOSSY_JOB: "job"}
+#: communicators whose drops are tracked between two window closes (a job has dozens: tensor-, pipeline-,
+#: data-parallel groups); a drop of another communicator past it counts against its whole job (``LostRecords``)
+MAX_LOSSY_COMMS = 4096
 
 # per 4-bit func code of the packed key: True for a collective (all ranks take part)
 _COLLECTIVE = np.zeros(16, bool)
@@ -185,6 +188,41 @@ def attach_waits(features, waits_features):
              .with_columns((pl.col("shortest_count") + pl.col("_wait_votes").fill_null(0)).alias("shortest_count"))
              .drop("_wait_votes"))
     return dataclasses.replace(features, ranks=ranks, waits=waits)
+
+
+class LostRecords:
+    """Records dropped (late, too early, buffer full) since the last window closed: per communicator code,
+    and per job code for drops of no known communicator (code < 0) or past ``max_comms`` communicators
+    (bounded: at most ``max_comms`` communicator entries; job entries bounded by the caller's job codes)."""
+
+    def __init__(self, max_comms: int = MAX_LOSSY_COMMS) -> None:
+        self.max_comms = max_comms
+        self.comms: dict[int, int] = {}
+        self.jobs: dict[int, int] = {}
+
+    def dropped(self, job: int, comm: np.ndarray) -> int:
+        """Records of job ``job`` dropped, ``comm`` their communicator codes; returns how many of those with a
+        known communicator were counted against the job (past the bound)."""
+        first = int(comm[0])
+        if (comm == first).all():                  # the usual batch: one communicator
+            codes, counts = [first], [len(comm)]
+        else:
+            u, c = np.unique(comm, return_counts=True)
+            codes, counts = u.tolist(), c.tolist()
+        folded = 0
+        for code, n in zip(codes, counts):
+            if code >= 0 and (code in self.comms or len(self.comms) < self.max_comms):
+                self.comms[code] = self.comms.get(code, 0) + n
+            else:
+                self.jobs[job] = self.jobs.get(job, 0) + n
+                folded += n if code >= 0 else 0
+        return folded
+
+    def take(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(per communicator, per job) since the last call, and start afresh (a window closed)."""
+        out = self.comms, self.jobs
+        self.comms, self.jobs = {}, {}
+        return out
 
 
 def lossy_records(job_of_gcomm: np.ndarray, kc: np.ndarray, lost_comms: dict[int, int],

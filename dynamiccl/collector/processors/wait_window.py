@@ -4,42 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from dynamiccl.collector.processors.wait import LOSSY_SCOPES, lossy_records, window_waits
+from dynamiccl.collector.processors.wait import LOSSY_SCOPES, LostRecords, lossy_records, window_waits
 
-__all__ = ["WaitWiring", "MAX_LOSSY_COMMS"]
-
-#: communicators whose drops are tracked between two window closes (a job has dozens: tensor-, pipeline-,
-#: data-parallel groups); a drop of another communicator past it counts against its whole job, counted
-#: ``dynamiccl_collector_wait_lossy_folded_records_total``
-MAX_LOSSY_COMMS = 4096
+__all__ = ["WaitWiring"]
 
 
 class WaitWiring:
-    """Records dropped as late / too early since the last window closed, per (job, communicator) code and,
-    for drops of no known communicator or past ``max_comms``, per job code (bounded by the aggregator's jobs
-    interner); and the close-time step that attaches a window's waits."""
+    """Records dropped as late / too early since the last window closed (``LostRecords``: per (job,
+    communicator) code, per job code past MAX_LOSSY_COMMS communicators), and the close-time step that
+    attaches a window's waits."""
 
-    def __init__(self, max_comms: int | None = None) -> None:
-        self.max_comms = MAX_LOSSY_COMMS if max_comms is None else max_comms
-        self.comms: dict[int, int] = {}
-        self.jobs: dict[int, int] = {}
+    def __init__(self) -> None:
+        self.lost = LostRecords()
 
     def dropped(self, job: int, gcomm: np.ndarray, metrics) -> None:
         """Records of job code ``job`` dropped as late or too early; ``gcomm``: their (job, communicator)
         codes (-1: communicator unknown, counted against the job)."""
-        first = int(gcomm[0])
-        if (gcomm == first).all():                 # the usual batch: one communicator
-            codes, counts = [first], [len(gcomm)]
-        else:
-            u, c = np.unique(gcomm, return_counts=True)
-            codes, counts = u.tolist(), c.tolist()
-        folded = 0
-        for code, n in zip(codes, counts):
-            if code >= 0 and (code in self.comms or len(self.comms) < self.max_comms):
-                self.comms[code] = self.comms.get(code, 0) + n
-            else:
-                self.jobs[job] = self.jobs.get(job, 0) + n
-                folded += n if code >= 0 else 0
+        folded = self.lost.dropped(job, gcomm)
         if folded:
             metrics.add("wait_lossy_folded", folded)
 
@@ -48,7 +29,7 @@ class WaitWiring:
         ``agg.metrics`` (``agg``: the WindowAggregator, for its code tables and aggregation)."""
         from dynamiccl.collector.processors.aggregate import aggregate_window
 
-        comms, jobs, self.comms, self.jobs = self.comms, self.jobs, {}, {}
+        comms, jobs = self.lost.take()
         job_of = np.array([j for j, _ in agg.gcomms.values], np.int64)
         lossy = lossy_records(job_of, view["kc"], comms, jobs) if comms or jobs else None
         cfg = agg.config
