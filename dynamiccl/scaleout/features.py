@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures
+from dynamiccl.collector.processors.wait import LOSSY_JOB, LOSSY_SCOPES
 from dynamiccl.collector.records import busbw_factor
 from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
 from dynamiccl.scaleout.partials import _BOUNDS_NS, BOUNDS_S, KEY_COLS, NodePartial
@@ -142,4 +143,7 @@ def window_features(p: NodePartial, counters: dict | None = None, max_wait_s: fl
         return wf
     wf, counts = with_merged_waits(p, wf, max_wait_s, _BOUNDS_NS, window_features)
     wf.counters.update({f"wait_{k}": v for k, v in counts.as_dict().items()})
+    scope = np.bincount(counts.lossy_scope if counts.lossy_scope is not None else np.zeros(0, np.uint8),
+                        minlength=LOSSY_JOB + 1)
+    wf.counters.update({f"wait_lossy_{name}": int(scope[s]) for s, name in LOSSY_SCOPES.items()})
     return wf
