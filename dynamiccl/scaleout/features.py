@@ -135,7 +135,8 @@ def _ranks_frame(p: NodePartial, per_comm: pl.DataFrame, short: pl.DataFrame) ->
 def window_features(p: NodePartial, counters: dict | None = None, max_wait_s: float = MAX_WAIT_S) -> WindowFeatures:
     """The feature-stream window of a (merged) partial; with the nodes' wait records (``waitq``), its
     ``waits`` frame as the single collector forms it (scaleout/waits.py), the outcomes in the counters
-    (``wait_<outcome>``)."""
+    (``wait_<outcome>``; the instances withheld for lost records also by scope, ``wait_lossy_communicator``
+    and ``wait_lossy_job``)."""
     per_key, per_comm, short = _instance_stats(p["inst"])
     wf = WindowFeatures(p["window"] * p["window_s"], p["window_s"], _keys_frame(p, per_key),
                         _ranks_frame(p, per_comm, short), dict(counters or {}))
