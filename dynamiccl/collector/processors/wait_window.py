@@ -30,8 +30,10 @@ class WaitWiring:
         from dynamiccl.collector.processors.aggregate import aggregate_window
 
         comms, jobs = self.lost.take()
-        job_of = np.array([j for j, _ in agg.gcomms.values], np.int64)
-        lossy = lossy_records(job_of, view["kc"], comms, jobs) if comms or jobs else None
+        lossy = job_of = None
+        if comms or jobs:                    # a window that lost nothing pays nothing here
+            job_of = np.array([j for j, _ in agg.gcomms.values], np.int64)
+            lossy = lossy_records(job_of, view["kc"], comms, jobs)
         cfg = agg.config
         window_start_ns = int(round(cfg.window_s * 1e9)) * w
         features, counts = window_waits(
@@ -39,7 +41,7 @@ class WaitWiring:
             aggregate=lambda sub: aggregate_window(sub, window_start_ns=window_start_ns,
                                                    window_s=cfg.window_s, aggregator=agg),
             metrics=agg.metrics)
-        if counts.lossy_groups is not None and len(counts.lossy_groups):
+        if job_of is not None and counts.lossy_groups is not None and len(counts.lossy_groups):
             jobs_, n = np.unique(job_of[counts.lossy_groups >> 4], return_counts=True)
             agg.metrics.wait_lossy_jobs({agg.jobs.values[j]: int(k) for j, k in zip(jobs_.tolist(), n.tolist())})
             scope = np.bincount(counts.lossy_scope, minlength=max(LOSSY_SCOPES) + 1)
