@@ -47,8 +47,9 @@ __all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "win
 WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap", "withheld")
 #: refused share of a (communicator, collective)'s untimed instances above which its window gives no waits
 WITHHOLD_SHARE = 0.25
-#: records dropped as late / too early since the last window closed, as a share of the window's records,
-#: above which the window gives no waits (`window_waits`)
+#: records of a communicator (or job, for drops not attributed to one) dropped as late / too early since the
+#: last window closed, as a share of its records in the window, above which it gives no waits in the window
+#: (`lossy_records`)
 LOSSY_SHARE = 0.01
 #: the scope of a record's lossy mark (``lossy_records``): its communicator lost records, or its job did (the
 #: drop's communicator unknown or past the bound); a larger value wins
