@@ -88,8 +88,16 @@ METRICS: tuple[MetricSpec, ...] = (
                "Untimed collective instances by outcome: given wait stand-ins (outcome=instances) or refused "
                "(missing_rank, duplicate, gap, withheld); waits are never exported as latencies.", ("outcome",)),
     MetricSpec("dynamiccl_collector_wait_withheld_lossy_total", "counter",
-               "Untimed collective instances withheld (no wait stand-in) because their job lost records as late "
-               "or too early while the window was open, per job (part of outcome=withheld above).", ("job_id",)),
+               "Untimed collective instances withheld (no wait stand-in) because their communicator (or, for "
+               "drops not attributed to one, their job) lost records as late or too early while the window was "
+               "open, per job (part of outcome=withheld above).", ("job_id",)),
+    MetricSpec("dynamiccl_collector_wait_withheld_lossy_scope_total", "counter",
+               "The instances of dynamiccl_collector_wait_withheld_lossy_total by the scope the lost records "
+               "were attributed to: scope=communicator (only that communicator's waits withheld) or scope=job "
+               "(drops of an unknown communicator, or past the communicators tracked).", ("scope",)),
+    MetricSpec("dynamiccl_collector_wait_lossy_folded_records_total", "counter",
+               "Records dropped as late or too early and counted against their whole job for the waits' lossy "
+               "rule because 4096 communicators with drops were tracked already in that window."),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -218,6 +226,10 @@ class SelfMetrics:
         # job_id -> instances withheld because that job lost records (beyond MAX_WAIT_JOBS label sets the
         # oldest is folded into "_evicted": totals exact, labels bounded)
         self.wait_lossy: dict[str, int] = {}
+        # the same instances by the scope the drops were attributed to (processors/wait_window.py), and the
+        # dropped records counted against their job because MAX_LOSSY_COMMS communicators were tracked already
+        self.wait_lossy_scope = {"communicator": 0, "job": 0}
+        self.wait_lossy_folded = 0
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -241,6 +253,11 @@ class SelfMetrics:
                     old = next(k for k in self.wait_lossy if k != "_evicted")
                     self.wait_lossy["_evicted"] = self.wait_lossy.get("_evicted", 0) + self.wait_lossy.pop(old)
                 self.wait_lossy[job] = self.wait_lossy.pop(job, 0) + n
+
+    def wait_lossy_scopes(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            for scope, n in counts.items():
+                self.wait_lossy_scope[scope] += n
 
     def bad(self, reason: str) -> None:
         with self._lock:
@@ -288,6 +305,8 @@ class SelfMetrics:
                 "inputs_authenticated": self.inputs_authenticated,
                 "wait_instances_total": dict(self.wait),
                 "wait_withheld_lossy_total": dict(self.wait_lossy),
+                "wait_withheld_lossy_scope_total": dict(self.wait_lossy_scope),
+                "wait_lossy_folded_records_total": self.wait_lossy_folded,
             }
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 
 from dynamiccl.collector.features import KEYS_SCHEMA, RANKS_SCHEMA, WindowFeatures
+from dynamiccl.collector.processors.wait import LOSSY_JOB, LOSSY_SCOPES
 from dynamiccl.collector.records import busbw_factor
 from dynamiccl.collector.wire_format import ALGOS, FUNCS, PROTOS
 from dynamiccl.scaleout.partials import _BOUNDS_NS, BOUNDS_S, KEY_COLS, NodePartial
@@ -134,7 +135,8 @@ def _ranks_frame(p: NodePartial, per_comm: pl.DataFrame, short: pl.DataFrame) ->
 def window_features(p: NodePartial, counters: dict | None = None, max_wait_s: float = MAX_WAIT_S) -> WindowFeatures:
     """The feature-stream window of a (merged) partial; with the nodes' wait records (``waitq``), its
     ``waits`` frame as the single collector forms it (scaleout/waits.py), the outcomes in the counters
-    (``wait_<outcome>``)."""
+    (``wait_<outcome>``; the instances withheld for lost records also by scope, ``wait_lossy_communicator``
+    and ``wait_lossy_job``)."""
     per_key, per_comm, short = _instance_stats(p["inst"])
     wf = WindowFeatures(p["window"] * p["window_s"], p["window_s"], _keys_frame(p, per_key),
                         _ranks_frame(p, per_comm, short), dict(counters or {}))
@@ -142,4 +144,7 @@ def window_features(p: NodePartial, counters: dict | None = None, max_wait_s: fl
         return wf
     wf, counts = with_merged_waits(p, wf, max_wait_s, _BOUNDS_NS, window_features)
     wf.counters.update({f"wait_{k}": v for k, v in counts.as_dict().items()})
+    scope = np.bincount(counts.lossy_scope if counts.lossy_scope is not None else np.zeros(0, np.uint8),
+                        minlength=LOSSY_JOB + 1)
+    wf.counters.update({f"wait_lossy_{name}": int(scope[s]) for s, name in LOSSY_SCOPES.items()})
     return wf

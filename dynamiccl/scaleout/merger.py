@@ -226,7 +226,8 @@ class WindowMerger:
                               # every node's peers authenticated (the shard adds whether the bus did)
                               "inputs_authenticated": int(all(p.get("auth", False) for p in parts))},
                              max_wait_s=self.config.max_wait_s)
-        for k in WAIT_OUTCOMES:               # untimed instances by outcome (scaleout/waits.py)
+        # untimed instances by outcome, the withheld-for-lost-records ones by scope (scaleout/waits.py)
+        for k in WAIT_OUTCOMES + ("lossy_communicator", "lossy_job"):
             self.counters[f"wait_{k}"] = self.counters.get(f"wait_{k}", 0) + wf.counters.get(f"wait_{k}", 0)
         return wf
 

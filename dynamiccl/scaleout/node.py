@@ -15,9 +15,9 @@ import numpy as np
 from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.contracts.partition import check_partitions
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject, unit
-from dynamiccl.collector.processors.wait import LOSSY_SHARE
+from dynamiccl.collector.processors.wait import LOSSY_SHARE, LostRecords
 from dynamiccl.scaleout.partials import node_partial, split_partial
-from dynamiccl.scaleout.waits import MAX_WAIT_RECORDS
+from dynamiccl.scaleout.waits import MAX_WAIT_RECORDS, lossy_comms
 from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
 from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages, raw_size
 
@@ -65,8 +65,11 @@ class NodeCollector:
         self._closed_upto = -1 << 62
         self.counters = {"received": 0, "aggregated": 0, "windows": 0, "dropped_invalid": 0,
                          "dropped_late": 0, "dropped_buffer_full": 0, "dropped_unencodable": 0,
-                         "split_partials": 0, "waits_cut": 0, "waits_lossy_windows": 0}
-        self._lost_open = 0                        # records dropped late / buffer full since the last close
+                         "split_partials": 0, "waits_cut": 0, "waits_lossy_windows": 0, "waits_lossy_comms": 0,
+                         "waits_lossy_folded": 0}
+        # records dropped late / buffer full since the last close, per communicator (hash; past
+        # MAX_LOSSY_COMMS of them, against the whole node-window): the waits' lossy rule (scaleout/waits.py)
+        self._lost = LostRecords()
 
     def consume(self, ev: np.ndarray) -> None:
         c = self.counters
@@ -80,12 +83,12 @@ class NodeCollector:
         late = w < self._closed_upto
         if late.any():
             c["dropped_late"] += int(late.sum())
-            self._lost_open += int(late.sum())
+            c["waits_lossy_folded"] += self._lost.dropped(0, ev["comm_hash"][late])
             ev, t, w = ev[~late], t[~late], w[~late]
         room = self.config.max_buffered_records - self._buffered
         if len(ev) > room:
             c["dropped_buffer_full"] += len(ev) - room
-            self._lost_open += len(ev) - room
+            c["waits_lossy_folded"] += self._lost.dropped(0, ev["comm_hash"][room:])
             ev, t, w = ev[:room], t[:room], w[:room]
         if not len(ev):
             return
@@ -126,13 +129,16 @@ class NodeCollector:
         self._buffered -= n
         self._closed_upto = max(self._closed_upto, win + 1)
         cfg = self.config
-        # the waits' lossy rule (collector/processors/wait.py): records lost while the window was open
-        lossy, self._lost_open = self._lost_open > LOSSY_SHARE * n, 0
+        # the waits' lossy rule (collector/processors/wait.py): records lost while the window was open, per
+        # communicator; those past the communicators tracked, against the node-window
+        comms, whole = self._lost.take()
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s,
-                         waits=cfg.wait_streams, max_wait_records=cfg.max_wait_records, lossy=lossy)
+                         waits=cfg.wait_streams, max_wait_records=cfg.max_wait_records,
+                         lossy=whole.get(0, 0) > LOSSY_SHARE * n, lossy_comms=lossy_comms(ev["comm_hash"], comms))
         if cfg.wait_streams:
             self.counters["waits_cut"] += p["waits_cut"]
             self.counters["waits_lossy_windows"] += p["waits_lossy"]
+            self.counters["waits_lossy_comms"] += len(p["waits_lossy_comms"])
         self._pool.give(store)                     # the partial's frames hold copies, not these views
         # P > 1: every partition's partial, an empty one included (its merger then does not wait for us)
         pieces = [p] if cfg.partitions == 1 else split_partial(p, cfg.partitions)
@@ -168,10 +174,13 @@ def registry(node: NodeCollector):
             yield fam
             yield CounterMetricFamily("dynamiccl_node_windows", "windows closed", value=c["windows"])
             waits = CounterMetricFamily("dynamiccl_node_waits", "--wait-streams: untimed collective records not "
-                                        "sent (cut: over max_wait_records) and windows whose waits the merger "
-                                        "withholds (lossy_windows)", labels=["outcome"])
-            waits.add_metric(["cut"], c["waits_cut"])
-            waits.add_metric(["lossy_windows"], c["waits_lossy_windows"])
+                                        "sent (cut: over max_wait_records), windows whose waits the merger "
+                                        "withholds (lossy_windows), communicators of a window whose waits it "
+                                        "withholds (lossy_comms), records dropped while a window was open "
+                                        "counted against the whole window past 4096 communicators "
+                                        "(lossy_folded)", labels=["outcome"])
+            for k in ("cut", "lossy_windows", "lossy_comms", "lossy_folded"):
+                waits.add_metric([k], c[f"waits_{k}"])
             yield waits
             yield CounterMetricFamily("dynamiccl_node_split_partials", "partials sent in several messages",
                                       value=c["split_partials"])

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from dynamiccl.collector.metrics import DURATION_BUCKETS_S
+from dynamiccl.collector.processors.wait import MAX_LOSSY_COMMS
 from dynamiccl.contracts.partition import comm_partition
 from dynamiccl.scaleout.node_agg import aggregate, compact
 from dynamiccl.scaleout.waits import MAX_WAIT_RECORDS, node_waitq
@@ -46,16 +47,20 @@ def _frames(p: NodePartial) -> tuple[str, ...]:
 
 
 def node_partial(ev, *, node: str, job_id: str, window: int, window_s: float, waits: bool = False,
-                 max_wait_records: int = MAX_WAIT_RECORDS, lossy: bool = False) -> NodePartial:
+                 max_wait_records: int = MAX_WAIT_RECORDS, lossy: bool = False,
+                 lossy_comms: list[int] | tuple = ()) -> NodePartial:
     """The partial of one node's records (``wire_format.EVENT_DTYPE``, or their ``node_agg.compact``
     columns) of window ``window``; with ``waits``, its untimed collective records too (``lossy``: the node
-    lost records while the window was open). ``waits_cut`` (not sent): the untimed records cut by the bound."""
+    lost records of no tracked communicator while the window was open; ``lossy_comms``: the communicators
+    that did, at most MAX_LOSSY_COMMS). ``waits_cut`` (not sent): the untimed records cut by the bound."""
     c = compact(ev) if isinstance(ev, np.ndarray) else ev
     frames = aggregate(c, job_id=job_id, host=node, bounds_ns=_BOUNDS_NS)
     p = {"node": node, "window": int(window), "window_s": float(window_s), **frames}
     if waits:
         p["waitq"], cut = node_waitq(c, job_id, max_wait_records)
-        p["waits_lossy"], p["waits_cut"] = int(lossy or cut > 0), cut
+        many = len(lossy_comms) > MAX_LOSSY_COMMS          # past the bound: the whole window is lossy
+        p["waits_lossy"], p["waits_cut"] = int(lossy or cut > 0 or many), cut
+        p["waits_lossy_comms"] = [] if many else sorted(int(c) for c in lossy_comms)
     return p
 
 
@@ -70,7 +75,10 @@ def split_partial(p: NodePartial, partitions: int) -> list[NodePartial]:
     which = {n: p[n]["comm_hash"].replace_strict(part_of, return_dtype=pl.Int32) for n in names}
     out = []
     for i in range(partitions):
-        out.append({**p, "partition": i, **{n: p[n].filter(which[n] == i) for n in names}})
+        q = {**p, "partition": i, **{n: p[n].filter(which[n] == i) for n in names}}
+        if p.get("waits_lossy_comms"):   # each partition's merger needs its own communicators' marks only
+            q["waits_lossy_comms"] = [c for c in p["waits_lossy_comms"] if comm_partition(c, partitions) == i]
+        out.append(q)
     return out
 
 
@@ -110,4 +118,5 @@ def merge_partials(parts: list[NodePartial]) -> NodePartial:
     if waitqs:               # the records themselves: the waits need every rank's enqueue (scaleout/waits.py)
         out["waitq"] = pl.concat(waitqs)
         out["waits_lossy"] = int(max(p.get("waits_lossy", 0) for p in parts))
+        out["waits_lossy_comms"] = sorted({c for p in parts for c in p.get("waits_lossy_comms") or ()})
     return out

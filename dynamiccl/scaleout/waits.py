@@ -11,19 +11,31 @@ then ``features.window_features``): the ``waits`` frame and the waits' ``shortes
 collector gives them (quantiles from the partials' histogram, within one bucket, as for durations).
 
 Bounds: a node sends at most ``max_records`` untimed collective records of one window; past it it sends
-none of that window's (a cut sample is a biased one) and says so (``waits_lossy``), as it does when it
-dropped records as late or for a full buffer while the window was open (more than LOSSY_SHARE of its
-records). The merger then withholds that window's waits (counted ``withheld``). Timed records cost nothing
-here: they are not carried.
+none of that window's (a cut sample is a biased one) and says so (``waits_lossy``): the merger then withholds
+that window's waits (counted ``withheld``). Records the node dropped as late or for a full buffer while the
+window was open are attributed to their communicator (decoded: the node reads ``comm_hash`` of each dropped
+record): a communicator that lost more than LOSSY_SHARE of its records' number on the node goes in the
+partial's ``waits_lossy_comms`` (at most MAX_LOSSY_COMMS), and the merger withholds only that communicator's
+waits, as the single collector does; drops past MAX_LOSSY_COMMS communicators count against the whole
+node-window (``waits_lossy``). Timed records cost nothing here: they are not carried.
 """
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 
-from dynamiccl.collector.processors.wait import _COLLECTIVE, WaitCounts, attach_waits, wait_stand_ins
+from dynamiccl.collector.processors.wait import (
+    _COLLECTIVE,
+    LOSSY_COMM,
+    LOSSY_JOB,
+    LOSSY_SHARE,
+    WaitCounts,
+    attach_waits,
+    wait_stand_ins,
+)
 
-__all__ = ["WAITQ_FIELDS", "MAX_WAIT_RECORDS", "node_waitq", "empty_waitq", "merged_waits", "check_waitq"]
+__all__ = ["WAITQ_FIELDS", "MAX_WAIT_RECORDS", "node_waitq", "empty_waitq", "merged_waits", "check_waitq",
+           "lossy_comms"]
 
 #: untimed collective records of one node-window a partial carries at most (8 ranks × ~550 records/s on a
 #: 1 s window is ~4.4 k; 65536 leaves room for 100 ranks on a node at that rate)
@@ -54,6 +66,21 @@ def node_waitq(c: dict, job_id: str, max_records: int = MAX_WAIT_RECORDS) -> tup
                          "comm_hash": c["comm_hash"][sel].astype(np.uint64), **cols}), 0
 
 
+def lossy_comms(comm_hash: np.ndarray, lost: dict[int, int]) -> list[int]:
+    """The communicators (hashes, sorted) of ``lost`` (hash -> records dropped while the window was open) that
+    lost more than LOSSY_SHARE of their records' number in the window (``comm_hash``: the window's records').
+
+    >>> lossy_comms(np.array([7] * 50 + [9] * 200, np.uint64), {7: 1, 9: 2, 11: 1})
+    [7, 11]
+    """
+    if not lost:
+        return []
+    keys = np.array(sorted(lost), np.uint64)
+    at = np.minimum(np.searchsorted(keys, comm_hash), len(keys) - 1)
+    n = np.bincount(at[keys[at] == comm_hash], minlength=len(keys))
+    return [k for k, m in zip(keys.tolist(), n.tolist()) if lost[k] > LOSSY_SHARE * m]
+
+
 def check_waitq(cols: dict[str, np.ndarray]) -> None:
     """A hostile node's ``waitq`` columns: ValueError naming what is wrong (the partial is refused, counted
     as a bad partial by its receiver)."""
@@ -78,6 +105,19 @@ def _stand_in_columns(wq: pl.DataFrame, window_start_ns: int) -> dict[str, np.nd
             "row": np.arange(n)}
 
 
+def _lossy(wq: pl.DataFrame, p: dict) -> np.ndarray | None:
+    """Per ``waitq`` row, the scope of the records lost while the window was open (processors/wait.py
+    ``lossy_records``): LOSSY_JOB when a node marked the window lossy, LOSSY_COMM for a communicator a node
+    marked; None when none."""
+    if p.get("waits_lossy"):
+        return np.full(wq.height, LOSSY_JOB, np.uint8)
+    comms = p.get("waits_lossy_comms") or ()
+    if not comms:
+        return None
+    marked = np.isin(wq["comm_hash"].to_numpy(), np.array(sorted(comms), np.uint64))
+    return np.where(marked, LOSSY_COMM, 0).astype(np.uint8)
+
+
 def merged_waits(p: dict, max_wait_s: float, bounds_ns: np.ndarray):
     """(the waits' (merged) partial, or None, and the outcomes) of a merged partial ``p`` whose ``waitq``
     holds every node's untimed collective records of the window."""
@@ -95,7 +135,7 @@ def merged_waits(p: dict, max_wait_s: float, bounds_ns: np.ndarray):
         return None, counts
     wq = wq.with_columns(pl.col("func").cast(pl.Int64))
     cols = _stand_in_columns(wq, int(p["window"]) * int(round(p["window_s"] * 1e9)))
-    lossy = np.ones(wq.height, bool) if p.get("waits_lossy") else None
+    lossy = _lossy(wq, p)
     sub, counts = wait_stand_ins(cols, max_wait_s, np.ones(wq.height, bool), lossy)
     if sub is None:
         return None, counts

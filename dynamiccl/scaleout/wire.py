@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 import polars as pl
 
+from dynamiccl.collector.processors.wait import MAX_LOSSY_COMMS
 from dynamiccl.contracts.partition import MAX_PARTITIONS
 from dynamiccl.scaleout.partials import NodePartial
 from dynamiccl.scaleout.waits import check_waitq
@@ -95,6 +96,8 @@ def _head(p: NodePartial, job_id: str, authenticated: bool) -> dict:
             "auth": int(authenticated)}
     if p.get(WAIT_FRAME) is not None:    # version 2: the waits' records, and whether the node lost some
         head.update(v=2, waits_lossy=int(p.get("waits_lossy", 0)))
+        if p.get("waits_lossy_comms"):   # the communicators that lost records (scaleout/waits.py)
+            head["lossy_comms"] = [int(c) for c in p["waits_lossy_comms"]]
     if p.get("partition") is not None:   # one communicator partition of the job (absent: the whole job)
         head["partition"] = int(p["partition"])
     return head
@@ -150,13 +153,14 @@ def _header(data: bytes) -> tuple[dict, int]:
                 "part": int(head.get("part", 0)), "parts": int(head.get("parts", 1)),
                 "auth": head.get("auth", 0) == 1,
                 "partition": None if head.get("partition") is None else int(head["partition"]),
-                "waits_lossy": head.get("waits_lossy", 0)}
+                "waits_lossy": head.get("waits_lossy", 0), "lossy_comms": head.get("lossy_comms", [])}
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"partial: bad header ({type(e).__name__}: {e})") from None
     if head["v"] not in (1, 2) or not head["window_s"] > 0 or min(rows.values()) < 0:
         raise ValueError(f"partial: unsupported version {head['v']!r}, window_s or row count")
     if head["waits_lossy"] not in (0, 1) or (head["v"] == 1 and head["waits_lossy"]):
         raise ValueError(f"partial: waits_lossy {head['waits_lossy']!r} (0 or 1, version 2 only)")
+    _check_lossy_comms(head)
     if head["partition"] is not None and not 0 <= head["partition"] < MAX_PARTITIONS:
         raise ValueError(f"partial: partition {head['partition']} (at most {MAX_PARTITIONS} partitions)")
     if not 0 <= head["part"] < head["parts"] <= MAX_PARTS:
@@ -164,17 +168,27 @@ def _header(data: bytes) -> tuple[dict, int]:
     return head, 4 + n
 
 
+def _check_lossy_comms(head: dict) -> None:
+    """The communicators a node marks lossy: version 2 only, at most MAX_LOSSY_COMMS 64-bit hashes."""
+    lc = head["lossy_comms"]
+    if not isinstance(lc, list) or len(lc) > MAX_LOSSY_COMMS or (lc and head["v"] != 2) or not all(
+            type(c) is int and 0 <= c < 1 << 64 for c in lc):
+        raise ValueError(f"partial: lossy_comms (a list of at most {MAX_LOSSY_COMMS} 64-bit communicator "
+                         "hashes, version 2 only)")
+
+
 class RawPartial:
     """A checked, inflated partial whose frames are built later, together with the rest of its
     window's (:func:`frames_of`): one polars frame per window instead of one per node."""
     __slots__ = ("job", "node", "window", "window_s", "rows", "body", "part", "parts", "auth", "partition",
-                 "waits_lossy")
+                 "waits_lossy", "waits_lossy_comms")
 
     def __init__(self, head: dict, body: bytes):
         self.job, self.node, self.window = head["job"], head["node"], head["window"]
         self.window_s, self.rows, self.body = head["window_s"], head["rows"], body
         self.part, self.parts, self.auth = head["part"], head["parts"], head["auth"]
         self.partition, self.waits_lossy = head["partition"], head["waits_lossy"]
+        self.waits_lossy_comms = head["lossy_comms"]
 
     def __getitem__(self, key: str):          # the merger reads node / window like a NodePartial's
         return getattr(self, key)
@@ -245,6 +259,7 @@ def frames_of(raws: list[RawPartial]) -> NodePartial:
     if any(WAIT_FRAME in r.rows for r in raws):      # version 2: the nodes' wait records (scaleout/waits.py)
         p[WAIT_FRAME] = _frame(raws, WAIT_FRAME, offsets)
         p["waits_lossy"] = int(max(r.waits_lossy for r in raws))
+        p["waits_lossy_comms"] = sorted({c for r in raws for c in r.waits_lossy_comms})
     return p
 
 

@@ -245,3 +245,67 @@ def test_one_job_losing_records_withholds_only_its_own_waits():
     lost_a = _wait_windows(clean, "A") - _wait_windows(wfs, "A")
     assert len(lost_a) >= 3, "A's windows that lost records still gave waits"
     assert m.wait_lossy.get("A", 0) > 0 and "B" not in m.wait_lossy
+
+
+def _comms_one_losing_records(late_every: int, max_comms: int | None = None) -> tuple[list, SelfMetrics]:
+    """Job A with two communicators (0xABC and 0xDEF, 4 ranks each, one batch per 0.1 s slice holding both) and
+    job B (its communicator's hash 0xABC too), every record untimed; from 3 s on every ``late_every``-th
+    instance of A's 0xABC (all its ranks' records) arrives 3 s late: dropped as late, attributed to it."""
+    a1, a2, b = job(8.0, seed=11), job(8.0, seed=13), job(8.0, seed=12)
+    a2["comm_hash"], a2["pid"] = 0xDEF, a2["pid"] + 100
+    a = np.concatenate([a1, a2])
+    rel = (a["enqueue_ns"].astype(np.int64) - T0) // 1_000_000             # ms
+    held = (rel >= 3000) & (a["comm_hash"] == 0xABC) & (a["seq_number"] % late_every == 0) if late_every \
+        else np.zeros(len(a), bool)
+    sink, m = SinkConsumer(), SelfMetrics()
+    agg = WindowAggregator(WindowConfig(window_s=0.5, allowed_lateness_s=0.5), next_consumer=sink, metrics=m,
+                           wall_clock=lambda: T0 / 1e9 + 100.0)
+    if max_comms is not None:
+        agg._waits.lost.max_comms = max_comms
+    for lo in range(0, 11_000, 100):
+        for name, ev, sel in (("A", a, ~held), ("B", b, np.ones(len(b), bool)), ("A", a, held)):
+            t = (ev["enqueue_ns"].astype(np.int64) - T0) // 1_000_000 + (3000 if sel is held else 0)
+            part = ev[sel & (t >= lo) & (t < lo + 100)]
+            if len(part):
+                agg.consume(RecordBatch(part, f"h{name}", name, {}))
+    agg.shutdown()
+    return [r.features for r in sink.items], m
+
+
+def _comm_wait_windows(wfs: list, job_id: str, comm: int) -> set[float]:
+    return {wf.window_start for wf in wfs if wf.waits is not None
+            and ((wf.waits["job_id"] == job_id) & (wf.waits["comm_hash"] == comm)).any()}
+
+
+def test_one_communicator_losing_records_withholds_only_its_own_waits():
+    """The lossy-window rule is per communicator: A's 0xABC losing 5 % of its records as late withholds its
+    waits in those windows (counted against A, scope communicator); A's 0xDEF and B's 0xABC keep theirs
+    (before: every communicator of A lost its waits in those windows)."""
+    clean, _ = _comms_one_losing_records(0)
+    wfs, m = _comms_one_losing_records(20)
+    assert m.dropped["late"] > 0
+    lost = _comm_wait_windows(clean, "A", 0xABC) - _comm_wait_windows(wfs, "A", 0xABC)
+    assert len(lost) >= 3, "the communicator that lost records still gave waits"
+    assert _comm_wait_windows(wfs, "A", 0xDEF) == _comm_wait_windows(clean, "A", 0xDEF), \
+        "A's other communicator's waits withheld for 0xABC's losses"
+    assert _comm_wait_windows(wfs, "B", 0xABC) == _comm_wait_windows(clean, "B", 0xABC)
+    assert m.wait_lossy.get("A", 0) > 0 and "B" not in m.wait_lossy
+    assert m.wait_lossy_scope == {"communicator": m.wait_lossy["A"], "job": 0} and m.wait_lossy_folded == 0
+
+
+def test_drops_past_the_communicators_tracked_withhold_the_whole_job():
+    """A drop not attributed to a communicator (here: none tracked, ``max_comms`` 0) counts against its job:
+    every communicator of A loses its waits in those windows, counted (scope job, folded records); B keeps its."""
+    clean, _ = _comms_one_losing_records(0)
+    wfs, m = _comms_one_losing_records(20, max_comms=0)
+    for comm in (0xABC, 0xDEF):
+        assert len(_comm_wait_windows(clean, "A", comm) - _comm_wait_windows(wfs, "A", comm)) >= 3
+    assert _comm_wait_windows(wfs, "B", 0xABC) == _comm_wait_windows(clean, "B", 0xABC)
+    assert m.wait_lossy_scope["job"] == m.wait_lossy["A"] > 0 and m.wait_lossy_folded == m.dropped["late"]
+
+
+def test_a_drop_of_an_unknown_communicator_counts_against_the_job():
+    from dynamiccl.collector.processors.wait_window import WaitWiring
+    w, m = WaitWiring(), SelfMetrics()
+    w.dropped(3, np.array([-1, -1, 5, 5, 5]), m)
+    assert w.lost.take() == ({5: 3}, {3: 2}) and m.wait_lossy_folded == 0

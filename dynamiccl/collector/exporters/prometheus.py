@@ -98,6 +98,7 @@ class MetricsCollector:
                 "dynamiccl_collector_feature_windows_dropped_total": m.feature_windows_dropped,
                 "dynamiccl_collector_records_unconfirmed_total": m.records_unconfirmed,
                 "dynamiccl_collector_last_window_end_timestamp_seconds": m.last_window_end_s,
+                "dynamiccl_collector_wait_lossy_folded_records_total": m.wait_lossy_folded,
             }
             tables = {
                 "dynamiccl_collector_records_dropped_total": dict(m.dropped),
@@ -106,6 +107,7 @@ class MetricsCollector:
                 "dynamiccl_collector_connections_refused_total": dict(m.refusals),
                 "dynamiccl_collector_wait_instances_total": dict(m.wait),
                 "dynamiccl_collector_wait_withheld_lossy_total": dict(m.wait_lossy),
+                "dynamiccl_collector_wait_withheld_lossy_scope_total": dict(m.wait_lossy_scope),
             }
             pairs = {
                 "dynamiccl_collector_delivery_gap_records_total": dict(m.gap_records),

@@ -16,9 +16,12 @@ Rules (each one a named gate below, each refusal counted):
   ``duplicate`` when a rank has several records);
 * ``gap``: the instance's largest wait at most ``max_wait_s`` (enqueue clocks of different hosts that
   disagree by seconds say nothing about arrival);
-* ``withheld`` (lossy job): the instances of a job that lost records as late or too early while the window was
-  open (more than ``LOSSY_SHARE`` of its records in the window; ``window_waits``). The drops are attributed
-  to their job when the record batch arrives (every batch is one job's), so another job's waits stand;
+* ``withheld`` (lossy communicator): the instances of a communicator that lost records as late or too early
+  while the window was open (more than ``LOSSY_SHARE`` of its records in the window; ``lossy_records``). A
+  dropped record's communicator is known (the aggregator codes (job, communicator) before it drops), so the
+  drops are attributed to it and the job's other communicators (dozens: tensor-, pipeline-, data-parallel
+  groups) keep their waits, as do other jobs. Drops of an unknown communicator, or past the bound on
+  communicators tracked (processors/wait_window.py), count against the whole job (``LOSSY_JOB``);
 * ``withheld``: a (communicator, collective) whose untimed instances in the window were refused more than
   ``WITHHOLD_SHARE`` of the time gives no waits in that window: records are being lost or held back (a host's
   clock jumped, a rank vanished), and the instances that stay complete are a biased sample (on the simulated
@@ -38,15 +41,23 @@ import numpy as np
 from dynamiccl.contracts.collectives import COLLECTIVES
 
 __all__ = ["WAIT_OUTCOMES", "WaitCounts", "wait_stand_ins", "attach_waits", "window_waits", "LOSSY_SHARE",
-           "lossy_records"]
+           "lossy_records", "LOSSY_COMM", "LOSSY_JOB", "LOSSY_SCOPES", "LostRecords", "MAX_LOSSY_COMMS"]
 
 #: outcomes counted per untimed instance: made a wait stand-in, or refused and why
 WAIT_OUTCOMES = ("instances", "missing_rank", "duplicate", "gap", "withheld")
 #: refused share of a (communicator, collective)'s untimed instances above which its window gives no waits
 WITHHOLD_SHARE = 0.25
-#: records dropped as late / too early since the last window closed, as a share of the window's records,
-#: above which the window gives no waits (`window_waits`)
+#: records of a communicator (or job, for drops not attributed to one) dropped as late / too early since the
+#: last window closed, as a share of its records in the window, above which it gives no waits in the window
+#: (`lossy_records`)
 LOSSY_SHARE = 0.01
+#: the scope of a record's lossy mark (``lossy_records``): its communicator lost records, or its job did (the
+#: drop's communicator unknown or past the bound); a larger value wins
+LOSSY_COMM, LOSSY_JOB = 1, 2
+LOSSY_SCOPES = {LOSSY_COMM: "communicator", LOSSY_JOB: "job"}
+#: communicators whose drops are tracked between two window closes (a job has dozens: tensor-, pipeline-,
+#: data-parallel groups); a drop of another communicator past it counts against its whole job (``LostRecords``)
+MAX_LOSSY_COMMS = 4096
 
 # per 4-bit func code of the packed key: True for a collective (all ranks take part)
 _COLLECTIVE = np.zeros(16, bool)
@@ -62,8 +73,10 @@ class WaitCounts:
     duplicate: int = 0
     gap: int = 0
     withheld: int = 0        # complete, but their (communicator, collective) lost too many in the window
-    #: (communicator, collective) code (``kc >> 12``) of each instance withheld because its job lost records
+    #: (communicator, collective) code (``kc >> 12``) of each instance withheld because records were lost, and
+    #: the scope of that loss (LOSSY_COMM or LOSSY_JOB) per such instance
     lossy_groups: np.ndarray | None = None
+    lossy_scope: np.ndarray | None = None
 
     def as_dict(self) -> dict[str, int]:
         return {k: int(getattr(self, k)) for k in WAIT_OUTCOMES}
@@ -100,8 +113,9 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float, wholly_untime
     None when none does, and the untimed instances' outcomes. ``wholly_untimed``: per record, whether its
     instance has no timed record in the window (the window aggregation's own instance table,
     ``WindowResult.wholly_untimed``): a partly timed instance is timed, neither a wait nor a refusal.
-    ``lossy``: per record, whether its job lost records while the window was open: its complete instances
-    are ``withheld`` (their groups in ``counts.lossy_groups``).
+    ``lossy``: per record, 0 or the scope (LOSSY_COMM, LOSSY_JOB) of the records lost while the window was
+    open (:func:`lossy_records`): its complete instances are ``withheld`` (their groups in
+    ``counts.lossy_groups``, the scopes in ``counts.lossy_scope``).
 
     Cost: one sort of those records; nothing when every record is timed.
 
@@ -138,8 +152,10 @@ def wait_stand_ins(cols: dict[str, np.ndarray], max_wait_s: float, wholly_untime
     withheld = ok & _lossy(ucodes >> _U(40), ok, dup | missing | gap)
     ok &= ~withheld
     if lossy is not None:
-        cut = ok & np.logical_or.reduceat(lossy[sel][order], starts)
+        scope = np.maximum.reduceat(lossy[sel][order].astype(np.uint8), starts)
+        cut = ok & (scope > 0)
         counts.lossy_groups = (ucodes[cut] >> _U(40)).astype(np.int64)
+        counts.lossy_scope = scope[cut]
         withheld |= cut
         ok &= ~cut
     counts.withheld = int(withheld.sum())
@@ -175,20 +191,70 @@ def attach_waits(features, waits_features):
     return dataclasses.replace(features, ranks=ranks, waits=waits)
 
 
-def lossy_records(job_of_gcomm: np.ndarray, kc: np.ndarray, lost: dict[int, int]) -> np.ndarray | None:
-    """Per record, whether its job lost more than LOSSY_SHARE of its window records' number as late or too
-    early while the window was open (``lost``: job code -> records dropped; ``job_of_gcomm``: the job code of
-    each (job, communicator) code, ``kc >> 16``); None when no job did.
+class LostRecords:
+    """Records dropped (late, too early, buffer full) since the last window closed: per communicator code,
+    and per job code for drops of no known communicator (code < 0) or past ``max_comms`` communicators
+    (bounded: at most ``max_comms`` communicator entries; job entries bounded by the caller's job codes)."""
 
-    >>> lossy_records(np.array([0, 1]), np.array([0, 1 << 16, 1 << 16]), {1: 1}).tolist()
-    [False, True, True]
+    def __init__(self, max_comms: int = MAX_LOSSY_COMMS) -> None:
+        self.max_comms = max_comms
+        self.comms: dict[int, int] = {}
+        self.jobs: dict[int, int] = {}
+
+    def dropped(self, job: int, comm: np.ndarray) -> int:
+        """Records of job ``job`` dropped, ``comm`` their communicator codes; returns how many of those with a
+        known communicator were counted against the job (past the bound)."""
+        first = int(comm[0])
+        if (comm == first).all():                  # the usual batch: one communicator
+            codes, counts = [first], [len(comm)]
+        else:
+            u, c = np.unique(comm, return_counts=True)
+            codes, counts = u.tolist(), c.tolist()
+        folded = 0
+        for code, n in zip(codes, counts):
+            if code >= 0 and (code in self.comms or len(self.comms) < self.max_comms):
+                self.comms[code] = self.comms.get(code, 0) + n
+            else:
+                self.jobs[job] = self.jobs.get(job, 0) + n
+                folded += n if code >= 0 else 0
+        return folded
+
+    def take(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(per communicator, per job) since the last call, and start afresh (a window closed)."""
+        out = self.comms, self.jobs
+        self.comms, self.jobs = {}, {}
+        return out
+
+
+def lossy_records(job_of_gcomm: np.ndarray, kc: np.ndarray, lost_comms: dict[int, int],
+                  lost_jobs: dict[int, int] | None = None) -> np.ndarray | None:
+    """Per record (u8): LOSSY_COMM when its communicator lost more than LOSSY_SHARE of its window records'
+    number as late or too early while the window was open (``lost_comms``: (job, communicator) code ``kc >>
+    16`` -> records dropped), LOSSY_JOB when its job did by drops not attributed to a communicator
+    (``lost_jobs``: job code -> records; ``job_of_gcomm``: the job code of each communicator code), else 0;
+    None when no record is marked.
+
+    >>> kc = np.array([0, 1 << 16, 1 << 16, 2 << 16])
+    >>> lossy_records(np.array([0, 1, 1]), kc, {1: 1}).tolist()
+    [0, 1, 1, 0]
+    >>> lossy_records(np.array([0, 1, 1]), kc, {}, {1: 1}).tolist()
+    [0, 2, 2, 2]
     """
-    if not lost:
-        return None
-    job = job_of_gcomm[kc >> 16]
-    n = np.bincount(job, minlength=max(lost) + 1)
-    bad = [j for j, k in lost.items() if k > LOSSY_SHARE * (n[j] if j < len(n) else 0)]
-    return np.isin(job, bad) if bad else None
+    g = kc >> 16
+    out = np.zeros(len(kc), np.uint8)
+    if lost_comms:
+        keys = np.array(sorted(lost_comms), np.int64)
+        at = np.minimum(np.searchsorted(keys, g), len(keys) - 1)
+        hit = keys[at] == g
+        n = np.bincount(at[hit], minlength=len(keys))       # each lossy communicator's records in the window
+        bad = np.array([lost_comms[k] for k in keys.tolist()]) > LOSSY_SHARE * n
+        out[hit & bad[at]] = LOSSY_COMM
+    if lost_jobs:
+        job = job_of_gcomm[g]
+        n = np.bincount(job, minlength=max(lost_jobs) + 1)
+        bad_jobs = [j for j, k in lost_jobs.items() if k > LOSSY_SHARE * (n[j] if j < len(n) else 0)]
+        out[np.isin(job, bad_jobs)] = LOSSY_JOB
+    return out if out.any() else None
 
 
 def window_waits(result, view: dict[str, np.ndarray], *, max_wait_s: float, lossy: np.ndarray | None,
@@ -196,11 +262,12 @@ def window_waits(result, view: dict[str, np.ndarray], *, max_wait_s: float, loss
     """The window's features (of its aggregation ``result``) with its waits attached (``aggregate``: the
     window aggregation, applied to the stand-ins), the outcomes counted in ``metrics``; the counts returned.
 
-    ``lossy`` (:func:`lossy_records`): per record, whether its job lost records as late or too early while the
-    window was open: that job's instances are all ``withheld``. Which instances stayed complete then depends
-    on how the records were cut, a biased sample: a host's clock 30 s ahead closes the other hosts' windows
-    early, and on the simulated bad-input run with every record untimed this gave a false change at +40 %
-    wait. The drops are the job's own: another job's instances in the window keep their waits."""
+    ``lossy`` (:func:`lossy_records`): per record, whether its communicator (or, for drops not attributed to
+    one, its job) lost records as late or too early while the window was open: those instances are all
+    ``withheld``. Which instances stayed complete then depends on how the records were cut, a biased sample:
+    a host's clock 30 s ahead closes the other hosts' windows early, and on the simulated bad-input run with
+    every record untimed this gave a false change at +40 % wait. An instance's wait depends on its own
+    communicator's records only, so another communicator's instances in the window keep their waits."""
     if result.wholly_untimed is None:         # every record timed
         return result.features, WaitCounts()
     features = result.features

@@ -36,7 +36,7 @@ from dynamiccl.collector.processors.aggregate import (
     _counters,
     aggregate_window,
 )
-from dynamiccl.collector.processors.wait import lossy_records, window_waits
+from dynamiccl.collector.processors.wait_window import WaitWiring
 from dynamiccl.collector.wire_format import TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
@@ -142,9 +142,7 @@ class WindowAggregator:
         self._last_arrival = clock()
         self._batches_since_wm = 0
         self._lock = threading.Lock()
-        # job code -> records dropped as late / too early since the last window closed (the waits' lossy-job
-        # rule, processors/wait.py); bounded by the jobs interner
-        self._lost: dict[int, int] = {}
+        self._waits = WaitWiring()              # the waits' drops and close step (processors/wait_window.py)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -205,7 +203,7 @@ class WindowAggregator:
             n_late = int((late & keep).sum())
             if n_late:
                 m.drop("late", n_late)
-                self._lost[job] = self._lost.get(job, 0) + n_late
+                self._waits.dropped(job, gcomm[late & keep], m)
                 keep &= ~late
         if self._watermark_ns is not None and self._open:
             newest = max(self._src_max.values(), default=self._watermark_ns)
@@ -214,7 +212,7 @@ class WindowAggregator:
             n_early = int((early & keep).sum())
             if n_early:
                 m.drop("too_early", n_early)
-                self._lost[job] = self._lost.get(job, 0) + n_early
+                self._waits.dropped(job, gcomm[early & keep], m)
                 keep &= ~early
         if not keep.all():
             ev, t, widx, gcomm, ts, gpu = ev[keep], t[keep], widx[keep], gcomm[keep], ts[keep], gpu[keep]
@@ -372,7 +370,7 @@ class WindowAggregator:
             result = aggregate_window(view, window_start_ns=w * self._window_ns,
                                       window_s=self.config.window_s, aggregator=self)
             if self.config.wait_streams:
-                result.features = self._with_waits(result, view, w)
+                result.features = self._waits.close(self, result, view, w)
         except Exception:
             log.exception("window %d: aggregation failed (%d records dropped)", w, n)
             self.metrics.drop("aggregation_error", n)
@@ -386,23 +384,6 @@ class WindowAggregator:
             m.last_window_end_s = (w + 1) * self.config.window_s
         result.features.counters.update(_counters(m, n))
         self.next_consumer.consume(result)
-
-    def _with_waits(self, result, view: dict[str, np.ndarray], w: int):
-        """The window's features with its wait streams attached (processors/wait.py), outcomes counted."""
-        lost, self._lost = self._lost, {}
-        lossy = None
-        if lost:
-            job_of = np.array([j for j, _ in self.gcomms.values], np.int64)
-            lossy = lossy_records(job_of, view["kc"], lost)
-        features, counts = window_waits(
-            result, view, max_wait_s=self.config.max_wait_s, lossy=lossy,
-            aggregate=lambda sub: aggregate_window(sub, window_start_ns=w * self._window_ns,
-                                                   window_s=self.config.window_s, aggregator=self),
-            metrics=self.metrics)
-        if counts.lossy_groups is not None and len(counts.lossy_groups):
-            jobs, n = np.unique(job_of[counts.lossy_groups >> 4], return_counts=True)
-            self.metrics.wait_lossy_jobs({self.jobs.values[j]: int(k) for j, k in zip(jobs.tolist(), n.tolist())})
-        return features
 
     # -- code → string tables used by aggregate_window -------------------------------------------
     def gcomm_table(self, codes: np.ndarray) -> tuple[list[str], np.ndarray, list[str]]:
