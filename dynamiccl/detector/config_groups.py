@@ -106,6 +106,10 @@ class BaselineConfig(_Group):
     split_warmup: bool = False               # a full warm-up holding a level shift (Pettitt's rank test,
                                              # p < 1e-3, >= ``incidents.step_ratio``) warms up again
                                              # from the later regime (`dynamiccl.detector.warmup_split`)
+    trim_warmup: bool = False                # at a recovery, the incident's communicators' streams still
+                                             # warming up forget their samples since its onset
+                                             # (`dynamiccl.detector.warmup_trim`); off: dev half
+                                             # +1 within 5 s, +2 false alarms (seed 16)
     memory: int = 480                        # a monitored baseline keeps learning from its in-control
                                              # windows: expanding up to this many, then forgetting
                                              # with this horizon

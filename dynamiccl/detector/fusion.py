@@ -76,7 +76,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
                          "rank_triggers": 0, "rank_waits": 0, "small_waits": 0,
                          "rank_rechecks": 0, "onset_waits": 0, "transients": 0,
-                         "paced_kind_now": 0}
+                         "paced_kind_now": 0, "warmups_trimmed": 0}
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window
         self.ended: deque = deque(maxlen=MAX_ENDED)

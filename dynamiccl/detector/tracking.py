@@ -20,6 +20,7 @@ import polars as pl
 from typing import TYPE_CHECKING
 
 from .events import RegimeChange, TransientEnd
+from .warmup_trim import trim_warmups
 
 if TYPE_CHECKING:
     from .incident import Incident
@@ -262,6 +263,8 @@ class Tracking:
         same = same[~np.isin(same, inc.streams)]
         if same.size:
             tab.rebase(same)
+        if self.config.baseline.trim_warmup:
+            self.counters["warmups_trimmed"] += trim_warmups(tab, inc)
 
     def _close(self, inc: Incident, step: int) -> None:
         lst = self.active.get(inc.job, [])
