@@ -37,6 +37,7 @@ def _dotted(flat_key: str) -> str:
 ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.early_ratio": 1.5, "baseline.early_z": 5.0,
                "baseline.early_min": 10, "streams.step_rate": False,
                "incidents.transient_s": 10.0, "baseline.split_warmup": False, "incidents.recovery_drain": True}
+ADDED_SINCE["baseline.paced_warmup"] = True   # the step-paced warm-up chart (`paced_warmup.py`)
 
 
 def test_every_default_is_the_flat_configurations():
