@@ -57,10 +57,10 @@ class EarlyChart:
     """Per-stream state of the early chart; the samples are the bank's warm-up buffer."""
 
     def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float,
-                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5):
+                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5, confirm_z: float = 3.0):
         from .early_cusum import SparseWarmupCusum
         self.warmup = int(warmup)
-        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples)
+        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples, confirm_z=confirm_z)
         self.arl0 = float(arl0)   # the stream table's per-stream ARL0 (it retargets it)
         self.log_ratio = math.log(ratio) if ratio > 0 else math.inf
         self.z = float(z)
@@ -162,6 +162,10 @@ class EarlyChart:
         self.run_keep[j[fresh]] = counts[fresh]
         self.run[j] = np.where(same, prev + beyond, beyond)
         fire = same & (np.abs(self.run[j]) >= PERSIST)
+        # two successive values beyond (>= early_z sigma) of a step-paced stream carry the fusion
+        # stage's confirmation already (`dynamiccl.detector.paced_warmup.PacedConfirm`)
+        if self.z >= self.sparse.confirm_z:
+            self.sparse.confirmed_at[j[fire & confirm_j]] = t
         if thin_j.any():
             fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s, confirm_j)
         return self._fire(j[fire], beyond[fire], rows[fire], bank)

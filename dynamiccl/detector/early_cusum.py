@@ -43,8 +43,10 @@ __all__ = ["SparseWarmupCusum"]
 class SparseWarmupCusum:
     """Per-stream CUSUM statistics (one pair per delta) and the current excursion's start."""
 
-    def __init__(self, capacity: int, *, deltas: tuple[float, ...], min_samples: int, estimator: str = "winsorized"):
+    def __init__(self, capacity: int, *, deltas: tuple[float, ...], min_samples: int, estimator: str = "winsorized",
+                 confirm_z: float = 3.0):
         self.deltas = np.asarray(deltas, np.float64)
+        self.confirm_z = float(confirm_z)   # the fusion stage's confirmation bar (`fusion.confirm_z`)
         self.min_samples = int(min_samples)
         self.estimator = estimator
         self._h: dict[tuple[int, float, float], float] = {}
@@ -62,9 +64,12 @@ class SparseWarmupCusum:
         self.spacing = np.full(n, np.nan)       # EWMA of windows between its samples
         self.pending = np.zeros(n, np.int8)     # an alarm waiting for its next sample (`paced_warmup`)
         self.pending_k = np.zeros(n)            # ... the reference value k that sample must pass
+        self.beyond_run = np.zeros(n, np.int8)  # signed run of successive samples >= confirm_z away
+        self.confirmed_at = np.full(n, -1, np.int64)   # step of an alarm already confirmed (`PacedConfirm`)
 
     def grow(self, extra: int) -> None:
-        names = ("up", "down", "keep", "start", "last", "spacing", "pending", "pending_k")
+        names = ("up", "down", "keep", "start", "last", "spacing", "pending", "pending_k", "beyond_run",
+                 "confirmed_at")
         old = [getattr(self, n) for n in names]
         self._alloc(extra)
         for n, a in zip(names, old):
@@ -102,6 +107,8 @@ class SparseWarmupCusum:
             per_sample = self._per_sample(i, now_s, window_s)
             if c < self.min_samples:
                 continue
+            if confirm is not None and confirm[m]:
+                PacedConfirm.count_beyond(self, i, xi, rows[m], int(c), floor)
             if self.pending[i]:
                 verdict = PacedConfirm.judge(self, i, xi, rows[m], floor)
                 if verdict:
@@ -130,6 +137,8 @@ class SparseWarmupCusum:
             elif up or down:
                 fired[m] = True
                 direction[m] = 1 if up else -1
+        if confirm is not None:
+            PacedConfirm.mark_confirmed(self, t, j, fired & confirm, direction)
         keep = np.where(fired, self.keep[j], 0)
         start = np.where(fired, self.start[j], t)
         if fired.any():

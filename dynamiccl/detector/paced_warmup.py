@@ -67,6 +67,26 @@ class PacedConfirm:
     """
 
     @staticmethod
+    def count_beyond(cusum, i: int, x: float, row: np.ndarray, c: int, floor: float) -> None:
+        """Stream ``i``'s run of successive samples ``confirm_z`` or more away from its warm-up
+        baseline (the open excursion's samples before it, else all ``c``), signed by side."""
+        from ._baseline import robust_baseline
+        n = int(cusum.keep[i]) if cusum.keep[i] >= cusum.min_samples else c
+        loc, scale = robust_baseline(row[:n], cusum.estimator)
+        z = (x - float(loc)) / max(float(scale), floor)
+        side = int(np.sign(z)) if abs(z) >= cusum.confirm_z else 0
+        run = int(cusum.beyond_run[i])
+        cusum.beyond_run[i] = side * min(abs(run) + 1, 2) if side and side * run > 0 else side
+
+    @staticmethod
+    def mark_confirmed(cusum, t: int, j: np.ndarray, fired: np.ndarray, direction: np.ndarray) -> None:
+        """Fired alarms of step-paced streams whose last two samples were both ``confirm_z``
+        away on the alarm's side carry the fusion stage's confirmation already."""
+        k = np.flatnonzero(fired)
+        ok = cusum.beyond_run[j[k]] * direction[k] >= 2
+        cusum.confirmed_at[j[k[ok]]] = t
+
+    @staticmethod
     def lone(cusum, i: int, before: tuple[np.ndarray, np.ndarray], h: np.ndarray) -> bool:
         """Stream ``i``'s alarm rests on this sample alone: every chart that crossed ``h`` stood
         at 0 before it (an alarm accumulated over successive samples needs no confirmation)."""

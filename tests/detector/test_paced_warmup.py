@@ -128,3 +128,53 @@ def test_accumulated_alarm_is_not_held():
             fired_at = k
             break
     assert fired_at is not None and fired_at > 1 and c.n_held == 0
+
+
+def _one_stream_slow(seed: int, stream: int, mult: float, slow_from: int, steps: int):
+    from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.harness.detector_testing import Regime
+    job = SyntheticJob(seed=seed, sigma=SIGMA)
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    out = []
+    for t in range(steps * STEP):
+        if t % STEP == 0:
+            slow = {stream: mult} if t // STEP >= slow_from else {}
+            out += det.process(job.window(t, Regime(instances_frac=PACED, mult=slow)))
+        else:
+            out += det.process(WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks()))
+    return det, out
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_lone_stream_alarm_on_two_successive_samples_is_not_held_a_step(seed):
+    """One stream of a step-paced job 2x slower 30 steps into the warm-up: its alarm rests on
+    two successive samples beyond the confirmation bar (the fusion stage's own confirmation), so
+    it is reported from the window that alarmed. Before, the lone alarm waited for the next
+    window with data (one step, 5 s here) for its confirmation: 2 steps after the onset."""
+    job = SyntheticJob(seed=seed, sigma=SIGMA)
+    stream = job.large()[0]
+    det, ch = _one_stream_slow(seed, stream, 2.0, 30, 40)
+    assert ch, det.fusion.counters
+    delay_steps = (ch[0].detected_s - (EPOCH + 30 * STEP)) / STEP
+    assert delay_steps < 2, (delay_steps, _late(ch))
+    assert det.fusion.counters["paced_preconfirmed"] >= 1
+
+
+def test_confirmed_at_needs_two_successive_samples_beyond():
+    """`PacedConfirm.count_beyond` / `mark_confirmed`: an alarm after two samples >= confirm_z
+    away is marked confirmed at its step; a held one-sample alarm confirmed by a next sample
+    >= confirm_z away too."""
+    c = SparseWarmupCusum(2, deltas=(2.0, 6.0), min_samples=10, confirm_z=3.0)
+    rows = np.zeros((1, 60))
+    rows[0, :20] = np.random.default_rng(0).normal(0, 0.1, 20)
+    args = (np.array([20]), 0.004, 1e5)
+    yes = np.array([True])
+    c.step(5, np.array([0]), np.array([2.0]), rows, *args, confirm=yes)       # held (lone)
+    assert c.confirmed_at[0] == -1 and c.beyond_run[0] == 1
+    f, *_ = c.step(6, np.array([0]), np.array([1.5]), rows, *args, confirm=yes)
+    assert f[0] and c.confirmed_at[0] == 6
+    c2 = SparseWarmupCusum(2, deltas=(2.0, 6.0), min_samples=10, confirm_z=3.0)
+    c2.step(5, np.array([0]), np.array([2.0]), rows, *args, confirm=yes)
+    f, *_ = c2.step(6, np.array([0]), np.array([0.15]), rows, *args, confirm=yes)   # 1-2 sigma: not 3
+    assert not f[0] and c2.confirmed_at[0] == -1
