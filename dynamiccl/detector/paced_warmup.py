@@ -18,7 +18,16 @@ samples is where it first becomes usable (delta 6 at 1e5 / 4 windows per sample:
 10 samples, 113 at 6, 772 at 4), and it shrinks as the warm-up grows (2.7 at 20). The baseline
 keeps improving: every in-control sample joins the warm-up until the fixed baseline takes over.
 
+Two parts keep a step's hiccup apart from a change (`PacedConfirm`): an alarm resting on one
+sample waits for the stream's next sample, and an alarm resting on two successive samples
+beyond ``fusion.confirm_z`` (or the early chart's two values beyond ``early_z``) carries the
+fusion stage's confirmation already, so it is not held another step for it.
+
 Dense jobs (a window with data every window) are not paced: the simulated suite is unchanged.
+The short-baseline threshold cannot alarm on fewer than ``early_min`` samples (10: 13 sigma for
+delta 6 at 4 windows per sample; 113 at 6, 772 at 4), so a job with one sample per 2.5 s step
+can alarm from 25 s, not from issue 17's 10 s: what is left needs the step's instances as
+samples of their own.
 """
 from __future__ import annotations
 
