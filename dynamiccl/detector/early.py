@@ -197,6 +197,9 @@ class EarlyChart:
             med[n] = np.median(pre)
             scale[n] = max(MAD_TO_SIGMA * float(np.median(np.abs(pre - med[n]))), self.scale_floor)
         self.run[j] = 0
+        # the warm-up CUSUMs' statistics belong to the excursion just reported: the stream warms up
+        # again (from its pre-onset samples on a restore), so they start afresh
+        self.sparse.forget(j)
         self.n_alarms += int(j.size)
         return EarlyAlarms(j, direction, self.run_start[j].copy(), med, scale)
 

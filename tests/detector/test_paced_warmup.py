@@ -178,3 +178,34 @@ def test_confirmed_at_needs_two_successive_samples_beyond():
     c2.step(5, np.array([0]), np.array([2.0]), rows, *args, confirm=yes)
     f, *_ = c2.step(6, np.array([0]), np.array([0.15]), rows, *args, confirm=yes)   # 1-2 sigma: not 3
     assert not f[0] and c2.confirmed_at[0] == -1
+
+
+class _Bank:
+    """The warm-up buffer `EarlyChart.check` reads (one stream)."""
+    warmup = 60
+
+    def __init__(self, samples):
+        self.rows = np.full((1, 60), np.nan)
+        self.rows[0, : len(samples)] = samples
+        self.n = len(samples)
+        self.warming_up = np.array([True])
+
+    def warm_samples(self, j):
+        return self.rows[: j.size].copy(), np.array([self.n] * j.size)
+
+
+def test_early_chart_alarm_clears_the_warmup_cusums():
+    """The early chart reports an excursion first (two values >= 1.5x): the warm-up CUSUMs'
+    statistics, built on that excursion, are cleared with it. Before, they stayed and carried
+    into the stream's next warm-up (seen on the test bed: a statistic of 8 from an alarm at
+    +39 s still there at +80 s, when the restarted warm-up reached 10 samples)."""
+    from dynamiccl.detector.early import EarlyChart
+    chart = EarlyChart(1, warmup=60, ratio=1.5, z=5.0, min_samples=10, scale_floor=0.004)
+    bank = _Bank(np.random.default_rng(1).normal(0.0, 0.02, 10))
+    idx, codes, yes = np.array([0]), np.array([1]), np.array([True])
+    for t, x in enumerate([0.0, 0.8, 0.8]):
+        al = chart.check(t, idx, codes, np.array([x]), bank, yes, float(t), 1.0, yes)
+        bank.rows[0, bank.n] = x
+        bank.n += 1
+    assert al.idx.tolist() == [0] and chart.sparse.n_alarms == 0   # the chart's alarm, not the CUSUMs'
+    assert chart.sparse.up[0].max() == 0.0 and chart.sparse.keep[0] == -1
