@@ -120,6 +120,9 @@ class BaselineConfig(_Group):
                                              # (`dynamiccl.detector.early`); 0: off
     early_z: float = 5.0                     # ... and this many MAD-sigma of its warm-up samples
     early_min: int = 10                      # ... with this many warm-up samples behind the median
+    paced_warmup: bool = True                # a step-paced job's streams in their first warm-up are also
+                                             # judged by the short-baseline warm-up CUSUMs from
+                                             # ``early_min`` samples (`dynamiccl.detector.paced_warmup`)
 
     def validate(self) -> "BaselineConfig":
         self._switches()

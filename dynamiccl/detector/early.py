@@ -57,10 +57,10 @@ class EarlyChart:
     """Per-stream state of the early chart; the samples are the bank's warm-up buffer."""
 
     def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float,
-                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5):
+                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5, confirm_z: float = 3.0):
         from .early_cusum import SparseWarmupCusum
         self.warmup = int(warmup)
-        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples)
+        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples, confirm_z=confirm_z)
         self.arl0 = float(arl0)   # the stream table's per-stream ARL0 (it retargets it)
         self.log_ratio = math.log(ratio) if ratio > 0 else math.inf
         self.z = float(z)
@@ -122,10 +122,12 @@ class EarlyChart:
             self.seen[j] = True
 
     def check(self, t: int, idx: np.ndarray, codes: np.ndarray, x: np.ndarray, bank,
-              thin: np.ndarray | None = None, now_s: float = 0.0, window_s: float = 0.0) -> EarlyAlarms:
+              thin: np.ndarray | None = None, now_s: float = 0.0, window_s: float = 0.0,
+              confirm: np.ndarray | None = None) -> EarlyAlarms:
         """Judge values ``x`` of streams ``idx`` (jobs ``codes``; before ``bank`` learns them;
-        ``thin``: the ones whose samples are pooled) against their warm-up samples; returns the
-        alarms (their pre-onset samples are saved)."""
+        ``thin``: the ones charted by the warm-up CUSUMs, ``confirm``: those of them whose alarm
+        waits for the next sample) against their warm-up samples; returns the alarms (their
+        pre-onset samples are saved)."""
         if not self.enabled or idx.size == 0:
             return EarlyAlarms.none()
         self._starters(t, idx, codes)
@@ -133,6 +135,7 @@ class EarlyChart:
         cand &= np.isin(idx, list(self.saved), invert=True) if self.saved else True
         j, xv = idx[cand], x[cand]
         thin_j = np.zeros(j.size, bool) if thin is None else np.asarray(thin, bool)[cand]
+        confirm_j = np.zeros(j.size, bool) if confirm is None else np.asarray(confirm, bool)[cand]
         if j.size == 0:
             return EarlyAlarms.none()
         rows, counts = bank.warm_samples(j)
@@ -159,18 +162,22 @@ class EarlyChart:
         self.run_keep[j[fresh]] = counts[fresh]
         self.run[j] = np.where(same, prev + beyond, beyond)
         fire = same & (np.abs(self.run[j]) >= PERSIST)
+        # two successive values beyond (>= early_z sigma) of a step-paced stream carry the fusion
+        # stage's confirmation already (`dynamiccl.detector.paced_warmup.PacedConfirm`)
+        if self.z >= self.sparse.confirm_z:
+            self.sparse.confirmed_at[j[fire & confirm_j]] = t
         if thin_j.any():
-            fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s)
+            fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s, confirm_j)
         return self._fire(j[fire], beyond[fire], rows[fire], bank)
 
-    def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s):
+    def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s, confirm):
         """The sparse streams' CUSUMs (`dynamiccl.detector.early_cusum`); a stream both charts fire
         for keeps the chart's onset."""
         m = np.flatnonzero(thin & (counts < self.warmup - 1))
         if m.size == 0:
             return fire, beyond
         f, d, start, keep = self.sparse.step(t, j[m], xv[m], rows[m], counts[m], self.scale_floor, self.arl0,
-                                             now_s, window_s)
+                                             now_s, window_s, confirm[m])
         new = m[f & ~fire[m]]
         self.run_start[j[new]] = start[f & ~fire[m]]
         self.run_keep[j[new]] = keep[f & ~fire[m]]
@@ -190,6 +197,9 @@ class EarlyChart:
             med[n] = np.median(pre)
             scale[n] = max(MAD_TO_SIGMA * float(np.median(np.abs(pre - med[n]))), self.scale_floor)
         self.run[j] = 0
+        # the warm-up CUSUMs' statistics belong to the excursion just reported: the stream warms up
+        # again (from its pre-onset samples on a restore), so they start afresh
+        self.sparse.forget(j)
         self.n_alarms += int(j.size)
         return EarlyAlarms(j, direction, self.run_start[j].copy(), med, scale)
 

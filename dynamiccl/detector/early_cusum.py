@@ -35,6 +35,7 @@ import numpy as np
 
 from ._baseline import robust_baseline
 from .arl import cusum_threshold_estimated
+from .paced_warmup import PacedConfirm
 
 __all__ = ["SparseWarmupCusum"]
 
@@ -42,12 +43,16 @@ __all__ = ["SparseWarmupCusum"]
 class SparseWarmupCusum:
     """Per-stream CUSUM statistics (one pair per delta) and the current excursion's start."""
 
-    def __init__(self, capacity: int, *, deltas: tuple[float, ...], min_samples: int, estimator: str = "winsorized"):
+    def __init__(self, capacity: int, *, deltas: tuple[float, ...], min_samples: int, estimator: str = "winsorized",
+                 confirm_z: float = 3.0):
         self.deltas = np.asarray(deltas, np.float64)
+        self.confirm_z = float(confirm_z)   # the fusion stage's confirmation bar (`fusion.confirm_z`)
         self.min_samples = int(min_samples)
         self.estimator = estimator
         self._h: dict[tuple[int, float, float], float] = {}
         self.n_alarms = 0
+        self.n_held = 0          # alarms of step-paced streams held for their next sample
+        self.n_unconfirmed = 0   # ... dropped: that sample was back (a lone step's hiccup)
         self._alloc(capacity)
 
     def _alloc(self, n: int) -> None:
@@ -57,9 +62,14 @@ class SparseWarmupCusum:
         self.start = np.zeros(n, np.int64)      # step of the excursion's first sample
         self.last = np.full(n, np.nan)          # window start of the stream's previous sample (s)
         self.spacing = np.full(n, np.nan)       # EWMA of windows between its samples
+        self.pending = np.zeros(n, np.int8)     # an alarm waiting for its next sample (`paced_warmup`)
+        self.pending_k = np.zeros(n)            # ... the reference value k that sample must pass
+        self.beyond_run = np.zeros(n, np.int8)  # signed run of successive samples >= confirm_z away
+        self.confirmed_at = np.full(n, -1, np.int64)   # step of an alarm already confirmed (`PacedConfirm`)
 
     def grow(self, extra: int) -> None:
-        names = ("up", "down", "keep", "start", "last", "spacing")
+        names = ("up", "down", "keep", "start", "last", "spacing", "pending", "pending_k", "beyond_run",
+                 "confirmed_at")
         old = [getattr(self, n) for n in names]
         self._alloc(extra)
         for n, a in zip(names, old):
@@ -68,7 +78,7 @@ class SparseWarmupCusum:
     def forget(self, idx) -> None:
         """The statistics and the open excursion (not the spacing: the stream's cadence is unchanged)."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
-        self.up[idx], self.down[idx], self.keep[idx] = 0.0, 0.0, -1
+        self.up[idx], self.down[idx], self.keep[idx], self.pending[idx] = 0.0, 0.0, -1, 0
 
     def _per_sample(self, i: int, now_s: float, window_s: float) -> float:
         """Windows per sample of stream ``i`` (EWMA, rounded down to a power of 2, at least 1)."""
@@ -86,16 +96,24 @@ class SparseWarmupCusum:
         return self._h[key]
 
     def step(self, t: int, j: np.ndarray, x: np.ndarray, rows: np.ndarray, counts: np.ndarray, floor: float,
-             arl0: float, now_s: float = 0.0, window_s: float = 0.0):
+             arl0: float, now_s: float = 0.0, window_s: float = 0.0, confirm: np.ndarray | None = None):
         """Feed value ``x[m]`` of stream ``j[m]`` (warm-up samples ``rows[m, :counts[m]]``) in the
         window starting at ``now_s``. Returns (fired mask, direction, onset step, samples before
-        the onset)."""
+        the onset). A stream with ``confirm[m]`` set (`dynamiccl.detector.paced_warmup`) alarms
+        only when its next sample confirms (`PacedConfirm`)."""
         fired = np.zeros(j.size, bool)
         direction = np.zeros(j.size, np.int8)
         for m, (i, xi, c) in enumerate(zip(j.tolist(), x.tolist(), counts.tolist())):
             per_sample = self._per_sample(i, now_s, window_s)
             if c < self.min_samples:
                 continue
+            if confirm is not None and confirm[m]:
+                PacedConfirm.count_beyond(self, i, xi, rows[m], int(c), floor)
+            if self.pending[i]:
+                verdict = PacedConfirm.judge(self, i, xi, rows[m], floor)
+                if verdict:
+                    fired[m], direction[m] = True, verdict
+                    continue
             open_ = self.keep[i] >= 0
             n = int(self.keep[i]) if open_ else int(c)
             if n < self.min_samples:   # an excursion opened on too few samples: judged afresh
@@ -105,6 +123,7 @@ class SparseWarmupCusum:
             z = (xi - float(loc)) / max(float(scale), floor)
             z = np.clip(z, -(self.deltas + 1.0), self.deltas + 1.0)
             k = self.deltas / 2.0
+            before = (self.up[i].copy(), self.down[i].copy())
             self.up[i] = np.maximum(0.0, self.up[i] + z - k)
             self.down[i] = np.maximum(0.0, self.down[i] - z - k)
             if not open_ and (self.up[i].any() or self.down[i].any()):
@@ -113,9 +132,13 @@ class SparseWarmupCusum:
                 self.keep[i] = -1
             h = np.array([self.threshold(n, d, max(arl0 / per_sample, 2.0)) for d in self.deltas.tolist()])
             up, down = (self.up[i] >= h).any(), (self.down[i] >= h).any()
-            if up or down:
+            if (up or down) and confirm is not None and confirm[m] and PacedConfirm.lone(self, i, before, h):
+                PacedConfirm.hold(self, i, 1 if up else -1, h)
+            elif up or down:
                 fired[m] = True
                 direction[m] = 1 if up else -1
+        if confirm is not None:
+            PacedConfirm.mark_confirmed(self, t, j, fired & confirm, direction)
         keep = np.where(fired, self.keep[j], 0)
         start = np.where(fired, self.start[j], t)
         if fired.any():

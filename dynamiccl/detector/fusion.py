@@ -77,6 +77,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                          "rank_triggers": 0, "rank_waits": 0, "small_waits": 0,
                          "rank_rechecks": 0, "onset_waits": 0, "transients": 0,
                          "paced_kind_now": 0, "warmups_trimmed": 0}
+        self.counters["paced_preconfirmed"] = 0   # paced warm-up alarms confirmed by their own samples
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window
         self.ended: deque = deque(maxlen=MAX_ENDED)
@@ -201,7 +202,11 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
             m = new & (codes == code)
             first = int(fired[np.argmax(m)])
             g = groups.setdefault((tab.job[first], 1 if code % 2 else -1), new_group())
-            extend_group(g, fired[m], ws.base_median[m], ws.base_scale[m], ws.start_step[m], confirmed=False)
+            # a step-paced stream's warm-up alarm may rest on two successive samples already
+            # beyond the confirmation bar (`dynamiccl.detector.paced_warmup.PacedConfirm`)
+            pre = bool(np.all(tab.early.sparse.confirmed_at[fired[m]] == ws.t))
+            self.counters["paced_preconfirmed"] += int(pre)
+            extend_group(g, fired[m], ws.base_median[m], ws.base_scale[m], ws.start_step[m], confirmed=pre)
 
     def _create(self, ws, job, direction, idx, med, scale, level, onset_step, ae_score, ae_thr, stragglers):
         cfg, tab = self.config, self.table

@@ -34,6 +34,7 @@ from dynamiccl.collector.features import WindowFeatures
 from .config import DetectorConfig
 from .cusum_bank import CUSUMBank
 from .early import EarlyChart
+from .paced_warmup import PacedWarmup
 from .self_start import SelfStart
 from .sparse import InstancePool, JobCadence
 from .step_rate import StepRate
@@ -96,11 +97,13 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)
         self.cadence = JobCadence()
+        self.paced_warmup = PacedWarmup(cfg.baseline.paced_warmup)
         self.step_rate = StepRate()
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
-                                scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0)
+                                scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0,
+                                confirm_z=cfg.fusion.confirm_z)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
@@ -306,8 +309,10 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         with np.errstate(invalid="ignore"):
             thin_ok = self.instances_ref[i_ok] < cfg.streams.min_instances   # pooled samples
         self.early.arl0 = float(self.arl0)
+        thin_ok, confirm = self.paced_warmup.charted(self.cadence, self.job_code[i_ok].astype(np.int64), thin_ok,
+                                                     self._window_s)
         early = self.early.check(t, i_ok, self.job_code[i_ok], x[i_ok], self.banks[0], thin_ok,
-                                 float(wf.window_start), self._window_s)
+                                 float(wf.window_start), self._window_s, confirm)
         for bank in self.banks:
             bank.update_many(x)
         done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)

@@ -38,6 +38,7 @@ ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.early_ratio": 1.5, "ba
                "baseline.early_min": 10, "streams.step_rate": False,
                "incidents.transient_s": 10.0, "baseline.split_warmup": False, "incidents.recovery_drain": True,
                "baseline.trim_warmup": False}
+ADDED_SINCE["baseline.paced_warmup"] = True   # the step-paced warm-up chart (`paced_warmup.py`)
 
 
 def test_every_default_is_the_flat_configurations():
