@@ -211,16 +211,14 @@ def test_the_testbed_saves_and_replays_the_waits(tmp_path):
         assert ref.waits is None or wf.waits.equals(ref.waits)
 
 
-def _two_jobs_one_losing_records(late_every: int) -> tuple[list, SelfMetrics]:
-    """Jobs A and B (4 ranks each, every record untimed) through one collector in 0.1 s slices; from 3 s on,
-    every ``late_every``-th instance of A (all its ranks' records, so no instance is left partial) arrives
-    3 s late: dropped as late, counted against A."""
-    a, b = job(8.0, seed=11), job(8.0, seed=12)
-    rel = (a["enqueue_ns"].astype(np.int64) - T0) // 1_000_000             # ms
-    held = (rel >= 3000) & (a["seq_number"] % late_every == 0) if late_every else np.zeros(len(a), bool)
+def _feed_jobs(a: np.ndarray, b: np.ndarray, held: np.ndarray,
+               max_comms: int | None = None) -> tuple[list, SelfMetrics]:
+    """Jobs A and B through one collector in 0.1 s slices; A's ``held`` records arrive 3 s late."""
     sink, m = SinkConsumer(), SelfMetrics()
     agg = WindowAggregator(WindowConfig(window_s=0.5, allowed_lateness_s=0.5), next_consumer=sink, metrics=m,
                            wall_clock=lambda: T0 / 1e9 + 100.0)
+    if max_comms is not None:
+        agg._waits.lost.max_comms = max_comms
     for lo in range(0, 11_000, 100):
         for name, ev, sel in (("A", a, ~held), ("B", b, np.ones(len(b), bool)), ("A", a, held)):
             t = (ev["enqueue_ns"].astype(np.int64) - T0) // 1_000_000 + (3000 if sel is held else 0)
@@ -229,6 +227,16 @@ def _two_jobs_one_losing_records(late_every: int) -> tuple[list, SelfMetrics]:
                 agg.consume(RecordBatch(part, f"h{name}", name, {}))
     agg.shutdown()
     return [r.features for r in sink.items], m
+
+
+def _two_jobs_one_losing_records(late_every: int) -> tuple[list, SelfMetrics]:
+    """Jobs A and B (4 ranks each, every record untimed) through one collector in 0.1 s slices; from 3 s on,
+    every ``late_every``-th instance of A (all its ranks' records, so no instance is left partial) arrives
+    3 s late: dropped as late, counted against A."""
+    a, b = job(8.0, seed=11), job(8.0, seed=12)
+    rel = (a["enqueue_ns"].astype(np.int64) - T0) // 1_000_000             # ms
+    held = (rel >= 3000) & (a["seq_number"] % late_every == 0) if late_every else np.zeros(len(a), bool)
+    return _feed_jobs(a, b, held)
 
 
 def _wait_windows(wfs: list, job_id: str) -> set[float]:
@@ -257,19 +265,7 @@ def _comms_one_losing_records(late_every: int, max_comms: int | None = None) -> 
     rel = (a["enqueue_ns"].astype(np.int64) - T0) // 1_000_000             # ms
     held = (rel >= 3000) & (a["comm_hash"] == 0xABC) & (a["seq_number"] % late_every == 0) if late_every \
         else np.zeros(len(a), bool)
-    sink, m = SinkConsumer(), SelfMetrics()
-    agg = WindowAggregator(WindowConfig(window_s=0.5, allowed_lateness_s=0.5), next_consumer=sink, metrics=m,
-                           wall_clock=lambda: T0 / 1e9 + 100.0)
-    if max_comms is not None:
-        agg._waits.lost.max_comms = max_comms
-    for lo in range(0, 11_000, 100):
-        for name, ev, sel in (("A", a, ~held), ("B", b, np.ones(len(b), bool)), ("A", a, held)):
-            t = (ev["enqueue_ns"].astype(np.int64) - T0) // 1_000_000 + (3000 if sel is held else 0)
-            part = ev[sel & (t >= lo) & (t < lo + 100)]
-            if len(part):
-                agg.consume(RecordBatch(part, f"h{name}", name, {}))
-    agg.shutdown()
-    return [r.features for r in sink.items], m
+    return _feed_jobs(a, b, held, max_comms)
 
 
 def _comm_wait_windows(wfs: list, job_id: str, comm: int) -> set[float]:
