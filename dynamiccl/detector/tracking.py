@@ -20,6 +20,7 @@ import polars as pl
 from typing import TYPE_CHECKING
 
 from .events import RegimeChange, TransientEnd
+from .regime_spread import regime_scale
 from .softer_release import release_of_softer_step
 from .warmup_trim import trim_warmups
 
@@ -95,7 +96,7 @@ class Tracking:
         if inc.kind == "flapping" or inc.flapping_id is not None:
             return None
         move = (cur[ok] - inc.level[ok]) * inc.direction
-        z = move / inc.base_scale[ok]
+        z = move / regime_scale(cfg, tab, inc, ws.t, ok)     # the regime's own noise (`regime_spread`)
         m, before = float(np.median(move)), inc.last_move
         inc.last_move = m
         if not (m >= math.log(cfg.incidents.step_ratio) and float(np.median(z)) >= cfg.fusion.confirm_z):
