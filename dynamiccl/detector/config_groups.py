@@ -223,6 +223,11 @@ class IncidentConfig(_Group):
                                              # (a throttle, its release, the next throttle) one
                                              # flapping change whose release came 15 s late
                                              # (docs/evaluation/2026-11-27-detection.md)
+    regime_spread: bool = True               # a deeper step's z in the larger of the old sigma and the
+                                             # degraded regime's own spread (`dynamiccl.detector.regime_spread`)
+    softer_release: bool = True              # a recovery within ``merge_s`` of the incident's softer step
+                                             # is that step's release: no second change, the retuner
+                                             # hears of it (`dynamiccl.detector.softer_release`)
     transient_s: float = 10.0                # > 0: an incident of one report back within this of
                                              # its onset and half of it of its report is a transient,
                                              # closed without a `recovery` (10 s = twice the 5 s

@@ -75,7 +75,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                          "alarms_merged": 0, "incidents_dropped": 0, "pending_dropped": 0,
                          "workload_changes": 0, "autoencoder_flags": 0, "network_only": 0,
                          "rank_triggers": 0, "rank_waits": 0, "small_waits": 0,
-                         "rank_rechecks": 0, "onset_waits": 0, "transients": 0,
+                         "rank_rechecks": 0, "onset_waits": 0, "transients": 0, "softer_releases": 0,
                          "paced_kind_now": 0, "warmups_trimmed": 0}
         self.counters["paced_preconfirmed"] = 0   # paced warm-up alarms confirmed by their own samples
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges

@@ -46,6 +46,7 @@ class Incident:
     closed_step: int | None = None
     rank_of: tuple[int, int] | None = None     # (comm_hash, rank): opened by rank evidence alone
     step_ids: list[str] = field(default_factory=list)   # deeper / softer steps (`dynamiccl.detector.steps`)
+    level_step: int = -1                       # bank step its level was last set by a step (`steps`)
     transient: bool = False                    # closed as a transient excursion (`Tracking._transient`)
 
     @property

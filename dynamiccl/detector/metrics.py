@@ -99,7 +99,7 @@ BY_NAME = {m.name: m for m in METRICS}
 
 SUPPRESS_REASONS = ("spikes_suppressed", "small_shifts", "alarms_absorbed", "alarms_merged",
                     "incidents_dropped", "pending_dropped", "workload_changes",
-                    "transients")
+                    "transients", "softer_releases")
 
 
 def _base(name: str) -> str:

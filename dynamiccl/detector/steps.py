@@ -137,6 +137,7 @@ class StepRule:
         if good.any() and float(np.median(where[good])) <= cfg.incidents.recovery_fraction:
             return None          # back to the pre-incident regime: the recovery rule's call
         inc.level[pos[good]] = cur[good]
+        inc.level_step = ws.t
         deeper = step_lr * inc.direction > 0
         last = self._last.get(id(inc))
         if last is not None and last[1] == deeper and (ws.t - last[0]) * window_s <= cfg.incidents.merge_s:

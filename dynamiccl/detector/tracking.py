@@ -20,6 +20,8 @@ import polars as pl
 from typing import TYPE_CHECKING
 
 from .events import RegimeChange, TransientEnd
+from .regime_spread import regime_scale
+from .softer_release import release_of_softer_step
 from .warmup_trim import trim_warmups
 
 if TYPE_CHECKING:
@@ -94,7 +96,7 @@ class Tracking:
         if inc.kind == "flapping" or inc.flapping_id is not None:
             return None
         move = (cur[ok] - inc.level[ok]) * inc.direction
-        z = move / inc.base_scale[ok]
+        z = move / regime_scale(cfg, tab, inc, ws.t, ok)     # the regime's own noise (`regime_spread`)
         m, before = float(np.median(move)), inc.last_move
         inc.last_move = m
         if not (m >= math.log(cfg.incidents.step_ratio) and float(np.median(z)) >= cfg.fusion.confirm_z):
@@ -224,9 +226,11 @@ class Tracking:
         base = inc.change
         self._restore(inc)
         self._close(inc, ws.t)
-        if self._transient(inc, closed_s):
-            inc.transient = True
-            self.counters["transients"] += 1
+        transient = self._transient(inc, closed_s)
+        if transient or release_of_softer_step(self.config, inc, closed_s):
+            # a transient (no regime of its own), or the release its softer step already reported
+            inc.transient = transient
+            self.counters["transients" if transient else "softer_releases"] += 1
             self.ended.append(TransientEnd(
                 id=f"{base.id}.end", job_id=inc.job, ends=tuple(inc.ids), start_s=start_s, detected_s=closed_s,
                 magnitude=mag, comms=tuple(base.comms), comm_names=tuple(base.comm_names), funcs=tuple(base.funcs),
