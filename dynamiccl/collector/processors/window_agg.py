@@ -86,6 +86,12 @@ class WindowAggregator:
         self._lock = threading.Lock()
         self._waits = WaitWiring()              # the waits' drops and close step (processors/wait_window.py)
 
+    @property
+    def losses(self):
+        """Where records lost outside this aggregator are told (processors/wait_losses.py ``LossLedger``);
+        None when the wait streams are off (nothing would take the notes)."""
+        return self._waits.ledger if self.config.wait_streams else None
+
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         pass
@@ -154,7 +160,7 @@ class WindowAggregator:
             n_early = int((early & keep).sum())
             if n_early:
                 m.drop("too_early", n_early)
-                self._waits.dropped(job, gcomm[early & keep], m)
+                self._waits.dropped(job, gcomm[early & keep], m, "too_early")
                 keep &= ~early
         if not keep.all():
             ev, t, widx, gcomm, ts, gpu = ev[keep], t[keep], widx[keep], gcomm[keep], ts[keep], gpu[keep]
@@ -251,6 +257,10 @@ class WindowAggregator:
             per_window = self._max_win - n <= self._max_buf - self._buffered
             self._overflow(w, m - room, ("max_window_records", self._max_win) if per_window
                            else ("max_buffered_records", self._max_buf))
+            if self.config.wait_streams:         # their communicators' waits withheld in w (wait_window.py)
+                gone = (cols["kc"][max(room, 0):m] if idx is None else cols["kc"][idx[max(room, 0):]]) >> 16
+                job = self.gcomms.values[int(gone[0])][0]          # one batch: one job
+                self._waits.dropped(job, gone, self.metrics, "window_full", w)
             if room <= 0:
                 return
             idx = np.arange(room) if idx is None else idx[:room]
