@@ -123,14 +123,18 @@ class NodeCollector:
         notes, refused = self.losses.take()
         open_w = [win, *sorted(self._open)]
         for w in open_w if refused else ():              # a note refused (ledger full): every open window
-            self._lost_at.setdefault(w, LostRecords()).dropped(0, np.full(refused, -1, np.int64))
+            self._lost_at.setdefault(w, LostRecords()).dropped_job(0, refused)
         for note in (n for n in notes if n.job_id == self.config.job_id):    # a node speaks for one job
             self.counters["waits_lossy_noted"] += note.n
             ws = note_windows(note, win, open_w, self._win_ns, NOTE_AHEAD_WINDOWS)
-            comm = np.full(note.n, -1, np.int64) if note.events is None else note.events["comm_hash"]
             for w in np.unique(ws).tolist():
                 at = self._lost_at.setdefault(w, LostRecords())
-                self.counters["waits_lossy_folded"] += at.dropped(0, comm[ws == w] if len(ws) == len(comm) else comm)
+                if note.events is None:                  # a jump: no communicator, the whole node-window
+                    at.dropped_job(0, note.n)
+                else:
+                    comm = note.events["comm_hash"]
+                    self.counters["waits_lossy_folded"] += at.dropped(0, comm[ws == w] if len(ws) == len(comm)
+                                                                       else comm)
         comms, whole = self._lost.take()
         for mine, theirs in zip((comms, whole), self._lost_at.pop(win).take() if win in self._lost_at else ()):
             for k, v in theirs.items():

@@ -76,3 +76,11 @@ def test_a_record_seq_jump_marks_the_whole_node_window_open_at_it():
     assert all(comms == [] for _, comms in marks.values()) and c["waits_lossy_noted"] == 80
     other_job, c2 = _node_run(_at_3s, lambda node, lost, nxt: node.losses.note(LossNote("delivery_gap", "k", 32)))
     assert all(v == (0, []) for v in other_job.values()) and c2["waits_lossy_noted"] == 0
+
+
+def test_a_forged_jump_of_2_to_the_40_records_is_a_count_at_the_node():
+    """Fails before: the node held a jump per record (np.full(n)): a MemoryError closing the window."""
+    def gap(node, lost, nxt):
+        node.losses.note(LossNote("delivery_gap", "j", 1 << 40, t_hi_ns=int(nxt["enqueue_ns"].max())))
+    marks, c = _node_run(_at_3s, gap)
+    assert marks[W3][0] == 1 and c["waits_lossy_noted"] == 1 << 40

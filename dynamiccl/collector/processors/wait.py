@@ -219,6 +219,11 @@ class LostRecords:
                 folded += n if code >= 0 else 0
         return folded
 
+    def dropped_job(self, job: int, n: int) -> None:
+        """``n`` records of job ``job`` lost, their communicator unknown (a count: a forged record_seq jump
+        of 2^40 costs nothing here)."""
+        self.jobs[job] = self.jobs.get(job, 0) + n
+
     def take(self) -> tuple[dict[int, int], dict[int, int]]:
         """(per communicator, per job) since the last call, and start afresh (a window closed)."""
         out = self.comms, self.jobs

@@ -25,13 +25,15 @@ class WaitWiring:
         self.every_job: set[int] = set()
         self.ledger = LossLedger()
 
-    def dropped(self, job: int, gcomm: np.ndarray, metrics, cause: str = "late", w: int | None = None) -> None:
-        """Records of job code ``job`` dropped (``cause``) while the next window to close was open, or
-        attributed to window ``w``; ``gcomm``: their (job, communicator) codes (-1: communicator unknown,
-        counted against the job)."""
+    def dropped(self, job: int, gcomm: np.ndarray, metrics, cause: str | None = "late",
+                w: int | None = None) -> None:
+        """Records of job code ``job`` dropped (``cause``; None: counted by the caller) while the next window
+        to close was open, or attributed to window ``w``; ``gcomm``: their (job, communicator) codes (-1:
+        communicator unknown, counted against the job)."""
         lost = self.lost if w is None else self.at.setdefault(w, LostRecords())
         folded = lost.dropped(job, gcomm)
-        metrics.wait_lossy_causes({cause: len(gcomm)})
+        if cause is not None:
+            metrics.wait_lossy_causes({cause: len(gcomm)})
         if folded:
             metrics.add("wait_lossy_folded", folded)
 
@@ -53,18 +55,19 @@ class WaitWiring:
             self.every_job.update(open_w)
             agg.metrics.wait_lossy_causes({note.cause: note.n})
             return
+        agg.metrics.wait_lossy_causes({note.cause: note.n})   # once, however many windows it marks
         ws = note_windows(note, closing, open_w, agg._window_ns, agg.config.max_open_windows)
         if note.events is None:                           # a delivery gap: the job, no communicator
             for w in ws.tolist():
-                self.dropped(job, np.full(note.n, -1, np.int64), agg.metrics, note.cause, w)
+                self.at.setdefault(w, LostRecords()).dropped_job(job, note.n)
             return
         gcomm = agg._gcomm_codes(job, note.events["comm_hash"])
         if len(ws) != len(gcomm):                        # the records' windows unknown: each window marked
             for w in ws.tolist():
-                self.dropped(job, gcomm, agg.metrics, note.cause, w)
+                self.dropped(job, gcomm, agg.metrics, None, w)
             return
         for w in np.unique(ws).tolist():
-            self.dropped(job, gcomm[ws == w], agg.metrics, note.cause, w)
+            self.dropped(job, gcomm[ws == w], agg.metrics, None, w)
 
     def _take(self, agg, w: int) -> tuple[dict[int, int], dict[int, int], bool]:
         """Window ``w``'s losses (per communicator code, per job code, whether every job's): the drops since
