@@ -98,6 +98,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_collector_wait_lossy_folded_records_total", "counter",
                "Records dropped as late or too early and counted against their whole job for the waits' lossy "
                "rule because 4096 communicators with drops were tracked already in that window."),
+    MetricSpec("dynamiccl_collector_wait_lossy_records_total", "counter",
+               "Records lost that fed the waits' lossy-window rule, by cause: late, too_early, window_full "
+               "(their communicator, their window); queue_full, flood (their communicator, the windows of their "
+               "event times); clock_range (their communicator, every open window); delivery_gap (record_seq "
+               "jumps: the whole job, the windows open at the gap); ledger_full (notes past the bound: every "
+               "job in every open window).", ("cause",)),
     MetricSpec("dynamiccl_collector_queue_records", "gauge",
                "Records waiting in a bounded queue.", ("queue",)),
     MetricSpec("dynamiccl_collector_parquet_files_written_total", "counter",
@@ -187,6 +193,9 @@ assert len(BY_NAME) == len(METRICS)
 _EVICTED = ("_evicted", "_evicted")
 #: job label sets of dynamiccl_collector_wait_withheld_lossy_total (beyond: folded into "_evicted")
 MAX_WAIT_JOBS = 1024
+#: the causes of records feeding the waits' lossy rule (processors/wait_losses.py), a fixed label set
+LOSS_CAUSES = ("late", "too_early", "window_full", "queue_full", "flood", "clock_range", "delivery_gap",
+               "ledger_full")
 
 
 class SelfMetrics:
@@ -230,6 +239,8 @@ class SelfMetrics:
         # dropped records counted against their job because MAX_LOSSY_COMMS communicators were tracked already
         self.wait_lossy_scope = {"communicator": 0, "job": 0}
         self.wait_lossy_folded = 0
+        # records lost that fed the lossy rule, by cause (processors/wait_losses.py: a fixed label set)
+        self.wait_lossy_cause = dict.fromkeys(LOSS_CAUSES, 0)
 
     def add(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -258,6 +269,11 @@ class SelfMetrics:
         with self._lock:
             for scope, n in counts.items():
                 self.wait_lossy_scope[scope] += n
+
+    def wait_lossy_causes(self, counts: dict[str, int]) -> None:
+        with self._lock:
+            for cause, n in counts.items():
+                self.wait_lossy_cause[cause] += n
 
     def bad(self, reason: str) -> None:
         with self._lock:

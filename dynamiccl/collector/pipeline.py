@@ -38,6 +38,7 @@ from dynamiccl.collector.exporters.prometheus import PrometheusExporter
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
 from dynamiccl.collector.processors.peers import PeerStage
 from dynamiccl.collector.processors.time_gate import EventTimeGate
+from dynamiccl.collector.processors.wait_losses import LossNote
 from dynamiccl.collector.processors.window_agg import WindowAggregator
 from dynamiccl.collector.receivers.replay import ReplayReceiver
 from dynamiccl.collector.receivers.source import Source
@@ -93,7 +94,7 @@ class Pipeline:
                                            metrics=self.metrics, clock=clock)
         self.queues["aggregator"] = QueuedConsumer(
             self.aggregator, max_items=cfg.window.queue_max_records, name="aggregator", weight=len,
-            on_drop=lambda b: self.metrics.drop("queue_full", len(b)), tick_s=0.1, clock=clock)
+            on_drop=self._queue_full, tick_s=0.1, clock=clock)
         # per-peer network timing (PEER records): its own windows, Prometheus rows and parquet table
         self.peers = PeerStage(cfg.peers, cfg.window, metrics=self.metrics, gauge_ttl_s=cfg.prometheus.gauge_ttl_s,
                                parquet_dir=cfg.parquet.directory, registry=self.registry, clock=clock)
@@ -108,7 +109,8 @@ class Pipeline:
         if cfg.receiver.listen:
             self.stream = StreamReceiver(cfg.receiver, next_consumer=_StreamIngest(self),
                                          metrics=self.metrics, plugin_stats=self.plugin_stats,
-                                         peer_consumer=self.queues["peers"], clock=clock)
+                                         peer_consumer=self.queues["peers"], clock=clock,
+                                         losses=self.aggregator.losses)
         self.replay = None
         if cfg.replay:
             self.replay = ReplayReceiver(cfg.replay, ingest=self._ingest_replay)
@@ -125,15 +127,18 @@ class Pipeline:
         ev = batch.events
         if received:
             self.metrics.add("received", len(ev))
-        ok = valid_mask(ev)
+        ok = valid = valid_mask(ev)
         n_valid = int(ok.sum())
         self.metrics.drop("invalid", len(ev) - n_valid)
         if history:
             in_range = self.time_gate.admit(batch.host, event_time_ns(ev))
             if in_range is not None:
-                ok &= in_range
+                ok = ok & in_range           # a new array: ``valid`` stays the valid mask
         n_ok = int(ok.sum())
         self.metrics.drop("clock_range", n_valid - n_ok)
+        if n_valid - n_ok and self.aggregator.losses is not None:    # their times untrusted: every open window
+            self.aggregator.losses.note(LossNote("clock_range", batch.job_id, n_valid - n_ok,
+                                                 ev[valid & ~ok], timed=False))
         if n_ok < len(ev):
             if n_ok == 0:
                 return 0
@@ -143,6 +148,12 @@ class Pipeline:
         if history and pq is not None:
             pq.consume(batch)
         return n_ok if self.queues["aggregator"].consume(batch, block=block) else 0
+
+    def _queue_full(self, batch: RecordBatch) -> None:
+        """The aggregator's queue refused a decoded batch: counted, and told to the waits' lossy rule."""
+        self.metrics.drop("queue_full", len(batch))
+        if self.aggregator.losses is not None:
+            self.aggregator.losses.note(LossNote("queue_full", batch.job_id, len(batch), batch.events))
 
     def _ingest_replay(self, batch: RecordBatch, block: bool = True) -> int:
         return self.ingest(batch, block=block, history=False)

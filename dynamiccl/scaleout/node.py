@@ -16,12 +16,16 @@ from dynamiccl.collector.records import event_time_ns, valid_mask
 from dynamiccl.contracts.partition import check_partitions
 from dynamiccl.scaleout.bus import Message, Outbox, msg_id, subject, unit
 from dynamiccl.collector.processors.wait import LOSSY_SHARE, LostRecords
+from dynamiccl.collector.processors.wait_losses import LossLedger, note_windows
 from dynamiccl.scaleout.partials import node_partial, split_partial
 from dynamiccl.scaleout.waits import MAX_WAIT_RECORDS, lossy_comms
 from dynamiccl.scaleout.window_store import ColumnPool, WindowColumns
 from dynamiccl.scaleout.wire import MAX_MESSAGE_BYTES, encode_messages, raw_size
 
-__all__ = ["NodeConfig", "NodeCollector", "registry"]
+__all__ = ["NodeConfig", "NodeCollector", "registry", "NOTE_AHEAD_WINDOWS"]
+
+#: windows past the newest open one a noted lost record may be attributed to (further: the next to close)
+NOTE_AHEAD_WINDOWS = 16
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,15 @@ class NodeCollector:
         self.counters = {"received": 0, "aggregated": 0, "windows": 0, "dropped_invalid": 0,
                          "dropped_late": 0, "dropped_buffer_full": 0, "dropped_unencodable": 0,
                          "split_partials": 0, "waits_cut": 0, "waits_lossy_windows": 0, "waits_lossy_comms": 0,
-                         "waits_lossy_folded": 0}
+                         "waits_lossy_folded": 0, "waits_lossy_noted": 0}
         # records dropped late / buffer full since the last close, per communicator (hash; past
         # MAX_LOSSY_COMMS of them, against the whole node-window): the waits' lossy rule (scaleout/waits.py)
         self._lost = LostRecords()
+        # records lost before the node (its queue full, the receiver's floods and record_seq jumps), told as
+        # notes from other threads (collector/processors/wait_losses.py), attributed at the next close to the
+        # windows they say (per communicator; a jump's, of no communicator, to the whole node-window)
+        self.losses = LossLedger()
+        self._lost_at: dict[int, LostRecords] = {}
 
     def consume(self, ev: np.ndarray) -> None:
         c = self.counters
@@ -108,6 +117,31 @@ class NodeCollector:
             store = self._open[win] = self._pool.take()
         return store
 
+    def _take_lost(self, win: int) -> tuple[dict[int, int], dict[int, int]]:
+        """Window ``win``'s lost records (per communicator hash, per the whole node-window under key 0):
+        the late / buffer-full drops since the last close and the notes attributed to it."""
+        notes, refused = self.losses.take()
+        open_w = [win, *sorted(self._open)]
+        for w in open_w if refused else ():              # a note refused (ledger full): every open window
+            self._lost_at.setdefault(w, LostRecords()).dropped_job(0, refused)
+        for note in (n for n in notes if n.job_id == self.config.job_id):    # a node speaks for one job
+            self.counters["waits_lossy_noted"] += note.n
+            ws = note_windows(note, win, open_w, self._win_ns, NOTE_AHEAD_WINDOWS)
+            for w in np.unique(ws).tolist():
+                at = self._lost_at.setdefault(w, LostRecords())
+                if note.events is None:                  # a jump: no communicator, the whole node-window
+                    at.dropped_job(0, note.n)
+                else:
+                    comm = note.events["comm_hash"]
+                    self.counters["waits_lossy_folded"] += at.dropped(0, comm[ws == w] if len(ws) == len(comm)
+                                                                       else comm)
+        comms, whole = self._lost.take()
+        for mine, theirs in zip((comms, whole), self._lost_at.pop(win).take() if win in self._lost_at else ()):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        self._lost_at = {k: v for k, v in self._lost_at.items() if k > win}
+        return comms, whole
+
     def tick(self, *, flush_all: bool = False) -> int:
         """Close the ready windows (all with ``flush_all``), queue their partials, flush the outbox."""
         self.close_ready(flush_all=flush_all)
@@ -131,7 +165,7 @@ class NodeCollector:
         cfg = self.config
         # the waits' lossy rule (collector/processors/wait.py): records lost while the window was open, per
         # communicator; those past the communicators tracked, against the node-window
-        comms, whole = self._lost.take()
+        comms, whole = self._take_lost(win)
         p = node_partial(ev, node=cfg.node, job_id=cfg.job_id, window=win, window_s=cfg.window_s,
                          waits=cfg.wait_streams, max_wait_records=cfg.max_wait_records,
                          lossy=whole.get(0, 0) > LOSSY_SHARE * n, lossy_comms=lossy_comms(ev["comm_hash"], comms))
@@ -178,8 +212,10 @@ def registry(node: NodeCollector):
                                         "withholds (lossy_windows), communicators of a window whose waits it "
                                         "withholds (lossy_comms), records dropped while a window was open "
                                         "counted against the whole window past 4096 communicators "
-                                        "(lossy_folded)", labels=["outcome"])
-            for k in ("cut", "lossy_windows", "lossy_comms", "lossy_folded"):
+                                        "(lossy_folded), records lost before the node (queue full, flood, "
+                                        "record_seq jumps) fed to the lossy rule (lossy_noted)",
+                                        labels=["outcome"])
+            for k in ("cut", "lossy_windows", "lossy_comms", "lossy_folded", "lossy_noted"):
                 waits.add_metric([k], c[f"waits_{k}"])
             yield waits
             yield CounterMetricFamily("dynamiccl_node_split_partials", "partials sent in several messages",

@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from dynamiccl.collector.component import QueuedConsumer, RecordBatch
 from dynamiccl.collector.metrics import SelfMetrics
+from dynamiccl.collector.processors.wait_losses import LossNote
 from dynamiccl.collector.receivers.stream import StreamReceiver
 from dynamiccl.scaleout.auth import classify_refusal, load_credentials
 from dynamiccl.scaleout.bus import Message, Outbox, job_of, window_of
@@ -53,7 +54,10 @@ class NodeIngest:
         self.node.close_ready()
 
     def dropped(self, batch: RecordBatch) -> None:
+        """The queue refused ``batch``: counted, and its communicators' waits withheld in its windows."""
         self.node.counters["dropped_queue_full"] += len(batch)
+        if self.node.config.wait_streams and batch.job_id == self.node.config.job_id:
+            self.node.losses.note(LossNote("queue_full", batch.job_id, len(batch), batch.events))
 
 
 def refusal_counter(counters: dict, who: str) -> Callable[[Exception], Awaitable[None]]:
@@ -102,7 +106,8 @@ async def run_node(cfg: NodeServiceConfig, stop: asyncio.Event, *, ready: Callab
     ingest = NodeIngest(node)
     queue = QueuedConsumer(ingest, max_items=cfg.max_queued_records, name="node", weight=len,
                            on_drop=ingest.dropped, tick_s=0.1)
-    receiver = StreamReceiver(cfg.receiver, next_consumer=queue, metrics=SelfMetrics())
+    receiver = StreamReceiver(cfg.receiver, next_consumer=queue, metrics=SelfMetrics(),
+                              losses=node.losses if cfg.node.wait_streams else None)
     queue.start()
     receiver.start()
     nc = js = kv = tuner_sub = None

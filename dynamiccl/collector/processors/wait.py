@@ -21,7 +21,9 @@ Rules (each one a named gate below, each refusal counted):
   dropped record's communicator is known (the aggregator codes (job, communicator) before it drops), so the
   drops are attributed to it and the job's other communicators (dozens: tensor-, pipeline-, data-parallel
   groups) keep their waits, as do other jobs. Drops of an unknown communicator, or past the bound on
-  communicators tracked (processors/wait_window.py), count against the whole job (``LOSSY_JOB``);
+  communicators tracked (processors/wait_window.py), count against the whole job (``LOSSY_JOB``). Records
+  lost elsewhere (window_full, queue_full, flood, clock_range, delivery gaps) feed the same rule, each as far
+  as its drop knows (processors/wait_losses.py);
 * ``withheld``: a (communicator, collective) whose untimed instances in the window were refused more than
   ``WITHHOLD_SHARE`` of the time gives no waits in that window: records are being lost or held back (a host's
   clock jumped, a rank vanished), and the instances that stay complete are a biased sample (on the simulated
@@ -218,6 +220,11 @@ class LostRecords:
                 self.jobs[job] = self.jobs.get(job, 0) + n
                 folded += n if code >= 0 else 0
         return folded
+
+    def dropped_job(self, job: int, n: int) -> None:
+        """``n`` records of job ``job`` lost, their communicator unknown (a count: a forged record_seq jump
+        of 2^40 costs nothing here)."""
+        self.jobs[job] = self.jobs.get(job, 0) + n
 
     def take(self) -> tuple[dict[int, int], dict[int, int]]:
         """(per communicator, per job) since the last call, and start afresh (a window closed)."""

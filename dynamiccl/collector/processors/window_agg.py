@@ -37,70 +37,12 @@ from dynamiccl.collector.processors.aggregate import (
     aggregate_window,
 )
 from dynamiccl.collector.processors.wait_window import WaitWiring
+from dynamiccl.collector.processors.window_buffer import COLUMNS, Interner, _Window  # noqa: F401 (re-exported)
 from dynamiccl.collector.wire_format import TimingSource
 
 __all__ = ["WindowAggregator", "aggregate_window"]
 
 log = logging.getLogger(__name__)
-
-
-class Interner:
-    """str/tuple → dense int code (bounded: ``get`` returns -1 when full)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.codes: dict = {}
-        self.values: list = []
-
-    def get(self, value) -> int:
-        code = self.codes.get(value)
-        if code is None:
-            if len(self.values) >= self.limit:
-                return -1
-            code = len(self.values)
-            self.codes[value] = code
-            self.values.append(value)
-        return code
-
-
-#: the per-record columns a window keeps (name, dtype)
-COLUMNS = (("kc", np.int64), ("seq", np.int64), ("dur", np.float64), ("bytes", np.float64),
-           ("rel", np.float64), ("rank", np.int32), ("nranks", np.int32), ("nnodes", np.int32),
-           ("tcv", np.uint32), ("host", np.uint16), ("bucket", np.uint8))
-
-
-class _Window:
-    """Growable column buffers of one open window (capacity doubles; no per-window concatenation)."""
-    __slots__ = ("cols", "n", "cap")
-
-    def __init__(self, cap: int):
-        self.cap = max(16, int(cap))
-        self.cols = {name: np.empty(self.cap, dt) for name, dt in COLUMNS}
-        self.n = 0
-
-    def append(self, cols: dict[str, np.ndarray], idx: np.ndarray | None = None, *,
-               limit: int = 1 << 62) -> None:
-        """Append a batch's columns (rows ``idx``, or all); capacity never grows past ``limit``
-        (the caller keeps ``n + m <= limit``)."""
-        m = len(cols["kc"]) if idx is None else len(idx)
-        if self.n + m > self.cap:
-            cap = max(min(self.cap * 2, limit), self.n + m)
-            for name, a in self.cols.items():
-                b = np.empty(cap, a.dtype)
-                b[:self.n] = a[:self.n]
-                self.cols[name] = b
-            self.cap = cap
-        lo, hi = self.n, self.n + m
-        for name, a in self.cols.items():
-            v = cols[name]
-            if idx is None or np.ndim(v) == 0:       # whole batch, or a per-batch scalar (host)
-                a[lo:hi] = v
-            else:
-                np.take(v, idx, out=a[lo:hi])
-        self.n = hi
-
-    def view(self) -> dict[str, np.ndarray]:
-        return {name: a[:self.n] for name, a in self.cols.items()}
 
 
 class WindowAggregator:
@@ -143,6 +85,12 @@ class WindowAggregator:
         self._batches_since_wm = 0
         self._lock = threading.Lock()
         self._waits = WaitWiring()              # the waits' drops and close step (processors/wait_window.py)
+
+    @property
+    def losses(self):
+        """Where records lost outside this aggregator are told (processors/wait_losses.py ``LossLedger``);
+        None when the wait streams are off (nothing would take the notes)."""
+        return self._waits.ledger if self.config.wait_streams else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -212,7 +160,7 @@ class WindowAggregator:
             n_early = int((early & keep).sum())
             if n_early:
                 m.drop("too_early", n_early)
-                self._waits.dropped(job, gcomm[early & keep], m)
+                self._waits.dropped(job, gcomm[early & keep], m, "too_early")
                 keep &= ~early
         if not keep.all():
             ev, t, widx, gcomm, ts, gpu = ev[keep], t[keep], widx[keep], gcomm[keep], ts[keep], gpu[keep]
@@ -309,6 +257,10 @@ class WindowAggregator:
             per_window = self._max_win - n <= self._max_buf - self._buffered
             self._overflow(w, m - room, ("max_window_records", self._max_win) if per_window
                            else ("max_buffered_records", self._max_buf))
+            if self.config.wait_streams:         # their communicators' waits withheld in w (wait_window.py)
+                gone = (cols["kc"][max(room, 0):m] if idx is None else cols["kc"][idx[max(room, 0):]]) >> 16
+                job = self.gcomms.values[int(gone[0])][0]          # one batch: one job
+                self._waits.dropped(job, gone, self.metrics, "window_full", w)
             if room <= 0:
                 return
             idx = np.arange(room) if idx is None else idx[:room]

@@ -32,8 +32,10 @@ from dynamiccl.collector.decode import GapTracker, ProtocolError, StreamDecoder
 from dynamiccl.collector.metrics import PluginStats, SelfMetrics
 from dynamiccl.collector.net import listen
 from dynamiccl.collector.processors.peers import PeerBatch
+from dynamiccl.collector.processors.wait_losses import LossNote
 from dynamiccl.collector.ratelog import RateLimitedLog
 from dynamiccl.collector.receivers.continuity import RestartLedger
+from dynamiccl.collector.records import event_time_ns
 from dynamiccl.collector.wire_format import MAX_RECORDS_PER_FRAME, PEER_DTYPE, RECORD_SIZE
 
 __all__ = ["StreamReceiver"]
@@ -73,8 +75,9 @@ class StreamReceiver:
 
     def __init__(self, config: ReceiverConfig, *, next_consumer, metrics: SelfMetrics,
                  plugin_stats: PluginStats | None = None, peer_consumer=None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, losses=None):
         config.validate()
+        self.losses = losses   # floods and delivery gaps told to the waits' lossy rule (processors/wait_losses.py)
         self.peer_consumer = peer_consumer  # PEER records (processors/peers.py); None: counted as invalid
         if next_consumer is None:
             raise ValueError("next_consumer must not be None")
@@ -349,12 +352,17 @@ class StreamReceiver:
         conn.rate_count += res.n_records
         if conn.rate_count > self.config.max_records_per_s_per_connection:
             m.drop("flood", res.n_records)
+            if self.losses is not None and res.events is not None:
+                self.losses.note(LossNote("flood", dec.job_id, len(res.events), res.events))
             self._reject(conn, "flood", f"more than {self.config.max_records_per_s_per_connection} "
                                         "records/s on one connection")
             return
         lost, jumps = self.gaps.observe(dec.process_key, res.seqs)
         if lost:
             m.gap(dec.job_id, dec.host, lost, jumps)
+            if self.losses is not None:        # the lost records are older than this batch's latest
+                t_hi = int(event_time_ns(res.events).max()) if res.events is not None and len(res.events) else None
+                self.losses.note(LossNote("delivery_gap", dec.job_id, lost, t_hi_ns=t_hi))
         if res.n_invalid_kind:
             m.drop("invalid", res.n_invalid_kind)
         for st in res.stats:
