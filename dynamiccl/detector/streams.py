@@ -41,6 +41,7 @@ from .step_rate import StepRate
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
 from .warmup_split import split_warmups
+from .warmup_stash import WarmupStash
 from .stream_group import STREAM_KEY, group_streams, rank_masks, reporting
 from .wait_streams import with_wait_rows
 from .stream_index import StreamIndex
@@ -98,6 +99,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.pool = InstancePool(_GROW)
         self.cadence = JobCadence()
         self.paced_warmup = PacedWarmup(cfg.baseline.paced_warmup)
+        self.warm_stash = WarmupStash(cfg.baseline.resume_warmup)
         self.step_rate = StepRate()
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         b = cfg.baseline

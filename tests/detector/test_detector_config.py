@@ -39,7 +39,8 @@ ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.early_ratio": 1.5, "ba
                "incidents.transient_s": 10.0, "baseline.split_warmup": False, "incidents.recovery_drain": True,
                "baseline.trim_warmup": False}
 ADDED_SINCE["baseline.paced_warmup"] = True   # the step-paced warm-up chart (`paced_warmup.py`)
-ADDED_SINCE["baseline.chart_excursions"] = False   # per-chart warm-up CUSUM references (`chart_excursions.py`)
+ADDED_SINCE["baseline.chart_excursions"] = False
+ADDED_SINCE["baseline.resume_warmup"] = True   # a warm-up resumed on an A -> B -> A workload (`warmup_stash.py`)   # per-chart warm-up CUSUM references (`chart_excursions.py`)
 
 
 def test_every_default_is_the_flat_configurations():
