@@ -51,6 +51,9 @@ class WarmupStash:
             s = self.saved.get(i)
             if s is None:
                 continue
+            if not table.early.first[i]:   # it got a fixed baseline since: that one is restored instead
+                self.saved.pop(i, None)
+                continue
             with np.errstate(invalid="ignore", divide="ignore"):
                 ok = (abs(np.log(b / s[1])) <= 0.5 * cfg.workload.mix_change
                       and abs(np.log(c / s[2])) <= 0.5 * cfg.workload.coverage_change)

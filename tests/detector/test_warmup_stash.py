@@ -51,3 +51,14 @@ def test_rank_that_stays_gone_is_a_new_warmup(gone):
     det, counts, _ = _feed(True, gone=gone, until=40)
     assert det.table.warm_stash.n_resumed == 0
     assert counts.min() <= 10, counts          # ... from window 31 on
+
+
+def test_stash_is_not_resumed_over_a_fixed_baseline():
+    """A stream that got its fixed baseline after the stash is restored by the fixed-baseline rule;
+    its old warm-up is dropped, not resumed over it."""
+    from dynamiccl.detector.streams import StreamTable
+    tab = StreamTable(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    tab.warm_stash.saved[0] = (np.zeros(20), 1.0, 1.0)
+    tab.early.first[0] = False
+    resume, _ = tab.warm_stash.take(tab, np.array([0]), np.array([1.0]), np.array([1.0]))
+    assert resume == {} and 0 not in tab.warm_stash.saved
