@@ -123,6 +123,13 @@ class BaselineConfig(_Group):
     paced_warmup: bool = True                # a step-paced job's streams in their first warm-up are also
                                              # judged by the short-baseline warm-up CUSUMs from
                                              # ``early_min`` samples (`dynamiccl.detector.paced_warmup`)
+    resume_warmup: bool = True               # a warming stream re-baselined for a new workload stashes its
+                                             # warm-up; a return to that workload resumes it
+                                             # (`dynamiccl.detector.warmup_stash`)
+    chart_excursions: bool = False           # each warm-up CUSUM chart (delta) keeps its own excursion's
+                                             # reference, not the oldest open one's
+                                             # (`dynamiccl.detector.chart_excursions`); off: dev
+                                             # half within 5 s 0.720 -> 0.668 (step-paced seeds)
 
     def validate(self) -> "BaselineConfig":
         self._switches()

@@ -57,10 +57,12 @@ class EarlyChart:
     """Per-stream state of the early chart; the samples are the bank's warm-up buffer."""
 
     def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float,
-                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5, confirm_z: float = 3.0):
+                 deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5, confirm_z: float = 3.0,
+                 per_chart: bool = False):
         from .early_cusum import SparseWarmupCusum
         self.warmup = int(warmup)
-        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples, confirm_z=confirm_z)
+        self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples, confirm_z=confirm_z,
+                                        per_chart=per_chart)
         self.arl0 = float(arl0)   # the stream table's per-stream ARL0 (it retargets it)
         self.log_ratio = math.log(ratio) if ratio > 0 else math.inf
         self.z = float(z)

@@ -35,6 +35,7 @@ import numpy as np
 
 from ._baseline import robust_baseline
 from .arl import cusum_threshold_estimated
+from .chart_excursions import ChartExcursions
 from .paced_warmup import PacedConfirm
 
 __all__ = ["SparseWarmupCusum"]
@@ -44,8 +45,11 @@ class SparseWarmupCusum:
     """Per-stream CUSUM statistics (one pair per delta) and the current excursion's start."""
 
     def __init__(self, capacity: int, *, deltas: tuple[float, ...], min_samples: int, estimator: str = "winsorized",
-                 confirm_z: float = 3.0):
+                 confirm_z: float = 3.0, per_chart: bool = False):
         self.deltas = np.asarray(deltas, np.float64)
+        # each chart's excursion has its own reference (`chart_excursions`); off: one shared one
+        self.per_chart = bool(per_chart)
+        self.charts = ChartExcursions(capacity, self.deltas.size)
         self.confirm_z = float(confirm_z)   # the fusion stage's confirmation bar (`fusion.confirm_z`)
         self.min_samples = int(min_samples)
         self.estimator = estimator
@@ -74,11 +78,13 @@ class SparseWarmupCusum:
         self._alloc(extra)
         for n, a in zip(names, old):
             setattr(self, n, np.concatenate([a, getattr(self, n)]))
+        self.charts.grow(extra)
 
     def forget(self, idx) -> None:
         """The statistics and the open excursion (not the spacing: the stream's cadence is unchanged)."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
         self.up[idx], self.down[idx], self.keep[idx], self.pending[idx] = 0.0, 0.0, -1, 0
+        self.charts.forget(idx)
 
     def _per_sample(self, i: int, now_s: float, window_s: float) -> float:
         """Windows per sample of stream ``i`` (EWMA, rounded down to a power of 2, at least 1)."""
@@ -114,26 +120,12 @@ class SparseWarmupCusum:
                 if verdict:
                     fired[m], direction[m] = True, verdict
                     continue
-            open_ = self.keep[i] >= 0
-            n = int(self.keep[i]) if open_ else int(c)
-            if n < self.min_samples:   # an excursion opened on too few samples: judged afresh
-                self.forget(i)
-                open_, n = False, int(c)
-            loc, scale = robust_baseline(rows[m, :n], self.estimator)
-            z = (xi - float(loc)) / max(float(scale), floor)
-            z = np.clip(z, -(self.deltas + 1.0), self.deltas + 1.0)
-            k = self.deltas / 2.0
-            before = (self.up[i].copy(), self.down[i].copy())
-            self.up[i] = np.maximum(0.0, self.up[i] + z - k)
-            self.down[i] = np.maximum(0.0, self.down[i] - z - k)
-            if not open_ and (self.up[i].any() or self.down[i].any()):
-                self.keep[i], self.start[i] = n, t
-            elif open_ and not (self.up[i].any() or self.down[i].any()):
-                self.keep[i] = -1
-            h = np.array([self.threshold(n, d, max(arl0 / per_sample, 2.0)) for d in self.deltas.tolist()])
-            up, down = (self.up[i] >= h).any(), (self.down[i] >= h).any()
-            if (up or down) and confirm is not None and confirm[m] and PacedConfirm.lone(self, i, before, h):
-                PacedConfirm.hold(self, i, 1 if up else -1, h)
+            if self.per_chart:
+                up, down = self._charts(t, i, xi, rows[m], int(c), floor, arl0 / per_sample)
+            else:
+                up, down = self._shared(t, i, xi, rows[m], int(c), floor, arl0 / per_sample)
+            if (up or down) and confirm is not None and confirm[m] and PacedConfirm.lone(self, i, self._before, self._hh):
+                PacedConfirm.hold(self, i, 1 if up else -1, self._hh)
             elif up or down:
                 fired[m] = True
                 direction[m] = 1 if up else -1
@@ -145,3 +137,42 @@ class SparseWarmupCusum:
             self.forget(j[fired])
             self.n_alarms += int(fired.sum())
         return fired, direction, start, keep
+
+    def _stats(self, i: int, z: np.ndarray) -> None:
+        k = self.deltas / 2.0
+        self._before = (self.up[i].copy(), self.down[i].copy())
+        self.up[i] = np.maximum(0.0, self.up[i] + z - k)
+        self.down[i] = np.maximum(0.0, self.down[i] - z - k)
+
+    def _z(self, x: float, row: np.ndarray, n: int, floor: float) -> float:
+        loc, scale = robust_baseline(row[:n], self.estimator)
+        return (x - float(loc)) / max(float(scale), floor)
+
+    def _shared(self, t: int, i: int, xi: float, row: np.ndarray, c: int, floor: float, arl0: float):
+        """All charts judged against the oldest open excursion's reference (before the
+        per-chart rule; ``per_chart`` off)."""
+        open_ = self.keep[i] >= 0
+        n = int(self.keep[i]) if open_ else int(c)
+        if n < self.min_samples:   # an excursion opened on too few samples: judged afresh
+            self.forget(i)
+            open_, n = False, int(c)
+        z = np.clip(self._z(xi, row, n, floor), -(self.deltas + 1.0), self.deltas + 1.0)
+        self._stats(i, z)
+        if not open_ and (self.up[i].any() or self.down[i].any()):
+            self.keep[i], self.start[i] = n, t
+        elif open_ and not (self.up[i].any() or self.down[i].any()):
+            self.keep[i] = -1
+        self._hh = np.array([self.threshold(n, d, max(arl0, 2.0)) for d in self.deltas.tolist()])
+        return (self.up[i] >= self._hh).any(), (self.down[i] >= self._hh).any()
+
+    def _charts(self, t: int, i: int, xi: float, row: np.ndarray, c: int, floor: float, arl0: float):
+        """Each chart judged against its own excursion's reference (`chart_excursions`)."""
+        n = self.charts.reference(i, c, self.min_samples)
+        zs = {int(v): self._z(xi, row, int(v), floor) for v in np.unique(n).tolist()}
+        z = np.array([zs[int(v)] for v in n.tolist()])
+        self._stats(i, np.clip(z, -(self.deltas + 1.0), self.deltas + 1.0))
+        self.charts.update(i, t, n, self.up[i], self.down[i])
+        self._hh = np.array([self.threshold(int(v), d, max(arl0, 2.0)) for v, d in zip(n.tolist(), self.deltas.tolist())])
+        crossed = (self.up[i] >= self._hh) | (self.down[i] >= self._hh)
+        self.keep[i], self.start[i] = self.charts.of_alarm(i, crossed) if crossed.any() else self.charts.oldest(i)
+        return (self.up[i] >= self._hh).any(), (self.down[i] >= self._hh).any()

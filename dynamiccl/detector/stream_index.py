@@ -89,6 +89,7 @@ class StreamIndex:
         reset_columns(self, idle)
         self.ss.n[idle] = 0
         self.early.forget(idle)
+        self.warm_stash.forget(idle)
         self.pool.forget(idle)
         self.hist[:, idle] = np.nan
         for i in idle.tolist():

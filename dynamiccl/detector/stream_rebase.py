@@ -65,6 +65,7 @@ class StreamRebase:
         self.prev_med[idx[known]] = cur_med[known]
         self.prev_scale[idx[known]] = cur_scale[known]
         self.prev_n[idx[known]] = self.ss.n[idx[known]]
+        stashed, _ = self.warm_stash.take(self, idx, new_bpr, new_cov)   # `warmup_stash`
         for bank in self.banks:
             bank.reset_streams(idx)
         self.ss.n[idx] = 0
@@ -77,6 +78,7 @@ class StreamRebase:
         if r_idx.size:
             self._adopt(r_idx, r_med, r_scale, np.maximum(r_n, 1))
             self.n_restored += int(r_idx.size)
+        self.warm_stash.resume(self, stashed)
         self.bytes_ref[idx] = new_bpr
         self.coverage_ref[idx] = new_cov
         self.reporting_ref[idx] = self.reporting[idx]

@@ -41,6 +41,7 @@ from .step_rate import StepRate
 from .stream_baseline import FIXED_BASELINE_MIN, KNOWN_BASELINE, StreamBaselines
 from .stream_columns import alloc_columns, grow_columns
 from .warmup_split import split_warmups
+from .warmup_stash import WarmupStash
 from .stream_group import STREAM_KEY, group_streams, rank_masks, reporting
 from .wait_streams import with_wait_rows
 from .stream_index import StreamIndex
@@ -98,12 +99,13 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.pool = InstancePool(_GROW)
         self.cadence = JobCadence()
         self.paced_warmup = PacedWarmup(cfg.baseline.paced_warmup)
+        self.warm_stash = WarmupStash(cfg.baseline.resume_warmup)
         self.step_rate = StepRate()
         self.ss = SelfStart(_GROW, memory=cfg.baseline.memory, long_run_variance=cfg.cusum.long_run_variance)
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
                                 scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0,
-                                confirm_z=cfg.fusion.confirm_z)
+                                confirm_z=cfg.fusion.confirm_z, per_chart=b.chart_excursions)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()

@@ -38,9 +38,11 @@ ADDED_SINCE = {"baseline.self_start_until": 60, "baseline.early_ratio": 1.5, "ba
                "baseline.early_min": 10, "streams.step_rate": False,
                "incidents.transient_s": 10.0, "baseline.split_warmup": False, "incidents.recovery_drain": True,
                "baseline.trim_warmup": False}
-ADDED_SINCE["baseline.paced_warmup"] = True
-ADDED_SINCE["incidents.softer_release"] = True
-ADDED_SINCE["incidents.regime_spread"] = True   # a deeper step against its regime's noise (`regime_spread.py`)   # a softer step's release is one change (`softer_release.py`)   # the step-paced warm-up chart (`paced_warmup.py`)
+ADDED_SINCE["baseline.paced_warmup"] = True       # the step-paced warm-up chart (`paced_warmup.py`)
+ADDED_SINCE["incidents.softer_release"] = True    # a softer step's release is one change (`softer_release.py`)
+ADDED_SINCE["incidents.regime_spread"] = True     # a deeper step against its regime's noise (`regime_spread.py`)
+ADDED_SINCE["baseline.chart_excursions"] = False  # per-chart warm-up CUSUM references (`chart_excursions.py`)
+ADDED_SINCE["baseline.resume_warmup"] = True      # a warm-up resumed on an A -> B -> A workload (`warmup_stash.py`)
 
 
 def test_every_default_is_the_flat_configurations():
