@@ -110,6 +110,9 @@ class BaselineConfig(_Group):
                                              # warming up forget their samples since its onset
                                              # (`dynamiccl.detector.warmup_trim`); off: dev half
                                              # +1 within 5 s, +2 false alarms (seed 16)
+    diff_scale: bool = False                 # a full warm-up's scale is the smaller of the estimator's and
+                                             # the largest lag-1..5 difference scale: robust to a
+                                             # level shift inside it (`dynamiccl.detector.warmup_scale`)
     memory: int = 480                        # a monitored baseline keeps learning from its in-control
                                              # windows: expanding up to this many, then forgetting
                                              # with this horizon

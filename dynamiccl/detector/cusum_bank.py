@@ -91,6 +91,8 @@ class CUSUMBank(StreamManagement, base.Base):
         self.max_value = max_value
         self.z_clip = z_clip
         self.estimator = estimator
+        self.narrow_scale = False        # `baseline.diff_scale`: the warm-up scale narrowed by `warmup_scale`
+        self.n_scale_narrowed = 0        # streams whose warm-up scale that rule narrowed
 
         if not (isinstance(n_streams, int) and not isinstance(n_streams, bool) and n_streams >= 1):
             raise ValueError(f"n_streams must be an int >= 1, got {n_streams!r}")
@@ -320,11 +322,20 @@ class CUSUMBank(StreamManagement, base.Base):
         done = idx[pos >= self.warmup]
         if done.size:
             med, scale = robust_baseline(self._buf[done], self.estimator)
+            if self.narrow_scale:
+                scale = self._narrowed(self._buf[done], scale)
             self._median[done] = med
             self._scale[done] = scale
             self._inv_scale[done] = 1.0 / scale
             self._monitoring[done] = True
             self._n_warming -= done.size
+
+    def _narrowed(self, values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """The warm-up scale narrowed to its lagged differences' (`dynamiccl.detector.warmup_scale`)."""
+        from .warmup_scale import narrowed_scale
+        new = narrowed_scale(values, scale)
+        self.n_scale_narrowed += int(np.count_nonzero(new < scale))
+        return new
 
     def _record_alarms(self, fired: np.ndarray) -> None:
         idx = np.flatnonzero(fired)

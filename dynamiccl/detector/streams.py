@@ -78,6 +78,8 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.banks = [CUSUMBank(n_streams=_GROW, delta=float(d), arl0=cfg.cusum.arl0, warmup=cfg.baseline.warmup,
                                 mode="both", min_value=None, z_clip=1e9,
                                 estimator=cfg.baseline.estimator) for d in cfg.cusum.deltas]
+        for bank in self.banks:
+            bank.narrow_scale = cfg.baseline.diff_scale
         self.capacity = _GROW
         self.n = 0                                   # slots ever used (high-water mark)
         self._free: list[int] = []
