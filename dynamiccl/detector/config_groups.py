@@ -200,6 +200,9 @@ class FusionConfig(_Group):
                                              # onset part-way through (both regimes mixed: p90/p50
                                              # spread widened more than the p50 moved) is judged one
                                              # window later: kind, ranks and magnitude
+    onset_level: bool = False                # an unconfirmed alarm whose streams' median since its
+                                             # CUSUM onset is < confirm_z waits for confirmation
+                                             # (`dynamiccl.detector.onset_level`)
 
     def validate(self) -> "FusionConfig":
         self._switches()

@@ -78,6 +78,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                          "rank_rechecks": 0, "onset_waits": 0, "transients": 0, "softer_releases": 0,
                          "paced_kind_now": 0, "warmups_trimmed": 0}
         self.counters["paced_preconfirmed"] = 0   # paced warm-up alarms confirmed by their own samples
+        self.counters["onset_level_holds"] = 0    # alarms held: level since onset below the bar (`onset_level`)
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window
         self.ended: deque = deque(maxlen=MAX_ENDED)

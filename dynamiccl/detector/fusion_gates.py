@@ -6,6 +6,8 @@
    it covers or with a similar shift: joins it;
 3. ``small_shift`` — below ``min_ratio``: no regime change (or waits, ``small_shift_wait``);
 4. ``workload`` — explained by a change of message sizes / ranks, or a side effect of one;
+   ``onset_level`` — an unconfirmed alarm whose streams' level since its onset is below the
+   confirm bar (a spike ending a slow accumulation) waits for confirmation (`onset_level`);
 5. ``evidence`` — enough streams with whole windows, a confirmation, network-only or a
    straggler; else the group waits for confirmation;
 6. ``wait`` — judged one window later (``rank_waits``, ``rank_rechecks``, ``onset_waits``).
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import onset_level
 from .fusion_drain import drained
 from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Alarms, Pending
 from .stream_rebase import LOST_RANK_SHIFT
@@ -47,7 +50,8 @@ class FusionGates:
 
     def _judge(self, ws, job, direction, g, ae):
         a = self._assemble(ws, job, direction, g)
-        for gate in (self._gate_recovery_tail, self._gate_recovery_drain, self._gate_merge, self._gate_small_shift, self._gate_workload):
+        for gate in (self._gate_recovery_tail, self._gate_recovery_drain, self._gate_merge, self._gate_small_shift, self._gate_workload,
+                     self._gate_onset_level):
             if gate(ws, a) is not None:
                 return None, None
         ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
@@ -160,6 +164,18 @@ class FusionGates:
             # extends the settling time (one workload change can then blind every stream in turn)
             self._rebased_at[a.job] = ws.t
         return "workload_changes"
+
+    def _gate_onset_level(self, ws, a: AlarmGroup) -> str | None:
+        """Judged on the windows since the onset, not the last one: held, not dropped."""
+        if not onset_level.holds(self.config, self.table, a, ws.t):
+            return None
+        if len(self.pending) < MAX_PENDING:
+            self.pending.append(a.pending(ws.t))
+        else:
+            self.counters["pending_dropped"] += 1
+            self.table.restore_baseline(a.idx, a.med, a.scale)
+        self.counters["onset_level_holds"] += 1
+        return "onset_level_holds"
 
     def _gate_evidence(self, ws, a: AlarmGroup):
         """Enough evidence to open an incident now: confirmed, or a big shift on
