@@ -175,7 +175,7 @@ class EarlyChart:
             self.sparse.confirmed_at[j[fire & confirm_j]] = t
         if thin_j.any():
             fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s, confirm_j)
-            fire, beyond = self._step(t, j, xv, rows, counts, thin_j, fire, beyond)
+            fire, beyond = self._step(t, j, xv, rows, counts, thin_j & ~confirm_j, fire, beyond)
         return self._fire(j[fire], beyond[fire], rows[fire], bank)
 
     def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s, confirm):
@@ -201,6 +201,9 @@ class EarlyChart:
             return fire, beyond
         self.run_start[j[f]] = start[f]
         self.run_keep[j[f]] = keep[f]
+        # its >= 3 after-samples all on the step's side carry the fusion stage's confirmation
+        # (the next sample on the alarm's side) already
+        self.sparse.confirmed_at[j[f]] = t
         return fire | f, np.where(f, d, beyond).astype(np.int8)
 
     def _fire(self, j, direction, rows, bank) -> EarlyAlarms:

@@ -109,3 +109,22 @@ def test_dense_stream_is_untouched():
     det, on = run(True)
     assert det.table.early.step.n_steps == 0
     assert on == run(False)[1]
+
+
+def test_a_step_the_charts_judged_is_not_the_gates():
+    """A step after the buffer's first ``early_min`` samples was judged by the early chart and
+    the warm-up CUSUMs against a baseline without it: the gate leaves it to them."""
+    s = np.r_[np.random.default_rng(2).normal(0.0, SIGMA, 12), np.full(5, np.log(1.8))]
+    assert best_split(s, LOG_RATIO, Z, FLOOR) == (1, 12)
+    assert best_split(s, LOG_RATIO, Z, FLOOR, last=9) == (0, 0)
+    assert best_split(s[3:], LOG_RATIO, Z, FLOOR, last=9) == (1, 9)
+
+
+def test_step_paced_stream_is_untouched():
+    """A step-paced job (whole windows once per 3-window step) stepped inside its first warm-up:
+    not the gate's (its corpus warm-ups hold several regimes; see the module)."""
+    from test_sparse import PACED
+    job = SyntheticJob(seed=4, sigma=SIGMA)
+    det, _ = _feed(job, 40, slow_from=9, mult=1.6, period=PACED, instances_frac=1.0)
+    assert det.table.paced_warmup.n_charted > 0
+    assert det.table.early.step.n_steps == 0
