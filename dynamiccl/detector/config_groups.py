@@ -126,6 +126,9 @@ class BaselineConfig(_Group):
     paced_warmup: bool = True                # a step-paced job's streams in their first warm-up are also
                                              # judged by the short-baseline warm-up CUSUMs from
                                              # ``early_min`` samples (`dynamiccl.detector.paced_warmup`)
+    warmup_step: bool = True                 # a pooled stream's first warm-up buffer is tested
+                                             # for one step (early_ratio and early_z bars, >= 3 samples a
+                                             # side) from ``early_min`` samples (`dynamiccl.detector.warmup_step`)
     resume_warmup: bool = True               # a warming stream re-baselined for a new workload stashes its
                                              # warm-up; a return to that workload resumes it
                                              # (`dynamiccl.detector.warmup_stash`)

@@ -58,9 +58,12 @@ class EarlyChart:
 
     def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float,
                  deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5, confirm_z: float = 3.0,
-                 per_chart: bool = False):
+                 per_chart: bool = False, step: bool = False):
         from .early_cusum import SparseWarmupCusum
+        from .warmup_step import WarmupStep
         self.warmup = int(warmup)
+        self.step = WarmupStep(capacity, self.warmup, enabled=step, ratio=ratio, z=z, min_samples=min_samples,
+                               scale_floor=scale_floor)
         self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples, confirm_z=confirm_z,
                                         per_chart=per_chart)
         self.arl0 = float(arl0)   # the stream table's per-stream ARL0 (it retargets it)
@@ -88,6 +91,7 @@ class EarlyChart:
         old = [getattr(self, n) for n in names]
         self._alloc(extra)
         self.sparse.grow(extra)
+        self.step.grow(extra)
         for n, a in zip(names, old):
             setattr(self, n, np.concatenate([a, getattr(self, n)]))
 
@@ -141,6 +145,7 @@ class EarlyChart:
         if j.size == 0:
             return EarlyAlarms.none()
         rows, counts = bank.warm_samples(j)
+        self.step.note(t, j, counts)
         ok = (counts >= self.min_samples) & (counts < bank.warmup - 1)   # not the value completing it
         beyond = np.zeros(j.size, np.int8)
         med = np.full(j.size, np.nan)
@@ -170,6 +175,7 @@ class EarlyChart:
             self.sparse.confirmed_at[j[fire & confirm_j]] = t
         if thin_j.any():
             fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s, confirm_j)
+            fire, beyond = self._step(t, j, xv, rows, counts, thin_j & ~confirm_j, fire, beyond)
         return self._fire(j[fire], beyond[fire], rows[fire], bank)
 
     def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s, confirm):
@@ -186,6 +192,19 @@ class EarlyChart:
         fire, beyond = fire.copy(), beyond.copy()
         fire[new], beyond[new] = True, d[f & ~fire[m]]
         return fire, beyond
+
+    def _step(self, t, j, xv, rows, counts, thin, fire, beyond):
+        """A step inside the buffer of a stream the warm-up CUSUMs chart
+        (`dynamiccl.detector.warmup_step`); a stream another chart fired for keeps that onset."""
+        f, d, start, keep = self.step.test(t, j, xv, rows, counts, thin & ~fire & (counts < self.warmup - 1))
+        if not f.any():
+            return fire, beyond
+        self.run_start[j[f]] = start[f]
+        self.run_keep[j[f]] = keep[f]
+        # its >= 3 after-samples all on the step's side carry the fusion stage's confirmation
+        # (the next sample on the alarm's side) already
+        self.sparse.confirmed_at[j[f]] = t
+        return fire | f, np.where(f, d, beyond).astype(np.int8)
 
     def _fire(self, j, direction, rows, bank) -> EarlyAlarms:
         if j.size == 0:
