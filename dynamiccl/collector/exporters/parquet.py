@@ -30,7 +30,6 @@ import itertools
 import logging
 import math
 import os
-import re
 import time
 from collections import deque
 from typing import Callable
@@ -41,6 +40,7 @@ import pyarrow.parquet as pq
 from dynamiccl.collector.component import RecordBatch
 from dynamiccl.collector.config import ParquetConfig
 from dynamiccl.collector.exporters.parquet_channel import ProcessChannel, ThreadChannel, WriterDied
+from dynamiccl.collector.exporters.parquet_files import PartFile, check_writable, safe_partition_value
 from dynamiccl.collector.exporters.parquet_writer import RECORD_COLUMNS, SlabMemory
 from dynamiccl.collector.metrics import SelfMetrics
 from dynamiccl.collector.records import event_time_ns
@@ -54,44 +54,6 @@ _RAW = np.dtype(f"V{EVENT_DTYPE.itemsize}")
 MAX_SLABS = 64
 DEATHS_BEFORE_THREAD = 3  # writer deaths within DEATH_WINDOW_S before falling back to a thread
 DEATH_WINDOW_S = 60.0
-
-
-def safe_partition_value(value: str) -> str:
-    """A directory-safe rendering of a partition value (the exact value is in the file).
-
-    >>> safe_partition_value("job/../x y")
-    'job_.._x_y'
-    """
-    s = re.sub(r"[^A-Za-z0-9._-]", "_", value)[:100]
-    return s if s not in ("", ".", "..") else "_"
-
-
-def _check_writable(directory: str) -> None:
-    """Create ``directory`` and write a probe file in it: a read-only history directory is a
-    start-up error (OSError naming it), not rows silently lost later."""
-    probe = os.path.join(directory, f".write-probe-{os.getpid()}")
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(b"x")
-            os.fsync(f.fileno())
-        os.unlink(probe)
-    except OSError as exc:
-        raise OSError(exc.errno, f"parquet directory {directory}: cannot write: {exc.strerror or exc}") from exc
-
-
-class _File:
-    """One part file: ``rows`` given to it so far, ``sent`` of them handed to the writer."""
-    __slots__ = ("id", "key", "job_id", "tmp", "path", "since", "rows", "sent")
-
-    def __init__(self, file_id: int, path: str, *, key, job_id: str, since: float):
-        self.key, self.job_id, self.since = key, job_id, since
-        self.rows = self.sent = 0
-        self.rename(file_id, path)
-
-    def rename(self, file_id: int, path: str) -> None:
-        self.id, self.path = file_id, path
-        self.tmp = f"{path}.tmp.{os.getpid()}"
 
 
 class ParquetExporter:
@@ -109,8 +71,8 @@ class ParquetExporter:
         self.n_slabs = min(MAX_SLABS, max(2, math.ceil(config.max_buffered_rows / config.row_group_rows)))
         self._mem: SlabMemory | None = None
         self._channel: ProcessChannel | ThreadChannel | None = None
-        self._files: dict[tuple[str, int], _File] = {}   # open, by (job_id, hour)
-        self._closing: dict[int, _File] = {}             # close sent, not yet confirmed
+        self._files: dict[tuple[str, int], PartFile] = {}   # open, by (job_id, hour)
+        self._closing: dict[int, PartFile] = {}             # close sent, not yet confirmed
         self._free: list[int] = []
         self._ids = itertools.count()
         self._deaths: deque[float] = deque(maxlen=DEATHS_BEFORE_THREAD)
@@ -124,7 +86,7 @@ class ParquetExporter:
     def start(self) -> None:
         if self._channel is not None:
             return
-        _check_writable(self.config.directory)
+        check_writable(self.config.directory)
         self._mem = SlabMemory(self.n_slabs, self.slab_rows)
         self._free = list(range(self.n_slabs))
         self._stopping = False
@@ -216,7 +178,7 @@ class ParquetExporter:
         self._cur: int | None = None
         self._fill = 0
         self._segs: list[tuple[int, int, int, int]] = []
-        self._slab_files: dict[_File, int] = {}
+        self._slab_files: dict[PartFile, int] = {}
         self._hosts: dict[str, int] = {}
         self._maps: dict[int, object] = {}
 
@@ -231,7 +193,7 @@ class ParquetExporter:
         if f is None:
             while len(self._files) >= self.config.max_open_files:
                 self._close_file(next(iter(self._files.values())))
-            f = _File(*self._new_path(key), key=key, job_id=batch.job_id, since=now)
+            f = PartFile(*self._new_path(key), key=key, job_id=batch.job_id, since=now)
             self._next_due = min(self._next_due, now + self.config.flush_interval_s)
         self._files[key] = f
         pos, n = 0, len(ev)
@@ -310,7 +272,7 @@ class ParquetExporter:
         self._free.append(self._cur)
         self._reset_slab()
 
-    def _close_file(self, f: _File) -> None:
+    def _close_file(self, f: PartFile) -> None:
         if self._files.get(f.key) is f:
             del self._files[f.key]
         if f in self._slab_files:
