@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from weakref import ref as _ref
 
-from dynamiccl.collector.sources.wire_sender import Comm, SenderConfig, WireSender, _env_int
+from dynamiccl.collector.sources.sender_config import env_int
+from dynamiccl.collector.sources.wire_sender import Comm, SenderConfig, WireSender
 from dynamiccl.collector.wire_format import DATATYPES, TimingSource
 
 __all__ = ["ASYNC_TIMINGS", "TorchSourceConfig", "Recorder", "GroupComm", "WORK_METHODS", "on_done"]
@@ -122,7 +123,7 @@ class Recorder:
             digest = hashlib.blake2b(f"{name}|{','.join(map(str, ranks))}".encode(), digest_size=8)
             comm_hash = int.from_bytes(digest.digest(), "little") or 1
             label = "world" if is_world else (desc if desc and desc != "undefined" else f"group{name}")
-            lws = _env_int(os.environ, "LOCAL_WORLD_SIZE", 0)
+            lws = env_int(os.environ, "LOCAL_WORLD_SIZE", 0)
             nnodes = len({r // lws for r in ranks}) if lws > 0 else 0
             comm = GroupComm(comm_hash=comm_hash, name=label, rank=int(pg.rank()), nranks=int(pg.size()),
                               nnodes=nnodes, g2l={g: i for i, g in enumerate(ranks)})
