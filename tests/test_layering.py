@@ -43,7 +43,7 @@ LAYER_OF = {
     "dynamiccl.retuner.learned.cli": "cli",
     "dynamiccl.validate": "harness",        # validate-nccl drives a real NCCL job and checks the product
     "dynamiccl.cli": "cli", "dynamiccl.__main__": "cli", "dynamiccl.demo": "cli", "dynamiccl.stack": "cli",
-    "dynamiccl.stack_config": "cli",
+    "dynamiccl.stack_config": "cli", "dynamiccl.stack_services": "cli",
     "dynamiccl.plugins": "cli", "dynamiccl.stack_cli": "cli", "dynamiccl.settings": "cli",
     "dynamiccl.logfmt": "cli", "dynamiccl.rules": "cli", "dynamiccl.kube": "cli", "dynamiccl.webhook": "cli",
     **{f"dynamiccl.{p}.cli": "cli" for p in ("collector", "detector", "retuner", "report", "dashboards",
