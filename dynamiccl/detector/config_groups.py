@@ -123,6 +123,9 @@ class BaselineConfig(_Group):
                                              # (`dynamiccl.detector.early`); 0: off
     early_z: float = 5.0                     # ... and this many MAD-sigma of its warm-up samples
     early_min: int = 10                      # ... with this many warm-up samples behind the median
+    paced_two_step: bool = True              # a step-paced stream's two successive samples >= confirm_z
+                                             # and >= early_ratio x away, each backed by its job's step,
+                                             # alarm (`dynamiccl.detector.paced_two_step`)
     paced_warmup: bool = True                # a step-paced job's streams in their first warm-up are also
                                              # judged by the short-baseline warm-up CUSUMs from
                                              # ``early_min`` samples (`dynamiccl.detector.paced_warmup`)

@@ -107,7 +107,9 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
                                 scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0,
-                                confirm_z=cfg.fusion.confirm_z, per_chart=b.chart_excursions, step=b.warmup_step)
+                                confirm_z=cfg.fusion.confirm_z, per_chart=b.chart_excursions, step=b.warmup_step,
+                                two_step=b.paced_two_step,
+                                corroborate=cfg.fusion.corroborate)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
