@@ -270,6 +270,8 @@ class WorkloadConfig(_Group):
     KEY: ClassVar[str] = "workload"
     mix_change: float = 0.08                 # |log| change of bytes per record that marks a new mix
     coverage_change: float = 0.04            # |log| change of ranks reporting per instance
+    straddle_union: bool = False             # a rank-set loss in two successive windows whose ranks together
+                                             # are all the ranks is one straddling instance (`rank_straddle`)
     settle_windows: int = 5                  # windows after a job's workload change whose alarms are part of it
     settle_ratio: float = 1.15               # ... when they shift latency by less than this
     settle_share: float = 0.02               # ... and the changed streams took this share of the
