@@ -123,6 +123,9 @@ class BaselineConfig(_Group):
                                              # (`dynamiccl.detector.early`); 0: off
     early_z: float = 5.0                     # ... and this many MAD-sigma of its warm-up samples
     early_min: int = 10                      # ... with this many warm-up samples behind the median
+    paced_two_step: bool = True              # a step-paced stream's two successive samples >= confirm_z
+                                             # and >= early_ratio x away, each backed by its job's step,
+                                             # alarm (`dynamiccl.detector.paced_two_step`)
     paced_warmup: bool = True                # a step-paced job's streams in their first warm-up are also
                                              # judged by the short-baseline warm-up CUSUMs from
                                              # ``early_min`` samples (`dynamiccl.detector.paced_warmup`)
@@ -267,6 +270,8 @@ class WorkloadConfig(_Group):
     KEY: ClassVar[str] = "workload"
     mix_change: float = 0.08                 # |log| change of bytes per record that marks a new mix
     coverage_change: float = 0.04            # |log| change of ranks reporting per instance
+    straddle_union: bool = False             # a rank-set loss in two successive windows whose ranks together
+                                             # are all the ranks is one straddling instance (`rank_straddle`)
     settle_windows: int = 5                  # windows after a job's workload change whose alarms are part of it
     settle_ratio: float = 1.15               # ... when they shift latency by less than this
     settle_share: float = 0.02               # ... and the changed streams took this share of the

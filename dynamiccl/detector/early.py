@@ -58,14 +58,16 @@ class EarlyChart:
 
     def __init__(self, capacity: int, *, warmup: int, ratio: float, z: float, min_samples: int, scale_floor: float,
                  deltas: tuple[float, ...] = (2.0, 6.0), arl0: float = 1e5, confirm_z: float = 3.0,
-                 per_chart: bool = False, step: bool = False):
+                 per_chart: bool = False, step: bool = False, two_step: bool = False,
+                 corroborate: int = 2):
         from .early_cusum import SparseWarmupCusum
         from .warmup_step import WarmupStep
         self.warmup = int(warmup)
         self.step = WarmupStep(capacity, self.warmup, enabled=step, ratio=ratio, z=z, min_samples=min_samples,
                                scale_floor=scale_floor)
         self.sparse = SparseWarmupCusum(capacity, deltas=deltas, min_samples=min_samples, confirm_z=confirm_z,
-                                        per_chart=per_chart)
+                                        per_chart=per_chart, two_step=two_step, ratio=ratio,
+                                        corroborate=corroborate)
         self.arl0 = float(arl0)   # the stream table's per-stream ARL0 (it retargets it)
         self.log_ratio = math.log(ratio) if ratio > 0 else math.inf
         self.z = float(z)
@@ -174,18 +176,19 @@ class EarlyChart:
         if self.z >= self.sparse.confirm_z:
             self.sparse.confirmed_at[j[fire & confirm_j]] = t
         if thin_j.any():
-            fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s, confirm_j)
+            fire, beyond = self._sparse(t, j, xv, rows, counts, thin_j, fire, beyond, now_s, window_s, confirm_j,
+                                        codes[cand])
             fire, beyond = self._step(t, j, xv, rows, counts, thin_j & ~confirm_j, fire, beyond)
         return self._fire(j[fire], beyond[fire], rows[fire], bank)
 
-    def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s, confirm):
+    def _sparse(self, t, j, xv, rows, counts, thin, fire, beyond, now_s, window_s, confirm, codes):
         """The sparse streams' CUSUMs (`dynamiccl.detector.early_cusum`); a stream both charts fire
         for keeps the chart's onset."""
         m = np.flatnonzero(thin & (counts < self.warmup - 1))
         if m.size == 0:
             return fire, beyond
         f, d, start, keep = self.sparse.step(t, j[m], xv[m], rows[m], counts[m], self.scale_floor, self.arl0,
-                                             now_s, window_s, confirm[m])
+                                             now_s, window_s, confirm[m], codes=codes[m])
         new = m[f & ~fire[m]]
         self.run_start[j[new]] = start[f & ~fire[m]]
         self.run_keep[j[new]] = keep[f & ~fire[m]]

@@ -36,6 +36,7 @@ import numpy as np
 from ._baseline import robust_baseline
 from .arl import cusum_threshold_estimated
 from .chart_excursions import ChartExcursions
+from .paced_two_step import PacedTwoStep
 from .paced_warmup import PacedConfirm
 
 __all__ = ["SparseWarmupCusum"]
@@ -45,7 +46,8 @@ class SparseWarmupCusum:
     """Per-stream CUSUM statistics (one pair per delta) and the current excursion's start."""
 
     def __init__(self, capacity: int, *, deltas: tuple[float, ...], min_samples: int, estimator: str = "winsorized",
-                 confirm_z: float = 3.0, per_chart: bool = False):
+                 confirm_z: float = 3.0, per_chart: bool = False, two_step: bool = False, ratio: float = 1.5,
+                 corroborate: int = 2):
         self.deltas = np.asarray(deltas, np.float64)
         # each chart's excursion has its own reference (`chart_excursions`); off: one shared one
         self.per_chart = bool(per_chart)
@@ -57,6 +59,7 @@ class SparseWarmupCusum:
         self.n_alarms = 0
         self.n_held = 0          # alarms of step-paced streams held for their next sample
         self.n_unconfirmed = 0   # ... dropped: that sample was back (a lone step's hiccup)
+        self.two_step = PacedTwoStep(capacity, enabled=two_step, ratio=ratio, corroborate=corroborate)
         self._alloc(capacity)
 
     def _alloc(self, n: int) -> None:
@@ -79,12 +82,14 @@ class SparseWarmupCusum:
         for n, a in zip(names, old):
             setattr(self, n, np.concatenate([a, getattr(self, n)]))
         self.charts.grow(extra)
+        self.two_step.grow(extra)
 
     def forget(self, idx) -> None:
         """The statistics and the open excursion (not the spacing: the stream's cadence is unchanged)."""
         idx = np.atleast_1d(np.asarray(idx, np.int64))
         self.up[idx], self.down[idx], self.keep[idx], self.pending[idx] = 0.0, 0.0, -1, 0
         self.charts.forget(idx)
+        self.two_step.forget(idx)
 
     def _per_sample(self, i: int, now_s: float, window_s: float) -> float:
         """Windows per sample of stream ``i`` (EWMA, rounded down to a power of 2, at least 1)."""
@@ -102,19 +107,25 @@ class SparseWarmupCusum:
         return self._h[key]
 
     def step(self, t: int, j: np.ndarray, x: np.ndarray, rows: np.ndarray, counts: np.ndarray, floor: float,
-             arl0: float, now_s: float = 0.0, window_s: float = 0.0, confirm: np.ndarray | None = None):
+             arl0: float, now_s: float = 0.0, window_s: float = 0.0, confirm: np.ndarray | None = None,
+             codes: np.ndarray | None = None):
         """Feed value ``x[m]`` of stream ``j[m]`` (warm-up samples ``rows[m, :counts[m]]``) in the
         window starting at ``now_s``. Returns (fired mask, direction, onset step, samples before
         the onset). A stream with ``confirm[m]`` set (`dynamiccl.detector.paced_warmup`) alarms
-        only when its next sample confirms (`PacedConfirm`)."""
+        only when its next sample confirms (`PacedConfirm`), or on two steps (`PacedTwoStep`;
+        ``codes``: the samples' job codes)."""
         fired = np.zeros(j.size, bool)
+        side = self.two_step.sides(self, j, x, rows, counts, floor)
+        backed = self.two_step.backed(side, codes)
         direction = np.zeros(j.size, np.int8)
         for m, (i, xi, c) in enumerate(zip(j.tolist(), x.tolist(), counts.tolist())):
             per_sample = self._per_sample(i, now_s, window_s)
             if c < self.min_samples:
                 continue
+            two = 0
             if confirm is not None and confirm[m]:
                 PacedConfirm.count_beyond(self, i, xi, rows[m], int(c), floor)
+                two = self.two_step.check(i, int(side[m]), bool(backed[m])) if self.two_step.enabled else 0
             if self.pending[i]:
                 verdict = PacedConfirm.judge(self, i, xi, rows[m], floor)
                 if verdict:
@@ -124,6 +135,11 @@ class SparseWarmupCusum:
                 up, down = self._charts(t, i, xi, rows[m], int(c), floor, arl0 / per_sample)
             else:
                 up, down = self._shared(t, i, xi, rows[m], int(c), floor, arl0 / per_sample)
+            if two:
+                # two successive steps beyond both bars (`paced_two_step`): confirmed, not held
+                self.two_step.n_fired += int(not (up or down))
+                fired[m], direction[m] = True, two
+                continue
             if (up or down) and confirm is not None and confirm[m] and PacedConfirm.lone(self, i, self._before, self._hh):
                 PacedConfirm.hold(self, i, 1 if up else -1, self._hh)
             elif up or down:

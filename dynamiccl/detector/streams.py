@@ -35,6 +35,7 @@ from .config import DetectorConfig
 from .cusum_bank import CUSUMBank
 from .early import EarlyChart
 from .paced_warmup import PacedWarmup
+from .rank_straddle import RankStraddle
 from .self_start import SelfStart
 from .sparse import InstancePool, JobCadence
 from .step_rate import StepRate
@@ -99,6 +100,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.n_warmup_splits = 0                     # warm-ups restarted from a later regime
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)
+        self.straddle = RankStraddle(_GROW, cfg.workload.straddle_union)
         self.cadence = JobCadence()
         self.paced_warmup = PacedWarmup(cfg.baseline.paced_warmup)
         self.warm_stash = WarmupStash(cfg.baseline.resume_warmup)
@@ -107,7 +109,9 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         b = cfg.baseline
         self.early = EarlyChart(_GROW, warmup=b.warmup, ratio=b.early_ratio, z=b.early_z, min_samples=b.early_min,
                                 scale_floor=b.scale_floor, deltas=cfg.cusum.deltas, arl0=cfg.cusum.arl0,
-                                confirm_z=cfg.fusion.confirm_z, per_chart=b.chart_excursions, step=b.warmup_step)
+                                confirm_z=cfg.fusion.confirm_z, per_chart=b.chart_excursions, step=b.warmup_step,
+                                two_step=b.paced_two_step,
+                                corroborate=cfg.fusion.corroborate)
         self.last_rebased = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
@@ -124,6 +128,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         self.ss.grow(extra)
         self.early.grow(extra)
         self.pool.grow(extra)
+        self.straddle.grow(extra)
 
         grow_columns(self, extra)
         self.hist = np.concatenate([self.hist, np.full((self.hist.shape[0], extra), np.nan)], axis=1)
@@ -242,7 +247,8 @@ class StreamTable(StreamBaselines, StreamRebase, StreamIndex):
         # for ever instead of being monitored)
         lost &= ~self._shifted(i_ok, np.log(lat[ok]))   # a slowed rank, not a gone one
         lost_now = lost.copy()
-        lost &= self.lost_prev[i_ok]
+        lost = self.straddle.split(i_ok, lost_now, lost & self.lost_prev[i_ok],   # `rank_straddle`
+                                   lambda: rank_masks(agg, wf.ranks)[ok], rref)
         self.lost_prev[i_ok] = lost_now & ~lost
         self.rank_set_changed[:] = False
         self.rank_set_changed[i_ok] = ~first & ~same_ranks
