@@ -41,14 +41,20 @@ class _AlarmLog:
         self.windows: list[tuple[float, set[int]]] = []
         self.window_s = 1.0
         self.with_data: list[bool] = []     # the window held a value of some stream
+        self.holds: list[set[str]] = []     # the fusion counters a window moved, "pending" for a held group
         inner = det.fusion.process
+        fusion = det.fusion
 
         def process(ws, window_s, ae=None):
             dirs = set(np.unique(ws.direction).astype(int).tolist()) if ws.fired.size else set()
             self.window_s = window_s
             self.windows.append((float(ws.window_start) + window_s, dirs))
             self.with_data.append(bool(ws.idx.size))
-            return inner(ws, window_s, ae)
+            before, n_pending = dict(fusion.counters), len(fusion.pending)
+            out = inner(ws, window_s, ae)
+            moved = {k for k, v in fusion.counters.items() if v != before.get(k, 0)}
+            self.holds.append(moved | ({"pending"} if len(fusion.pending) > n_pending else set()))
+            return out
 
         det.fusion.process = process
 
@@ -63,6 +69,13 @@ class _AlarmLog:
             return False
         span = (self.windows[-1][0] - self.windows[0][0]) / self.window_s + 1
         return sum(self.with_data) < 2 / 3 * span
+
+    def held_at(self, end_s: float) -> list[str]:
+        """What the fusion stage did in the window ending at ``end_s`` (its moved counters)."""
+        for (end, _), moved in zip(self.windows, self.holds):
+            if abs(end - end_s) < 1e-6:
+                return sorted(moved)
+        return []
 
     def first_alarm_end(self, after_s: float, direction: int) -> float | None:
         """End of the first window ending after ``after_s`` with an alarm in ``direction``."""
@@ -116,7 +129,8 @@ def decompose_run(seed: int, run_dir: Path, config=None, window_s: float | None 
             out.update(kind=rc.kind, delay_s=rc.detected_s - e.onset_wall, **parts,
                        onset_error_s=rc.start_s - e.onset_wall, paced=log.paced(),
                        data_windows=log.data_windows(close_end - 1e-6,
-                                                     close_end + parts["cusum"] + parts["fusion"]))
+                                                     close_end + parts["cusum"] + parts["fusion"]),
+                       held=log.held_at(close_end + parts["cusum"]) if parts["fusion"] > 0 else [])
         rows.append(out)
     return rows
 
