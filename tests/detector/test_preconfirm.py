@@ -49,7 +49,7 @@ def test_a_window_before_below_the_bar_or_outside_the_excursion_does_not():
     assert not _call(_table(before_z=4.0), _lone(start=T))         # before the CUSUM's change start
     assert not _call(_table(before_z=4.0, now_z=2.0), _lone())     # the alarm window itself below
     assert not _call(_table(before_z=4.0, gap=True), _lone())      # not the adjacent window (a gap)
-    assert not _call(_table(before_z=4.0), _lone(), rule=False)    # the rule off (the default)
+    assert not _call(_table(before_z=4.0), _lone(), rule=False)    # the rule off
 
 
 def test_a_falling_alarm_is_judged_in_its_direction():
