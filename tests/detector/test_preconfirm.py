@@ -77,3 +77,41 @@ def test_the_evidence_gate_passes_a_preconfirmed_lone_alarm():
     held = _fusion(True, before_z=1.0)                              # no evidence yet: waits as before
     ok, _, _ = FusionGates._gate_evidence(held, SimpleNamespace(t=T), _lone())
     assert not ok and len(held.pending) == 1
+
+
+def _one_stream_job(rule: bool, mults: dict[int, float], seed: int = 3) -> list:
+    """A job with one stream (dp0, 16 MiB, 5 % noise): corroboration by a second stream is impossible."""
+    from dynamiccl.detector.config import AutoencoderConfig
+    from dynamiccl.detector.service import Detector
+    from dynamiccl.harness.detector_testing import EPOCH, Regime, SyntheticJob
+    job = SyntheticJob(seed=seed, sigma=0.05)
+    job.streams = [s for s in job.streams if s.comm == "dp0" and s.nbytes == 16 << 20]
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False), fusion=FusionConfig(preconfirm=rule)))
+    out = []
+    for t in range(130):
+        m = mults.get(t, 1.0)
+        out += [(c.kind, round(c.detected_s - EPOCH, 1)) for c in det.process(job.window(t, Regime(mult={0: m}) if m != 1 else None))]
+    return out
+
+
+def test_a_lone_stream_step_is_reported_one_window_earlier():
+    """1.25x in the onset's window (z 4.5, the CUSUM does not fire), 1.4x from the next: before (rule
+    off) the alarm at window 101 waited for window 102 (reported at 103); with it, at 102."""
+    step = {t: 1.25 if t == 100 else 1.4 for t in range(100, 130)}
+    assert _one_stream_job(False, step) == [("bandwidth", 103.0)]
+    assert _one_stream_job(True, step) == [("bandwidth", 102.0)]
+
+
+def test_a_one_window_spike_is_still_not_reported():
+    for seed in (3, 4, 5):
+        assert _one_stream_job(True, {100: 1.4}, seed) == []
+        assert _one_stream_job(True, {}, seed) == []
+
+
+def test_a_two_window_excursion_is_a_change_whichever_window_fires():
+    """What the rule changes: two successive windows beyond the bar are reported whether the CUSUM
+    fired on the first (as before) or only on the second (before: its confirmation window was back
+    at the baseline and the alarm was suppressed)."""
+    assert _one_stream_job(False, {100: 1.4, 101: 1.4}) == [("bandwidth", 102.0)]
+    assert _one_stream_job(False, {100: 1.25, 101: 1.4}) == []
+    assert _one_stream_job(True, {100: 1.25, 101: 1.4}) == [("bandwidth", 102.0)]
