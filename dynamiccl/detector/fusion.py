@@ -79,6 +79,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                          "paced_kind_now": 0, "warmups_trimmed": 0}
         self.counters["paced_preconfirmed"] = 0   # paced warm-up alarms confirmed by their own samples
         self.counters["onset_level_holds"] = 0    # alarms held: level since onset below the bar (`onset_level`)
+        self.counters["preconfirmed"] = 0         # alarms on two windows beyond the confirm bar (`preconfirm`)
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window
         self.ended: deque = deque(maxlen=MAX_ENDED)

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import onset_level
 from .fusion_drain import drained
+from .preconfirm import preconfirmed
 from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Alarms, Pending
 from .stream_rebase import LOST_RANK_SHIFT
 
@@ -196,6 +197,10 @@ class FusionGates:
         # streams (or the autoencoder, which flags hiccups as readily as onsets) agree
         big = np.nanmax(np.abs(a.lr), initial=0.0) >= math.log(cfg.fusion.persist_ratio)
         ok = (a.confirmed and full >= 1) or (big and full >= cfg.fusion.corroborate)
+        if (not ok and full >= 1 and not self._recovering(a)
+                and preconfirmed(cfg, tab, idx, a.med, a.scale, a.start, a.direction, ws.t, self._window_s)):
+            ok = True       # its window and the one before already beyond the confirm bar (`preconfirm`)
+            self.counters["preconfirmed"] += 1
         if not ok and full >= cfg.fusion.corroborate and self._network_only(a.job, idx[~partial], a.direction):
             # a job-wide hiccup moves the intra-node streams too; a network event leaves them alone
             ok = True
@@ -210,6 +215,11 @@ class FusionGates:
                 self.counters["pending_dropped"] += 1
                 tab.restore_baseline(idx, a.med, a.scale)
         return ok, stragglers, big
+
+    def _recovering(self, a: AlarmGroup) -> bool:
+        """The job has an active incident of the other direction: an alarm now may be its release,
+        which tracking judges (and the recovery_tail gate absorbs once it closed)."""
+        return any(inc.direction == -a.direction for inc in self.active.get(a.job, []))
 
     def _wait_is_a_step(self, a: AlarmGroup) -> bool:
         """A degradation of a step-paced job that passed the evidence gate is not held for its

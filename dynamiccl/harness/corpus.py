@@ -7,7 +7,7 @@ seed (:func:`dynamiccl.harness.testbed.generate.split`): even seeds are the deve
 odd seeds the evaluation half. Format and licence: docs/corpus.md.
 
 Each run is replayed with :func:`dynamiccl.report.replay.replay` at the replay CLI's defaults
-(1 s windows, 30 s lateness, ``DetectorConfig()``) — the code path of ``dynamiccl replay`` — and
+(the collector's default window, 30 s lateness, ``DetectorConfig()``) — the code path of ``dynamiccl replay`` — and
 its regime changes are matched to the truth by :func:`dynamiccl.harness.testbed.score.score`
 (a change is reported when a change of its direction is emitted within ``MATCH_S`` of its onset;
 the emission time is the change's ``detected_s``, the event time of the end of the window that
@@ -141,8 +141,9 @@ def _instance_rate(records, onset_s: float) -> float:
     return pre.group_by("comm_hash").len()["len"].max() / 20.0
 
 
-def score_run(seed: int, run_dir: Path, config=None) -> RunScore:
-    """Replay one run at defaults (or ``config``), match its changes to the truth, localise."""
+def score_run(seed: int, run_dir: Path, config=None, window_s: float | None = None) -> RunScore:
+    """Replay one run at defaults (or ``config``; ``window_s`` None: the collector's default window),
+    match its changes to the truth, localise."""
     from dynamiccl.detector.config import DetectorConfig
     from dynamiccl.detector.localise import instance_offsets, localise, read_instances
     from dynamiccl.harness.testbed.controller import TruthEvent
@@ -152,7 +153,7 @@ def score_run(seed: int, run_dir: Path, config=None) -> RunScore:
 
     truth = json.loads((run_dir / "truth.json").read_text())
     events = [TruthEvent(**_relabel(e)) for e in truth["events"]]
-    res = replay(str(run_dir / "records"), config or DetectorConfig(), retuner=False)
+    res = replay(str(run_dir / "records"), config or DetectorConfig(), window_s=window_s, retuner=False)
     dets = [Detection.from_change(rc, rc.detected_s) for rc in res.changes]
     sc = score(events, dets, match_s=MATCH_S)
     records = read_instances(run_dir / "records")
@@ -229,13 +230,14 @@ def line(summary: dict) -> str:
             f"testbed_within_5s_effective={f(summary.get('within_5s_effective_share'))}")
 
 
-def run_suite(path: Path | str = DEFAULT_CORPUS, half: str = "eval", config=None, print_fn=print) -> dict:
+def run_suite(path: Path | str = DEFAULT_CORPUS, half: str = "eval", config=None, print_fn=print,
+              window_s: float | None = None) -> dict:
     runs = load_runs(path, half)
     if not runs:
         raise ValueError(f"test-bed corpus {path}: no runs in the {half} half")
     scores = []
     for seed, d in runs:
-        s = score_run(seed, d, config)
+        s = score_run(seed, d, config, window_s)
         scores.append(s)
         print_fn(f"  seed {seed}: {s.reported}/{s.changes} reported, {s.false_alarms} false alarms, "
                  f"localised {s.localised}/{s.localisable}")

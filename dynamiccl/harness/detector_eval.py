@@ -73,7 +73,7 @@ from dynamiccl.contracts.atomic import atomic_write
 log = logging.getLogger("dynamiccl.harness.detector_eval")
 
 
-def run_one(spec: RunSpec, config=None) -> dict:
+def run_one(spec: RunSpec, config=None, window_s: float | None = None) -> dict:
     from dynamiccl.detector.config import DetectorConfig
     from dynamiccl.detector.service import Detector
     from dynamiccl.harness.simfeed import SimFeed
@@ -84,7 +84,7 @@ def run_one(spec: RunSpec, config=None) -> dict:
     sc = S.from_dict({"name": spec.name, "noise_sigma": 0.05, "duration_s": spec.duration_s,
                       "events": spec.events})
     feed = SimFeed(wl, sc, seed=spec.seed, duration_s=spec.duration_s, realism=realism(**spec.realism),
-                   job_id=spec.name)
+                   job_id=spec.name, window_s=window_s)
     det = Detector(cfg)
     loop = Loop(det)
     t0 = time.perf_counter()
@@ -284,6 +284,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a detector setting by dotted key for this evaluation (repeatable), "
                         "e.g. fusion.persist_ratio=1.5")
+    p.add_argument("--window", type=float, default=None, metavar="S",
+                   help="window length, s of event time, for both suites (default the collector's window.window_s)")
     p.add_argument("--out", default=None, help="write the full report (JSON) here, and every run's changes "
                                                   "next to it (NAME.runs.json)")
 
@@ -300,6 +302,14 @@ def _overridden(args: argparse.Namespace):
         return None
     print(f"config overrides: {overrides}", flush=True)
     return DetectorConfig().with_overrides(overrides)
+
+
+def _window(args: argparse.Namespace) -> float | None:
+    """``--window``, checked; None: the collector's default window."""
+    w = getattr(args, "window", None)
+    if w is not None and not (math.isfinite(w) and w > 0):
+        raise ValueError(f"--window must be > 0 s, got {w!r}")
+    return w
 
 
 def run(args: argparse.Namespace) -> int:
@@ -332,13 +342,13 @@ def run(args: argparse.Namespace) -> int:
             import functools
             from concurrent.futures import ProcessPoolExecutor
             with ProcessPoolExecutor(args.jobs) as ex:
-                for res in ex.map(functools.partial(run_one, config=cfg), suite):
+                for res in ex.map(functools.partial(run_one, config=cfg, window_s=_window(args)), suite):
                     results.append(res)
                     _progress(res)
                     step()
         else:
             for spec in suite:
-                res = run_one(spec, cfg)
+                res = run_one(spec, cfg, _window(args))
                 results.append(res)
                 _progress(res)
                 step()
@@ -365,7 +375,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_testbed(args: argparse.Namespace) -> int:
     from dynamiccl.harness import corpus
-    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half, config=_overridden(args))
+    rep = corpus.run_suite(args.corpus or corpus.DEFAULT_CORPUS, args.half, config=_overridden(args),
+                           window_s=_window(args))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rep, indent=1, default=str))

@@ -84,7 +84,7 @@ class SimFeed:
     """
 
     def __init__(self, workload, scenario=None, *, seed: int = 0, duration_s: float | None = None,
-                 job_id: str | None = None, window_s: float = 1.0, realism: Realism | None = None,
+                 job_id: str | None = None, window_s: float | None = None, realism: Realism | None = None,
                  epoch_ns: int | None = None):
         from dynamiccl.harness.simulator.engine import DEFAULT_EPOCH_NS, Engine
 
@@ -98,6 +98,7 @@ class SimFeed:
         self.epoch_s = self.engine.epoch_ns / 1e9
         self._rng = np.random.default_rng([seed, 0x5EED])
         self._out: list[WindowFeatures] = []
+        window_s = WindowConfig().window_s if window_s is None else window_s   # the collector's default
         self._agg = WindowAggregator(WindowConfig(window_s=window_s, allowed_lateness_s=0.5,
                                                   idle_flush_s=1e9, max_open_windows=1 << 20),
                                      next_consumer=self, clock=lambda: 0.0)

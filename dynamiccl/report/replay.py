@@ -163,12 +163,14 @@ class EventTimeMerge:
             yield RecordBatch(ev[lo:hi], host, job, self._names[int(g[lo])])
 
 
-def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float = 1.0,
+def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float | None = None,
            lateness_s: float = 30.0, batch_rows: int = 8192, on_change=None, retuner: bool = True,
            audit_path: str | None = None, detector=None) -> ReplayResult:
     """Replay ``parquet_dir`` through window aggregation → detector (→ retuner in dry run, which sees
     every window and every regime change; its audit log goes to ``audit_path`` if given). ``detector``:
-    anything with ``process(wf) -> list[RegimeChange]``; None: the service's ``Detector(detector_config)``."""
+    anything with ``process(wf) -> list[RegimeChange]``; None: the service's ``Detector(detector_config)``.
+    ``window_s`` None: the collector's default (``WindowConfig().window_s``), so a replay windows the
+    records the way a live collector at defaults does."""
     from dynamiccl.collector.component import FuncConsumer, RecordBatch
     from dynamiccl.collector.config import WindowConfig
     from dynamiccl.collector.metrics import SelfMetrics
@@ -178,6 +180,8 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
     from dynamiccl.report.inventory import take_inventory
 
     t0 = time.perf_counter()
+    if window_s is None:
+        window_s = WindowConfig().window_s
     inv = take_inventory(parquet_dir)
     res = ReplayResult(files=len(inv.files), skipped=list(inv.skipped))
     if not inv.files:
@@ -225,7 +229,8 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
 # ---------------------------------------------------------------------------------------------
 def add_detector_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("window aggregation (collector)")
-    g.add_argument("--window", type=float, default=1.0, metavar="S", help="window length, s of event time (default 1)")
+    g.add_argument("--window", type=float, default=None, metavar="S",
+                   help="window length, s of event time (default the collector's window.window_s)")
     g.add_argument("--lateness", type=float, default=30.0, metavar="S",
                    help="allowed lateness, s (default 30: part files interleave hosts in large batches and "
                         "offline waiting costs nothing; the live collector's default is 2)")
@@ -264,6 +269,9 @@ def replay_main(args: argparse.Namespace) -> int:
     if not os.path.exists(args.parquet_dir):
         raise FileNotFoundError(f"no such file or directory: {args.parquet_dir}")
     dcfg = detector_config_from_args(args)
+    if args.window is None:
+        from dynamiccl.collector.config import WindowConfig
+        args.window = WindowConfig().window_s
     if not args.window > 0 or args.lateness < 0:
         raise ValueError("--window must be > 0 and --lateness >= 0")
     if args.audit_out and os.path.exists(args.audit_out):

@@ -109,8 +109,8 @@ def test_evaluate_suite_testbed_applies_set_overrides(tmp_path, monkeypatch):
     from dynamiccl.harness import detector_eval as evaluate
     seen = {}
 
-    def fake_run_suite(path, half, config=None, print_fn=print):
-        seen["config"] = config
+    def fake_run_suite(path, half, config=None, print_fn=print, window_s=None):
+        seen["config"], seen["window_s"] = config, window_s
         return {"half": half}
     monkeypatch.setattr(corpus, "run_suite", fake_run_suite)
     monkeypatch.setattr(corpus, "line", lambda rep: "testbed=fake")
@@ -120,3 +120,8 @@ def test_evaluate_suite_testbed_applies_set_overrides(tmp_path, monkeypatch):
     assert seen["config"] is not None and seen["config"].streams.step_rate is True
     evaluate.run(p.parse_args(["--suite", "testbed"]))
     assert seen["config"] is None  # defaults: the replay's own DetectorConfig()
+    assert seen["window_s"] is None  # ... and the collector's default window
+    evaluate.run(p.parse_args(["--suite", "testbed", "--window", "0.5"]))
+    assert seen["window_s"] == 0.5
+    with pytest.raises(ValueError, match="--window"):
+        evaluate.run(p.parse_args(["--suite", "testbed", "--window", "0"]))
