@@ -209,7 +209,7 @@ class FusionConfig(_Group):
     onset_level: bool = False                # an unconfirmed alarm whose streams' median since its
                                              # CUSUM onset is < confirm_z waits for confirmation
                                              # (`dynamiccl.detector.onset_level`)
-    preconfirm: bool = True                  # an alarm whose window and the one before are both
+    preconfirm: bool = False                 # an alarm whose window and the one before are both
                                              # >= confirm_z is confirmed at once (`preconfirm.py`)
 
     def validate(self) -> "FusionConfig":
