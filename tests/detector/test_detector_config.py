@@ -46,6 +46,7 @@ ADDED_SINCE["baseline.resume_warmup"] = True      # a warm-up resumed on an A ->
 ADDED_SINCE["baseline.diff_scale"] = False        # a warm-up scale from lagged differences (`warmup_scale.py`)
 ADDED_SINCE["fusion.onset_level"] = False         # an alarm judged on its level since onset (`onset_level.py`)
 ADDED_SINCE["baseline.warmup_step"] = True        # a step inside a sparse stream's warm-up (`warmup_step.py`)
+ADDED_SINCE["straggler.where_refresh_windows"] = 3   # a reported change's `where` judged again (`where_refresh.py`)
 
 
 def test_every_default_is_the_flat_configurations():
