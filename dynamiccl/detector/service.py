@@ -135,7 +135,7 @@ class Detector:
         m, cfg = self.metrics, self.config
         self.windows += 1
         ws = self.table.update(wf)
-        self.ranks.add(ws.t, wf.ranks)
+        self.ranks.add(ws.t, wf.ranks, float(wf.window_start))
         ae = self._autoencode(wf)
         window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
         self.where_updates = self.where_refresh.step(self.ranks, ws.t, window_s,
@@ -171,7 +171,10 @@ class Detector:
         offsets' rank was the straggler less often, top-1 0.917 against 0.972)."""
         if c.kind == "recovery" or not c.comms:
             return c
-        onset = step - int(round((window_start - c.start_s) / window_s))
+        # the onset's window by its start time (windows without data are no steps)
+        onset = self.ranks.step_at(c.start_s)
+        if onset is None or onset > step:
+            onset = step - int(round((window_start - c.start_s) / window_s))
         comms = [int(x, 16) for x in c.comms]
         try:
             hit = locate(self.ranks, c.job_id, comms, onset_step=onset, now_step=step, window_s=window_s)

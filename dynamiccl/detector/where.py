@@ -37,10 +37,20 @@ def _shifts(df: pl.DataFrame, onset_step: int) -> pl.DataFrame | None:
                           (pl.col("fin_post") - pl.col("fin_pre")).alias("d_fin")).sort("rank")
 
 
+def _pre_start(ranks: RankHistory, onset_step: int, window_s: float) -> int:
+    """The first step of the ``PRE_S`` of event time before the onset: by the windows' start times
+    where kept (a step-paced job's windows with data come seconds apart: 20 steps of one were
+    50 s and reached into the regime before the last one, dev half seed 22), else ``PRE_S / window_s``
+    steps."""
+    t_on = ranks.start_of(onset_step)
+    lo = ranks.step_at(t_on - PRE_S) if t_on is not None else None
+    return lo if lo is not None else onset_step - max(1, int(round(PRE_S / window_s)))
+
+
 def locate(ranks: RankHistory, job: str, comms: list[int], *, onset_step: int, now_step: int,
            window_s: float) -> tuple[int, Where] | None:
     """The most confident verdict over ``comms`` (communicator hash, verdict), or None."""
-    lo = onset_step - max(1, int(round(PRE_S / window_s)))
+    lo = _pre_start(ranks, onset_step, window_s)
     df = ranks.window(job, comms, lo, now_step + 1)
     if df is None or df.height == 0 or "arr_off_s" not in df.columns:
         return None

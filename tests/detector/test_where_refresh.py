@@ -101,3 +101,32 @@ def test_the_detector_hands_out_the_update_on_the_next_window():
 def test_the_setting_is_checked(bad):
     with pytest.raises(ValueError, match="straggler.where_refresh_windows"):
         StragglerConfig(where_refresh_windows=bad).validate()
+
+
+def _paced(start_s: bool) -> RankHistory:
+    """A step-paced 2-rank job: a window with data every 2.5 s. Rank 0 finished 50 ms late in a
+    regime that ended 20 s before the onset; quiet since; from the onset (step 20) the link into
+    rank 0 is slow (it finishes 40 ms late, rank 1 early by as much: offsets from the 2-rank mean)."""
+    rng = np.random.default_rng(1)
+    h = RankHistory(64)
+    for step in range(24):
+        d = 0.05 if step < 12 else 0.04 if step >= 20 else 0.0
+        arr, fin = rng.normal(0, 5e-4), d + rng.normal(0, 5e-4)
+        f = (_frame([arr, -arr, 0.0, 0.0], [fin, -fin, 0.0, 0.0]).filter(pl.col("rank") < 2))
+        h.add(step, f, 1000.0 + 2.5 * step if start_s else None)
+    return h
+
+
+def test_the_pre_onset_span_is_event_time_not_steps():
+    # 20 steps before the onset are 50 s of a paced job: they reach into the earlier regime, whose
+    # offsets then read as the baseline (step arithmetic, no start times: rank 1 named)
+    _, old = locate(_paced(False), "j", [COMM], onset_step=20, now_step=23, window_s=1.0)
+    assert old.rank == 1
+    _, w = locate(_paced(True), "j", [COMM], onset_step=20, now_step=23, window_s=1.0)
+    assert (w.kind, w.rank, w.link) == ("link", 0, (1, 0))
+
+
+def test_the_onset_step_is_found_by_its_window_start():
+    h = _paced(True)
+    assert h.step_at(1050.0) == 20 and h.step_at(1049.0) == 20 and h.start_of(20) == 1050.0
+    assert h.step_at(2000.0) is None and RankHistory(4).start_of(3) is None
