@@ -177,7 +177,8 @@ class Detector:
             onset = step - int(round((window_start - c.start_s) / window_s))
         comms = [int(x, 16) for x in c.comms]
         try:
-            hit = locate(self.ranks, c.job_id, comms, onset_step=onset, now_step=step, window_s=window_s)
+            hit = locate(self.ranks, c.job_id, comms, onset_step=onset, now_step=step, window_s=window_s,
+                         counters=self.where_refresh.counters)
         except ValueError:
             hit = None
         self.where_refresh.watch(c.id, c.job_id, comms, onset, as_evidence(*hit) if hit else None)

@@ -62,7 +62,10 @@ class WhereRefresh:
     def __init__(self, windows: int):
         self.windows = int(windows)
         self.pending: deque[_Pending] = deque()
-        self.counters = {"where_refreshed": 0, "where_updated": 0, "where_refresh_dropped": 0}
+        # where_onset_slack: verdicts (at a report or a refresh) judged with the onset a window
+        # earlier (`dynamiccl.detector.where._onset_slack`)
+        self.counters = {"where_refreshed": 0, "where_updated": 0, "where_refresh_dropped": 0,
+                         "where_onset_slack": 0}
 
     def watch(self, change_id: str, job: str, comms: list[int], onset_step: int, where: dict | None) -> None:
         """Keep the change pending (nothing when refreshing is off)."""
@@ -90,10 +93,10 @@ class WhereRefresh:
         self.pending = keep
         return out
 
-    @staticmethod
-    def _verdict(ranks: RankHistory, p: _Pending, now_step: int, window_s: float) -> dict | None:
+    def _verdict(self, ranks: RankHistory, p: _Pending, now_step: int, window_s: float) -> dict | None:
         try:
-            hit = locate(ranks, p.job, p.comms, onset_step=p.onset_step, now_step=now_step, window_s=window_s)
+            hit = locate(ranks, p.job, p.comms, onset_step=p.onset_step, now_step=now_step, window_s=window_s,
+                         counters=self.counters)
         except ValueError:
             return None
         if hit is None:

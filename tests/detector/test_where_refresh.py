@@ -130,3 +130,19 @@ def test_the_onset_step_is_found_by_its_window_start():
     h = _paced(True)
     assert h.step_at(1050.0) == 20 and h.step_at(1049.0) == 20 and h.start_of(20) == 1050.0
     assert h.step_at(2000.0) is None and RankHistory(4).start_of(3) is None
+
+
+def test_a_window_early_onset_is_judged_while_the_estimate_has_no_instance_yet():
+    # the change began in window 25; the CUSUM put the onset at 26, and windows 26-27 hold no
+    # complete instance: window 25 is judged as the first post-onset one (rule onset_slack)
+    h = _history(25, 27, blind=0)
+    for step in (26, 27):
+        h.frames = type(h.frames)([(s, f if s != step else _frame([None] * NR, [None] * NR)) for s, f in h.frames],
+                                  maxlen=h.frames.maxlen)
+    counters: dict = {}
+    _, w = locate(h, "j", [COMM], onset_step=26, now_step=27, window_s=1.0, counters=counters)
+    assert (w.rank, w.rule) == (2, "late_arrival") and counters["where_onset_slack"] == 1
+    # once a window since the estimate holds instances, the estimate stands (no slack)
+    h2 = _history(25, 28, blind=0)
+    assert locate(h2, "j", [COMM], onset_step=26, now_step=28, window_s=1.0, counters=counters) is not None
+    assert counters["where_onset_slack"] == 1
