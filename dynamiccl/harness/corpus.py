@@ -13,7 +13,9 @@ its regime changes are matched to the truth by :func:`dynamiccl.harness.testbed.
 the emission time is the change's ``detected_s``, the event time of the end of the window that
 triggered it: the test bed's ranks share the host clock). Every other change is a false alarm.
 Localisation of single-rank / single-link changes is the detector's own verdict on the matched
-change (``evidence["where"]``, from the windows' rank offsets: `dynamiccl.detector.where`); the
+change (``evidence["where"]``, from the windows' rank offsets: `dynamiccl.detector.where`, or the
+newest `WhereUpdate` on it handed out within ``MATCH_S`` of the true onset:
+`dynamiccl.detector.where_refresh`); the
 same rules on the records around the true onset (:func:`dynamiccl.detector.localise.localise`)
 give the figure of localisation alone. A secondary figure, labelled as such on the line
 (``testbed_effective_changes``, ``testbed_within_5s_effective``): the share reported within 5 s of
