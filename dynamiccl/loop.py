@@ -54,12 +54,14 @@ class _Retuner(Protocol):
 
 @dataclass
 class Step:
-    """What one window produced: its regime changes, the transients it closed (for the retuner only)
-    and the tuner versions the retuner wrote."""
+    """What one window produced: its regime changes, the transients it closed (for the retuner only),
+    the tuner versions the retuner wrote, and newer `where` verdicts on changes reported before
+    (`dynamiccl.detector.where_refresh.WhereUpdate`)."""
     window: Any
     changes: list = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     ended: list = field(default_factory=list)
+    where_updates: list = field(default_factory=list)
 
 
 class Loop:
@@ -87,6 +89,7 @@ class Loop:
             if self.retuner is not None:
                 self._version(out, self.retuner.on_change(rc))
         out.ended = list(getattr(self.detector, "ended", None) or ())
+        out.where_updates = list(getattr(self.detector, "where_updates", None) or ())
         hand = getattr(self.retuner, "on_transient_end", None)
         for te in out.ended:
             self.transient_ends += 1

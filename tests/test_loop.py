@@ -52,3 +52,15 @@ def test_change_order_holds_until_its_window_and_is_bounded():
     assert o.due() == [("change", c[1]), ("change", c[2])] and o.forced == 3  # held longer than max_wait_s
     assert o.change("not a change") == [("change", "not a change")]         # the retuner counts it
     assert o.flush() == []
+
+
+def test_a_step_carries_the_detectors_where_updates():
+    class WithUpdates(Det):
+        where_updates: list = []
+
+        def process(self, wf):
+            self.where_updates = [NS(id="c1", where={"rank": 2})] if wf.window_start == 2 else []
+            return super().process(wf)
+
+    steps = Loop(WithUpdates()).run([W(1), W(2)])
+    assert [len(s.where_updates) for s in steps] == [0, 1] and steps[1].where_updates[0].id == "c1"

@@ -302,11 +302,17 @@ class StragglerConfig(_Group):
                                              # on both windows
     trigger_z: float = 8.0                   # rank evidence alone opens a straggler change at this
                                              # binomial z over two windows (0: off)
+    where_refresh_windows: int = 3           # a reported change's `where` is judged again on this many
+                                             # later windows; a verdict naming another place is handed
+                                             # out as a `WhereUpdate` (`where_refresh.py`; 0: off)
 
     def validate(self) -> "StragglerConfig":
         self._switches()
         self._within("share", 0.5, 1)
         self._positive("min_instances", integer=True)
+        v = self.where_refresh_windows
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            self._fail("where_refresh_windows", "an int >= 0")
         self._within("trigger_z", 0)
         return self
 

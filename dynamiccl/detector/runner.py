@@ -139,10 +139,14 @@ class DetectorService:
         with self._lock:
             changes = self.detector.process(wf)
             ended = list(self.detector.ended)
+            updates = list(getattr(self.detector, "where_updates", ()))
         for c in changes:
             self._emit(c)
         for te in ended:
             self._emit_transient_end(te)
+        for u in updates:   # not on the change stream (its contract is one RegimeChange a line): the log
+            log.info("regime change %s: where now %s %s (confidence %.2f)", u.id, u.where.get("kind"),
+                     u.where.get("link") or u.where.get("rank"), u.where.get("confidence", float("nan")))
         return changes
 
     def _emit_transient_end(self, te: TransientEnd) -> None:

@@ -30,6 +30,7 @@ from .events import RegimeChange, TransientEnd
 from .fusion import Fusion
 from .metrics import MAX_COMMS_PER_CHANGE, ActiveRegimes, DetectorMetrics, SUPPRESS_REASONS
 from .straggler import RankHistory
+from .where_refresh import WhereRefresh, WhereUpdate, as_evidence
 from .streams import StreamTable
 from .where import locate
 from .window_vector import job_vectors
@@ -79,6 +80,10 @@ class Detector:
         # the transients the last window closed (`TransientEnd`): not regime changes, so not in
         # `process`'s result; the loop hands them to the retuner alone
         self.ended: list[TransientEnd] = []
+        # newer `where` verdicts on changes already reported (`dynamiccl.detector.where_refresh`): the
+        # last window's, beside its changes; the loop hands them on
+        self.where_refresh = WhereRefresh(self.config.straggler.where_refresh_windows)
+        self.where_updates: list[WhereUpdate] = []
         self._max_kept = 1000
 
     # ------------------------------------------------------------------ public
@@ -96,6 +101,7 @@ class Detector:
     def process(self, wf: WindowFeatures) -> list[RegimeChange]:
         m = self.metrics
         self.ended = []
+        self.where_updates = []
         m.windows_received.inc()
         reason = _malformed(wf)
         if reason:
@@ -129,9 +135,11 @@ class Detector:
         m, cfg = self.metrics, self.config
         self.windows += 1
         ws = self.table.update(wf)
-        self.ranks.add(ws.t, wf.ranks)
+        self.ranks.add(ws.t, wf.ranks, float(wf.window_start))
         ae = self._autoencode(wf)
         window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
+        self.where_updates = self.where_refresh.step(self.ranks, ws.t, window_s,
+                                                     float(wf.window_start) + window_s)
         changes = [self._locate(c, ws.t, float(wf.window_start), window_s)
                    for c in self.fusion.process(ws, window_s, ae)]
         for reason, n in ws.invalid.items():
@@ -163,17 +171,22 @@ class Detector:
         offsets' rank was the straggler less often, top-1 0.917 against 0.972)."""
         if c.kind == "recovery" or not c.comms:
             return c
-        onset = step - int(round((window_start - c.start_s) / window_s))
+        # the onset's window by its start time (windows without data are no steps)
+        onset = self.ranks.step_at(c.start_s)
+        if onset is None or onset > step:
+            onset = step - int(round((window_start - c.start_s) / window_s))
+        comms = [int(x, 16) for x in c.comms]
         try:
-            hit = locate(self.ranks, c.job_id, [int(x, 16) for x in c.comms], onset_step=onset,
-                         now_step=step, window_s=window_s)
+            hit = locate(self.ranks, c.job_id, comms, onset_step=onset, now_step=step, window_s=window_s,
+                         counters=self.where_refresh.counters)
         except ValueError:
-            return c
+            hit = None
+        self.where_refresh.watch(c.id, c.job_id, comms, onset, as_evidence(*hit) if hit else None)
         if hit is None:
             return c
         comm, w = hit
         self.metrics.localised.labels(kind=w.kind).inc()
-        evidence = {**c.evidence, "where": {**w.as_dict(), "comm": f"0x{comm:016x}"}}
+        evidence = {**c.evidence, "where": as_evidence(comm, w)}
         if c.kind == "straggler":
             return dataclasses.replace(c, evidence=evidence)
         ranks = [w.rank] + [r for r in c.ranks if r != w.rank]

@@ -103,14 +103,26 @@ __all__ = ["RankHistory", "StragglerCandidate", "find_stragglers", "has_rank_evi
 
 
 class RankHistory:
-    """The last ``size`` windows' ranks frames (bounded)."""
+    """The last ``size`` windows' ranks frames (bounded), with their windows' start times where given."""
 
     def __init__(self, size: int):
         self.frames: deque[tuple[int, pl.DataFrame]] = deque(maxlen=size)
+        self.starts: deque[tuple[int, float]] = deque(maxlen=size)
 
-    def add(self, step: int, ranks: pl.DataFrame) -> None:
+    def add(self, step: int, ranks: pl.DataFrame, start_s: float | None = None) -> None:
         if ranks is not None and ranks.height:
             self.frames.append((step, ranks))
+            if start_s is not None:
+                self.starts.append((step, float(start_s)))
+
+    def start_of(self, step: int) -> float | None:
+        """The event time the window ``step`` began at, if it is kept."""
+        return next((t for s, t in self.starts if s == step), None)
+
+    def step_at(self, t_s: float) -> int | None:
+        """The first kept step whose window begins at or after ``t_s`` (steps count windows with
+        data: a step-paced job's come seconds apart, so step arithmetic on ``window_s`` is wrong)."""
+        return next((s for s, t in self.starts if t >= t_s - 1e-6), None)
 
     def window(self, job: str, comms, lo: int, hi: int | None = None) -> pl.DataFrame | None:
         """The frames of steps ``lo`` ≤ step < ``hi`` for ``job`` and ``comms``, with a ``step`` column."""

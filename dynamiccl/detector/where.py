@@ -37,16 +37,54 @@ def _shifts(df: pl.DataFrame, onset_step: int) -> pl.DataFrame | None:
                           (pl.col("fin_post") - pl.col("fin_pre")).alias("d_fin")).sort("rank")
 
 
+def _pre_start(ranks: RankHistory, onset_step: int, window_s: float) -> int:
+    """The first step of the ``PRE_S`` of event time before the onset: by the windows' start times
+    where kept (a step-paced job's windows with data come seconds apart: 20 steps of one were
+    50 s and reached into the regime before the last one, dev half seed 22), else ``PRE_S / window_s``
+    steps."""
+    t_on = ranks.start_of(onset_step)
+    lo = ranks.step_at(t_on - PRE_S) if t_on is not None else None
+    return lo if lo is not None else onset_step - max(1, int(round(PRE_S / window_s)))
+
+
+def _window_before(ranks: RankHistory, onset_step: int, window_s: float) -> int | None:
+    """The step of the window just before the onset's (starting one ``window_s`` earlier), if kept."""
+    t_on = ranks.start_of(onset_step)
+    if t_on is None:
+        return onset_step - 1
+    return next((s for s, t in reversed(ranks.starts) if s < onset_step and t >= t_on - window_s - 1e-6), None)
+
+
+def _onset_slack(part: pl.DataFrame, onset_step: int, before: int | None,
+                 counters: dict | None) -> pl.DataFrame | None:
+    """Rule ``onset_slack``: while no window since the onset estimate holds a complete instance
+    (a throttled collective outlasting its window, a step-paced job between steps), the window just
+    before the estimate is judged as the first post-onset one: the estimate is a CUSUM's reset
+    point, uncertain by about a window (dev half: -1.5 to +1.6 s off the true onset), and that
+    window may hold the change's only instances so far (dev half seed 32: the onset's window had the
+    bulk-loaded rank's late finish, the next four none complete)."""
+    if before is None:
+        return None
+    has = part.filter(pl.col("arr_off_s").is_not_null() & pl.col("fin_off_s").is_not_null())
+    if has.filter(pl.col("step") >= onset_step).height or not has.filter(pl.col("step") == before).height:
+        return None
+    if counters is not None:
+        counters["where_onset_slack"] = counters.get("where_onset_slack", 0) + 1
+    return _shifts(part, before)
+
+
 def locate(ranks: RankHistory, job: str, comms: list[int], *, onset_step: int, now_step: int,
-           window_s: float) -> tuple[int, Where] | None:
+           window_s: float, counters: dict | None = None) -> tuple[int, Where] | None:
     """The most confident verdict over ``comms`` (communicator hash, verdict), or None."""
-    lo = onset_step - max(1, int(round(PRE_S / window_s)))
+    lo = _pre_start(ranks, onset_step, window_s)
     df = ranks.window(job, comms, lo, now_step + 1)
     if df is None or df.height == 0 or "arr_off_s" not in df.columns:
         return None
+    before = _window_before(ranks, onset_step, window_s)
     best = None
     for (comm,), part in df.group_by(["comm_hash"]):
-        w = judge(_shifts(part, onset_step))
+        sh = _shifts(part, onset_step)
+        w = judge(sh if sh is not None else _onset_slack(part, onset_step, before, counters))
         if w is not None and (best is None or w.confidence > best[1].confidence):
             best = (int(comm), w)
     return best

@@ -13,7 +13,9 @@ its regime changes are matched to the truth by :func:`dynamiccl.harness.testbed.
 the emission time is the change's ``detected_s``, the event time of the end of the window that
 triggered it: the test bed's ranks share the host clock). Every other change is a false alarm.
 Localisation of single-rank / single-link changes is the detector's own verdict on the matched
-change (``evidence["where"]``, from the windows' rank offsets: `dynamiccl.detector.where`); the
+change (``evidence["where"]``, from the windows' rank offsets: `dynamiccl.detector.where`, or the
+newest `WhereUpdate` on it handed out within ``MATCH_S`` of the true onset:
+`dynamiccl.detector.where_refresh`); the
 same rules on the records around the true onset (:func:`dynamiccl.detector.localise.localise`)
 give the figure of localisation alone. A secondary figure, labelled as such on the line
 (``testbed_effective_changes``, ``testbed_within_5s_effective``): the share reported within 5 s of
@@ -121,10 +123,15 @@ def names_it(where, event) -> bool:
     return event.direction in ("egress", "both") and where.link is not None and where.link[0] == r
 
 
-def _live_where(rc):
-    """The detector's own verdict on the change (``evidence["where"]``, `dynamiccl.detector.where`)."""
+def _live_where(rc, updates=(), until_s: float = math.inf):
+    """The detector's own verdict on the change: the newest of its ``evidence["where"]``
+    (`dynamiccl.detector.where`) and the `WhereUpdate`\ s on it handed out by ``until_s`` (the true
+    onset + ``MATCH_S``: a verdict counts within the report's own budget), `dynamiccl.detector.where_refresh`."""
     from dynamiccl.detector.localise import Where
     w = (rc.evidence or {}).get("where")
+    for u in sorted(updates, key=lambda u: u.detected_s):
+        if u.id == rc.id and u.detected_s <= until_s:
+            w = u.where
     if not w:
         return None
     link = tuple(w["link"]) if w.get("link") is not None else None
@@ -181,7 +188,7 @@ def score_run(seed: int, run_dir: Path, config=None, window_s: float | None = No
         if rc is None:
             row["localised"] = False
             continue
-        where = _live_where(rc)
+        where = _live_where(rc, res.where_updates, e.onset_wall + MATCH_S)
         row["where"] = where.as_dict() if where else None
         ok = names_it(where, e)
         out.localised += ok

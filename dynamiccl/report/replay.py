@@ -43,6 +43,8 @@ class ReplayResult:
     decisions: list[dict] = field(default_factory=list)  # retuner audit records (dry run)
     retuner: str = ""
     wall_s: float = 0.0
+    # newer `where` verdicts on reported changes (`dynamiccl.detector.where_refresh.WhereUpdate`)
+    where_updates: list = field(default_factory=list)
 
 
 def make_retuner(audit_path: str | None):
@@ -198,7 +200,7 @@ def replay(parquet_dir: str, detector_config: DetectorConfig, *, window_s: float
 
     def on_window(result) -> None:
         res.windows += 1
-        loop.step(result.features)
+        res.where_updates.extend(loop.step(result.features).where_updates)
 
     wcfg = WindowConfig(window_s=window_s, allowed_lateness_s=lateness_s)
     agg = WindowAggregator(wcfg, next_consumer=FuncConsumer(on_window), metrics=metrics)

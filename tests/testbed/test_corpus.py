@@ -125,3 +125,16 @@ def test_evaluate_suite_testbed_applies_set_overrides(tmp_path, monkeypatch):
     assert seen["window_s"] == 0.5
     with pytest.raises(ValueError, match="--window"):
         evaluate.run(p.parse_args(["--suite", "testbed", "--window", "0"]))
+
+
+def test_the_live_verdict_is_the_newest_handed_out_within_the_reports_budget():
+    from types import SimpleNamespace as NS
+
+    from dynamiccl.detector.where_refresh import WhereUpdate
+    first = {"kind": "rank", "rank": 1, "link": None, "confidence": 0.5, "rule": "late_arrival"}
+    rc = NS(id="rc-1", evidence={"where": first})
+    ups = [WhereUpdate("rc-1", "j", 104.0, {**first, "rank": 2}), WhereUpdate("rc-2", "j", 103.0, {**first, "rank": 3}),
+           WhereUpdate("rc-1", "j", 107.0, {**first, "rank": 0})]
+    assert corpus._live_where(rc).rank == 1
+    assert corpus._live_where(rc, ups, 105.0).rank == 2          # the update after 105 s comes too late
+    assert corpus._live_where(NS(id="rc-2", evidence={}), ups, 105.0).rank == 3

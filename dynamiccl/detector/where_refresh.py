@@ -1,0 +1,110 @@
+"""A change's `where` verdict refreshed on the windows after its report (the report itself is never held).
+
+A change is reported on the window whose alarms confirm it; on the test bed that window often holds
+few post-onset instances with rank offsets (none at all when a throttled collective outlasts the
+window, or in a step-paced job), or its onset estimate is a window off, so the verdict taken then
+is None or names a neighbour while the same rules, one or two windows later, name the changed rank
+(dev half: 6 of the 8 misnamed changes, docs/evaluation/2026-11-28-detection-dense.md). Rule: each
+reported degradation stays *pending* for ``refresh_windows`` windows after its report; on each,
+`dynamiccl.detector.where.locate` is run again from the same onset to the newest window, and a
+verdict that names another rank or link than the last one published (or the first one, after None)
+is handed out as a `WhereUpdate` (the service's ``where_updates``, the loop's ``Step``, replay's
+``where_updates``). Later verdicts rest on more instances than earlier ones, so the newest wins.
+A refresh that finds no verdict keeps the last one (no update withdraws a verdict).
+
+Bounded: at most ``MAX_PENDING`` changes pending (the oldest dropped first, counted).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .localise import Where
+from .straggler import RankHistory
+from .where import locate
+
+__all__ = ["WhereUpdate", "WhereRefresh", "MAX_PENDING", "same_place", "as_evidence"]
+
+MAX_PENDING = 256
+
+
+@dataclass(frozen=True)
+class WhereUpdate:
+    """A newer `where` verdict on the change ``id`` (its ``evidence["where"]`` as it would be now)."""
+    id: str
+    job_id: str
+    detected_s: float                  # event time of the end of the window that refreshed it
+    where: dict[str, Any] = field(default_factory=dict)
+
+
+def same_place(a: dict | None, b: dict | None) -> bool:
+    """Whether two verdicts name the same rank or link (confidence aside)."""
+    if a is None or b is None:
+        return a is b
+    return (a.get("kind"), a.get("rank"), tuple(a.get("link") or ())) == \
+           (b.get("kind"), b.get("rank"), tuple(b.get("link") or ()))
+
+
+@dataclass
+class _Pending:
+    id: str
+    job: str
+    comms: list[int]
+    onset_step: int
+    left: int
+    where: dict | None
+
+
+class WhereRefresh:
+    """Pending changes whose verdict is looked at again on each of the next ``windows`` windows."""
+
+    def __init__(self, windows: int):
+        self.windows = int(windows)
+        self.pending: deque[_Pending] = deque()
+        # where_onset_slack: verdicts (at a report or a refresh) judged with the onset a window
+        # earlier (`dynamiccl.detector.where._onset_slack`)
+        self.counters = {"where_refreshed": 0, "where_updated": 0, "where_refresh_dropped": 0,
+                         "where_onset_slack": 0}
+
+    def watch(self, change_id: str, job: str, comms: list[int], onset_step: int, where: dict | None) -> None:
+        """Keep the change pending (nothing when refreshing is off)."""
+        if self.windows <= 0 or not comms:
+            return
+        if len(self.pending) >= MAX_PENDING:
+            self.pending.popleft()
+            self.counters["where_refresh_dropped"] += 1
+        self.pending.append(_Pending(change_id, job, comms, onset_step, self.windows, where))
+
+    def step(self, ranks: RankHistory, now_step: int, window_s: float, detected_s: float) -> list[WhereUpdate]:
+        """One window on: the pending changes' refreshed verdicts that name another place."""
+        out: list[WhereUpdate] = []
+        keep: deque[_Pending] = deque()
+        for p in self.pending:
+            p.left -= 1
+            self.counters["where_refreshed"] += 1
+            w = self._verdict(ranks, p, now_step, window_s)
+            if w is not None and not same_place(w, p.where):
+                p.where = w
+                self.counters["where_updated"] += 1
+                out.append(WhereUpdate(p.id, p.job, detected_s, w))
+            if p.left > 0:
+                keep.append(p)
+        self.pending = keep
+        return out
+
+    def _verdict(self, ranks: RankHistory, p: _Pending, now_step: int, window_s: float) -> dict | None:
+        try:
+            hit = locate(ranks, p.job, p.comms, onset_step=p.onset_step, now_step=now_step, window_s=window_s,
+                         counters=self.counters)
+        except ValueError:
+            return None
+        if hit is None:
+            return None
+        comm, w = hit
+        return as_evidence(comm, w)
+
+
+def as_evidence(comm: int, w: Where) -> dict:
+    """The verdict as ``evidence["where"]`` carries it."""
+    return {**w.as_dict(), "comm": f"0x{comm:016x}"}
