@@ -54,6 +54,7 @@ class RunScore:
     localisable: int = 0
     localised: int = 0
     localised_at_truth: int = 0
+    localised_report: int = 0     # by the report's own verdict, without later `WhereUpdate`s
     rows: list[dict] = field(default_factory=list)
     effective: int = 0            # changes that moved collective latency (`testbed.effect`)
     effective_within: int = 0     # ... reported within MATCH_S
@@ -193,6 +194,7 @@ def score_run(seed: int, run_dir: Path, config=None, window_s: float | None = No
         ok = names_it(where, e)
         out.localised += ok
         row["localised"] = ok
+        out.localised_report += names_it(_live_where(rc), e)
     return out
 
 
@@ -220,6 +222,7 @@ def summarise(scores: list[RunScore]) -> dict:
             "median_delay_instances": _median([d for s in scores for d in s.delays_instances]),
             "localisable": loc, "localised": sum(s.localised for s in scores),
             "localise_top1": sum(s.localised for s in scores) / loc if loc else float("nan"),
+            "localise_top1_report": sum(s.localised_report for s in scores) / loc if loc else float("nan"),
             "localise_top1_at_truth": sum(s.localised_at_truth for s in scores) / loc if loc else float("nan")}
 
 
@@ -232,6 +235,7 @@ def line(summary: dict) -> str:
             f"testbed_median_delay_s={f(summary['median_delay_s'], 2)} "
             f"testbed_median_delay_instances={f(summary['median_delay_instances'], 1)} "
             f"testbed_localise_top1={f(summary['localise_top1'])} "
+            f"testbed_localise_top1_report={f(summary.get('localise_top1_report'))} "
             f"testbed_localise_top1_at_truth={f(summary['localise_top1_at_truth'])} "
             f"testbed_effective_changes={summary.get('effective_changes', 'nan')} "
             f"testbed_within_5s_effective={f(summary.get('within_5s_effective_share'))}")

@@ -46,13 +46,16 @@ def test_missing_corpus_is_a_clear_error(tmp_path):
 
 def test_figures_and_line():
     a = corpus.RunScore(1, changes=10, reported=9, false_alarms=1, monitored_s=1800,
-                        delays_s=[1.0, 2.0, 3.0, 6.0], delays_instances=[10, 20, 30, 60], localisable=4, localised=3)
+                        delays_s=[1.0, 2.0, 3.0, 6.0], delays_instances=[10, 20, 30, 60], localisable=4, localised=3,
+                        localised_report=2)
     b = corpus.RunScore(3, changes=10, reported=10, false_alarms=0, monitored_s=1800, delays_s=[4.0],
                         delays_instances=[40], localisable=0, localised=0)
     s = corpus.summarise([a, b])
     assert s["within_5s"] == 4 and s["within_5s_share"] == 0.2
     assert s["false_alarms_per_h"] == 1.0 and s["median_delay_s"] == 3.0 and s["localise_top1"] == 0.75
     assert s["localise_top1_at_truth"] == 0.0
+    assert s["localise_top1_report"] == 0.5          # the report's own verdicts, without later updates
+    assert "testbed_localise_top1=0.750 testbed_localise_top1_report=0.500 " in corpus.line(s)
     assert corpus.line(s).startswith("testbed_runs=2 testbed_changes=20 testbed_within_5s=0.200 ")
 
 
