@@ -3,7 +3,7 @@
 ``run``: read the collector's feature stream, serve regime changes (NDJSON), export metrics,
 log each change as a JSON line on stdout, post Grafana annotations when a URL is given. Start-up
 errors (bad address, port in use) print one line and exit non-zero; after start-up nothing is
-fatal (the collector may come and go). ``evaluate``: see `dynamiccl.harness.detector_eval`.
+fatal (the collector may come and go). ``evaluate``: see `dynamiccl.harness.detector_eval_cli`.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "in a config file a nested mapping: detector: {run: {set: {baseline: {warmup: 30}}}}")
     r.set_defaults(func=run)
     e = sub.add_parser("evaluate", help="score the detector on simulated scenarios (ground truth)")
-    from dynamiccl.harness.detector_eval import add_arguments
+    from dynamiccl.harness.detector_eval_cli import add_arguments
     add_arguments(e)
     e.set_defaults(func=_evaluate)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -50,7 +50,7 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _evaluate(args) -> int:
-    from dynamiccl.harness.detector_eval import run as run_eval
+    from dynamiccl.harness.detector_eval_cli import run as run_eval
     return run_eval(args)
 
 

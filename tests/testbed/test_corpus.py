@@ -96,7 +96,7 @@ def test_a_softer_step_is_an_improvement():
 def test_evaluate_suite_testbed_names_a_missing_corpus(tmp_path):
     import argparse
 
-    from dynamiccl.harness import detector_eval as evaluate
+    from dynamiccl.harness import detector_eval_cli as evaluate
     p = argparse.ArgumentParser()
     evaluate.add_arguments(p)
     args = p.parse_args(["--suite", "testbed", "--corpus", str(tmp_path / "none.tar.xz")])
@@ -109,7 +109,7 @@ def test_evaluate_suite_testbed_applies_set_overrides(tmp_path, monkeypatch):
     """``--set`` reaches the test-bed replay's detector config (it was silently ignored)."""
     import argparse
 
-    from dynamiccl.harness import detector_eval as evaluate
+    from dynamiccl.harness import detector_eval_cli as evaluate
     seen = {}
 
     def fake_run_suite(path, half, config=None, print_fn=print, window_s=None):
