@@ -7,6 +7,7 @@ from river import base
 
 from ._cusum_locate import locate, validate_start_split
 from ._cusum_outlier import monitor, validate_outlier_gap
+from ._cusum_season import SeasonMemory, validate_seasonal_memory, veto_season
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
 from ._cusum_relearn import relearn
 from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
@@ -40,7 +41,7 @@ class CUSUM(base.DriftDetector):
 
     The defaults were chosen on the development half of public labelled data and scored on the
     other half (docs/evaluation/2026-11-27-cusum-public.md). Seasonal series are outside the
-    promise.
+    promise, apart from clear cycles (``seasonal_memory``).
 
     Parameters
     ----------
@@ -85,6 +86,9 @@ class CUSUM(base.DriftDetector):
     outlier_gap
         An extreme value is isolated (dropped) unless another one in the same direction follows
         within this many valid samples (`dynamiccl.detector._cusum_outlier`); 1: only in a row.
+    seasonal_memory
+        Valid samples remembered (for good, across alarms) by the seasonal veto: an alarm that
+        repeats a clear cycle's previous period is not raised (`dynamiccl.detector._cusum_season`).
 
     Attributes
     ----------
@@ -166,6 +170,7 @@ class CUSUM(base.DriftDetector):
         trend_veto: bool = True,
         start_split: float | None = 1.36,
         outlier_gap: int = 2,
+        seasonal_memory: int | None = 2048,
     ):
         super().__init__()
         self.delta = delta
@@ -187,6 +192,8 @@ class CUSUM(base.DriftDetector):
         self.trend_veto = validate_trend_veto(trend_veto)
         self.start_split = validate_start_split(start_split)
         self.outlier_gap = validate_outlier_gap(outlier_gap)
+        self.seasonal_memory = validate_seasonal_memory(seasonal_memory)
+        self._season = None if seasonal_memory is None else SeasonMemory(seasonal_memory)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -293,6 +300,8 @@ class CUSUM(base.DriftDetector):
             self._n_invalid += 1
             return
 
+        if self._season is not None:
+            self._season.push(x, i)
         buffer = self._buffer
         if buffer is None:
             self._monitor(x, i)
@@ -354,6 +363,8 @@ class CUSUM(base.DriftDetector):
 
         if (fired_up or fired_down) and self.trend_veto and self._buffer is not None:
             fired_up, fired_down = veto_trend(self, fired_up, fired_down)
+        if (fired_up or fired_down) and self._season is not None:
+            fired_up, fired_down = veto_season(self, fired_up, fired_down)
         if not (fired_up or fired_down):
             return False
         up = fired_up and (not fired_down or self._s_up >= self._s_down)
@@ -386,3 +397,4 @@ class CUSUM(base.DriftDetector):
         yield {"trend_veto": False}
         yield {"start_split": None}
         yield {"outlier_gap": 1}
+        yield {"seasonal_memory": None}
