@@ -21,6 +21,7 @@ windowed Gaussian (NAB's own windowedGaussian at its optimised threshold, see `r
   the detector's own change-location estimate.
 
 Usage: python benchmarks/public_changepoint.py --tcpd PATH --nab PATH --rtt PATH [--split eval]
+[--per-file NAB.json]  (each NAB file's hits, misses and alarms outside windows, per detector)
 The last line is key=value pairs; pass=1 only if CUSUM beats every baseline on every metric.
 """
 
@@ -238,15 +239,35 @@ def load_nab(root: Path):
         yield rel, xs, spans
 
 
+def nab_breakdown(alarms: list[int], windows: list[tuple[int, int]], n: int) -> dict:
+    """One file's losses by the scorer's rules: windows hit (and where in the window, 0 = its
+    start, 1 = its end), windows missed, alarms outside windows (after a window or not)."""
+    probation = min(int(math.floor(PROBATION * n)), int(PROBATION * 5000))
+    scored = sorted(a for a in alarms if a >= probation)
+    first = {w: min((a for a in scored if w[0] <= a <= w[1]), default=None) for w in windows}
+    outside = [a for a in scored if not any(w[0] <= a <= w[1] for w in windows)]
+    return {"raw": nab_raw_score(alarms, windows, n), "n": n, "windows": [list(w) for w in windows],
+            "hit_at": [None if a is None else round((a - w[0]) / max(1, w[1] - w[0]), 3)
+                       for w, a in first.items()],
+            "missed": sum(a is None for a in first.values()), "outside": len(outside),
+            "outside_after_window": sum(any(w[1] < a for w in windows) for a in outside),
+            "in_probation": len(alarms) - len(scored), "alarms": sorted(alarms)}
+
+
+PER_FILE: dict = {}  # `--per-file PATH`: NAB file -> detector -> `nab_breakdown`
+
+
 def score_nab(root: Path, split: str, seed: int) -> dict:
     raw = {name: 0.0 for name in DETECTORS}
     perfect = null = 0.0
     files = in_split(load_nab(root), "nab", split, seed)
-    for _, xs, spans in files:
+    for rel, xs, spans in files:
         perfect += nab_raw_score([a for a, _ in spans], spans, len(xs))
         null += nab_raw_score([], spans, len(xs))
         for det, fn in DETECTORS.items():
-            raw[det] += nab_raw_score([i for i, _ in fn(xs)], spans, len(xs))
+            alarms = [i for i, _ in fn(xs)]
+            raw[det] += nab_raw_score(alarms, spans, len(xs))
+            PER_FILE.setdefault(rel, {})[det] = nab_breakdown(alarms, spans, len(xs))
     return {det: 100.0 * (r - null) / (perfect - null) for det, r in raw.items()} | {"_n": len(files)}
 
 
@@ -306,6 +327,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="ablation: a CUSUM keyword argument (Python literal), e.g. min_warmup=None")
+    ap.add_argument("--per-file", type=Path, default=None, metavar="PATH",
+                    help="write each NAB file's breakdown per detector (JSON) to PATH")
     args = ap.parse_args(argv)
     CUSUM_KWARGS.update(_parse_set(ap, args.set))
     if args.tcpd is None or args.nab is None or args.rtt is None:
@@ -318,6 +341,8 @@ def main(argv=None) -> int:
         f"{d} F1={t[d][0]:.3f} cover={t[d][1]:.3f}" for d in DETECTORS))
     n = score_nab(args.nab, args.split, args.seed)
     print(f"NAB ({n['_n']} files) standard score: " + ", ".join(f"{d}={n[d]:.1f}" for d in DETECTORS))
+    if args.per_file is not None:
+        args.per_file.write_text(json.dumps(PER_FILE, indent=1))
     r = score_rtt(args.rtt, args.split, args.seed)
     print(f"RTT ({r['_n']} traces) F1 (+/-{MARGIN}): " + ", ".join(f"{d}={r[d]:.3f}" for d in DETECTORS))
     kv, wins = {}, []

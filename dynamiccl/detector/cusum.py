@@ -6,6 +6,8 @@ from collections import deque
 from river import base
 
 from ._cusum_locate import locate, validate_start_split
+from ._cusum_outlier import monitor, validate_outlier_gap
+from ._cusum_season import SeasonMemory, validate_seasonal_memory, veto_season
 from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
 from ._cusum_relearn import relearn
 from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
@@ -32,13 +34,14 @@ class CUSUM(base.DriftDetector):
     at $\pm$ ``z_cap``; the scale is at least ``min_rel_scale`` x |level|. From ``min_warmup``
     samples on the chart is self-starting; after an alarm it resets on the next `update` and
     warms up again. Invalid inputs are counted in `n_invalid` and change nothing else; an
-    isolated value beyond ``z_clip`` is dropped (`n_outliers`), two in a row in one direction
-    enter winsorised (`n_clipped`). Each rule, with its derivation and measurements, is in
-    dynamiccl/detector/README.md ("CUSUM") and its ``_cusum_*.py`` part.
+    isolated value beyond ``z_clip`` is dropped (`n_outliers`), two in one direction within
+    ``outlier_gap`` valid samples enter winsorised (`n_clipped`). Each rule, with its
+    derivation and measurements, is in dynamiccl/detector/README.md ("CUSUM") and its
+    ``_cusum_*.py`` part.
 
     The defaults were chosen on the development half of public labelled data and scored on the
     other half (docs/evaluation/2026-11-27-cusum-public.md). Seasonal series are outside the
-    promise.
+    promise, apart from clear cycles (``seasonal_memory``).
 
     Parameters
     ----------
@@ -80,6 +83,12 @@ class CUSUM(base.DriftDetector):
     start_split
         Critical value of the change-start split (`dynamiccl.detector._cusum_locate`): 1.36, the
         conventional 5 % level; None: off (Page's last-zero start).
+    outlier_gap
+        An extreme value is isolated (dropped) unless another one in the same direction follows
+        within this many valid samples (`dynamiccl.detector._cusum_outlier`); 1: only in a row.
+    seasonal_memory
+        Valid samples remembered (for good, across alarms) by the seasonal veto: an alarm that
+        repeats a clear cycle's previous period is not raised (`dynamiccl.detector._cusum_season`).
 
     Attributes
     ----------
@@ -160,6 +169,8 @@ class CUSUM(base.DriftDetector):
         max_trend_t: float | None = 3.0,
         trend_veto: bool = True,
         start_split: float | None = 1.36,
+        outlier_gap: int = 2,
+        seasonal_memory: int | None = 2048,
     ):
         super().__init__()
         self.delta = delta
@@ -180,6 +191,9 @@ class CUSUM(base.DriftDetector):
         self.max_trend_t = validate_trend_t(max_trend_t)
         self.trend_veto = validate_trend_veto(trend_veto)
         self.start_split = validate_start_split(start_split)
+        self.outlier_gap = validate_outlier_gap(outlier_gap)
+        self.seasonal_memory = validate_seasonal_memory(seasonal_memory)
+        self._season = None if seasonal_memory is None else SeasonMemory(seasonal_memory)
 
         self._k, self._h, self._clip = _validate_and_derive(
             delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
@@ -225,6 +239,7 @@ class CUSUM(base.DriftDetector):
         self._start_down = -1
         self._pending: float | None = None  # held extreme value (+/- clip), see `update`
         self._pending_index = -1
+        self._pending_age = 0  # valid samples stepped since the held extreme value
         # The last `warmup` stepped (z, input index), kept only for ``start_split``.
         self._steps: deque[tuple[float, int]] | None = (
             None if self.start_split is None else deque(maxlen=self.warmup))
@@ -285,6 +300,8 @@ class CUSUM(base.DriftDetector):
             self._n_invalid += 1
             return
 
+        if self._season is not None:
+            self._season.push(x, i)
         buffer = self._buffer
         if buffer is None:
             self._monitor(x, i)
@@ -308,28 +325,9 @@ class CUSUM(base.DriftDetector):
         return False
 
     def _monitor(self, x: float, i: int) -> None:
-        """Standardise the valid value x of input index i; hold, drop or step on it."""
-        z = (x - self._median) * self._inv_scale  # type: ignore[operator]
-        c = self._clip
-        pending = self._pending
-        if z > c or z < -c:
-            zc = c if z > 0.0 else -c
-            if pending == zc:
-                # Second extreme value in a row, same direction: a real shift, not an outlier.
-                self._pending = None
-                self._n_clipped += 2
-                if not self._step(zc, self._pending_index):
-                    self._step(zc, i)
-                return
-            if pending is not None:
-                self._n_outliers += 1
-            self._pending = zc  # hold it until the next valid sample tells
-            self._pending_index = i
-            return
-        if pending is not None:  # an isolated extreme value: dropped
-            self._n_outliers += 1
-            self._pending = None
-        self._step(z, i)
+        """Standardise the valid value x of input index i; hold, drop or step on it
+        (`dynamiccl.detector._cusum_outlier`)."""
+        monitor(self, x, i)
 
     def _step(self, z: float, i: int) -> bool:
         """One CUSUM step on the standardised value z of input index i; True on alarm."""
@@ -365,6 +363,8 @@ class CUSUM(base.DriftDetector):
 
         if (fired_up or fired_down) and self.trend_veto and self._buffer is not None:
             fired_up, fired_down = veto_trend(self, fired_up, fired_down)
+        if (fired_up or fired_down) and self._season is not None:
+            fired_up, fired_down = veto_season(self, fired_up, fired_down)
         if not (fired_up or fired_down):
             return False
         up = fired_up and (not fired_down or self._s_up >= self._s_down)
@@ -396,3 +396,5 @@ class CUSUM(base.DriftDetector):
         yield {"max_trend_t": None}
         yield {"trend_veto": False}
         yield {"start_split": None}
+        yield {"outlier_gap": 1}
+        yield {"seasonal_memory": None}

@@ -35,3 +35,14 @@ def test_split_is_fixed_by_name():
     halves = {pc.split_of(f"rtt/{i}.csv", 0) for i in range(20)}
     assert halves == {"dev", "eval"}
     assert pc.split_of("tcpd/nile", 0) == "dev" and pc.split_of("tcpd/bank", 0) == "eval"
+
+
+def test_nab_breakdown_classifies_alarms_by_the_scorers_rules():
+    """`--per-file`: first hit per window (0 = window start), misses, alarms outside windows
+    (and those after a window), alarms in the probation period (15 % of 1000 = 150)."""
+    windows = [(300, 400), (600, 700)]
+    b = pc.nab_breakdown([100, 250, 350, 360, 500, 900], windows, 1000)
+    assert b["hit_at"] == [0.5, None]
+    assert b["missed"] == 1
+    assert (b["outside"], b["outside_after_window"], b["in_probation"]) == (3, 2, 1)
+    assert b["raw"] == pytest.approx(pc.nab_raw_score([100, 250, 350, 360, 500, 900], windows, 1000))

@@ -18,7 +18,8 @@ from dynamiccl.detector.arl import (cusum_delay_bound, cusum_threshold, cusum_th
 # implements); the current defaults are covered by tests/detector/test_cusum_robust.py.
 LEGACY = dict(delta=1.0, warmup=200, estimator="mad", serial=False, min_value=0.0,
               z_cap=math.inf, min_rel_scale=0.0, min_warmup=None, min_effective_warmup=None,
-              start_split=None)
+              start_split=None, outlier_gap=1,
+              seasonal_memory=None)
 
 
 def LCUSUM(**kw):
