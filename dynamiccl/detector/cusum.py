@@ -41,7 +41,7 @@ class CUSUM(base.DriftDetector):
 
     The defaults were chosen on the development half of public labelled data and scored on the
     other half (docs/evaluation/2026-11-27-cusum-public.md). Seasonal series are outside the
-    promise, apart from clear cycles (``seasonal_memory``).
+    promise (``seasonal_memory`` is an opt-in veto for clear cycles).
 
     Parameters
     ----------
@@ -85,10 +85,10 @@ class CUSUM(base.DriftDetector):
         conventional 5 % level; None: off (Page's last-zero start).
     outlier_gap
         An extreme value is isolated (dropped) unless another one in the same direction follows
-        within this many valid samples (`dynamiccl.detector._cusum_outlier`); 1: only in a row.
+        within this many valid samples (`dynamiccl.detector._cusum_outlier`); 1 (default): in a row.
     seasonal_memory
         Valid samples remembered (for good, across alarms) by the seasonal veto: an alarm that
-        repeats a clear cycle's previous period is not raised (`dynamiccl.detector._cusum_season`).
+        repeats a clear cycle's previous period is not raised (`dynamiccl.detector._cusum_season`); None: off.
 
     Attributes
     ----------
@@ -169,8 +169,8 @@ class CUSUM(base.DriftDetector):
         max_trend_t: float | None = 3.0,
         trend_veto: bool = True,
         start_split: float | None = 1.36,
-        outlier_gap: int = 2,
-        seasonal_memory: int | None = 2048,
+        outlier_gap: int = 1,
+        seasonal_memory: int | None = None,
     ):
         super().__init__()
         self.delta = delta
@@ -396,5 +396,5 @@ class CUSUM(base.DriftDetector):
         yield {"max_trend_t": None}
         yield {"trend_veto": False}
         yield {"start_split": None}
-        yield {"outlier_gap": 1}
-        yield {"seasonal_memory": None}
+        yield {"outlier_gap": 2}
+        yield {"seasonal_memory": 2048}

@@ -11,6 +11,7 @@ from dynamiccl.detector import CUSUM
 
 
 def _alarms(xs, **kw):
+    kw.setdefault("outlier_gap", 2)   # the rule on (opt-in: off by default)
     det, out = CUSUM(**kw), []
     for i, x in enumerate(xs):
         det.update(float(x))

@@ -12,6 +12,7 @@ from dynamiccl.detector._cusum_season import period
 
 
 def _alarms(xs, **kw):
+    kw.setdefault("seasonal_memory", 2048)   # the rule on (opt-in: off by default)
     det, out = CUSUM(**kw), []
     for i, x in enumerate(xs):
         det.update(float(x))
