@@ -69,6 +69,8 @@ METRICS: tuple[MetricSpec, ...] = (
     # --- self-observation ------------------------------------------------------------------
     MetricSpec("dynamiccl_detector_changes_emitted_total", "counter",
                "Regime changes handed to the outputs (stream server, log, Grafana)."),
+    MetricSpec("dynamiccl_detector_where_updates_emitted_total", "counter",
+               "Newer where verdicts on reported changes sent to the outputs (stream server, changes file, log)."),
     MetricSpec("dynamiccl_detector_transient_ends_emitted_total", "counter",
                "Transient excursions whose end was sent to the stream's subscribers (the retuner) as a recovery "
                "with evidence.transient; not regime changes."),
@@ -134,6 +136,7 @@ class DetectorMetrics:
         self.changes_emitted = made[p + "changes_emitted_total"]
         self.changes_dropped = made[p + "changes_dropped_total"]
         self.transient_ends_emitted = made[p + "transient_ends_emitted_total"]
+        self.where_updates_emitted = made[p + "where_updates_emitted_total"]
         self.values_invalid = made[p + "values_invalid_total"]
         self.streams = made[p + "streams"]
         self.rebaselined = made[p + "streams_rebaselined_total"]

@@ -15,11 +15,12 @@ stream, Prometheus, the log (one JSON line per change on stdout) and Grafana ann
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import sys
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
@@ -35,6 +36,7 @@ from .service import Detector
 __all__ = ["ServiceConfig", "DetectorService"]
 
 log = logging.getLogger("detector")
+_WHERE_KEPT = 4096   # newest where verdicts kept for the replay to new clients (older: the report's own)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class DetectorService:
         self._annotate = annotate
         self._annotations_down = False
         self._lock = threading.Lock()   # one window at a time (reader vs process_window callers)
+        self._where_now: OrderedDict[str, dict] = OrderedDict()   # change id -> newest where (bounded)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "DetectorService":
@@ -100,7 +103,7 @@ class DetectorService:
                 raise OSError(exc.errno, f"--metrics {cfg.metrics}: cannot listen: {exc.strerror or exc}") from exc
             self.addresses["metrics"] = f"{host}:{self._httpd.server_address[1]}"
         if cfg.serve is not None:
-            self.server = ChangeServer(cfg.serve, max_queue=cfg.client_queue, active=lambda: self.detector.active,
+            self.server = ChangeServer(cfg.serve, max_queue=cfg.client_queue, active=self._active_now,
                                        on_drop=lambda: self.metrics.changes_dropped.labels(reason="queue_full").inc(),
                                        on_clients=self.metrics.subscribers.set).start()
             self.addresses["serve"] = self.server.address
@@ -144,10 +147,33 @@ class DetectorService:
             self._emit(c)
         for te in ended:
             self._emit_transient_end(te)
-        for u in updates:   # not on the change stream (its contract is one RegimeChange a line): the log
-            log.info("regime change %s: where now %s %s (confidence %.2f)", u.id, u.where.get("kind"),
-                     u.where.get("link") or u.where.get("rank"), u.where.get("confidence", float("nan")))
+        for u in updates:
+            self._emit_where_update(u)
         return changes
+
+    def _emit_where_update(self, u) -> None:
+        """A newer ``where`` on a reported change: its own line on the change stream and in the changes
+        file (`WhereUpdate.to_json`, never a RegimeChange line), and the log."""
+        try:
+            self._out.write(u.to_json() + "\n")
+            self._out.flush()
+        except (OSError, ValueError):
+            pass
+        log.info("regime change %s: where now %s %s (confidence %.2f)", u.id, u.where.get("kind"),
+                 u.where.get("link") or u.where.get("rank"), u.where.get("confidence", float("nan")))
+        self.metrics.where_updates_emitted.inc()
+        self._where_now[u.id] = u.where
+        self._where_now.move_to_end(u.id)
+        while len(self._where_now) > _WHERE_KEPT:
+            self._where_now.popitem(last=False)
+        if self.server is not None:
+            self.server.publish_update(u)
+
+    def _active_now(self) -> list[RegimeChange]:
+        """The active changes a newly connected client is sent first, each with its newest ``where``."""
+        where = dict(self._where_now)
+        return [dataclasses.replace(c, evidence={**c.evidence, "where": where[c.id]}) if c.id in where else c
+                for c in list(self.detector.active)]
 
     def _emit_transient_end(self, te: TransientEnd) -> None:
         """A transient's end goes to the stream's subscribers (the retuner) alone, as the recovery it stands

@@ -1,4 +1,5 @@
-"""The regime-change stream: NDJSON over TCP or a Unix socket, one `RegimeChange` per line.
+"""The regime-change stream: NDJSON over TCP or a Unix socket, one `RegimeChange` per line, and a
+`dynamiccl.detector.where_refresh.WhereUpdate` line when a reported change's ``where`` is judged anew.
 
 Each client gets a bounded queue (``max_queue`` lines); when it is full the *oldest* line is
 dropped and counted (``dynamiccl_detector_changes_dropped_total{reason="queue_full"}``), so a
@@ -15,6 +16,7 @@ from dynamiccl.collector.net import close_listener, listen
 from dynamiccl.contracts.broadcast import LineBroadcaster
 
 from .events import RegimeChange
+from .where_refresh import WhereUpdate, is_where_update
 
 __all__ = ["ChangeServer", "subscribe_changes"]
 
@@ -74,6 +76,10 @@ class ChangeServer:
         if self._server is not None:
             self._server.publish((change.to_json() + "\n").encode())
 
+    def publish_update(self, update: WhereUpdate) -> None:
+        if self._server is not None:
+            self._server.publish((update.to_json() + "\n").encode())
+
     def _greeting(self) -> list[bytes]:
         return [(ch.to_json() + "\n").encode() for ch in list(self._active())]
 
@@ -82,8 +88,11 @@ class ChangeServer:
                     else "dropped stalled client", peer, self.max_clients)
 
 
-def subscribe_changes(address: str, *, timeout: float | None = None, connect_timeout: float = 10.0):
-    """Iterate over the `RegimeChange` objects a detector serves (``unix:PATH`` or ``tcp:HOST:PORT``).
+def subscribe_changes(address: str, *, timeout: float | None = None, connect_timeout: float = 10.0,
+                      where_updates: bool = False):
+    """Iterate over the `RegimeChange` objects a detector serves (``unix:PATH`` or ``tcp:HOST:PORT``);
+    with ``where_updates`` also the `WhereUpdate` lines (newer ``where`` verdicts on served changes), else
+    those lines are skipped.
 
     Malformed lines raise ``ValueError`` (with the reason); the iterator ends when the server closes.
     """
@@ -92,4 +101,13 @@ def subscribe_changes(address: str, *, timeout: float | None = None, connect_tim
     sock.settimeout(timeout)
 
     from dynamiccl.contracts.lines import client_lines
-    return (RegimeChange.from_json(line) for line in client_lines(sock))
+    return _items(client_lines(sock), where_updates)   # connected now, before the first item is asked for
+
+
+def _items(lines, where_updates: bool):
+    for line in lines:
+        if is_where_update(line):
+            if where_updates:
+                yield WhereUpdate.from_json(line)
+            continue
+        yield RegimeChange.from_json(line)

@@ -13,9 +13,16 @@ is handed out as a `WhereUpdate` (the service's ``where_updates``, the loop's ``
 A refresh that finds no verdict keeps the last one (no update withdraws a verdict).
 
 Bounded: at most ``MAX_PENDING`` changes pending (the oldest dropped first, counted).
+
+On the change stream and in the changes file an update is its own line,
+``{"where_update": ID, "job_id": ..., "detected_s": ..., "where": {...}}`` (`WhereUpdate.to_json`):
+never a `RegimeChange` line, so no consumer takes it for a new change. `is_where_update` tells the
+two apart; `dynamiccl.detector.server.subscribe_changes` skips updates unless asked for them and
+the retuner counts and ignores them (its rules do not depend on ``where``).
 """
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +31,11 @@ from .localise import Where
 from .straggler import RankHistory
 from .where import locate
 
-__all__ = ["WhereUpdate", "WhereRefresh", "MAX_PENDING", "same_place", "as_evidence"]
+__all__ = ["WhereUpdate", "WhereRefresh", "MAX_PENDING", "same_place", "as_evidence", "is_where_update",
+           "LINE_KEY"]
 
 MAX_PENDING = 256
+LINE_KEY = "where_update"       # the key that marks an update's line (it holds the change's id)
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,34 @@ class WhereUpdate:
     job_id: str
     detected_s: float                  # event time of the end of the window that refreshed it
     where: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({LINE_KEY: self.id, "job_id": self.job_id, "detected_s": self.detected_s,
+                           "where": self.where}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str | bytes | dict) -> "WhereUpdate":
+        """Parse an update line; ``ValueError`` names what is wrong."""
+        d = json.loads(line) if isinstance(line, (str, bytes)) else line
+        if not isinstance(d, dict) or not isinstance(d.get(LINE_KEY), str):
+            raise ValueError(f"not a where update: no string {LINE_KEY!r}")
+        where = d.get("where")
+        if not isinstance(where, dict):
+            raise ValueError("where update: 'where' is not an object")
+        try:
+            t = float(d["detected_s"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("where update: 'detected_s' is missing or not a number") from None
+        return cls(id=d[LINE_KEY], job_id=str(d.get("job_id", "")), detected_s=t, where=where)
+
+
+def is_where_update(line: str | bytes | dict) -> bool:
+    """Whether a change-stream line (or its parsed object) is a `WhereUpdate` (cheap: no full parse of a
+    change line; a line that is not JSON is no update)."""
+    if isinstance(line, dict):
+        return LINE_KEY in line
+    head = line[:40] if isinstance(line, str) else line[:40].decode("utf-8", "replace")
+    return head.lstrip().startswith('{"' + LINE_KEY + '"')
 
 
 def same_place(a: dict | None, b: dict | None) -> bool:

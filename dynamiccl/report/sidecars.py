@@ -24,6 +24,7 @@ Malformed lines are counted and skipped; the count and the first reason are repo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dynamiccl.detector.events import RegimeChange
+from dynamiccl.detector.where_refresh import WhereUpdate, is_where_update
 
 __all__ = ["CHANGES_FILE", "AUDIT_FILE", "TRUTH_FILE", "Sidecars", "load_sidecars", "find_sidecar",
            "read_jsonl", "decision_rows", "MARKED_ACTIONS"]
@@ -97,11 +99,23 @@ def _truth(line: str) -> dict:
     return d
 
 
+def _change_or_update(line: str):
+    """A changes-file line: a `RegimeChange`, or a `WhereUpdate` (a newer ``where`` on an earlier change)."""
+    return WhereUpdate.from_json(line) if is_where_update(line) else RegimeChange.from_json(line)
+
+
+def _apply_where_updates(items: list) -> list:
+    """The changes, each with the newest ``where`` its updates gave it (the verdict users saw last)."""
+    newest = {u.id: u.where for u in items if isinstance(u, WhereUpdate)}
+    return [dataclasses.replace(c, evidence={**c.evidence, "where": newest[c.id]}) if c.id in newest else c
+            for c in items if not isinstance(c, WhereUpdate)]
+
+
 def load_sidecars(parquet_dir: str | os.PathLike, *, changes: str | None = None, audit: str | None = None,
                   truth: str | None = None) -> Sidecars:
     """Read what exists; explicit paths override the search (and must exist)."""
     s = Sidecars()
-    for name, explicit, attr, parse in ((CHANGES_FILE, changes, "changes", RegimeChange.from_json),
+    for name, explicit, attr, parse in ((CHANGES_FILE, changes, "changes", _change_or_update),
                                         (AUDIT_FILE, audit, "decisions", _object),
                                         (TRUTH_FILE, truth, "truth", _truth)):
         if explicit is not None:
@@ -114,7 +128,8 @@ def load_sidecars(parquet_dir: str | os.PathLike, *, changes: str | None = None,
             continue
         s.paths[attr] = str(path)
         try:
-            setattr(s, attr, read_jsonl(path, parse, name, s.problems))
+            items = read_jsonl(path, parse, name, s.problems)
+            setattr(s, attr, _apply_where_updates(items) if attr == "changes" else items)
         except OSError as exc:
             s.problems.append(f"{name}: cannot read ({exc})")
     return s

@@ -102,7 +102,11 @@ class Retuner(RecognitionMixin, TriageMixin, ExploringMixin):
     def on_change(self, rc) -> int | None:
         """A :class:`dynamiccl.detector.events.RegimeChange` (or its JSON line). Returns the version written, if any."""
         from dynamiccl.detector.events import RegimeChange
+        from dynamiccl.detector.where_refresh import is_where_update
         with self._lock:
+            if isinstance(rc, (str, bytes, dict)) and is_where_update(rc):
+                self.metrics.inc("where_updates")   # a newer where on a change: no rule of ours uses it
+                return None
             self.metrics.inc("changes")
             if not isinstance(rc, RegimeChange):
                 try:

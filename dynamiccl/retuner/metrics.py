@@ -63,6 +63,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_retuner_dry_run", "gauge", "1 when the retuner only recommends (writes nothing)."),
     # --- self-metrics ---
     MetricSpec("dynamiccl_retuner_regime_changes_received_total", "counter", "Regime changes received."),
+    MetricSpec("dynamiccl_retuner_where_updates_received_total", "counter",
+               "Newer where verdicts on reported changes received on the change stream (ignored: no rule uses where)."),
     MetricSpec("dynamiccl_retuner_windows_received_total", "counter", "Feature-stream windows received."),
     MetricSpec("dynamiccl_retuner_observations_received_total", "counter",
                "Per-target duration observations received (window rows or direct)."),
@@ -87,7 +89,7 @@ class RetunerMetrics:
         self.decisions = {a: 0 for a in ACTIONS}
         self.dropped = {r: 0 for r in DROP_REASONS}
         self.push_errors = {r: 0 for r in PUSH_ERRORS}
-        self.counters = {"pushes": 0, "pushes_held": 0, "rollbacks": 0, "changes": 0, "windows": 0, "observations": 0,
+        self.counters = {"pushes": 0, "pushes_held": 0, "rollbacks": 0, "changes": 0, "where_updates": 0, "windows": 0, "observations": 0,
                          "audit_errors": 0, "collective_s": 0.0, "excess_s": 0.0}
         self.version = 0
         self.dry_run = 1
@@ -160,6 +162,7 @@ class RetunerMetrics:
         for name, key in (("dynamiccl_retuner_pushes_total", "pushes"), ("dynamiccl_retuner_rollbacks_total", "rollbacks"),
                           ("dynamiccl_retuner_pushes_held_total", "pushes_held"),
                           ("dynamiccl_retuner_regime_changes_received_total", "changes"),
+                          ("dynamiccl_retuner_where_updates_received_total", "where_updates"),
                           ("dynamiccl_retuner_windows_received_total", "windows"),
                           ("dynamiccl_retuner_observations_received_total", "observations"),
                           ("dynamiccl_retuner_audit_errors_total", "audit_errors"),
