@@ -126,7 +126,7 @@ def names_it(where, event) -> bool:
 
 def _live_where(rc, updates=(), until_s: float = math.inf):
     """The detector's own verdict on the change: the newest of its ``evidence["where"]``
-    (`dynamiccl.detector.where`) and the `WhereUpdate`\ s on it handed out by ``until_s`` (the true
+    (`dynamiccl.detector.where`) and the `WhereUpdate` verdicts on it handed out by ``until_s`` (the true
     onset + ``MATCH_S``: a verdict counts within the report's own budget), `dynamiccl.detector.where_refresh`."""
     from dynamiccl.detector.localise import Where
     w = (rc.evidence or {}).get("where")
