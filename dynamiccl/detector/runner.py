@@ -15,7 +15,6 @@ stream, Prometheus, the log (one JSON line per change on stdout) and Grafana ann
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import sys
@@ -32,6 +31,7 @@ from .events import RegimeChange, TransientEnd
 from .feature_decode import decode
 from .server import ChangeServer
 from .service import Detector
+from .where_refresh import with_where
 
 __all__ = ["ServiceConfig", "DetectorService"]
 
@@ -172,8 +172,7 @@ class DetectorService:
     def _active_now(self) -> list[RegimeChange]:
         """The active changes a newly connected client is sent first, each with its newest ``where``."""
         where = dict(self._where_now)
-        return [dataclasses.replace(c, evidence={**c.evidence, "where": where[c.id]}) if c.id in where else c
-                for c in list(self.detector.active)]
+        return [with_where(c, where[c.id]) if c.id in where else c for c in list(self.detector.active)]
 
     def _emit_transient_end(self, te: TransientEnd) -> None:
         """A transient's end goes to the stream's subscribers (the retuner) alone, as the recovery it stands

@@ -22,6 +22,7 @@ the retuner counts and ignores them (its rules do not depend on ``where``).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from .localise import Where
 from .straggler import RankHistory
 from .where import locate
 
-__all__ = ["WhereUpdate", "WhereRefresh", "MAX_PENDING", "same_place", "as_evidence", "is_where_update",
+__all__ = ["WhereUpdate", "WhereRefresh", "MAX_PENDING", "same_place", "as_evidence", "is_where_update", "with_where",
            "LINE_KEY"]
 
 MAX_PENDING = 256
@@ -64,6 +65,11 @@ class WhereUpdate:
         except (KeyError, TypeError, ValueError):
             raise ValueError("where update: 'detected_s' is missing or not a number") from None
         return cls(id=d[LINE_KEY], job_id=str(d.get("job_id", "")), detected_s=t, where=where)
+
+
+def with_where(change, where: dict):
+    """``change`` (a `RegimeChange`) with ``where`` as its ``evidence["where"]``."""
+    return dataclasses.replace(change, evidence={**change.evidence, "where": where})
 
 
 def is_where_update(line: str | bytes | dict) -> bool:

@@ -24,7 +24,6 @@ Malformed lines are counted and skipped; the count and the first reason are repo
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dynamiccl.detector.events import RegimeChange
-from dynamiccl.detector.where_refresh import WhereUpdate, is_where_update
+from dynamiccl.detector.where_refresh import WhereUpdate, is_where_update, with_where
 
 __all__ = ["CHANGES_FILE", "AUDIT_FILE", "TRUTH_FILE", "Sidecars", "load_sidecars", "find_sidecar",
            "read_jsonl", "decision_rows", "MARKED_ACTIONS"]
@@ -107,8 +106,7 @@ def _change_or_update(line: str):
 def _apply_where_updates(items: list) -> list:
     """The changes, each with the newest ``where`` its updates gave it (the verdict users saw last)."""
     newest = {u.id: u.where for u in items if isinstance(u, WhereUpdate)}
-    return [dataclasses.replace(c, evidence={**c.evidence, "where": newest[c.id]}) if c.id in newest else c
-            for c in items if not isinstance(c, WhereUpdate)]
+    return [with_where(c, newest[c.id]) if c.id in newest else c for c in items if not isinstance(c, WhereUpdate)]
 
 
 def load_sidecars(parquet_dir: str | os.PathLike, *, changes: str | None = None, audit: str | None = None,
