@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .step_rate import floor as step_floor
+from .warmup_split import split_warmups
 
 __all__ = ["StreamBaselines", "KNOWN_BASELINE", "FIXED_BASELINE_MIN"]
 
@@ -91,6 +92,57 @@ class StreamBaselines:
         return (np.concatenate([fired, early.idx]), np.concatenate([direction, early.direction]),
                 np.concatenate([start, early.start]), np.concatenate([base_med, early.median]),
                 np.concatenate([base_scale, early.scale]))
+
+    def _warmups_done(self, warming_before: np.ndarray) -> None:
+        """Streams whose warm-up ended this window are monitored from now, on a self-starting
+        baseline; a warm-up holding two regimes restarts instead (`warmup_split`)."""
+        cfg = self.config
+        done = np.flatnonzero(warming_before & ~self.banks[0].warming_up)
+        done = split_warmups(self, done)
+        self.monitor_since[done] = self.t
+        self.early.monitored(done)
+        if not done.size:
+            return
+        med, scale = self.banks[0].baseline
+        sc, nv = scale[done], np.full(done.size, cfg.baseline.warmup, np.int64)
+        if cfg.baseline.self_start:
+            sc, nv = self.ss.pooled_scale(self.carry_scale[done], self.carry_n[done], sc, cfg.baseline.warmup)
+        self.ss.start(done, med[done], sc, cfg.baseline.warmup, nv)
+        self.carry_n[done] = 0
+        moved = done[(sc != scale[done]) | (sc < self._floor(done))]
+        if moved.size:
+            for bank in self.banks:
+                bank.set_baseline(moved, med[moved], np.maximum(np.sqrt(self.ss.var[moved]), self._floor(moved)))
+        self.rebase_warm[done] = False
+
+    def _collect_fired(self):
+        """This window's alarms of any bank: (fired mask, indices, direction, onset step, and the
+        pre-alarm baseline median and scale). Every bank of a fired stream resets (one baseline
+        per stream; the next update re-warms all); its scale is carried to the next warm-up."""
+        fired_any = self.banks[0].drift_detected.copy()
+        for bank in self.banks[1:]:
+            fired_any |= bank.drift_detected
+        fired = np.flatnonzero(fired_any)
+        if not fired.size:
+            return fired_any, fired, np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+        direction = np.zeros(fired.size, np.int8)
+        start = np.full(fired.size, -1, np.int64)
+        for bank in self.banks:
+            # the latest reset point among the banks that fired: the tightest onset estimate
+            f = bank.drift_detected[fired]
+            direction = np.where(f & (direction == 0), bank.direction[fired], direction)
+            start = np.where(f, np.maximum(start, bank.change_start[fired]), start)
+        med, scale = self.banks[0].baseline
+        base_med, base_scale = med[fired].copy(), scale[fired].copy()
+        self.saved_med[fired] = base_med
+        self.saved_n[fired] = self.ss.n[fired]
+        self.carry_scale[fired] = np.sqrt(self.ss.var[fired])
+        self.carry_n[fired] = self.ss.n_var[fired]
+        self.ss.n[fired] = 0
+        self.rebase_warm[fired] = False
+        for bank in self.banks:
+            bank.reset_streams(fired)
+        return fired_any, fired, direction, start, base_med, base_scale
 
     # ------------------------------------------------------------------ self-starting baseline
     def _standardise(self, i_ok: np.ndarray, x: np.ndarray, warming: np.ndarray):

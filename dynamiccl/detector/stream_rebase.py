@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 
+from .stream_group import rank_masks, reporting
+
 __all__ = ["StreamRebase", "LOST_RANK_SHIFT"]
 
 # a stream whose latency moved this much (|log|, 1.5x) in the window its rank set changed is
@@ -19,6 +21,84 @@ LOST_RANK_SHIFT = math.log(1.5)
 
 class StreamRebase:
     """Mixin of `StreamTable`."""
+
+    def _workload(self, r, wf) -> tuple[np.ndarray, np.ndarray]:
+        """Benign workload / configuration changes among this window's charted rows ``r``
+        (`dynamiccl.detector.stream_window.WindowRows`): returns (rebase, resized), the rows whose
+        streams were re-baselined and those among them whose sizes or configuration changed."""
+        cfg = self.config
+        ok = r.ok
+        i_ok = r.idx[ok]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bpr = r.byt[ok] / np.maximum(r.rec[ok], 1)
+            cov = r.rec[ok] / np.maximum(r.inst[ok], 1)     # ranks reporting per instance
+        self.bytes_per_record[i_ok] = bpr
+        self.coverage[i_ok] = cov
+        rep_ok = reporting(r.agg, wf.ranks)[ok] if r.agg.height else np.zeros(0, np.int64)
+        if r.rep_pool is not None:   # a pooled sample: the ranks seen over its windows
+            rep_ok = np.where(r.rep_pool[ok] != -2, r.rep_pool[ok], rep_ok)
+        self.reporting[i_ok] = rep_ok
+        self.instances[:] = 0.0
+        self.instances[i_ok] = r.inst[ok]
+        ref = self.bytes_ref[i_ok]
+        first = np.isnan(ref)
+        cref = self.coverage_ref[i_ok]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            moved = ~first & (np.abs(np.log(bpr / ref)) > cfg.workload.mix_change)
+            # a rank or a host stopped (or started) reporting: the stream's make-up changed
+            lost = ~first & (np.abs(np.log(cov / cref)) > cfg.workload.coverage_change)
+        # ... but only if ranks stopped or started reporting: with every rank still there, fewer
+        # records per instance are instances straddling the window's edge, which a slowdown
+        # makes more frequent (a throttled test-bed rank reset its streams 40-66 times a run
+        # instead of alarming); without rank information the coverage alone decides
+        rref = self.reporting_ref[i_ok]
+        same_ranks = (rref >= 0) & (rep_ok >= 0) & (rep_ok == rref)
+        lost &= ~same_ranks
+        # ... in two successive windows with data: a step-paced job's instance straddling a
+        # window's edge leaves one rank out of that window only (its streams were re-learning
+        # for ever instead of being monitored)
+        lost &= ~self._shifted(i_ok, np.log(r.lat[ok]))   # a slowed rank, not a gone one
+        lost_now = lost.copy()
+        lost = self.straddle.split(i_ok, lost_now, lost & self.lost_prev[i_ok],   # `rank_straddle`
+                                   lambda: rank_masks(r.agg, wf.ranks)[ok], rref)
+        self.lost_prev[i_ok] = lost_now & ~lost
+        self.rank_set_changed[:] = False
+        self.rank_set_changed[i_ok] = ~first & ~same_ranks
+        b_ok = r.bits[ok]
+        b_ref = self.ap_ref[i_ok]
+        cfg_changed = (b_ref != 0) & ((b_ok & b_ref) == 0)
+        rebase = moved | cfg_changed | lost
+        self.bytes_ref[i_ok[first]] = bpr[first]
+        self.coverage_ref[i_ok[first]] = cov[first]
+        self.reporting_ref[i_ok[first]] = rep_ok[first]
+        if rebase.any():
+            self._rebase_streams(i_ok[rebase], bpr[rebase], cov[rebase])
+        self._workload_back(i_ok[~rebase], bpr[~rebase], cov[~rebase])
+        self.ap_ref[i_ok] = b_ok
+        return rebase, i_ok[rebase & (moved | cfg_changed)]
+
+    def _workload_back(self, idx: np.ndarray, bpr: np.ndarray, cov: np.ndarray) -> None:
+        """A stream re-learning after a workload change whose workload is back to the previous
+        one by now (the change's first window mixed both sizes, so it did not match then): its
+        previous baseline comes back (no 60-window blind spell after a short mix)."""
+        cfg = self.config
+        back = self.rebase_warm[idx]
+        if not back.any():
+            return
+        j = idx[back]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            match = (np.isfinite(self.prev_scale[j])
+                     & (np.abs(np.log(bpr[back] / self.prev_bpr[j])) <= 0.5 * cfg.workload.mix_change)
+                     & (np.abs(np.log(cov[back] / self.prev_cov[j])) <= 0.5 * cfg.workload.coverage_change))
+        j = j[match]
+        if j.size:
+            self._adopt(j, self.prev_med[j], self.prev_scale[j], np.maximum(self.prev_n[j], 1))
+            self.bytes_ref[j] = bpr[back][match]
+            self.coverage_ref[j] = cov[back][match]
+            self.reporting_ref[j] = self.reporting[j]
+            self.rebase_warm[j] = False
+            self.monitor_since[j] = self.t
+            self.n_restored += int(j.size)
 
     def rebase(self, idx) -> None:
         """Treat streams ``idx`` as changed workload: new size reference, new warm-up."""
