@@ -69,19 +69,32 @@ def _swatch(func: str) -> str:
 
 
 def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decade: int = 10) -> str:
-    """The report page as a string."""
+    """The report page as a string: the overview, then one section per function below."""
     from plotly.offline import get_plotlyjs
 
-    parts: list[str] = []
-    esc = html.escape
     title = title or f"DynamICCL report: {s.directory}"
+    ov = None if s.empty else overview(s)
+    parts = _overview(s, side, title, ov)
+    if ov is None:
+        return _page(title, "\n".join(parts), get_plotlyjs())
+    t0 = ov["start_s"]
+    decisions = decision_rows(side.decisions)
+    versions, switches = config_changes(s)
+    parts += _figures(s, side, decisions, versions, per_decade)
+    parts += _stragglers(s, t0)
+    parts += _changes(side, t0)
+    parts += _retuner(decisions, versions, switches, t0)
+    parts += _mix(s)
+    return _page(title, "\n".join(parts), get_plotlyjs())
+
+
+def _overview(s: RunSummary, side: Sidecars, title: str, ov: dict | None) -> list[str]:
+    esc = html.escape
+    parts = [f"<h1>{esc(title)}</h1>"]
     problems = [*s.problems, *side.problems]
-    parts.append(f"<h1>{esc(title)}</h1>")
-    if s.empty:
+    if ov is None:
         parts.append('<p class="problem">No records could be read: ' + esc("; ".join(problems) or "empty run") + "</p>")
     else:
-        ov = overview(s)
-        t0 = ov["start_s"]
         kv = [("records", f"{ov['records']:,} ({ov['timed']:,} timed)"),
               ("event time", f"{_utc(ov['start_s'])} → {_utc(ov['end_s'])} UTC ({fmt_seconds(ov['end_s'] - ov['start_s'])})"),
               ("jobs", ", ".join(ov["jobs"]) or "-"), ("communicators", f"{ov['communicators']}"),
@@ -97,13 +110,12 @@ def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decad
         parts.append(f'<p class="problem">⚠ {esc(p)}</p>')
     for n in s.notes:
         parts.append(f'<p class="note">ℹ {esc(n)}</p>')
-    if s.empty:
-        return _page(title, "\n".join(parts), get_plotlyjs())
+    return parts
 
-    decisions = decision_rows(side.decisions)
-    versions, switches = config_changes(s)
+
+def _figures(s: RunSummary, side: Sidecars, decisions: list, versions: list, per_decade: int) -> list[str]:
+    parts: list[str] = []
     config_times = [(v["first_s"], f"config v{v['version']}") for v in versions[1:]]
-    # --- figures -----------------------------------------------------------------------------
     parts.append("<h2>Bandwidth and latency over time</h2>")
     parts.append('<p class="note">Shaded grey: ground-truth regimes; coloured lines: detected regime changes '
                  '(shaded from the estimated onset to the detection); dotted: tuner config versions seen in the '
@@ -119,6 +131,11 @@ def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decad
     parts.append(_fig(latency_heatmap(s, per_decade), "fig-heatmap"))
     parts.append("<h2>Cross-rank spread and straggler ranks</h2>")
     parts.append(_fig(spread_figure(s), "fig-spread"))
+    return parts
+
+
+def _stragglers(s: RunSummary, t0: float) -> list[str]:
+    parts: list[str] = []
     st = stragglers(s)
     if st:
         parts.append('<p class="note">Straggler intervals: time bins in which a rank\'s relative latency (own '
@@ -134,7 +151,12 @@ def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decad
     else:
         parts.append('<p class="note">No straggler: in no time bin was a rank\'s relative latency (over at '
                      'least 5 instances) below 0.5 × its communicator\'s median rank.</p>')
-    # --- regime changes --------------------------------------------------------------------------
+    return parts
+
+
+def _changes(side: Sidecars, t0: float) -> list[str]:
+    esc = html.escape
+    parts: list[str] = []
     parts.append("<h2>Regime changes</h2>")
     if side.changes:
         rows = change_rows(side.changes, side.truth)
@@ -159,7 +181,12 @@ def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decad
                              + _cell(_rel(r["start_s"], t0), r["start_s"]) + _cell(_rel(r["end_s"], t0), r["end_s"])
                              + _cell(r["where"], left=True) + _cell(r["change"] or "not detected", left=True)
                              + _cell(fmt_seconds(r["delay_s"]), r["delay_s"]) for r in truth_rows(side.truth, side.changes))))
-    # --- configs / retuner --------------------------------------------------------------------------
+    return parts
+
+
+def _retuner(decisions: list, versions: list, switches: list, t0: float) -> list[str]:
+    esc = html.escape
+    parts: list[str] = []
     parts.append("<h2>Retuner decisions and config changes</h2>")
     if decisions:
         from collections import Counter
@@ -196,7 +223,11 @@ def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decad
                             (_cell(_rel(w["t_s"], t0), w["t_s"]) + _cell(w["func"], left=True)
                              + _cell(size_label(w["size_bucket"]), w["size_bucket"]) + _cell(w["nranks"], w["nranks"])
                              + _cell(w["from"], left=True) + _cell(w["to"], left=True) for w in switches), left_cols=0))
-    # --- mix -----------------------------------------------------------------------------------------------
+    return parts
+
+
+def _mix(s: RunSummary) -> list[str]:
+    parts: list[str] = []
     parts.append("<h2>Collective mix</h2>")
     parts.append(_fig(mix_figure(s), "fig-mix"))
     m = mix(s)
@@ -213,7 +244,7 @@ def render(s: RunSummary, side: Sidecars, *, title: str | None = None, per_decad
     parts.append('<p class="note muted">Latency = GPU kernel end − start (KernelCh, or host clock when only that '
                  'is known); bus bandwidth = Σ(bytes × nccl-tests bus factor) / Σ latency over timed records. '
                  'Generated by <code>dynamiccl report</code>.</p>')
-    return _page(title, "\n".join(parts), get_plotlyjs())
+    return parts
 
 
 def _page(title: str, body: str, plotly_js: str) -> str:
