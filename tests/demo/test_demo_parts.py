@@ -273,6 +273,7 @@ def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypat
     import argparse
 
     import dynamiccl.demo as demo
+    import dynamiccl.demo.session as session
     from dynamiccl.harness.simulator import driver
 
     order = []
@@ -289,8 +290,8 @@ def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypat
         order.append("torch warmed")
         raise RuntimeError("stop here")          # nothing else need start to show the order
 
-    monkeypatch.setattr(demo, "_autoencoder_available", warm)
-    monkeypatch.setattr(demo, "_plugin_tuner", lambda conf: SimpleNamespace(close=lambda: None))
+    monkeypatch.setattr(session, "_autoencoder_available", warm)
+    monkeypatch.setattr(session, "_plugin_tuner", lambda conf: SimpleNamespace(close=lambda: None))
     monkeypatch.setattr(driver, "SimulatedJob", Job)
     parser = argparse.ArgumentParser()
     demo.register(parser.add_subparsers())
