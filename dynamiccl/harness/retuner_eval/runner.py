@@ -110,69 +110,26 @@ def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = No
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     dur = duration_s if duration_s is not None else (scenario.duration_s or 60.0)
-    tuner = None
-    rt = None
-    rcs = []
+    tuner, rt, rcs = None, None, []
     if policy == "tune_once":
         tuner = RuleTuner(truth.rules_for(truth.baseline_state(), 1))
     elif policy in ("oracle", "reactive"):
         tuner = RuleTuner(None)
     elif policy == "ours":
-        wd = workdir or tempfile.mkdtemp(prefix="dccl-retune-")
-        path = os.path.join(wd, "tuner.conf")
-        if os.path.exists(path):
-            os.unlink(path)
-        # in process the job receives a push at the event time it is written (no window/lateness lag)
-        cfg = (retuner_cfg or RetunerConfig()).replace(policy={"republish_after_s": 0.0})
-        cfg = cfg.replace(dry_run=False, tuner_config_path=path, audit_path=None,
-                          topology=retuner_cfg.topology if retuner_cfg and retuner_cfg.topology
-                          else workload.topology.name)
-        rt = Retuner(cfg, clock=lambda: 0.0)
-        tuner = None
-        if tuner_mode == "per-rank":
-            try:
-                import zlib
-                dseed = seed * 1_000_003 + zlib.crc32(f"{workload.name}/{scenario.name}".encode())
-                tuner = make_rank_tuners(workload.topology.n_ranks, path, wd, seed=dseed, p_fault=delivery_faults,
-                                         fault_stream=fault_stream)
-            except Exception as e:
-                import logging
-                logging.getLogger(__name__).warning("per-rank plugins unavailable (%s); one plugin instance", e)
-        if tuner is None:
-            tuner = make_file_tuner(path, prefer_plugin=tuner_mode != "python")
+        tuner, rt = _ours(workload, scenario, seed, retuner_cfg, workdir, tuner_mode, delivery_faults, fault_stream)
         rcs = truth.changes(delay_s=delay_s)
     eng = Engine(workload, scenario, seed=seed, tuner=tuner, duration_s=dur)
-    comms = workload.comms
-    tgt_cache: dict[tuple[int, int, int], Target] = {}
-    dsz = workload.dtype_size
+    chooser = _Chooser(policy, tuner, truth, scenario, workload, delay_s)
+    feed = _RetunerFeed(rt, rcs, workload.comms) if rt is not None else None
+    comms, dsz = workload.comms, workload.dtype_size
     coll = 0.0
     n = 0
-    t_rt = 0.0
     step_ops: list[StepOps] = []
-    rc_i = 0
-    oracle_state = None
     seg_starts = np.array([a for a, _, _ in truth.segments()])
     seg: dict = {}
-    # reactive: the oracle's config of each regime from the moment a detector with ``delay_s`` reports it (the
-    # detection times of Truth.changes, 1 s windows) -- the best any retuner reacting to detections can do
-    react = [(0.0 if t0 <= 0 else math.ceil(t0 + delay_s - 1e-9), st) for t0, _t1, st in truth.segments()]
     wall0 = time.perf_counter()
     while (steps is None and not eng.done) or (steps is not None and n < steps):
-        version = 0
-        if policy == "oracle":
-            st = scenario.state_at(eng.now_s, workload.topology)
-            k = truth.state_key(st)
-            if k != oracle_state:
-                tuner.set(truth.rules_for(st, (tuner.version or 0) + 1))
-                oracle_state = k
-        elif policy == "reactive":
-            st = next((s_ for det, s_ in reversed(react) if det <= eng.now_s + 1e-9), react[0][1])
-            k = truth.state_key(st)
-            if k != oracle_state:
-                tuner.set(truth.rules_for(st, (tuner.version or 0) + 1))
-                oracle_state = k
-        elif tuner is not None and hasattr(tuner, "refresh"):
-            version = tuner.refresh()
+        version = chooser.before_step(eng.now_s)
         b = eng.step()
         if getattr(tuner, "delivery", None) is not None:      # per-rank: the agreement ran at the step start
             version = tuner.delivery.applied
@@ -182,51 +139,134 @@ def run(workload, scenario, policy: str, *, truth: Truth, steps: int | None = No
             continue
         coll += float(np.sum(inst["end"] - inst["start"]))
         grp = _group(inst, comms, dsz)
-        for k, v in grp.items():            # each instance to the regime segment it started in
-            si = np.searchsorted(seg_starts, v[1], side="right") - 1
-            for j in np.unique(si):
-                m = si == j
-                acc = seg.setdefault((int(j), k), [0.0, 0])
-                acc[0] += float(np.sum(v[4][m]))
-                acc[1] += int(m.sum())
+        _by_segment(seg, grp, seg_starts)
         if record_ops:
             step_ops.append(StepOps(b.t_start_s, {k: v[0] for k, v in grp.items()},
                                     {k: v[1] for k, v in grp.items()}))
-        if rt is not None:
-            t0 = time.process_time()
-            obs = []
-            for (h, func, nbytes), (cfg, starts, means, ci, _d) in grp.items():
-                c = comms[ci]
-                per_rank = nbytes // c.n_ranks if func in ("AllGather", "ReduceScatter") else nbytes
-                tk = (ci, WIRE_FUNCS.index(func), per_rank)
-                tg = tgt_cache.get(tk)
-                if tg is None:
-                    tg = tgt_cache[tk] = Target(h, func, max(0, int(per_rank).bit_length() - 1), c.n_ranks,
-                                                c.n_nodes, c.name)
-                m = float(means.mean())
-                var = float(means.var(ddof=1)) if len(means) > 1 else (0.01 * m) ** 2
-                obs.append(Observation(tg, b.t_start_s, b.t_end_s, len(means), m, var, ALGOS[cfg[0]], PROTOS[cfg[1]],
-                                       int(cfg[2]), version=version))
-            rt.observe(obs)
-            while rc_i < len(rcs) and rcs[rc_i].detected_s <= b.t_end_s:
-                rt.on_change(rcs[rc_i])
-                rc_i += 1
-            t_rt += time.process_time() - t0
-    res = RunResult(policy, n, eng.now_s, coll, time.perf_counter() - wall0, t_rt, step_ops, seg=seg)
+        if feed is not None:
+            feed.step(b, grp, version)
+    res = RunResult(policy, n, eng.now_s, coll, time.perf_counter() - wall0, feed.cpu_s if feed else 0.0, step_ops,
+                    seg=seg)
     if rt is not None:
-        res.audit = list(rt.audit.recent)
-        res.tuner_kind = getattr(tuner, "kind", type(tuner).__name__)
-        res.pushes = int(rt.metrics.counters["pushes"])
-        res.excess_s = float(rt.metrics.counters["excess_s"])
-        rt.close()
-        if hasattr(tuner, "mismatches"):
-            res.mismatches = int(tuner.mismatches)
-            res.decisions = int(tuner.decisions)
-            res.switches = tuner.delivery.switches
-            res.faults = dict(tuner.delivery.faults)
-        if hasattr(tuner, "close"):
-            tuner.close()
+        _close_ours(res, rt, tuner)
     return res
+
+
+def _ours(workload, scenario, seed, retuner_cfg, workdir, tuner_mode, delivery_faults, fault_stream):
+    """The retuner writing a tuner file, and the tuner(s) the simulated job reads it with."""
+    wd = workdir or tempfile.mkdtemp(prefix="dccl-retune-")
+    path = os.path.join(wd, "tuner.conf")
+    if os.path.exists(path):
+        os.unlink(path)
+    # in process the job receives a push at the event time it is written (no window/lateness lag)
+    cfg = (retuner_cfg or RetunerConfig()).replace(policy={"republish_after_s": 0.0})
+    cfg = cfg.replace(dry_run=False, tuner_config_path=path, audit_path=None,
+                      topology=retuner_cfg.topology if retuner_cfg and retuner_cfg.topology
+                      else workload.topology.name)
+    rt = Retuner(cfg, clock=lambda: 0.0)
+    tuner = None
+    if tuner_mode == "per-rank":
+        try:
+            import zlib
+            dseed = seed * 1_000_003 + zlib.crc32(f"{workload.name}/{scenario.name}".encode())
+            tuner = make_rank_tuners(workload.topology.n_ranks, path, wd, seed=dseed, p_fault=delivery_faults,
+                                     fault_stream=fault_stream)
+        except Exception as e:
+            import logging
+            logging.getLogger(__name__).warning("per-rank plugins unavailable (%s); one plugin instance", e)
+    if tuner is None:
+        tuner = make_file_tuner(path, prefer_plugin=tuner_mode != "python")
+    return tuner, rt
+
+
+class _Chooser:
+    """The configuration a policy sets before each step: the oracle's for the current regime
+    (``oracle``), for the regime a detector with ``delay_s`` has reported (``reactive``: the
+    detection times of Truth.changes, 1 s windows; the best any retuner reacting to detections can
+    do), or whatever the tuner file holds now (``ours``). Returns the config version in force."""
+
+    def __init__(self, policy, tuner, truth: Truth, scenario, workload, delay_s: float):
+        self.policy, self.tuner, self.truth = policy, tuner, truth
+        self.scenario, self.topology = scenario, workload.topology
+        self.react = [(0.0 if t0 <= 0 else math.ceil(t0 + delay_s - 1e-9), st) for t0, _t1, st in truth.segments()]
+        self.state = None
+
+    def before_step(self, now_s: float) -> int:
+        if self.policy == "oracle":
+            self._set(self.scenario.state_at(now_s, self.topology))
+        elif self.policy == "reactive":
+            self._set(next((s_ for det, s_ in reversed(self.react) if det <= now_s + 1e-9), self.react[0][1]))
+        elif self.tuner is not None and hasattr(self.tuner, "refresh"):
+            return self.tuner.refresh()
+        return 0
+
+    def _set(self, st) -> None:
+        k = self.truth.state_key(st)
+        if k != self.state:
+            self.tuner.set(self.truth.rules_for(st, (self.tuner.version or 0) + 1))
+            self.state = k
+
+
+def _by_segment(seg: dict, grp: dict, seg_starts: np.ndarray) -> None:
+    """Each instance's duration to the regime segment it started in: (segment, op key) -> [sum, count]."""
+    for k, v in grp.items():
+        si = np.searchsorted(seg_starts, v[1], side="right") - 1
+        for j in np.unique(si):
+            m = si == j
+            acc = seg.setdefault((int(j), k), [0.0, 0])
+            acc[0] += float(np.sum(v[4][m]))
+            acc[1] += int(m.sum())
+
+
+class _RetunerFeed:
+    """What the retuner sees of each step: one observation per op (mean and variance of its instances'
+    durations, the configuration it ran with), and the true changes as a detector with a delay reports
+    them. Its CPU time is counted (``cpu_s``)."""
+
+    def __init__(self, rt, rcs: list, comms):
+        self.rt, self.rcs, self.comms = rt, rcs, comms
+        self.rc_i = 0
+        self.cpu_s = 0.0
+        self.targets: dict[tuple[int, int, int], Target] = {}
+
+    def step(self, b, grp: dict, version: int) -> None:
+        t0 = time.process_time()
+        obs = []
+        for (h, func, nbytes), (cfg, starts, means, ci, _d) in grp.items():
+            m = float(means.mean())
+            var = float(means.var(ddof=1)) if len(means) > 1 else (0.01 * m) ** 2
+            obs.append(Observation(self._target(h, func, nbytes, ci), b.t_start_s, b.t_end_s, len(means), m, var,
+                                   ALGOS[cfg[0]], PROTOS[cfg[1]], int(cfg[2]), version=version))
+        self.rt.observe(obs)
+        while self.rc_i < len(self.rcs) and self.rcs[self.rc_i].detected_s <= b.t_end_s:
+            self.rt.on_change(self.rcs[self.rc_i])
+            self.rc_i += 1
+        self.cpu_s += time.process_time() - t0
+
+    def _target(self, h, func: str, nbytes: int, ci: int) -> Target:
+        c = self.comms[ci]
+        per_rank = nbytes // c.n_ranks if func in ("AllGather", "ReduceScatter") else nbytes
+        tk = (ci, WIRE_FUNCS.index(func), per_rank)
+        tg = self.targets.get(tk)
+        if tg is None:
+            tg = self.targets[tk] = Target(h, func, max(0, int(per_rank).bit_length() - 1), c.n_ranks,
+                                           c.n_nodes, c.name)
+        return tg
+
+
+def _close_ours(res: RunResult, rt, tuner) -> None:
+    res.audit = list(rt.audit.recent)
+    res.tuner_kind = getattr(tuner, "kind", type(tuner).__name__)
+    res.pushes = int(rt.metrics.counters["pushes"])
+    res.excess_s = float(rt.metrics.counters["excess_s"])
+    rt.close()
+    if hasattr(tuner, "mismatches"):
+        res.mismatches = int(tuner.mismatches)
+        res.decisions = int(tuner.decisions)
+        res.switches = tuner.delivery.switches
+        res.faults = dict(tuner.delivery.faults)
+    if hasattr(tuner, "close"):
+        tuner.close()
 
 
 def _group(inst: dict, comms, dsz: int) -> dict:
