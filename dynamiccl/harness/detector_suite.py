@@ -150,7 +150,23 @@ def build_suite(seeds: int, *, quick: bool = False, stationary_hours: dict | Non
     """The suite. ``workloads`` / ``kinds`` / ``magnitudes`` select a subset for iteration: the
     same runs as the full suite (same seeds, event order and benign changes), keeping only the
     event runs holding a selected event; scoring then counts only selected events (`score`)."""
+    _check_selection(workloads, kinds, magnitudes)
     runs: list[RunSpec] = []
+    for w in ("llama7b-tp8-dp2",) if quick else WORKLOADS:
+        if not workloads or w in workloads:
+            runs += _event_runs(w, seeds, quick, kinds, magnitudes)
+    hours = stationary_hours or ({"llama70b-fsdp": 0.15} if quick else
+                                 {"llama70b-fsdp": 24.0, "llama7b-tp8-dp2": 2.0, "eval-mixed": 2.0})
+    if stationary_hours is not None and sum(stationary_hours.values()) <= 0:
+        return runs                                           # event runs only (no bad-input run)
+    for w, h in hours.items():
+        if h > 0 and (not workloads or w in workloads):
+            runs += _stationary_runs(w, h)
+    runs.append(_bad_input_run(quick))
+    return runs
+
+
+def _check_selection(workloads, kinds, magnitudes) -> None:
     for name, sel, allowed in (("workload", workloads, WORKLOADS), ("kind", kinds, EVENT_KINDS)):
         bad = sorted(set(sel or ()) - set(allowed))
         if bad:
@@ -158,98 +174,106 @@ def build_suite(seeds: int, *, quick: bool = False, stationary_hours: dict | Non
     bad = sorted(set(magnitudes or ()) - set(MAGNITUDES))
     if bad:
         raise ValueError(f"unknown magnitude {bad}; expected some of {list(MAGNITUDES)}")
-    for w in ("llama7b-tp8-dp2",) if quick else WORKLOADS:
-        if workloads and w not in workloads:
-            continue
-        wl = load_workload(w)
-        cal = _Calibrator(wl)
-        nn, nr = wl.topology.n_nodes, wl.topology.n_ranks
-        for seed in range(seeds):
-            rng = np.random.default_rng([seed, 17, len(w)])
-            pairs = [(k, m) for k in EVENT_KINDS for m in MAGNITUDES]
-            if quick:
-                pairs = [("bw_drop", 2.0), ("latency", 1.5), ("straggler", 1.25), ("flap", 2.0),
-                         ("bw_drop", 1.1)]
-            rng.shuffle(pairs)
-            per_run = 6
-            for r0 in range(0, len(pairs), per_run):
-                chunk = pairs[r0:r0 + per_run]
-                events, meta = [], []
-                t = WARM_S
-                for kind, target in chunk:
-                    at = round(t + float(rng.uniform(0.0, 1.0)), 3)
-                    nodes = None
-                    rank = None
-                    if kind == "straggler":
-                        rank = int(rng.integers(0, nr))
-                    elif nn > 2 or rng.random() < 0.5:
-                        nodes = [int(rng.integers(0, nn))]
-                    param = cal.solve(kind, target, nodes, rank)
-                    if param is None:
-                        log.info("%s: %s %.2fx is out of the model's range; skipped", w, kind, target)
-                        t += GAP_S
-                        continue
-                    ev: dict = {"at_s": at, "kind": kind, "magnitude": round(param, 6)}
-                    if kind == "straggler":
-                        ev["ranks"] = [rank]
-                    elif nodes is not None:
-                        ev["nodes"] = nodes
-                    if kind in BURSTY:
-                        ev.update(period_s=float(rng.choice([6.0, 8.0])) if kind == "flap" else 2.0, duty=0.5,
-                                  duration_s=30.0)
-                    elif kind == "degrading_nic":
-                        ev.update(ramp_s=4.0, duration_s=25.0)
-                    else:
-                        ev["duration_s"] = 25.0
-                    events.append(ev)
-                    meta.append({"kind": kind, "target": target, "rank": rank, "nodes": nodes})
-                    # a benign change in the gap
-                    bt = at + 35.0 + float(rng.uniform(0, 10))
-                    if rng.random() < 0.5:
-                        events.append({"at_s": round(bt, 3), "kind": "pause", "duration_s": float(rng.uniform(3, 10))})
-                    else:
-                        g = wl.groups[int(rng.integers(0, len(wl.groups)))].name
-                        events.append({"at_s": round(bt, 3), "kind": "mix", "groups": [g],
-                                       "magnitude": float(rng.choice([0.7, 1.3, 2.0])), "duration_s": 12.0})
-                    t += GAP_S
-                if not meta:
-                    continue
-                for m in meta:
-                    m["selected"] = (not kinds or m["kind"] in kinds) and (not magnitudes or m["target"] in magnitudes)
-                if not any(m["selected"] for m in meta):
-                    continue
+
+
+def _event_runs(w: str, seeds: int, quick: bool, kinds, magnitudes) -> list[RunSpec]:
+    """Per seed, every (kind, magnitude) pair in a seeded order, six events per run, each followed by
+    a benign change in its gap; a run is kept if it holds a selected event."""
+    wl = load_workload(w)
+    cal = _Calibrator(wl)
+    runs = []
+    for seed in range(seeds):
+        rng = np.random.default_rng([seed, 17, len(w)])
+        pairs = [(k, m) for k in EVENT_KINDS for m in MAGNITUDES]
+        if quick:
+            pairs = [("bw_drop", 2.0), ("latency", 1.5), ("straggler", 1.25), ("flap", 2.0),
+                     ("bw_drop", 1.1)]
+        rng.shuffle(pairs)
+        per_run = 6
+        for r0 in range(0, len(pairs), per_run):
+            events, meta = [], []
+            t = WARM_S
+            for kind, target in pairs[r0:r0 + per_run]:
+                placed = _place_event(w, wl, cal, rng, kind, target, t)
+                if placed is not None:
+                    events += placed
+                    meta.append({"kind": kind, "target": target, "rank": placed[0].get("ranks", [None])[0],
+                                 "nodes": placed[0].get("nodes")})
+                t += GAP_S
+            if not meta:
+                continue
+            for m in meta:
+                m["selected"] = (not kinds or m["kind"] in kinds) and (not magnitudes or m["target"] in magnitudes)
+            if any(m["selected"] for m in meta):
                 runs.append(RunSpec(f"{w}-s{seed}-r{r0 // per_run}", w, seed, t + 10.0, events, meta))
-    # stationary training (plus one bad-input run)
-    hours = stationary_hours or ({"llama70b-fsdp": 0.15} if quick else
-                                 {"llama70b-fsdp": 24.0, "llama7b-tp8-dp2": 2.0, "eval-mixed": 2.0})
-    if stationary_hours is not None and sum(stationary_hours.values()) <= 0:
-        return runs                                           # event runs only (no bad-input run)
-    for w, h in hours.items():
-        if h <= 0 or (workloads and w not in workloads):
-            continue
-        dur = h * 3600.0
-        chunk = min(dur, 6 * 3600.0)
-        n = max(1, int(math.ceil(dur / chunk)))
-        for i in range(n):
-            rng = np.random.default_rng([i, 99, len(w)])
-            wl = load_workload(w)
-            events, t = [], 300.0
-            while t < chunk - 60:
-                if rng.random() < 0.5:
-                    events.append({"at_s": round(t, 3), "kind": "pause", "duration_s": float(rng.uniform(3, 30))})
-                else:
-                    g = wl.groups[int(rng.integers(0, len(wl.groups)))].name
-                    events.append({"at_s": round(t, 3), "kind": "mix", "groups": [g],
-                                   "magnitude": float(rng.choice([0.5, 0.8, 1.25, 2.0])),
-                                   "duration_s": float(rng.uniform(60, 1800))})
-                t += float(rng.uniform(600, 3600))
-            runs.append(RunSpec(f"stationary-{w}-{i}", w, 1000 + i, chunk, events, [], stationary=True))
-    bad = RunSpec("stationary-bad-input", "llama7b-tp8-dp2", 7, 200.0 if quick else 900.0,
-                  [{"at_s": 150.0, "kind": "pause", "duration_s": 5.0}], [], stationary=True,
-                  realism={"clock_jump_at_s": 100.0, "clock_jump_s": 30.0, "clock_jump_node": 1,
-                           "vanish_at_s": 170.0, "vanish_rank": 3, "garbage_prob": 0.001})
-    runs.append(bad)
     return runs
+
+
+def _place_event(w, wl, cal, rng, kind: str, target: float, t: float) -> list[dict] | None:
+    """The event of ``kind`` at ``target`` x starting within a second of ``t`` (its parameter solved
+    for that magnitude; None when out of the model's range) and the benign change after it."""
+    nn, nr = wl.topology.n_nodes, wl.topology.n_ranks
+    at = round(t + float(rng.uniform(0.0, 1.0)), 3)
+    nodes = None
+    rank = None
+    if kind == "straggler":
+        rank = int(rng.integers(0, nr))
+    elif nn > 2 or rng.random() < 0.5:
+        nodes = [int(rng.integers(0, nn))]
+    param = cal.solve(kind, target, nodes, rank)
+    if param is None:
+        log.info("%s: %s %.2fx is out of the model's range; skipped", w, kind, target)
+        return None
+    ev: dict = {"at_s": at, "kind": kind, "magnitude": round(param, 6)}
+    if kind == "straggler":
+        ev["ranks"] = [rank]
+    elif nodes is not None:
+        ev["nodes"] = nodes
+    if kind in BURSTY:
+        ev.update(period_s=float(rng.choice([6.0, 8.0])) if kind == "flap" else 2.0, duty=0.5,
+                  duration_s=30.0)
+    elif kind == "degrading_nic":
+        ev.update(ramp_s=4.0, duration_s=25.0)
+    else:
+        ev["duration_s"] = 25.0
+    bt = at + 35.0 + float(rng.uniform(0, 10))        # a benign change in the gap
+    if rng.random() < 0.5:
+        benign = {"at_s": round(bt, 3), "kind": "pause", "duration_s": float(rng.uniform(3, 10))}
+    else:
+        g = wl.groups[int(rng.integers(0, len(wl.groups)))].name
+        benign = {"at_s": round(bt, 3), "kind": "mix", "groups": [g],
+                  "magnitude": float(rng.choice([0.7, 1.3, 2.0])), "duration_s": 12.0}
+    return [ev, benign]
+
+
+def _stationary_runs(w: str, h: float) -> list[RunSpec]:
+    """``h`` hours of stationary training in runs of at most 6 h: pauses and workload-mix changes only."""
+    dur = h * 3600.0
+    chunk = min(dur, 6 * 3600.0)
+    runs = []
+    for i in range(max(1, int(math.ceil(dur / chunk)))):
+        rng = np.random.default_rng([i, 99, len(w)])
+        wl = load_workload(w)
+        events, t = [], 300.0
+        while t < chunk - 60:
+            if rng.random() < 0.5:
+                events.append({"at_s": round(t, 3), "kind": "pause", "duration_s": float(rng.uniform(3, 30))})
+            else:
+                g = wl.groups[int(rng.integers(0, len(wl.groups)))].name
+                events.append({"at_s": round(t, 3), "kind": "mix", "groups": [g],
+                               "magnitude": float(rng.choice([0.5, 0.8, 1.25, 2.0])),
+                               "duration_s": float(rng.uniform(60, 1800))})
+            t += float(rng.uniform(600, 3600))
+        runs.append(RunSpec(f"stationary-{w}-{i}", w, 1000 + i, chunk, events, [], stationary=True))
+    return runs
+
+
+def _bad_input_run(quick: bool) -> RunSpec:
+    """A stationary run with a clock jump, a rank that vanishes and garbage records."""
+    return RunSpec("stationary-bad-input", "llama7b-tp8-dp2", 7, 200.0 if quick else 900.0,
+                   [{"at_s": 150.0, "kind": "pause", "duration_s": 5.0}], [], stationary=True,
+                   realism={"clock_jump_at_s": 100.0, "clock_jump_s": 30.0, "clock_jump_node": 1,
+                            "vanish_at_s": 170.0, "vanish_rank": 3, "garbage_prob": 0.001})
 
 
 # ------------------------------------------------------------------------------------------------
