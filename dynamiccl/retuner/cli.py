@@ -129,73 +129,98 @@ def _fmt(x, nd=3) -> str:
 
 def evaluate_cmd(args: argparse.Namespace) -> int:
     from dynamiccl.harness.retuner_eval.suite import QUICK, SCENARIOS, WORKLOADS, evaluate_one, summarize, summary_line
+    from dynamiccl.progress import enabled_for, progress
+
     wls = args.workload or list(WORKLOADS)
     scs = args.scenario or list(QUICK if args.quick else SCENARIOS)
     if getattr(args, "heldout", False):
         from dynamiccl.retuner.learned.families import heldout
         wls, scs = args.workload or list(heldout()["workloads"]), args.scenario or list(heldout()["scenarios"])
-    rcfg = None
-    # "--policy learned|model" names who ranks the candidates (PolicyConfig.ranker)
-    args.policy = [f"ranker={p}" if p in ("learned", "model") else p for p in (args.policy or [])]
-    if args.policy:
-        import yaml
-
-        from dynamiccl.retuner.config import RetunerConfig
-        over = {}
-        for kv in args.policy:
-            k, sep, v = kv.partition("=")
-            if not sep or not k.strip():
-                print(f"error: --policy {kv!r}: expected KEY=VALUE", file=sys.stderr)
-                return 2
-            over[k.strip()] = yaml.safe_load(v)
-        import dataclasses
-
-        from dynamiccl.retuner.config import PolicyConfig
-        bad = sorted(set(over) - {f.name for f in dataclasses.fields(PolicyConfig)})
-        if bad:
-            print(f"error: --policy: unknown PolicyConfig field(s) {bad}", file=sys.stderr)
-            return 2
-        try:
-            rcfg = RetunerConfig().replace(policy=over).validate()
-        except (TypeError, ValueError) as e:
-            print(f"error: --policy: {e}", file=sys.stderr)
-            return 2
+    try:
+        rcfg = _policy_config(args)
+    except ValueError as e:
+        print(f"error: --policy{e}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     results = []
     print(f"{'workload':18s} {'scenario':24s} {'oracle gain':>11s} {'captured':>8s} {'react.':>6s} {'ours/default':>12s} "
           f"{'ours/tune-once':>14s} {'mism.':>5s}  collectives to 5 % (first; recurrence; recovery)", flush=True)
-    from dynamiccl.progress import enabled_for, progress
     with progress(len(wls) * len(scs), "retuner evaluate", enabled=enabled_for(args)) as step:
         for w, s in ((w, s) for w in wls for s in scs):
             r = evaluate_one(w, s, seed=args.seed, delay_s=args.delay, tuner_mode=args.tuner,
                              delivery_faults=args.delivery_faults, fault_stream=args.fault_stream,
                              retuner_cfg=rcfg)
             results.append(r)
-            conv = [c for c in r.convergence]
-            first = [_fmt(c.collectives, 0) for c in conv if c.kind != "recovery" and not c.recurrence]
-            rec = [_fmt(c.collectives, 0) for c in conv if c.kind != "recovery" and c.recurrence]
-            recov = [_fmt(c.collectives, 0) for c in conv if c.kind == "recovery"]
-            o = r.runs["ours"]
-            print(f"{r.workload:18s} {r.scenario:24s} {r.oracle_gain * 100:10.1f}% {_fmt(r.captured):>8s} "
-                  f"{_fmt(r.reactive_bound):>6s} "
-                  f"{r.coll('ours') / r.coll('default'):12.4f} {r.coll('ours') / r.coll('tune_once'):14.4f} "
-                  f"{_fmt(o.mismatches):>5s}  {','.join(first) or '-'}; {','.join(rec) or '-'}; "
-                  f"{','.join(recov) or '-'}", flush=True)
+            _print_row(r)
             step()
     s = summarize(results)
     ours = [r.runs["ours"] for r in results]
     kinds = sorted({o.tuner_kind for o in ours})
-    if all(o.mismatches is not None for o in ours):
-        mism = str(sum(o.mismatches for o in ours))
-        dec = sum(o.decisions for o in ours)
-        sw = sum(o.switches for o in ours)
-        faults = {k: sum(o.faults.get(k, 0) for o in ours) for k in ("delayed", "dropped")}
-        print(f"consistency: {mism} mismatched collectives in {dec} per-communicator decisions asked of every "
-              f"rank's own plugin; {sw} config switches; deliveries delayed {faults['delayed']}, "
-              f"lost {faults['dropped']}")
-    else:
-        mism = "na"
+    mism = _print_consistency(ours, kinds)
+    _print_summary(s, kinds, args.delay, time.perf_counter() - t0)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"summary": s, "results": [_jsonable(r) for r in results]}, fh, indent=1, default=str)
+    print(summary_line(s, mism), flush=True)
+    return 0
+
+
+def _policy_config(args):
+    """``--policy KEY=VALUE`` overrides of `PolicyConfig` (``--policy learned|model`` names who ranks the
+    candidates: ``ranker``); None without any. A ValueError's text completes "error: --policy"."""
+    args.policy = [f"ranker={p}" if p in ("learned", "model") else p for p in (args.policy or [])]
+    if not args.policy:
+        return None
+    import dataclasses
+
+    import yaml
+
+    from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
+    over = {}
+    for kv in args.policy:
+        k, sep, v = kv.partition("=")
+        if not sep or not k.strip():
+            raise ValueError(f" {kv!r}: expected KEY=VALUE")
+        over[k.strip()] = yaml.safe_load(v)
+    bad = sorted(set(over) - {f.name for f in dataclasses.fields(PolicyConfig)})
+    if bad:
+        raise ValueError(f": unknown PolicyConfig field(s) {bad}")
+    try:
+        return RetunerConfig().replace(policy=over).validate()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f": {e}") from None
+
+
+def _print_row(r) -> None:
+    conv = list(r.convergence)
+    first = [_fmt(c.collectives, 0) for c in conv if c.kind != "recovery" and not c.recurrence]
+    rec = [_fmt(c.collectives, 0) for c in conv if c.kind != "recovery" and c.recurrence]
+    recov = [_fmt(c.collectives, 0) for c in conv if c.kind == "recovery"]
+    o = r.runs["ours"]
+    print(f"{r.workload:18s} {r.scenario:24s} {r.oracle_gain * 100:10.1f}% {_fmt(r.captured):>8s} "
+          f"{_fmt(r.reactive_bound):>6s} "
+          f"{r.coll('ours') / r.coll('default'):12.4f} {r.coll('ours') / r.coll('tune_once'):14.4f} "
+          f"{_fmt(o.mismatches):>5s}  {','.join(first) or '-'}; {','.join(rec) or '-'}; "
+          f"{','.join(recov) or '-'}", flush=True)
+
+
+def _print_consistency(ours: list, kinds: list) -> str:
+    """Per-rank plugins: mismatched collectives, decisions, switches and delivery faults. Returns the
+    mismatch count for the last line ("na" when not measured)."""
+    if not all(o.mismatches is not None for o in ours):
         print(f"consistency: not measured (tuner: {', '.join(kinds)}; use --tuner per-rank)")
+        return "na"
+    mism = str(sum(o.mismatches for o in ours))
+    dec = sum(o.decisions for o in ours)
+    sw = sum(o.switches for o in ours)
+    faults = {k: sum(o.faults.get(k, 0) for o in ours) for k in ("delayed", "dropped")}
+    print(f"consistency: {mism} mismatched collectives in {dec} per-communicator decisions asked of every "
+          f"rank's own plugin; {sw} config switches; deliveries delayed {faults['delayed']}, "
+          f"lost {faults['dropped']}")
+    return mism
+
+
+def _print_summary(s: dict, kinds: list, delay: float, elapsed_s: float) -> None:
     print(f"beats tune-once: {s['beats_tune_once']}/{s['regime_scenarios']} regime scenarios where the regime changes "
           f"the best configuration (tune-once ≥ 1 % from the oracle); {s['beats_tune_once_all']}/"
           f"{s['regime_scenarios_all']} of all regime scenarios; regime scenarios with < 1 % to gain: worst "
@@ -207,17 +232,12 @@ def evaluate_cmd(args: argparse.Namespace) -> int:
           f"{_fmt(s['collectives_to_5pct_median'], 0)} (n={s['n_detections']}), recurrences median "
           f"{_fmt(s['recurrence_collectives_median'], 0)} (n={s['n_recurrences']}), recoveries median "
           f"{_fmt(s['recovery_collectives_median'], 0)}; tuner {', '.join(kinds)}; detections from ground truth "
-          f"+ {args.delay:g} s delay; {time.perf_counter() - t0:.1f} s")
+          f"+ {delay:g} s delay; {elapsed_s:.1f} s")
     print(f"recognised from the measurements (before the detector): {s['recognized']} switches "
           f"({s['recognized_reverts']} to the baseline, {s['recognized_reuses']} to a remembered regime's config), {s['unrecognized']} undone "
           f"(the config put in force measured the old regime)")
     print(f"self-induced filter: {s['self_induced_ignored']} of the ground-truth regime changes ignored as caused by "
           f"our own pushes (every one of them would be a false positive here)")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"summary": s, "results": [_jsonable(r) for r in results]}, fh, indent=1, default=str)
-    print(summary_line(s, mism), flush=True)
-    return 0
 
 
 def _jsonable(r) -> dict:
