@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from dynamiccl.contracts.collectives import ALGOS, PROTOS
+from dynamiccl.nccl_model.cost_terms import CostTerms
 from dynamiccl.nccl_model.topology import Topology, log2i
 
 __all__ = [
@@ -35,14 +36,13 @@ __all__ = [
 
 from dynamiccl.nccl_model.constants import (
     ALLGATHER, ALLREDUCE, BASE_LAT, BCAST, BUFFSIZE, COLLNET_CHAIN, COLLNET_DIRECT, FUNCS, HW_LAT, LL, LL128,
-    LL_MAX_BWS, MAX_DEV_WORK_BATCH_COLLS, MAXCHANNELS, NCCL_MAX_NTHREADS, NCCL_MIN_NWARPS, NCCL_STEPS, NET,
-    NVLINK, NVLS, NVLS_CHUNKSIZE, NVLS_EFFICIENCY, NVLS_TREE, PAT, PCI, PCI_BW, PER_CH_MAX_NVLS_TREE_BWS,
+    LL_MAX_BWS, MAX_DEV_WORK_BATCH_COLLS, MAXCHANNELS, NCCL_MAX_NTHREADS, NCCL_MIN_NWARPS, NCCL_STEPS, NVLS, NVLS_CHUNKSIZE, NVLS_EFFICIENCY, NVLS_TREE, PAT, PCI_BW, PER_CH_MAX_NVLS_TREE_BWS,
     PER_CH_MAX_RING_LL128_BWS, PER_CH_MAX_TREE_BWS, PER_CH_MAX_TREE_LL128_BWS, REDUCE, REDUCESCATTER, RING,
-    SIMPLE, TREE, TREE_CORRECTION, CostResult, _nsteps, algo_index, func_index, proto_index,
+    SIMPLE, TREE, TREE_CORRECTION, CostResult, algo_index, func_index, proto_index,
 )
 
 
-class NcclModel:
+class NcclModel(CostTerms):
     """NCCL's model for one communicator (built once, like ``ncclTopoTuneModel``).
 
     Parameters mirror NCCL_ALGO / NCCL_PROTO exclusion (excluded cells get bandwidth 0 -> cost −1, §1.6).
@@ -145,94 +145,12 @@ class NcclModel:
         return True
 
     def _fill(self, f: int) -> None:
-        t, g = self.topology, self._graph
-        n, nodes, ppn, cc, i2 = self._n, self._nodes, self._ppn, self._cc, self._idx2
-        nsteps = _nsteps(f, n)
-        llmax = self._llmax()
-        intra_hw = NVLINK if t.intra.kind == "nvlink" else PCI
-        hw = intra_hw if nodes == 1 else NET
-        amd = t.cpu_vendor == "amd"
+        """Bus bandwidth (§1.3) and latency (§1.4) of every enabled (algorithm, protocol) of ``f``."""
         for a in range(7):
             for p in range(3):
-                if not self._algo_enabled(f, a, p):
-                    continue
-                if a in (NVLS, NVLS_TREE):
-                    nch, bw_intra, bw_inter = g.nvls_channels, g.nvls_bw_intra, g.nvls_bw_inter
-                else:
-                    nch, bw_intra, bw_inter = g.n_channels, g.bw_intra, g.bw_inter
-                collnet = a in (COLLNET_DIRECT, COLLNET_CHAIN)
-                bw = bw_intra if (nodes <= 2 or collnet) else bw_inter
-                bus = nch * bw
-                # ---- §1.3 bandwidth ----
-                if a == RING and p == LL:
-                    bus = min(llmax, 0.5 * bus)
-                if a == RING and p == LL128:
-                    bus = min(0.92 * bus, nch * PER_CH_MAX_RING_LL128_BWS[cc][i2])
-                if a == TREE and f == ALLREDUCE:
-                    bus = min(0.92 * bus, nch * PER_CH_MAX_TREE_BWS[cc][i2])
-                if a == TREE and p == LL:
-                    bus = min(bus / 3.8, llmax)
-                if a == TREE and p == LL128:
-                    bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
-                              nch * PER_CH_MAX_TREE_LL128_BWS[cc][i2])
-                if a == TREE and not g.tree_pattern_balanced:
-                    bus *= 0.85
-                if a == PAT:
-                    bus *= 0.75
-                if a == COLLNET_DIRECT:
-                    if f in (ALLGATHER, REDUCESCATTER):
-                        bus = ppn * min(bw_intra, 0.9 * bw_inter)
-                    else:
-                        fac = ppn / nch
-                        fac -= (fac - 1) / 2
-                        bus /= fac
-                        if t.sm >= 90:
-                            bus *= 0.85
-                if a in (NVLS, NVLS_TREE):
-                    intra_bw = bw_intra * NVLS_EFFICIENCY[cc] * (nch - 1) / nch
-                    intra_bw *= 2 if f == ALLREDUCE else (ppn - 1) / ppn
-                    inter_bw = bw_inter * (2 if (a == NVLS_TREE and nodes <= 2) else 1)
-                    b = min(intra_bw, inter_bw)
-                    if a == NVLS_TREE:
-                        b = min(b, PER_CH_MAX_NVLS_TREE_BWS[cc][i2])
-                    bus = nch * b
-                if not (a != RING and f in (ALLGATHER, REDUCESCATTER)):
-                    ratio = n / nsteps if a in (RING, NVLS, NVLS_TREE) else 0.5
-                    bus *= ratio
-                self._bw[f, a, p] = bus
-                # ---- §1.4 latency ----
-                lat = BASE_LAT[a][p]
-                intra_lat = HW_LAT[intra_hw][a][p]
-                inter_lat = (HW_LAT[NET][TREE][p] if ppn == 1 else HW_LAT[NET][a][p]) + g.latency_inter
-                if p == SIMPLE:
-                    inter_lat += g.latency_inter
-                if a == RING:
-                    if f in (BCAST, REDUCE):
-                        if g.same_channels:
-                            lat += HW_LAT[hw][RING][p]
-                        else:
-                            L = HW_LAT[hw][TREE][p] if p == SIMPLE else HW_LAT[hw][RING][p]
-                            lat += nsteps * L
-                    else:
-                        net_ovh = 0.0 if nodes == 1 else (2.0 if amd else 1.0)
-                        if p == SIMPLE:
-                            net_ovh *= 3
-                        il = max(intra_lat, net_ovh)
-                        n_inter = 0 if nodes == 1 else (2 * (nodes - 1) if f == ALLREDUCE else nodes - 1)
-                        lat += (nsteps - n_inter) * il + n_inter * inter_lat
-                elif a == TREE:
-                    lat += 2 * ((ppn - 1) * intra_lat + log2i(nodes) * inter_lat)
-                elif a == COLLNET_DIRECT:
-                    lat += 2 * (min(1, ppn - 1) * intra_lat + (ppn - 1) * 0.4) + inter_lat
-                elif a == COLLNET_CHAIN:
-                    lat += 2 * (ppn - 1) * intra_lat + inter_lat
-                elif a == NVLS:
-                    lat = intra_lat + (inter_lat if nodes > 1 else 0.0)
-                elif a == NVLS_TREE:
-                    lat += intra_lat + 2 * log2i(nodes) * inter_lat
-                elif a == PAT:
-                    lat += log2i(nodes) * (inter_lat / 3.5) + n * 2.8
-                self._lat[f, a, p] = lat
+                if self._algo_enabled(f, a, p):
+                    self._bw[f, a, p] = self._bus_bw(f, a, p)
+                    self._lat[f, a, p] = self._latency(f, a, p)
 
     def _threads(self) -> tuple[np.ndarray, np.ndarray]:
         """``maxThreads`` and ``threadThresholds`` per (algo, proto) with no NCCL_*NTHREADS set (§1.7)."""
