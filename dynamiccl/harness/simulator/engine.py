@@ -45,13 +45,13 @@ from dynamiccl.harness.simulator.scenario import Scenario
 from dynamiccl.harness.simulator.topology import Topology
 from dynamiccl.harness.simulator.workload import COLL_FUNCS, Comm, Workload
 
-__all__ = ["Engine", "StepRecords", "CommInit", "Tuner", "Decision", "EMU_OP_DTYPE", "DEFAULT_EPOCH_NS"]
+__all__ = ["Engine", "StepRecords", "CommInit", "Tuner", "Decision", "EMU_OP_DTYPE", "EMU_F_CROSS_NODE", "DEFAULT_EPOCH_NS"]
 
+from dynamiccl.harness.simulator.engine_schedule import _RECV, _SEND, _Records, _schedule_records
 from dynamiccl.harness.simulator.engine_types import (
     DEFAULT_EPOCH_NS, EMU_F_CROSS_NODE, EMU_OP_DTYPE, CommInit, Decision, StepRecords, Tuner,
 )
 
-_SEND, _RECV = WIRE_FUNCS.index("Send"), WIRE_FUNCS.index("Recv")
 
 
 def _sub_topology(topo: Topology, comm: Comm) -> Topology:
@@ -90,97 +90,65 @@ class Engine:
 
     # ---- static compilation ----------------------------------------------------------------------
     def _compile(self) -> None:
-        w, topo = self.workload, self._topo
-        comms = w.comms
-        cid = {c.name: i for i, c in enumerate(comms)}
-        ppn = topo.gpus_per_node
-        # node-local (comm, rank) keys, in init order
-        self._node_comms: list[list[CommInit]] = [[] for _ in range(topo.n_nodes)]
-        key_of: dict[tuple[int, int], int] = {}
-        for ci, c in enumerate(comms):
-            for m, r in enumerate(c.ranks):
-                lst = self._node_comms[r // ppn]
-                key_of[(ci, r)] = len(lst)
-                lst.append(CommInit(len(lst), c.comm_hash, c.name, c.n_nodes, c.n_ranks, m, r))
-        # unique ops (group, func, base bytes) and slot tables
+        """The workload's schedule as flat tables: one row per (op, communicator, rank) record, in
+        node-major (node, communicator key, op) order, and an `EMU_OP_DTYPE` template of them."""
+        w = self.workload
+        key_of = self._node_comm_keys()
         self._groups = w.groups
         self._members = [g.members() for g in w.groups]
-        uniq: dict[tuple[int, str, int], int] = {}
-        slot_u, slot_g, gap = [], [], []
-        rec_rank, rec_comm, rec_cpos, rec_slot, rec_func, rec_root, rec_flags, rec_node = ([] for _ in range(8))
-        inst_lo, rec_lo = [], []
-        pairs: dict[tuple[int, str], int] = {}
-        rec_pair, rec_off = [], []
-        pair_count: dict[int, int] = {}
-        n_rec = n_inst = 0
-        for i, op in enumerate(w.schedule):
-            g = w.group_id(op.group)
-            grp = w.groups[g]
-            u = uniq.setdefault((g, op.func, op.bytes), len(uniq))
-            slot_u.append(u)
-            slot_g.append(g)
-            gap.append(op.compute_us)
-            rec_lo.append(n_rec)
-            inst_lo.append(n_inst)
-            for cpos, c in enumerate(grp.comms):
-                ci = cid[c.name]
-                p = pairs.setdefault((ci, op.func), len(pairs))
-                off = pair_count.get(p, 0)
-                pair_count[p] = off + 1
-                for m, r in enumerate(c.ranks):
-                    rec_rank.append(r)
-                    rec_comm.append(ci)
-                    rec_cpos.append(cpos)
-                    rec_slot.append(i)
-                    rec_node.append(r // ppn)
-                    rec_pair.append(p)
-                    rec_off.append(off)
-                    if op.func == "Send":
-                        rec_func.append(_SEND if m == op.src else _RECV)
-                        rec_root.append(1 - m)              # the peer's rank in the 2-rank comm
-                    else:
-                        rec_func.append(WIRE_FUNCS.index(op.func))
-                        rec_root.append(0)
-                    rec_flags.append(EMU_F_CROSS_NODE if c.n_nodes > 1 else 0)
-                n_rec += c.n_ranks
-                n_inst += 1
-        rec_lo.append(n_rec)
-        inst_lo.append(n_inst)
-        self._uniq = list(uniq)                     # [(group, func, base bytes)]
-        self._slot_u = np.array(slot_u, dtype=np.int64)
-        self._slot_g = slot_g
-        self._gap = np.array(gap, dtype=np.float64)
-        self._rec_lo = rec_lo
-        self._inst_lo = inst_lo
-        self._n_rec, self._n_inst = n_rec, n_inst
-        self._n_pairs = len(pairs)
-        self._pair_count = np.array([pair_count[p] for p in range(len(pairs))], dtype=np.uint64)
-        rec_rank_a = np.array(rec_rank, dtype=np.int64)
-        rec_key = np.array([key_of[(c, r)] for c, r in zip(rec_comm, rec_rank)], dtype=np.int64)
-        rec_node_a = np.array(rec_node, dtype=np.int64)
-        rec_slot_a = np.array(rec_slot, dtype=np.int64)
-        # node-major permutation: (node, key, slot)
-        perm = np.lexsort((rec_slot_a, rec_key, rec_node_a))
-        self._perm = perm
-        self._out_rank = rec_rank_a[perm].astype(np.int32)
-        self._out_comm = np.array(rec_comm, dtype=np.int32)[perm]
-        self._out_key = rec_key[perm].astype(np.int32)
-        self._node_bounds = np.searchsorted(rec_node_a[perm], np.arange(topo.n_nodes + 1)).astype(np.int64)
-        self._out_u = self._slot_u[rec_slot_a][perm]
-        self._out_cpos = np.array(rec_cpos, dtype=np.int64)[perm]
-        self._out_pair = np.array(rec_pair, dtype=np.int64)[perm]
-        self._out_off = np.array(rec_off, dtype=np.uint64)[perm]
-        self._out_p2p = np.isin(np.array(rec_func)[perm], (_SEND, _RECV))
-        tmpl = np.zeros(n_rec, dtype=EMU_OP_DTYPE)
-        tmpl["func"] = np.array(rec_func, dtype=np.int32)[perm]
-        tmpl["datatype"] = _wire_dtype(w.dtype)
-        tmpl["root"] = np.array(rec_root, dtype=np.int32)[perm]
-        tmpl["flags"] = np.array(rec_flags, dtype=np.uint32)[perm]
-        self._template = tmpl
+        r = _schedule_records(w, self._topo.gpus_per_node)
+        self._uniq = list(r.uniq)                     # [(group, func, base bytes)]
+        self._slot_u = np.array(r.slot_u, dtype=np.int64)
+        self._slot_g = r.slot_g
+        self._gap = np.array(r.gap, dtype=np.float64)
+        self._rec_lo = r.rec_lo
+        self._inst_lo = r.inst_lo
+        self._n_rec, self._n_inst = r.n_rec, r.n_inst
+        self._n_pairs = len(r.pair_count)
+        self._pair_count = np.array([r.pair_count[p] for p in range(len(r.pair_count))], dtype=np.uint64)
+        self._output_tables(r, key_of)
         # per unique op: count divisor (AllGather/ReduceScatter count is per rank)
         self._u_div = np.array([w.dtype_size * (w.groups[g].size if f in ("AllGather", "ReduceScatter") else 1)
                                 for g, f, _ in self._uniq], dtype=np.int64)
         self._cmax = max(len(g.comms) for g in w.groups)
+
+    def _node_comm_keys(self) -> dict[tuple[int, int], int]:
+        """Node-local (comm, rank) keys, in init order (``_node_comms`` per node); returns the key of
+        each (communicator index, rank)."""
+        topo = self._topo
+        ppn = topo.gpus_per_node
+        self._node_comms: list[list[CommInit]] = [[] for _ in range(topo.n_nodes)]
+        key_of: dict[tuple[int, int], int] = {}
+        for ci, c in enumerate(self.workload.comms):
+            for m, r in enumerate(c.ranks):
+                lst = self._node_comms[r // ppn]
+                key_of[(ci, r)] = len(lst)
+                lst.append(CommInit(len(lst), c.comm_hash, c.name, c.n_nodes, c.n_ranks, m, r))
+        return key_of
+
+    def _output_tables(self, r: "_Records", key_of: dict[tuple[int, int], int]) -> None:
+        """The records permuted node-major: (node, key, slot)."""
+        rec_rank_a = np.array(r.rank, dtype=np.int64)
+        rec_key = np.array([key_of[(c, k)] for c, k in zip(r.comm, r.rank)], dtype=np.int64)
+        rec_node_a = np.array(r.node, dtype=np.int64)
+        rec_slot_a = np.array(r.slot, dtype=np.int64)
+        perm = np.lexsort((rec_slot_a, rec_key, rec_node_a))
+        self._perm = perm
+        self._out_rank = rec_rank_a[perm].astype(np.int32)
+        self._out_comm = np.array(r.comm, dtype=np.int32)[perm]
+        self._out_key = rec_key[perm].astype(np.int32)
+        self._node_bounds = np.searchsorted(rec_node_a[perm], np.arange(self._topo.n_nodes + 1)).astype(np.int64)
+        self._out_u = self._slot_u[rec_slot_a][perm]
+        self._out_cpos = np.array(r.cpos, dtype=np.int64)[perm]
+        self._out_pair = np.array(r.pair, dtype=np.int64)[perm]
+        self._out_off = np.array(r.off, dtype=np.uint64)[perm]
+        self._out_p2p = np.isin(np.array(r.func)[perm], (_SEND, _RECV))
+        tmpl = np.zeros(r.n_rec, dtype=EMU_OP_DTYPE)
+        tmpl["func"] = np.array(r.func, dtype=np.int32)[perm]
+        tmpl["datatype"] = _wire_dtype(self.workload.dtype)
+        tmpl["root"] = np.array(r.root, dtype=np.int32)[perm]
+        tmpl["flags"] = np.array(r.flags, dtype=np.uint32)[perm]
+        self._template = tmpl
 
     # ---- public ---------------------------------------------------------------------------------
     @property
