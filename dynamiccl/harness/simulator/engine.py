@@ -251,25 +251,44 @@ class Engine:
 
     # ---- one step --------------------------------------------------------------------------------
     def step(self) -> StepRecords:
-        w, sc = self.workload, self.scenario
+        """One training step: every slot of the schedule timed on the network state of its moment
+        (arrival = own previous end + compute gap + straggler delay + jitter; finish = last arrival
+        + duration x shared noise), returned as records in node-major order."""
         t0 = self.now_s
-        pause_end = sc.pause_until(t0)
+        pause_end = self.scenario.pause_until(t0)
         if pause_end is not None:                      # checkpoint: nobody issues collectives
             self._end_us[:] = pause_end * 1e6
             t0 = pause_end
-        # sizes (benign mix events) and decisions per unique op and comm
         on_step = getattr(self.tuner, "on_step", None)    # step boundary: config delivery / agreement hook
         if on_step is not None:
             on_step(self._step)
+        sizes = self._step_sizes(t0)
+        dec = [[self._decide(c, func, sizes[u]) for c in self._groups[g].comms]
+               for u, (g, func, _) in enumerate(self._uniq)]
+        start, end_out = self._time_slots(t0, sizes, dec)
+        self._end_us += self.workload.step_gap_us
+        ops = self._assemble(start, end_out, sizes, dec)
+        rec = StepRecords(self._step, t0, self.now_s, ops, self._out_rank, self._out_comm, self._out_key,
+                          self._node_bounds)
+        self._step += 1
+        return rec
+
+    def _step_sizes(self, t0: float) -> list[int]:
+        """Bytes of each unique op at ``t0`` (a benign mix event scales a group's sizes, kept a
+        multiple of the op's count divisor)."""
         sizes = []
         for u, (g, func, nb) in enumerate(self._uniq):
-            scale = sc.size_scale(t0, self._groups[g].name)
+            scale = self.scenario.size_scale(t0, self._groups[g].name)
             if scale != 1.0:
                 div = int(self._u_div[u])
                 nb = max(div, int(round(nb * scale / div)) * div)
             sizes.append(int(nb))
-        dec = [[self._decide(c, func, sizes[u]) for c in self._groups[g].comms]
-               for u, (g, func, _) in enumerate(self._uniq)]
+        return sizes
+
+    def _time_slots(self, t0: float, sizes: list[int], dec: list) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end (µs) of every record of the step, slot by slot; the network state is
+        looked up again whenever the scenario's next breakpoint is passed mid-step."""
+        sc, w = self.scenario, self.workload
         state = sc.state_at(t0, self._topo)
         Tu = self._durations(state, sizes, dec)
         delay = state.resolve(self._topo)["rank_delay_us"]
@@ -307,8 +326,11 @@ class Engine:
             start[a:b] = arr.ravel()
             end_out[a:b] = e.ravel()
             tnow = fin[0]
-        end += w.step_gap_us
-        # assemble records in node-major order
+        return start, end_out
+
+    def _assemble(self, start: np.ndarray, end_out: np.ndarray, sizes: list[int], dec: list) -> np.ndarray:
+        """The step's records in node-major order: GPU times, each communicator's decision, counts and
+        sequence numbers."""
         perm = self._perm
         ops = self._template.copy()
         s_ns = np.rint(start[perm] * 1000.0).astype(np.int64)
@@ -317,10 +339,12 @@ class Engine:
         ops["gpu_start_ns"] = (s_ns + self.epoch_ns).astype(np.uint64)
         ops["gpu_end_ns"] = (e_ns + self.epoch_ns).astype(np.uint64)
         nu = len(self._uniq)
-        algo = np.array([[d.algo for d in row] + [0] * (self._cmax - len(row)) for row in dec], dtype=np.int32)
-        proto = np.array([[d.proto for d in row] + [0] * (self._cmax - len(row)) for row in dec], dtype=np.int32)
-        nch = np.array([[d.n_channels for d in row] + [0] * (self._cmax - len(row)) for row in dec], dtype=np.int32)
-        nw = np.array([[d.n_warps for d in row] + [0] * (self._cmax - len(row)) for row in dec], dtype=np.int32)
+
+        def per_comm(attr: str) -> np.ndarray:
+            return np.array([[getattr(d, attr) for d in row] + [0] * (self._cmax - len(row)) for row in dec],
+                            dtype=np.int32)
+
+        algo, proto, nch, nw = (per_comm(k) for k in ("algo", "proto", "n_channels", "n_warps"))
         ou, oc = self._out_u, self._out_cpos
         ops["algo"] = np.where(self._out_p2p, UNKNOWN, algo.reshape(nu, -1)[ou, oc])
         ops["proto"] = np.where(self._out_p2p, UNKNOWN, proto.reshape(nu, -1)[ou, oc])
@@ -329,10 +353,7 @@ class Engine:
         ops["count"] = (np.array(sizes, dtype=np.int64) // self._u_div)[ou].astype(np.uint64)
         ops["seq_number"] = self._seq[self._out_pair] + self._out_off
         self._seq += self._pair_count
-        rec = StepRecords(self._step, t0, self.now_s, ops, self._out_rank, self._out_comm, self._out_key,
-                          self._node_bounds)
-        self._step += 1
-        return rec
+        return ops
 
 
 def _wire_dtype(name: str) -> int:
