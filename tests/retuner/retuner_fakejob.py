@@ -9,6 +9,8 @@ import numpy as np
 
 from dynamiccl.nccl_tuner_plugin.config import ALGOS, PROTOS
 from dynamiccl.harness.retuner_eval.sim_tuner import FileTuner
+from dynamiccl.retuner.agent import Retuner
+from dynamiccl.retuner.config import PolicyConfig, RetunerConfig
 from dynamiccl.retuner.types import Observation, Target
 
 DEFAULT_CELL = ("RING", "SIMPLE")
@@ -90,3 +92,30 @@ def rc(id_: str, kind: str, t: float, *, magnitude: float = 2.0, comms=("0x1f",)
 
 def target(h: int = 0x1f, bucket: int = 24) -> Target:
     return Target(h, "AllReduce", bucket, nranks=2, nnodes=2, comm_name=f"c{h:x}")
+
+
+def make(tmp_path, *, dry_run=False, policy=None, **kw) -> Retuner:
+    pol = policy or PolicyConfig(tune_at_start=False)
+    cfg = RetunerConfig(dry_run=dry_run, tuner_config_path=str(tmp_path / "tuner.conf"),
+                        audit_path=str(tmp_path / "audit.jsonl"), policy=pol, **kw)
+    return Retuner(cfg, clock=lambda: 1000.0)
+
+
+def run(rt: Retuner, job: FakeJob, steps: int, events: dict[int, object] = {}) -> None:
+    for i in range(steps):
+        rt.observe(job.step())
+        if i in events:
+            ev = events[i]
+            if isinstance(ev, str):
+                job.regime = ev
+            else:
+                rt.on_change(ev)
+
+
+def actions(rt: Retuner) -> list[str]:
+    """Decisions (the audit log also records every push)."""
+    return [a["action"] for a in rt.audit.recent if a["action"] != "push"]
+
+
+def running(job: FakeJob, last: int = 1) -> list[tuple[str, str]]:
+    return [(r[2], r[3]) for r in job.ran[-last:]]
