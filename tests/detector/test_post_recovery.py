@@ -1,0 +1,62 @@
+"""Gate ``post_recovery_hold`` (`dynamiccl.detector.post_recovery`): a degradation within
+``flap_window_s`` of the job's recovery needs one more confirming window."""
+from __future__ import annotations
+
+from dynamiccl.detector.config import AutoencoderConfig, DetectorConfig, IncidentConfig
+from dynamiccl.detector.service import Detector
+from dynamiccl.harness.detector_testing import EPOCH, run_cross_levels
+
+RELEASE = 130
+
+
+def _run(level_at, hold=True):
+    """Cross-node streams at latency x ``level_at(t)`` (1: baseline)."""
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                                  incidents=IncidentConfig(post_recovery_hold=hold)))
+    out = run_cross_levels(det, level_at, 175)
+    return det, [(c.kind, round(c.detected_s - EPOCH, 1)) for c in out]
+
+
+def _levels(after: float, start: int, end: int):
+    """3x from window 100, released at 130; then ``after`` x over windows [start, end)."""
+    def level(t):
+        if 100 <= t < RELEASE:
+            return 3.0
+        return after if start <= t < end else 1.0
+    return level
+
+
+def _after_release(out):
+    return [(k, t) for k, t in out if k != "recovery" and t > RELEASE]
+
+
+def test_a_short_excursion_after_a_recovery_is_no_change():
+    """2x (beyond the recovered band) for two windows, 6 windows after the release (the dev half's
+    re-excursions are back 1-4 windows after their report): confirmed once, not twice."""
+    det, out = _run(_levels(2.0, RELEASE + 6, RELEASE + 8))
+    assert [k for k, _ in out] == ["bandwidth", "recovery"], out
+    assert det.fusion.counters["post_recovery_holds"] >= 1
+
+
+def test_the_short_excursion_is_a_change_without_the_hold():
+    """The case above with the gate off: the excursion is reported (what the gate removes)."""
+    _, out = _run(_levels(2.0, RELEASE + 6, RELEASE + 8), hold=False)
+    assert len(_after_release(out)) == 1, out
+
+
+def test_a_lasting_step_at_the_same_time_is_reported_one_window_later():
+    """2x from 6 windows after the release, lasting: reported with the gate, one window after the
+    gate-off report."""
+    det, held = _run(_levels(2.0, RELEASE + 6, 170))
+    _, plain = _run(_levels(2.0, RELEASE + 6, 170), hold=False)
+    assert len(_after_release(held)) == 1 and len(_after_release(plain)) == 1, (held, plain)
+    assert _after_release(held)[0][1] == _after_release(plain)[0][1] + 1.0
+    assert det.fusion.counters["post_recovery_holds"] >= 1
+
+
+def test_no_hold_past_the_span():
+    """An excursion ``flap_window_s`` + 5 windows after the recovery is judged as before."""
+    det, out = _run(_levels(2.0, RELEASE + 17, RELEASE + 19))
+    assert det.fusion.counters["post_recovery_holds"] == 0
+    _, plain = _run(_levels(2.0, RELEASE + 17, RELEASE + 19), hold=False)
+    assert out == plain
