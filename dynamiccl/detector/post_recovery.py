@@ -8,6 +8,8 @@ until it has been confirmed on two windows (its streams' median at ``fusion.conf
 from the baseline, the ordinary confirmation of `Fusion._confirm_pending`), the second within
 ``fusion.confirm_windows`` tries of the first; otherwise its baselines are restored as for any
 unconfirmed spike. A group opens no sooner than one window after it would have without the gate.
+A step-paced job is not held (its next window is its next step, 2-10 s away: the reason
+`FusionGates._wait_is_a_step` does not hold it either).
 
 Why: after a release the restored baseline is the quiet pre-change one, while the test bed's queues
 and TCP windows settle for a few seconds more; the dev half's most common false alarm (Session 25,
@@ -31,23 +33,27 @@ class PostRecoveryHold:
         self.fusion = fusion
         self._held: dict[tuple[str, int], int] = {}   # (job, direction) -> window step it was held in
 
-    def _recent_recovery(self, job: str, direction: int, t: int) -> bool:
-        """An incident of ``job`` and ``direction`` closed by a reported recovery within ``flap_window_s``."""
+    def _recent_recovery(self, job: str, direction: int, now_s: float) -> bool:
+        """An incident of ``job`` and ``direction`` closed by a reported recovery within
+        ``flap_window_s`` (event seconds: a step-paced job's windows are seconds apart)."""
         f = self.fusion
-        span = f.config.incidents.flap_window_s / f._window_s
+        span = f.config.incidents.flap_window_s
         return any(old.direction == direction and old.closed_step is not None and not old.transient
-                   and t - old.closed_step <= span for old in f.closed.get(job, ()))
+                   and now_s - float(f.table.window_start_of(old.closed_step)) <= span
+                   for old in f.closed.get(job, ()))
 
     def holds(self, ws, a) -> bool:
         """Whether alarm group ``a`` (`AlarmGroup`) is held now (the caller queues it as pending)."""
         f = self.fusion
         if not f.config.incidents.post_recovery_hold or a.direction <= 0:
             return False
+        if f.table.cadence.paced(int(f.table.job_code[a.idx[0]]), f._window_s):
+            return False        # a step-paced job's next window is its next step, seconds away (`_wait_is_a_step`)
         key = (a.job, a.direction)
         held = self._held.get(key)
         if held is not None and a.confirmed and 0 < ws.t - held <= f.config.fusion.confirm_windows:
             return False        # held confirmed once and confirmed again since: judged as any other group
-        if not self._recent_recovery(a.job, a.direction, ws.t):
+        if not self._recent_recovery(a.job, a.direction, float(ws.window_start)):
             return False
         if a.confirmed:
             self._held[key] = ws.t   # its first confirmed window: one more must follow
