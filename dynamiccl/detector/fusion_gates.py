@@ -185,7 +185,9 @@ class FusionGates:
         if not self.post_recovery.holds(ws, a):
             return None
         if len(self.pending) < MAX_PENDING:
-            self.pending.append(a.pending(ws.t, peak=a.peak))
+            # judged, once confirmed again, on its farthest window since the alarm (as it would
+            # have been judged at once: `_assemble`'s peak), not on the later, lower one
+            self.pending.append(a.pending(ws.t, peak=True))
         else:
             self.counters["pending_dropped"] += 1
             self.table.restore_baseline(a.idx, a.med, a.scale)
