@@ -60,3 +60,23 @@ def test_no_hold_past_the_span():
     assert det.fusion.counters["post_recovery_holds"] == 0
     _, plain = _run(_levels(2.0, RELEASE + 17, RELEASE + 19), hold=False)
     assert out == plain
+
+
+def test_a_held_step_keeps_the_magnitude_it_would_have_had_at_once():
+    """2x for two windows settling at 1.6x: judged on its farthest window since the alarm (2x),
+    as without the gate; judged on the later window it took the lower level as its own."""
+    def level(t):
+        if 100 <= t < RELEASE:
+            return 3.0
+        if RELEASE + 6 <= t < RELEASE + 8:
+            return 2.0
+        return 1.6 if RELEASE + 8 <= t < 170 else 1.0
+
+    def magnitudes(hold):
+        det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                                      incidents=IncidentConfig(post_recovery_hold=hold)))
+        return [round(c.magnitude, 2) for c in run_cross_levels(det, level, 175)
+                if c.kind != "recovery" and c.detected_s - EPOCH > RELEASE]
+
+    held, plain = magnitudes(True), magnitudes(False)
+    assert len(held) == 1 and held == plain, (held, plain)
