@@ -80,3 +80,39 @@ def test_a_held_step_keeps_the_magnitude_it_would_have_had_at_once():
 
     held, plain = magnitudes(True), magnitudes(False)
     assert len(held) == 1 and held == plain, (held, plain)
+
+
+PACED = 3   # a step-paced job: one window with data per 3 s step
+
+
+def _paced(hold):
+    """The job of `run_cross_levels` with data every ``PACED`` windows: 3x over steps 40-50, released,
+    then 2x from step 53 on (6 s after the release), lasting."""
+    import dataclasses
+
+    from dynamiccl.collector.features import WindowFeatures, empty_keys, empty_ranks
+    from dynamiccl.harness.detector_testing import Regime, SyntheticJob
+    job = SyntheticJob(seed=5, sigma=0.01)
+    job.streams = [dataclasses.replace(s, per_window=2) for s in job.streams]
+    cross = [i for i, s in enumerate(job.streams) if s.nnodes > 1]
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False),
+                                  incidents=IncidentConfig(post_recovery_hold=hold)))
+    out = []
+    for t in range(70 * PACED):
+        step = t // PACED
+        m = 3.0 if 40 <= step < 50 else (2.0 if step >= 52 else 1.0)
+        if t % PACED:
+            wf = WindowFeatures(EPOCH + t * job.window_s, job.window_s, empty_keys(), empty_ranks())
+        else:
+            wf = job.window(t, Regime(mult={i: m for i in cross}) if m != 1.0 else None)
+        out += det.process(wf)
+    return det, [(c.kind, round(c.detected_s - EPOCH, 1)) for c in out]
+
+
+def test_a_step_paced_job_is_not_held():
+    """Its next window is its next step (3 s here, 2-10 s on the test bed): the step after a
+    release is reported when it would be without the gate (before: one step later)."""
+    det, held = _paced(True)
+    _, plain = _paced(False)
+    assert len([k for k, _ in plain if k != "recovery"]) == 2, plain
+    assert held == plain and det.fusion.counters["post_recovery_holds"] == 0, (held, plain)
