@@ -15,8 +15,9 @@ Why: after a release the restored baseline is the quiet pre-change one, while th
 and TCP windows settle for a few seconds more; the dev half's most common false alarm (Session 25,
 docs/evaluation/2026-11-28-fa25b.md) is a 1.5-3x excursion 3-14 s after the detector's recovery
 that is back within 1-4 windows (closed as a transient). A change that lasts (a throttle, a
-``bulk_on``) is still there one window later and pays one window of delay; every labelled change
-of the dev half came at least 11 s after the previous recovery. The span is the detector's own for
+``bulk_on``) is still there one window later and pays one window of delay; in the dev half every
+labelled change was reported 11 s or more after the previous recovery, and one alarmed inside the
+span (held one window, still within 5 s). The span is the detector's own for
 "the same episode after a recovery" (``flap_window_s``, also the ``recovery_drain`` gate's, whose
 excursions within the recovered band this one extends to those beyond it); the bar is the confirm
 rule's. No value is new.
