@@ -49,6 +49,7 @@ from .fusion_queries import FusionQueries
 from .fusion_rank import RankTrigger
 from .incident import (MAX_EVIDENCE_STREAMS, MAX_INCIDENTS_PER_JOB, MAX_SILENT,
                        Incident, Pending, extend_group, new_group)
+from .post_recovery import PostRecoveryHold
 from .steps import StepRule
 from .straggler import RankHistory
 from .streams import StreamTable, WindowStreams
@@ -80,6 +81,8 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
         self.counters["paced_preconfirmed"] = 0   # paced warm-up alarms confirmed by their own samples
         self.counters["onset_level_holds"] = 0    # alarms held: level since onset below the bar (`onset_level`)
         self.counters["preconfirmed"] = 0         # alarms on two windows beyond the confirm bar (`preconfirm`)
+        self.counters["post_recovery_holds"] = 0  # degradations soon after a recovery held a window (`post_recovery`)
+        self.post_recovery = PostRecoveryHold(self)
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window
         self.ended: deque = deque(maxlen=MAX_ENDED)

@@ -8,6 +8,8 @@
 4. ``workload`` — explained by a change of message sizes / ranks, or a side effect of one;
    ``onset_level`` — an unconfirmed alarm whose streams' level since its onset is below the
    confirm bar (a spike ending a slow accumulation) waits for confirmation (`onset_level`);
+   ``post_recovery_hold`` — a degradation within ``flap_window_s`` of the job's recovery needs
+   one more confirming window (`post_recovery`);
 5. ``evidence`` — enough streams with whole windows, a confirmation, network-only or a
    straggler; else the group waits for confirmation;
 6. ``wait`` — judged one window later (``rank_waits``, ``rank_rechecks``, ``onset_waits``).
@@ -52,7 +54,7 @@ class FusionGates:
     def _judge(self, ws, job, direction, g, ae):
         a = self._assemble(ws, job, direction, g)
         for gate in (self._gate_recovery_tail, self._gate_recovery_drain, self._gate_merge, self._gate_small_shift, self._gate_workload,
-                     self._gate_onset_level):
+                     self._gate_onset_level, self._gate_post_recovery):
             if gate(ws, a) is not None:
                 return None, None
         ae_score, ae_thr = ae.get(job, (float("nan"), float("inf")))
@@ -177,6 +179,20 @@ class FusionGates:
             self.table.restore_baseline(a.idx, a.med, a.scale)
         self.counters["onset_level_holds"] += 1
         return "onset_level_holds"
+
+    def _gate_post_recovery(self, ws, a: AlarmGroup) -> str | None:
+        """Soon after the job's recovery: held once, opened on a later confirming window."""
+        if not self.post_recovery.holds(ws, a):
+            return None
+        if len(self.pending) < MAX_PENDING:
+            # judged, once confirmed again, on its farthest window since the alarm (as it would
+            # have been judged at once: `_assemble`'s peak), not on the later, lower one
+            self.pending.append(a.pending(ws.t, peak=True))
+        else:
+            self.counters["pending_dropped"] += 1
+            self.table.restore_baseline(a.idx, a.med, a.scale)
+        self.counters["post_recovery_holds"] += 1
+        return "post_recovery_holds"
 
     def _gate_evidence(self, ws, a: AlarmGroup):
         """Enough evidence to open an incident now: confirmed, or a big shift on
