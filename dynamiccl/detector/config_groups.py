@@ -249,9 +249,11 @@ class IncidentConfig(_Group):
     softer_release: bool = True              # a recovery within ``merge_s`` of the incident's softer step
                                              # is that step's release: no second change, the retuner
                                              # hears of it (`dynamiccl.detector.softer_release`)
-    post_recovery_hold: bool = True          # a degradation within ``flap_window_s`` of the job's reported
+    post_recovery_hold: bool = False         # a degradation within ``flap_window_s`` of the job's reported
                                              # recovery needs one more confirming window
-                                             # (`dynamiccl.detector.post_recovery`; docs/evaluation/2026-11-28-fa25b.md)
+                                             # (`dynamiccl.detector.post_recovery`; off: on the corpus's
+                                             # evaluation half it lost a change within 5 s for the false
+                                             # alarm it saved; docs/evaluation/2026-11-28-fa25b.md)
     transient_s: float = 10.0                # > 0: an incident of one report back within this of
                                              # its onset and half of it of its report is a transient,
                                              # closed without a `recovery` (10 s = twice the 5 s

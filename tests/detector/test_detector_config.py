@@ -50,7 +50,7 @@ ADDED_SINCE["baseline.paced_two_step"] = True     # a paced change on two backed
 ADDED_SINCE["workload.straddle_union"] = False    # a rank-set loss that is one straddling instance (`rank_straddle.py`)
 ADDED_SINCE["fusion.preconfirm"] = False          # an alarm on two windows beyond the bar is confirmed (`preconfirm.py`)
 ADDED_SINCE["straggler.where_refresh_windows"] = 3   # a reported change's `where` judged again (`where_refresh.py`)
-ADDED_SINCE["incidents.post_recovery_hold"] = True   # one more window soon after a recovery (`post_recovery.py`)
+ADDED_SINCE["incidents.post_recovery_hold"] = False  # one more window soon after a recovery (`post_recovery.py`)
 
 
 def test_every_default_is_the_flat_configurations():
