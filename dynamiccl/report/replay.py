@@ -266,16 +266,8 @@ def _write_jsonl(path: str, changes: list[RegimeChange]) -> None:
 
 def replay_main(args: argparse.Namespace) -> int:
     from dynamiccl.report.sidecars import CHANGES_FILE, find_sidecar, read_jsonl
-    from dynamiccl.report.tables import change_rows, fmt_seconds, truth_rows
 
-    if not os.path.exists(args.parquet_dir):
-        raise FileNotFoundError(f"no such file or directory: {args.parquet_dir}")
-    dcfg = detector_config_from_args(args)
-    if args.window is None:
-        from dynamiccl.collector.config import WindowConfig
-        args.window = WindowConfig().window_s
-    if not args.window > 0 or args.lateness < 0:
-        raise ValueError("--window must be > 0 and --lateness >= 0")
+    dcfg = _replay_settings(args)
     if args.audit_out and os.path.exists(args.audit_out):
         os.unlink(args.audit_out)  # the audit log appends; a replay writes a fresh one
     res = replay(args.parquet_dir, dcfg, window_s=args.window, lateness_s=args.lateness,
@@ -299,35 +291,12 @@ def replay_main(args: argparse.Namespace) -> int:
     if truth:
         t0 = min(e.get("t_start_ns", 0) for e in truth) / 1e9 - min(e.get("t_start", 0) for e in truth)
     rel = (lambda t: f"{t - t0:8.1f}") if t0 is not None else (lambda t: f"{t:.1f}")
-    for r in change_rows(res.changes, truth):
-        print(f"  {r['id']:<24} {r['kind']:<10} onset {rel(r['start_s'])} s  detected {rel(r['detected_s'])} s  "
-              f"×{r['magnitude']:.3g}  {r['where']}" + (f"  = truth {r['truth']} (+{r['truth_delay_s']:.1f} s)"
-                                                        if r["truth"] else ""))
-    missed = 0
-    if truth:
-        print("ground truth:")
-        for r in truth_rows(truth, res.changes):
-            if not r["benign"] and r["change"] is None:
-                missed += 1
-            print(f"  {r['kind']:<12} {'(benign)' if r['benign'] else '':<9} onset {rel(r['start_s'])} s  "
-                  + (f"detected after {fmt_seconds(r['delay_s'])} ({r['change']})" if r["change"] else "not detected"))
-    unmatched = sum(1 for r in change_rows(res.changes, truth) if truth and r["truth"] is None)
+    unmatched = _print_changes(res, truth, rel)
+    missed = _print_truth(res, truth, rel)
     if recorded_path:
         print(f"recorded run had {len(recorded)} change(s) in {recorded_path}; this replay found {len(res.changes)}")
     if res.retuner:
-        from collections import Counter
-        counts = Counter(d.get("action") for d in res.decisions)
-        print(f"retuner (dry run): {len(res.decisions)} decisions: "
-              + (", ".join(f"{a}={n}" for a, n in sorted(counts.items())) or "none"))
-        for d in res.decisions:
-            if d.get("action") in ("commit", "rollback", "confirmed", "keep", "revert", "reuse"):
-                t = d.get("t")
-                print(f"  {rel(t) if isinstance(t, (int, float)) else '-':>8} s  {d.get('action'):<9} "
-                      f"{d.get('target', '')}  {d.get('candidate', d.get('incumbent', ''))}"
-                      + (f"  gain {d['gain']:.3g}" if isinstance(d.get("gain"), (int, float)) else "")
-                      + (f"  expected {d['expected_gain']:.3g}" if isinstance(d.get("expected_gain"), (int, float)) else ""))
-        if args.audit_out:
-            print(f"retuner audit log written: {args.audit_out}")
+        _print_decisions(res, rel, args.audit_out)
     if args.out:
         _write_jsonl(args.out, res.changes)
         print(f"changes written: {args.out}")
@@ -337,3 +306,61 @@ def replay_main(args: argparse.Namespace) -> int:
           + (f"decisions={len(res.decisions)} " if res.retuner else "")
           + f"wall_s={res.wall_s:.2f}")
     return 0
+
+
+def _replay_settings(args: argparse.Namespace):
+    """The detector settings of the command line, the window and lateness checked (the collector's
+    window when none is given)."""
+    if not os.path.exists(args.parquet_dir):
+        raise FileNotFoundError(f"no such file or directory: {args.parquet_dir}")
+    dcfg = detector_config_from_args(args)
+    if args.window is None:
+        from dynamiccl.collector.config import WindowConfig
+        args.window = WindowConfig().window_s
+    if not args.window > 0 or args.lateness < 0:
+        raise ValueError("--window must be > 0 and --lateness >= 0")
+    return dcfg
+
+
+def _print_changes(res, truth: list, rel) -> int:
+    """One line per change found, with the truth it matches; returns how many match none."""
+    from dynamiccl.report.tables import change_rows
+
+    for r in change_rows(res.changes, truth):
+        print(f"  {r['id']:<24} {r['kind']:<10} onset {rel(r['start_s'])} s  detected {rel(r['detected_s'])} s  "
+              f"×{r['magnitude']:.3g}  {r['where']}" + (f"  = truth {r['truth']} (+{r['truth_delay_s']:.1f} s)"
+                                                        if r["truth"] else ""))
+    return sum(1 for r in change_rows(res.changes, truth) if truth and r["truth"] is None)
+
+
+def _print_truth(res, truth: list, rel) -> int:
+    """One line per ground-truth event with its first detection; returns the non-benign ones missed."""
+    from dynamiccl.report.tables import fmt_seconds, truth_rows
+
+    missed = 0
+    if truth:
+        print("ground truth:")
+        for r in truth_rows(truth, res.changes):
+            if not r["benign"] and r["change"] is None:
+                missed += 1
+            print(f"  {r['kind']:<12} {'(benign)' if r['benign'] else '':<9} onset {rel(r['start_s'])} s  "
+                  + (f"detected after {fmt_seconds(r['delay_s'])} ({r['change']})" if r["change"] else "not detected"))
+    return missed
+
+
+def _print_decisions(res, rel, audit_out) -> None:
+    """The dry-run retuner's decisions: counts per action, then each one that changes or keeps a config."""
+    from collections import Counter
+
+    counts = Counter(d.get("action") for d in res.decisions)
+    print(f"retuner (dry run): {len(res.decisions)} decisions: "
+          + (", ".join(f"{a}={n}" for a, n in sorted(counts.items())) or "none"))
+    for d in res.decisions:
+        if d.get("action") in ("commit", "rollback", "confirmed", "keep", "revert", "reuse"):
+            t = d.get("t")
+            print(f"  {rel(t) if isinstance(t, (int, float)) else '-':>8} s  {d.get('action'):<9} "
+                  f"{d.get('target', '')}  {d.get('candidate', d.get('incumbent', ''))}"
+                  + (f"  gain {d['gain']:.3g}" if isinstance(d.get("gain"), (int, float)) else "")
+                  + (f"  expected {d['expected_gain']:.3g}" if isinstance(d.get("expected_gain"), (int, float)) else ""))
+    if audit_out:
+        print(f"retuner audit log written: {audit_out}")
