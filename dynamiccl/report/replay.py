@@ -326,11 +326,12 @@ def _print_changes(res, truth: list, rel) -> int:
     """One line per change found, with the truth it matches; returns how many match none."""
     from dynamiccl.report.tables import change_rows
 
-    for r in change_rows(res.changes, truth):
+    rows = change_rows(res.changes, truth)
+    for r in rows:
         print(f"  {r['id']:<24} {r['kind']:<10} onset {rel(r['start_s'])} s  detected {rel(r['detected_s'])} s  "
               f"×{r['magnitude']:.3g}  {r['where']}" + (f"  = truth {r['truth']} (+{r['truth_delay_s']:.1f} s)"
                                                         if r["truth"] else ""))
-    return sum(1 for r in change_rows(res.changes, truth) if truth and r["truth"] is None)
+    return sum(1 for r in rows if truth and r["truth"] is None)
 
 
 def _print_truth(res, truth: list, rel) -> int:

@@ -92,8 +92,9 @@ def _keys(cols: dict[str, np.ndarray]) -> Keys:
     proto_k[proto_k == 3] = 255
     records = np.bincount(kid, minlength=nk)
     dur = cols["dur"]
-    untimed = np.flatnonzero(np.isnan(dur))
-    dur0 = np.where(np.isnan(dur), 0.0, dur) if len(untimed) else dur
+    nan = np.isnan(dur)
+    untimed = np.flatnonzero(nan)
+    dur0 = np.where(nan, 0.0, dur) if len(untimed) else dur
     dcounts = records - np.bincount(kid[untimed], minlength=nk) if len(untimed) else records
     tcv = cols["tcv"]
     tcv_k = np.zeros(nk, np.uint32)
