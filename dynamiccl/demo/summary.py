@@ -94,6 +94,22 @@ def _late_alarms(changes: list, truth: list[dict], epoch_s: float) -> dict[str, 
     return out
 
 
+def _refinements(changes: list, matched_ids: set, why: dict, late: dict) -> set:
+    """A ``flapping`` change refines its incident's first report (``evidence["refines"]``): it is the same
+    incident, so it is judged with that report. Returns the ids whose report matched a true change; one whose
+    report a config explains or that is a late alarm joins ``why`` or ``late`` (updated in place)."""
+    right = set()
+    for c in changes:
+        parent = (getattr(c, "evidence", None) or {}).get("refines")
+        if parent in matched_ids:
+            right.add(c.id)
+        elif parent in why:
+            why[c.id] = why[parent]
+        elif parent in late:
+            late[c.id] = late[parent]
+    return right
+
+
 def _audit(out: Path) -> list[dict]:
     try:
         return [json.loads(line) for line in (out / "retuner-audit.jsonl").read_text().splitlines() if line]
@@ -114,10 +130,10 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
     # retuner itself recognised them as its own
     why = explain_by_config(extra, out / "parquet", args.workload, args.scenario, duration_s, state.epoch_s)
     own = {a.get("regime") for a in audit if a.get("action") == "ignore" and a.get("self_induced")}
+    late = _late_alarms([c for c in extra if c.id not in why], truth, state.epoch_s)
+    right = _refinements(extra, matched_ids, why, late)
     explained = [c for c in extra if c.id in why]
-    extra = [c for c in extra if c.id not in why]
-    late = _late_alarms(extra, truth, state.epoch_s)
-    extra = [c for c in extra if c.id not in late]
+    extra = [c for c in extra if c.id not in why and c.id not in late and c.id not in right]
     regimes = oracle_regimes(args.workload, args.scenario, duration_s, truth)
     gains = [measure(r, history, audit, state.epoch_s) for r in regimes if r["better"]]
     report = {

@@ -266,6 +266,20 @@ def test_a_later_alarm_of_the_true_kind_inside_a_true_event_is_late_not_unmatche
     assert got == {"w": "latency@50s", "r": "latency@50s"}
 
 
+def test_a_flapping_change_is_judged_with_the_report_it_refines():
+    # the flapping change of an incident our own config explains is that incident (CI saw one left unmatched)
+    from dynamiccl.demo.summary import _refinements
+
+    def change(i, refines=None):
+        return SimpleNamespace(id=i, kind="flapping", evidence={"refines": refines} if refines else {})
+    why, late = {"own": {"config": "RING/LL128/4"}}, {"lat": "latency@50s"}
+    right = _refinements([change("f1", "own"), change("f2", "lat"), change("f3", "hit"), change("f4", "other"),
+                          change("f5")], {"hit"}, why, late)
+    assert right == {"f3"}
+    assert why["f1"] == {"config": "RING/LL128/4"} and late["f2"] == "latency@50s"
+    assert "f4" not in why and "f4" not in late and "f5" not in why
+
+
 # ---- start-up -----------------------------------------------------------------------------------------
 def test_torchs_one_off_costs_are_paid_before_the_job_starts(tmp_path, monkeypatch):
     # paid by the detector's first window instead, they held the paced job 20-28 s (load ~24) and put a real-time
