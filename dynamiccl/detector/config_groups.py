@@ -230,7 +230,7 @@ class IncidentConfig(_Group):
     # ``merge_s``, ``merge_similar_s`` and ``flap_window_s`` are counted in windows with data times
     # ``window_s``: on a step-paced job (one window with data per step, 2-10 s apart) they span that many
     # steps. Measured on event seconds instead, the paced dev runs split and re-alarm (17.17 -> 21.93
-    # false alarms/h; docs/evaluation/2026-11-29-event-seconds.md).
+    # false alarms/h; docs/evaluation/2026-11-29-session25.md).
     merge_s: float = 5.0                     # alarms this soon after an incident's detection join it
     merge_similar_s: float = 30.0            # ... or this soon after its onset with a similar shift
     step_ratio: float = 1.1                  # an incident's level moving again by this (deeper or
