@@ -110,6 +110,12 @@ def _refinements(changes: list, matched_ids: set, why: dict, late: dict) -> set:
     return right
 
 
+def _lineage(c) -> dict:
+    """An unmatched change's id and the reports it follows (a failure names what to look for in changes.jsonl)."""
+    ev = getattr(c, "evidence", None) or {}
+    return {"id": c.id, **{k: ev[k] for k in ("refines", "previous") if ev.get(k)}}
+
+
 def _audit(out: Path) -> list[dict]:
     try:
         return [json.loads(line) for line in (out / "retuner-audit.jsonl").read_text().splitlines() if line]
@@ -142,7 +148,7 @@ def analyse(args, truth, state, history, out: Path, duration_s: float) -> dict:
                     "change_kind": r["change"].kind if r["change"] else None,
                     "where": where(r["change"]) if r["change"] else None} for r in rows],
         "unmatched": [{"kind": c.kind, "detected_s": c.detected_s - state.epoch_s, "magnitude": c.magnitude,
-                       "where": where(c)} for c in extra],
+                       "where": where(c), **_lineage(c)} for c in extra],
         "own_config_changes": [{"kind": c.kind, "detected_s": c.detected_s - state.epoch_s,
                                 "magnitude": c.magnitude, "where": where(c), **why[c.id],
                                 "retuner_saw_own": c.id in own} for c in explained],
