@@ -193,7 +193,10 @@ class CUSUM(base.DriftDetector):
         self.outlier_gap = validate_outlier_gap(outlier_gap)
         self.seasonal_memory = validate_seasonal_memory(seasonal_memory)
         self._season = None if seasonal_memory is None else SeasonMemory(seasonal_memory)
-        derive_constants(self)  # checks the other hyperparameters (in their order), derives k, h, ...
+        # checks the other hyperparameters (in their order) and derives the chart's constants
+        (self._k, self._h, self._clip, self._cap, self._first_learn, self._use_up, self._use_down,
+         self._lo, self._hi) = derive_constants(self)
+        self._h_full = self._h  # the full warm-up's threshold without the serial correction
         self._init_lifetime()
         self._reset()
 
