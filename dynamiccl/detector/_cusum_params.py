@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ._baseline import BASELINE_METHODS
+from ._cusum_warmup import first_learn_size
 from .arl import cusum_threshold_estimated
 
 
@@ -46,3 +47,19 @@ def _validate_and_derive(delta, arl0, warmup, mode, min_value, max_value, z_clip
     h = cusum_threshold_estimated(float(arl0), k, warmup, mode == "both", estimator)
     clip = float(z_clip) if z_clip is not None else delta + 4.0
     return k, h, clip
+
+
+def derive_constants(det) -> tuple[float, float, float, float, int, bool, bool, float, float]:
+    """`CUSUM`'s constants from its hyperparameters, checked in this order (the first bad one is
+    the error): (k, h, clip) (`_validate_and_derive`), the cap, the first learn size; then the
+    directions watched (up, down) and the valid range (lo, hi). Computed once, at construction."""
+    k, h, clip = _validate_and_derive(
+        det.delta, det.arl0, det.warmup, det.mode, det.min_value, det.max_value, det.z_clip, det._VALID_MODES,
+        det.estimator
+    )
+    cap = _validate_cap(det.z_cap, det.min_rel_scale, det.delta)
+    first_learn = first_learn_size(_validate_min_warmup(det.min_warmup), det.warmup)
+    use_up, use_down = det.mode in ("both", "up"), det.mode in ("both", "down")
+    lo = -math.inf if det.min_value is None else float(det.min_value)
+    hi = math.inf if det.max_value is None else float(det.max_value)
+    return k, h, clip, cap, first_learn, use_up, use_down, lo, hi

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import math
 from collections import deque
 
 from river import base
@@ -8,12 +7,12 @@ from river import base
 from ._cusum_locate import locate, validate_start_split
 from ._cusum_outlier import monitor, validate_outlier_gap
 from ._cusum_season import SeasonMemory, validate_seasonal_memory, veto_season
-from ._cusum_params import _validate_and_derive, _validate_cap, _validate_min_warmup
+# `_validate_and_derive` is re-exported: `CUSUMBank` and its streams import it from here
+from ._cusum_params import _validate_and_derive, derive_constants  # noqa: F401
 from ._cusum_relearn import relearn
 from ._cusum_settle import validate_growth, validate_min_effective, validate_trend_t
 from ._cusum_sign import validate_sign_gate
 from ._cusum_trend import validate_trend_veto, veto_trend
-from ._cusum_warmup import first_learn_size
 
 __all__ = ["CUSUM"]
 
@@ -194,19 +193,15 @@ class CUSUM(base.DriftDetector):
         self.outlier_gap = validate_outlier_gap(outlier_gap)
         self.seasonal_memory = validate_seasonal_memory(seasonal_memory)
         self._season = None if seasonal_memory is None else SeasonMemory(seasonal_memory)
-
-        self._k, self._h, self._clip = _validate_and_derive(
-            delta, arl0, warmup, mode, min_value, max_value, z_clip, self._VALID_MODES, estimator
-        )
-        self._cap = _validate_cap(z_cap, min_rel_scale, delta)
-        self._first_learn = first_learn_size(_validate_min_warmup(min_warmup), warmup)
+        # checks the other hyperparameters (in their order) and derives the chart's constants
+        (self._k, self._h, self._clip, self._cap, self._first_learn, self._use_up, self._use_down,
+         self._lo, self._hi) = derive_constants(self)
         self._h_full = self._h  # the full warm-up's threshold without the serial correction
-        self._use_up = mode in ("both", "up")
-        self._use_down = mode in ("both", "down")
-        self._lo = -math.inf if min_value is None else float(min_value)
-        self._hi = math.inf if max_value is None else float(max_value)
+        self._init_lifetime()
+        self._reset()
 
-        # Lifetime counters and the description of the last alarm survive `_reset`.
+    def _init_lifetime(self) -> None:
+        """Lifetime counters and the description of the last alarm: they survive `_reset`."""
         self._n_seen = 0
         self._n_invalid = 0
         self._n_clipped = 0
@@ -219,7 +214,6 @@ class CUSUM(base.DriftDetector):
         # Sign gate (`dynamiccl.detector._cusum_sign`): a value <= 0 was accepted / is invalid.
         self._signed = False
         self._nonpositive_invalid = False
-        self._reset()
 
     def _reset(self) -> None:
         """Forget the baseline and the statistics (keep lifetime counters)."""

@@ -80,13 +80,46 @@ def synthetic_events(n_instances: int, *, nranks: int = 8, nnodes: int = 1, seed
     ``seq_base``. A straggler arrives ``straggler_delay_s`` late, so its own durations are
     *shorter* and everyone else's longer by the delay.
     """
+    # the parts draw from one generator in a fixed order (instances, then arrivals, then timing
+    # sources): a seed gives the same records as it always did
     rng = np.random.default_rng(seed)
     n = n_instances
+    ins = _draw_instances(rng, n, comm_hashes, funcs, log2_bytes, p2p_fraction)
+    rec = np.zeros(n * nranks, dtype=EVENT_DTYPE)
+    rank = np.tile(np.arange(nranks, dtype=np.int32), n)
+    inst = np.repeat(np.arange(n), nranks)
+    _fill_identity(rec, ins, inst, rank, nranks=nranks, nnodes=nnodes, pid_base=pid_base)
+    t_inst = start_ns + (np.arange(n) * (1e9 / rate_per_s)).astype(np.int64)
+    base_dur = 2e-5 + ins["nbytes"] / 20e9  # seconds
+    start_abs, end_abs = _draw_times(rng, t_inst, base_dur, inst, rank, n, nranks,
+                                     straggler_rank, straggler_delay_s)
+    _fill_timing(rec, rng, start_abs, end_abs, untimed_fraction, cpu_timed_fraction)
+    rec["record_seq"] = seq_base + np.repeat(np.arange(n, dtype=np.uint64), nranks)
+    return rec
+
+
+def _draw_instances(rng: np.random.Generator, n: int, comm_hashes: Sequence[int], funcs: Sequence[str],
+                    log2_bytes: tuple[int, int], p2p_fraction: float) -> dict[str, np.ndarray]:
+    """Per instance: communicator, function (SendRecv for the p2p share), seqNumber, size
+    (a power of two in ``log2_bytes``), algorithm and protocol (UNKNOWN for p2p)."""
     comm_idx = rng.integers(0, len(comm_hashes), n)
     func_codes = np.array([F[f] for f in funcs], dtype=np.uint8)[rng.integers(0, len(funcs), n)]
     is_p2p = rng.random(n) < p2p_fraction
     func_codes = np.where(is_p2p, F["SendRecv"], func_codes).astype(np.uint8)
-    # seqNumber per (comm, func): cumcount within the key
+    lb = rng.integers(log2_bytes[0], log2_bytes[1] + 1, n)
+    nbytes = (2 ** lb).astype(np.uint64)
+    algo = rng.integers(0, 2, n).astype(np.uint8)  # TREE / RING
+    proto = rng.integers(0, 3, n).astype(np.uint8)
+    algo = np.where(is_p2p, UNKNOWN, algo).astype(np.uint8)
+    proto = np.where(is_p2p, UNKNOWN, proto).astype(np.uint8)
+    return {"comm_idx": comm_idx, "func": func_codes, "is_p2p": is_p2p,
+            "seq": _seq_numbers(comm_idx, func_codes), "nbytes": nbytes, "algo": algo, "proto": proto,
+            "comm_hashes": np.asarray(comm_hashes, dtype=np.uint64)}
+
+
+def _seq_numbers(comm_idx: np.ndarray, func_codes: np.ndarray) -> np.ndarray:
+    """seqNumber per (comm, func), as NCCL counts it: the cumcount within the key."""
+    n = comm_idx.size
     key = comm_idx.astype(np.int64) * 256 + func_codes
     order = np.argsort(key, kind="stable")
     sorted_key = key[order]
@@ -95,23 +128,18 @@ def synthetic_events(n_instances: int, *, nranks: int = 8, nnodes: int = 1, seed
     cum = np.arange(n) - np.repeat(starts, run_len)
     seq = np.empty(n, np.uint64)
     seq[order] = cum
-    lb = rng.integers(log2_bytes[0], log2_bytes[1] + 1, n)
-    nbytes = (2 ** lb).astype(np.uint64)
-    algo = rng.integers(0, 2, n).astype(np.uint8)  # TREE / RING
-    proto = rng.integers(0, 3, n).astype(np.uint8)
-    algo = np.where(is_p2p, UNKNOWN, algo).astype(np.uint8)
-    proto = np.where(is_p2p, UNKNOWN, proto).astype(np.uint8)
-    t_inst = start_ns + (np.arange(n) * (1e9 / rate_per_s)).astype(np.int64)
-    base_dur = 2e-5 + nbytes / 20e9  # seconds
+    return seq
 
-    rec = np.zeros(n * nranks, dtype=EVENT_DTYPE)
-    rank = np.tile(np.arange(nranks, dtype=np.int32), n)
-    inst = np.repeat(np.arange(n), nranks)
+
+def _fill_identity(rec: np.ndarray, ins: dict[str, np.ndarray], inst: np.ndarray, rank: np.ndarray, *,
+                   nranks: int, nnodes: int, pid_base: int) -> None:
+    """Each record's what and who: its instance's operation, and its rank's process."""
+    is_p2p = ins["is_p2p"]
     rec["kind"] = np.where(is_p2p[inst], Kind.P2P, Kind.COLL)
-    rec["func"] = func_codes[inst]
+    rec["func"] = ins["func"][inst]
     rec["datatype"] = 6  # ncclFloat32
-    rec["algo"] = algo[inst]
-    rec["proto"] = proto[inst]
+    rec["algo"] = ins["algo"][inst]
+    rec["proto"] = ins["proto"][inst]
     rec["n_channels"] = 4
     rec["n_warps"] = 16
     rec["rank"] = rank
@@ -119,10 +147,17 @@ def synthetic_events(n_instances: int, *, nranks: int = 8, nnodes: int = 1, seed
     rec["nnodes"] = nnodes
     rec["pid"] = pid_base + rank
     rec["root"] = np.where(is_p2p[inst], (rank + 1) % nranks, 0)
-    rec["comm_hash"] = np.asarray(comm_hashes, dtype=np.uint64)[comm_idx[inst]]
-    rec["seq_number"] = seq[inst]
-    rec["bytes"] = nbytes[inst]
-    rec["count"] = nbytes[inst] // 4
+    rec["comm_hash"] = ins["comm_hashes"][ins["comm_idx"][inst]]
+    rec["seq_number"] = ins["seq"][inst]
+    rec["bytes"] = ins["nbytes"][inst]
+    rec["count"] = ins["nbytes"][inst] // 4
+
+
+def _draw_times(rng: np.random.Generator, t_inst: np.ndarray, base_dur: np.ndarray, inst: np.ndarray,
+                rank: np.ndarray, n: int, nranks: int, straggler_rank: int | None,
+                straggler_delay_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) ns of each record: ranks arrive with a little jitter (the straggler
+    ``straggler_delay_s`` late) and everyone finishes together once the last rank arrived."""
     arrive = rng.exponential(5e-6, n * nranks)
     if straggler_rank is not None:
         arrive = arrive + np.where(rank == straggler_rank, straggler_delay_s, 0.0)
@@ -131,7 +166,14 @@ def synthetic_events(n_instances: int, *, nranks: int = 8, nnodes: int = 1, seed
     finish = last_arrival + base_dur[inst] * rng.lognormal(0.0, 0.1, n * nranks)
     start_abs = t_inst[inst] + (arrive * 1e9).astype(np.int64)
     end_abs = t_inst[inst] + (finish * 1e9).astype(np.int64)
-    u = rng.random(n * nranks)
+    return start_abs, end_abs
+
+
+def _fill_timing(rec: np.ndarray, rng: np.random.Generator, start_abs: np.ndarray, end_abs: np.ndarray,
+                 untimed_fraction: float, cpu_timed_fraction: float) -> None:
+    """Each record's timing source (untimed, CPU-timed or GPU-timed in the given shares) and the
+    timestamps that source provides."""
+    u = rng.random(rec.size)
     timing = np.where(u < untimed_fraction, TimingSource.NONE,
                       np.where(u < untimed_fraction + cpu_timed_fraction, TimingSource.KERNEL_CPU,
                                TimingSource.KERNEL_GPU)).astype(np.uint8)
@@ -142,9 +184,6 @@ def synthetic_events(n_instances: int, *, nranks: int = 8, nnodes: int = 1, seed
     rec["gpu_end_ns"] = np.where(gpu, end_abs, 0)
     rec["cpu_end_ns"] = np.where(timing != TimingSource.NONE, end_abs + 1000, 0)
     rec["channels_seen"] = np.where(timing == TimingSource.NONE, 0, 4)
-    rec["record_seq"] = seq_base + np.repeat(np.arange(n, dtype=np.uint64), nranks)
-    return rec
-
 
 def header(n_records: int, *, magic: int = MAGIC, version: int = VERSION,
            record_size: int = RECORD_SIZE, flags: int = 0) -> bytes:

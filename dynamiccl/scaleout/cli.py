@@ -199,29 +199,13 @@ def central_registry(shard, retuners=None):
 
 async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None) -> None:
     """Serve one shard until ``stop``; ``retuning`` (scaleout/retuning.py): a retuner per job."""
-    from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
-    from dynamiccl.scaleout.central import CentralShard, detector_loop
     from dynamiccl.scaleout.liveness import BucketClock, Liveness, live_bucket, watch
-    from dynamiccl.scaleout.merger import ShardTable
     from dynamiccl.scaleout.service import ShardRunner, connect
 
-    from dynamiccl.scaleout.bus import partition_of
-    from dynamiccl.scaleout.merger import units
     out = open(cfg.changes_path, "a") if cfg.changes_path else None
-
-    def sinks(job):
-        if partition_of(job) is not None:   # a partition's changes go to its job's combiner (hub, below)
-            return []
-
-        def record(c):
-            log.info("job %s: regime change %s at %.0f (onset %.0f) ranks %s", job, c.kind, c.detected_s, c.start_s,
-                     list(c.ranks)[:4])
-            if out is not None:
-                out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
-                out.flush()
-        return [record]
+    sinks = _change_sinks(out)
     bucket_clock = BucketClock(time.monotonic)      # heartbeats are judged by it: stops while the bucket fails us
-    table, checkpoints, retuners = ShardTable(cfg.heartbeat_ttl_s, bucket_clock), {}, {}
+    retuners: dict = {}
     make_retuner = mirror = None
     applying = retuning is not None and not retuning.base.dry_run
     if retuning is not None:
@@ -229,12 +213,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
         # the mirror (below, once the shard's counters exist) seeds a job's retuner from the bus's file
         make_retuner = retuner_factory(retuning, retuners,
                                        seed=(lambda job, path: mirror.seed(job, path)) if applying else None)
-    merger = replace(cfg.merger, expected_nodes=units(cfg.merger.expected_nodes, cfg.partitions))
-    shard = CentralShard(cfg.shard, merger, table, checkpoints,
-                         detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
-                                                      autoencoder=AutoencoderConfig(enabled=False)).validate(),
-                                       make_retuner=make_retuner, sinks=sinks),
-                         time.monotonic, bus_authenticated=cfg.nats.credentials is not None)
+    shard, table, checkpoints = _central_shard(cfg, bucket_clock, make_retuner, sinks)
     if applying:
         from dynamiccl.scaleout.tuner_publish import TunerMirror
         mirror = TunerMirror(cfg.merger.expected_nodes, shard.counters)
@@ -251,12 +230,7 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
     hub = await _change_hub(cfg, shard, nc, lambda job, c: sinks(job)[0](c), make_retuner, live.combiners.get)
     after_round = None
     if mirror is not None:                     # applied versions go to the jobs' nodes (scaleout/tuner_publish.py)
-        from dynamiccl.scaleout.tuner_publish import TunerPublisher
-        await mirror.start(nc, js)
-        publisher = TunerPublisher(js, shard.counters, mirror, on_conflict=make_retuner.rebuild)
-
-        def after_round():
-            return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
+        after_round = await _tuner_publishing(mirror, nc, js, shard, make_retuner, retuners)
     if hub is not None:
         after_round = _with_hub(hub, nc, after_round, kv)
     try:
@@ -264,17 +238,71 @@ async def run_central(cfg, stop: asyncio.Event, *, on_shard=None, retuning=None)
                           bucket_clock=bucket_clock).run(lambda: not stop.is_set(), after_round=after_round,
                                                          on_steps=hub.steps if hub is not None else None)
     finally:
-        if hub is not None:
-            hub.close()
-        await watcher
-        if after_round is not None:            # a version applied in the last round still reaches the nodes
-            await after_round()
-        await nc.close()
-        for jr in retuners.values():
-            jr.close()
-        if out is not None:
-            out.close()
+        await _close_central(hub, watcher, after_round, nc, retuners, out)
 
+
+def _change_sinks(out):
+    """``sinks(job)``: where a job's regime changes go — logged, and one JSON line each in ``out``
+    (flushed: read while the shard runs). None for a partition's job ([]): its changes go to the job's
+    combiner (`_change_hub`), which reports the job's change once."""
+    from dynamiccl.scaleout.bus import partition_of
+
+    def sinks(job):
+        if partition_of(job) is not None:
+            return []
+
+        def record(c):
+            log.info("job %s: regime change %s at %.0f (onset %.0f) ranks %s", job, c.kind, c.detected_s, c.start_s,
+                     list(c.ranks)[:4])
+            if out is not None:
+                out.write(json.dumps({"job": job, **json.loads(c.to_json())}) + "\n")
+                out.flush()
+        return [record]
+    return sinks
+
+
+def _central_shard(cfg, bucket_clock, make_retuner, sinks):
+    """(shard, its table, its checkpoints): the merger expects each job's nodes (× its partitions);
+    merged windows go through a detector loop (warm-up ``cfg.warmup``, no autoencoder)."""
+    from dynamiccl.detector.config import AutoencoderConfig, BaselineConfig, DetectorConfig
+    from dynamiccl.scaleout.central import CentralShard, detector_loop
+    from dynamiccl.scaleout.merger import ShardTable, units
+
+    table, checkpoints = ShardTable(cfg.heartbeat_ttl_s, bucket_clock), {}
+    merger = replace(cfg.merger, expected_nodes=units(cfg.merger.expected_nodes, cfg.partitions))
+    shard = CentralShard(cfg.shard, merger, table, checkpoints,
+                         detector_loop(DetectorConfig(baseline=BaselineConfig(warmup=cfg.warmup),
+                                                      autoencoder=AutoencoderConfig(enabled=False)).validate(),
+                                       make_retuner=make_retuner, sinks=sinks),
+                         time.monotonic, bus_authenticated=cfg.nats.credentials is not None)
+    return shard, table, checkpoints
+
+
+async def _tuner_publishing(mirror, nc, js, shard, make_retuner, retuners):
+    """Start the tuner mirror; → ``after_round``, which publishes the retuners' applied versions
+    that are due to the jobs' nodes (a conflict rebuilds the job's retuner)."""
+    from dynamiccl.scaleout.tuner_publish import TunerPublisher
+    await mirror.start(nc, js)
+    publisher = TunerPublisher(js, shard.counters, mirror, on_conflict=make_retuner.rebuild)
+
+    def after_round():
+        return publisher.publish_due({j: jr.retuner.pusher for j, jr in retuners.items()})
+    return after_round
+
+
+async def _close_central(hub, watcher, after_round, nc, retuners, out) -> None:
+    """The shard's shutdown, in order: the hub, the bucket watcher, a last ``after_round`` (a
+    version applied in the last round still reaches the nodes), the bus, the retuners, the file."""
+    if hub is not None:
+        hub.close()
+    await watcher
+    if after_round is not None:
+        await after_round()
+    await nc.close()
+    for jr in retuners.values():
+        jr.close()
+    if out is not None:
+        out.close()
 
 async def _change_hub(cfg, shard, nc, deliver, make_retuner=None, stored=None):
     """The partitioned jobs' change notes (scaleout/change_bus.py), with their windows for the job's

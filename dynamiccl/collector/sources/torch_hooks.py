@@ -119,9 +119,12 @@ def _param_index(params: list[str], name: str | None) -> int:
     return params.index(name)
 
 
-def make_wrapper(orig, fname: str):
+def _call_layout(orig, fname: str) -> tuple:
+    """What the wrapper of ``orig`` (the torch.distributed function ``fname``) records and where it
+    finds its arguments: (kind, func code, tensor parameter, peer parameter names, always async,
+    receives, positions of the tensor, group, async_op and peer parameters, -1 if absent).
+    Resolved once per wrapped function, so a call only indexes ``args``."""
     kind, func_name, tname, peer, always_async = SPECS[fname]
-    func = _F[func_name]
     params = list(inspect.signature(orig).parameters)
     ti, gi = _param_index(params, tname), _param_index(params, "group")
     ai = _param_index(params, "async_op")
@@ -129,6 +132,25 @@ def make_wrapper(orig, fname: str):
     qi = _param_index(params, peer[1]) if peer else -1
     pname, qname = (peer or (None, None))
     is_recv = fname in ("recv", "irecv")
+    return kind, _F[func_name], tname, pname, qname, always_async, is_recv, ti, gi, ai, pi, qi
+
+
+def _dress(wrapper, orig, fname: str):
+    """``wrapper`` looks like ``orig`` (name, qualname, doc, ``__wrapped__``) and is marked ours
+    (``_dynamiccl_wrapper``: `install` never wraps a wrapper twice)."""
+    wrapper.__name__ = getattr(orig, "__name__", fname)
+    wrapper.__qualname__ = getattr(orig, "__qualname__", fname)
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    wrapper.__wrapped__ = orig
+    wrapper._dynamiccl_wrapper = True
+    return wrapper
+
+
+def make_wrapper(orig, fname: str):
+    """The recording wrapper of ``orig``. Its body is the training job's hot path: one closure with
+    everything resolved beforehand (`_call_layout`, ``time_ns`` bound), no call of ours per
+    collective besides the recorder's dict look-ups and the queue append."""
+    kind, func, tname, pname, qname, always_async, is_recv, ti, gi, ai, pi, qi = _call_layout(orig, fname)
     time_ns = time.time_ns
 
     def wrapper(*args, **kwargs):
@@ -187,12 +209,7 @@ def make_wrapper(orig, fname: str):
             rec.sender.drop()
         return out
 
-    wrapper.__name__ = getattr(orig, "__name__", fname)
-    wrapper.__qualname__ = getattr(orig, "__qualname__", fname)
-    wrapper.__doc__ = getattr(orig, "__doc__", None)
-    wrapper.__wrapped__ = orig
-    wrapper._dynamiccl_wrapper = True
-    return wrapper
+    return _dress(wrapper, orig, fname)
 
 
 def _make_destroy_wrapper(orig):

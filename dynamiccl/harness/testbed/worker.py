@@ -58,7 +58,7 @@ def _mlockall() -> None:
         print(f"mlockall failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--world", type=int, required=True)
@@ -74,11 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flush-ms", type=int, default=50)
     ap.add_argument("--mlock", action="store_true",
                     help="lock the process's memory (no page-fault stalls when the host reclaims memory)")
-    args = ap.parse_args(argv)
-    buckets = parse_buckets(args.buckets)
+    return ap
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", args.ifname)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+def _catch_stop() -> dict:
+    """SIGTERM/SIGINT set the returned ``{"flag": ...}``: rank 0 then stops every rank through the
+    step's flag (a signal never interrupts a collective half-way)."""
     stop = {"flag": False}
 
     def _term(_sig, _frm):
@@ -86,28 +87,27 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
+    return stop
 
-    import torch
-    import torch.distributed as dist
 
-    import dynamiccl.collector.sources.torch_distributed as source
+def _connect_data(args):
+    """The data server's connection and its `fetch`, or (None, None) without batch loading."""
+    if not (args.data and args.batch_bytes > 0):
+        return None, None
+    from dynamiccl.harness.testbed.traffic import fetch
+    host, port = args.data.rsplit(":", 1)
+    data = socket.create_connection((host, int(port)), timeout=30)
+    data.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return data, fetch
 
-    torch.set_num_threads(1)
-    if args.mlock:
-        _mlockall()
-    source.enable(args.collector, host=f"rank{args.rank}", job_id=args.job_id, flush_ms=args.flush_ms)
-    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
-                            world_size=args.world, timeout=datetime.timedelta(seconds=60))
-    grads = [torch.ones(n // 4, dtype=torch.float32) for n in buckets]
-    data = None
+
+def _train(args, dist, grads: list, stop: dict) -> tuple[int, int]:
+    """The step loop (module docstring: load, compute, one async all-reduce per bucket) →
+    (steps, exit status). Rank 0's stop flag rides in the last bucket's last element, so every
+    rank leaves after the same step; a peer that vanished ends the loop with status 1."""
+    data, fetch = _connect_data(args)
     batch = bytearray(max(args.batch_bytes, 1))
-    if args.data and args.batch_bytes > 0:
-        from dynamiccl.harness.testbed.traffic import fetch
-        host, port = args.data.rsplit(":", 1)
-        data = socket.create_connection((host, int(port)), timeout=30)
-        data.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     steps = 0
-    status = 0
     try:
         while True:
             if data is not None:
@@ -123,13 +123,42 @@ def main(argv: list[str] | None = None) -> int:
                 break
     except Exception as exc:  # a peer went away: leave quietly
         print(f"rank {args.rank}: stopped after {steps} steps: {exc}", file=sys.stderr)
-        status = 1
-    st = source.stats()
+        return steps, 1
+    return steps, 0
+
+
+def _print_stats(rank: int, steps: int, st: dict) -> None:
+    """The rank's last line (read by the test-bed run): steps, the source's delivery counters, and
+    the memory/scheduling stalls a shared machine caused."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"rank {args.rank}: steps={steps} records_sent={st.get('records_sent')} "
+    print(f"rank {rank}: steps={steps} records_sent={st.get('records_sent')} "
           f"dropped={st.get('records_dropped_ring_full')} undelivered={st.get('records_undelivered')} "
           f"major_faults={ru.ru_majflt} involuntary_switches={ru.ru_nivcsw}",
           flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    buckets = parse_buckets(args.buckets)
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", args.ifname)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    stop = _catch_stop()
+
+    import torch
+    import torch.distributed as dist
+
+    import dynamiccl.collector.sources.torch_distributed as source
+
+    torch.set_num_threads(1)
+    if args.mlock:
+        _mlockall()
+    source.enable(args.collector, host=f"rank{args.rank}", job_id=args.job_id, flush_ms=args.flush_ms)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
+                            world_size=args.world, timeout=datetime.timedelta(seconds=60))
+    grads = [torch.ones(n // 4, dtype=torch.float32) for n in buckets]
+    steps, status = _train(args, dist, grads, stop)
+    _print_stats(args.rank, steps, source.stats())
     source.disable()
     if status == 0:
         try:

@@ -85,7 +85,7 @@ static inline void chain_keep(dccl_chain_t* c, uint64_t ours, void* theirs) {
 }
 
 /* A handle the chained plugin gave out that can reach NCCL as it is: no handle of ours has tag 0
-   (internal.h), so its stop and states go straight back. */
+   (handles.h), so its stop and states go straight back. */
 static inline int chain_raw_ok(uint64_t t) { return t != 0 && DCCL_H_TAG(t) == 0; }
 
 /* A child's parent, split into the two plugins' handles: a chained handle of ours gives ours and

@@ -1,15 +1,13 @@
 /* DynamICCL NCCL profiler plugin: lifecycle (init/finalize, the communicator table, retired
- * communicators), the tuner link, counters, and the ABI tables. Never on the hot path: mutexes
- * and allocation are fine here.
+ * communicators), the stale-slot reaper and the counters (the tuner link: tuner_link.c). Never on
+ * the hot path: mutexes and allocation are fine here.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "chain.h"
@@ -62,56 +60,6 @@ void dccl_reap_ctx_at(dccl_ctx_t* ctx, uint64_t mono_now_ns, uint64_t stale_ns) 
 void dccl_reap_ctx(dccl_ctx_t* ctx, uint64_t now_ns, uint64_t stale_ns) {
   (void)now_ns;
   dccl_reap_ctx_at(ctx, dccl_monotonic_ns(), stale_ns);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Tuner link (never on the hot path: init and the sender thread)                              */
-
-static pthread_mutex_t g_tuner_link_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void dccl_tuner_link(void) {
-  if (atomic_load(&dccl_g.tuner_version_fn)) return;
-  pthread_mutex_lock(&g_tuner_link_lock);
-  if (atomic_load(&dccl_g.tuner_version_fn)) goto out;
-  /* NCCL's search order (nccl-plugin-abi.md §2.6): unset -> libnccl-tuner.so; else the value,
-     then libnccl-tuner-<value>.so; "none" disables. */
-  const char* v = getenv("NCCL_TUNER_PLUGIN");
-  char names[2][512];
-  int n = 0;
-  if (v == NULL || *v == '\0') {
-    snprintf(names[n++], sizeof names[0], "libnccl-tuner.so");
-  } else if (strcasecmp(v, "none") != 0) {
-    snprintf(names[n++], sizeof names[0], "%s", v);
-    size_t len = strlen(v);
-    if (strchr(v, '/') == NULL && !(strncmp(v, "lib", 3) == 0 && len > 3 && strcmp(v + len - 3, ".so") == 0))
-      snprintf(names[n++], sizeof names[0], "libnccl-tuner-%s.so", v);
-  }
-  for (int i = 0; i < n; i++) {
-    void* h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
-    if (h == NULL) continue;
-    /* record_version knows when the applied version is not applied (tuner v4); older tuners
-       export only config_version */
-    void* f = dlsym(h, "dynamiccl_tuner_record_version");
-    if (f == NULL) f = dlsym(h, "dynamiccl_tuner_config_version");
-    if (f == NULL) { /* another tuner: records keep version 0 */
-      dlclose(h);
-      continue;
-    }
-    dccl_g.tuner_handle = h;
-    atomic_store_explicit(&dccl_g.tuner_version_fn, (uintptr_t)f, memory_order_release);
-    DCCL_INFO("DynamICCL profiler: records carry the applied config version of tuner %s", names[i]);
-    goto out;
-  }
-out:
-  pthread_mutex_unlock(&g_tuner_link_lock);
-}
-
-void dccl_tuner_unlink(void) {
-  pthread_mutex_lock(&g_tuner_link_lock);
-  atomic_store(&dccl_g.tuner_version_fn, 0);
-  if (dccl_g.tuner_handle) dlclose(dccl_g.tuner_handle);
-  dccl_g.tuner_handle = NULL;
-  pthread_mutex_unlock(&g_tuner_link_lock);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -11,7 +11,7 @@
  * time) can be told from a slow rank (every peer's GPU wait). All of it runs on the operation's proxy
  * thread: plain stores, no lock, no allocation (the entries are allocated with the slots at init).
  *
- * Handles: DCCL_H_NET_MARK (internal.h) in bits 0-3 and 19, bit 4 set for a step, the entry index in bits
+ * Handles: DCCL_H_NET_MARK (handles.h) in bits 0-3 and 19, bit 4 set for a step, the entry index in bits
  * 5-7, the communicator and slot as in every handle, the step slot in bits 40-42 and the slot
  * generation's low 21 bits above; a proxy event that arrives after its
  * operation completed no longer matches and is counted (STATS reserved[1], with the chain's).

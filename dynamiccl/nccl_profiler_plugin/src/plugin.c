@@ -5,7 +5,7 @@
  * pool gives a NULL handle and a counted drop. Finished records go to one process-wide
  * bounded MPMC ring (ring.c) that the sender thread (sender.c) drains.
  *
- * Handles are encoded values (internal.h, DCCL_H_*), never pointers: Coll/P2p (slot), KernelCh
+ * Handles are encoded values (handles.h, DCCL_H_*), never pointers: Coll/P2p (slot), KernelCh
  * (slot + channel) and a dummy for the parents we do not track (GroupApi/CollApi/P2pApi/
  * KernelLaunch/Group). Every stop or child is checked against the slot's current generation.
  *
@@ -294,7 +294,7 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
     if (route == DCCL_H_TAG_DUMMY) return ncclSuccess; /* an untracked parent or a KernelPhase */
-    if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (internal.h) */
+    if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (handles.h) */
       return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
     if (route == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED)) return dccl_chain_op_stop(h);
     return h != 0 ? dccl_chain_stop(h) : ncclSuccess; /* the chained plugin's own, or a chained Coll/P2p */

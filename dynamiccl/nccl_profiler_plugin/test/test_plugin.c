@@ -16,6 +16,7 @@
 #include "../src/net.c"
 #include "../src/ring.c"
 #include "../src/lifecycle.c"
+#include "../src/tuner_link.c"
 #include "../src/connect.c"
 #include "../src/sender.c"
 #include "../src/stale_guard.c"
