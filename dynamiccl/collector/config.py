@@ -118,6 +118,11 @@ class WindowConfig:
     # ``waits`` frame, processors/wait.py); an instance whose waits span more than max_wait_s is refused.
     wait_streams: bool = True
     max_wait_s: float = 1.0
+    # A host whose collective finish times sit more than this from its peers' (the median of each
+    # instance's ranks, on >= 3 hosts) on its last 4 sampled instances has stepped its clock: its
+    # later records' times are corrected by the step before windowing (processors/clock_align.py).
+    # Smaller offsets move records by less than a window and are left; 0 turns the correction off.
+    clock_align_s: float = 1.0
 
     def validate(self) -> None:
         _positive(self, "window_s", "max_wait_s", "idle_flush_s", "queue_max_records", "max_open_windows",
@@ -131,6 +136,8 @@ class WindowConfig:
         if not isinstance(self.max_skew_s, (int, float)) or self.max_skew_s < 0:
             raise ValueError(f"max_skew_s must be >= 0, got {self.max_skew_s!r}")
 
+        if not isinstance(self.clock_align_s, (int, float)) or not 0 <= self.clock_align_s < float("inf"):
+            raise ValueError(f"clock_align_s must be >= 0 (0: off), got {self.clock_align_s!r}")
         if not isinstance(self.allowed_lateness_s, (int, float)) or self.allowed_lateness_s < 0:
             raise ValueError(f"allowed_lateness_s must be >= 0, got {self.allowed_lateness_s!r}")
 

@@ -74,6 +74,11 @@ METRICS: tuple[MetricSpec, ...] = (
                "Number of record_seq jumps seen.", ("job_id", "host")),
     MetricSpec("dynamiccl_collector_records_unconfirmed_total", "counter",
                "Records plugins sent on earlier connections to another collector (a restart): stored or lost there."),
+    MetricSpec("dynamiccl_collector_clock_steps_total", "counter",
+               "Host clock steps corrected: a host's collective finish times moved away from its peers' "
+               "(processors/clock_align.py)."),
+    MetricSpec("dynamiccl_collector_clock_corrected_records_total", "counter",
+               "Records whose times were moved by their host's clock correction."),
     MetricSpec("dynamiccl_collector_connections_open", "gauge",
                "Plugin connections currently open."),
     MetricSpec("dynamiccl_plugin_connections_open", "gauge",
@@ -225,6 +230,8 @@ class SelfMetrics:
         self.feature_subscribers = 0
         self.feature_windows_dropped = 0
         self.records_unconfirmed = 0
+        self.clock_steps = 0           # host clock steps corrected (processors/clock_align.py)
+        self.clock_corrected = 0       # records whose times were moved by a correction
         self.series_dropped = 0
         self.peer_records = 0          # PEER records in closed peer windows (processors/peers.py)
         self.peer_series_dropped = 0   # peer rows beyond peers.top_k, not exported to Prometheus
@@ -318,6 +325,8 @@ class SelfMetrics:
                 "connections_open": self.connections_open,
                 "feature_windows_dropped_total": self.feature_windows_dropped,
                 "records_unconfirmed_total": self.records_unconfirmed,
+                "clock_steps_total": self.clock_steps,
+                "clock_corrected_records_total": self.clock_corrected,
                 "inputs_authenticated": self.inputs_authenticated,
                 "wait_instances_total": dict(self.wait),
                 "wait_withheld_lossy_total": dict(self.wait_lossy),

@@ -281,6 +281,9 @@ class WorkloadConfig(_Group):
     KEY: ClassVar[str] = "workload"
     mix_change: float = 0.08                 # |log| change of bytes per record that marks a new mix
     coverage_change: float = 0.04            # |log| change of ranks reporting per instance
+    rank_set_keep: bool = True               # a rank-set change whose latency stays within the small-shift
+                                             # chart's reference value of the level keeps the baseline
+                                             # (`stream_rebase.KEEP_SIGMAS`), no new warm-up
     straddle_union: bool = False             # a rank-set loss in two successive windows whose ranks together
                                              # are all the ranks is one straddling instance (`rank_straddle`)
     settle_windows: int = 5                  # windows after a job's workload change whose alarms are part of it

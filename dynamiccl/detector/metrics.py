@@ -82,6 +82,9 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("dynamiccl_detector_streams", "gauge", "Streams currently tracked."),
     MetricSpec("dynamiccl_detector_streams_rebaselined_total", "counter",
                "Streams re-baselined after a benign workload or configuration change."),
+    MetricSpec("dynamiccl_detector_rank_set_kept_total", "counter",
+               "Streams whose reporting ranks changed (a rank's records stopped or came back, a host's clock "
+               "stepped) with the latency where it was: baseline kept, no new warm-up."),
     MetricSpec("dynamiccl_detector_changes_localised_total", "counter",
                "Degradations whose ranks' offsets named a rank (late arrival) or a link (late finish).",
                ("kind",)),
@@ -140,6 +143,7 @@ class DetectorMetrics:
         self.values_invalid = made[p + "values_invalid_total"]
         self.streams = made[p + "streams"]
         self.rebaselined = made[p + "streams_rebaselined_total"]
+        self.rank_set_kept = made[p + "rank_set_kept_total"]
         self.suppressed = made[p + "alarms_suppressed_total"]
         self.localised = made[p + "changes_localised_total"]
         self.processing = made[p + "window_processing_seconds"]

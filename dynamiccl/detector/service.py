@@ -75,6 +75,7 @@ class Detector:
         self._regimes = ActiveRegimes(self.metrics.regime_active, self.metrics.regime_magnitude)
         self._stat_labels: dict[str, set] = {}
         self._suppressed_seen = {k: 0 for k in SUPPRESS_REASONS}
+        self._rank_set_kept_seen = 0
         self.windows = 0
         self.changes: list[RegimeChange] = []   # the last 1000, for inspection
         # the transients the last window closed (`TransientEnd`): not regime changes, so not in
@@ -146,6 +147,10 @@ class Detector:
             m.values_invalid.labels(reason=reason).inc(n)
         if ws.rebased.size:
             m.rebaselined.inc(int(ws.rebased.size))
+        kept = self.table.n_rank_set_kept - self._rank_set_kept_seen
+        if kept:
+            m.rank_set_kept.inc(kept)
+            self._rank_set_kept_seen = self.table.n_rank_set_kept
         for k in SUPPRESS_REASONS:
             v = self.fusion.counters.get(k, 0)
             d = v - self._suppressed_seen[k]

@@ -9,7 +9,7 @@ import numpy as np
 
 from .stream_group import rank_masks, reporting
 
-__all__ = ["StreamRebase", "LOST_RANK_SHIFT"]
+__all__ = ["StreamRebase", "LOST_RANK_SHIFT", "KEEP_SIGMAS"]
 
 # a stream whose latency moved this much (|log|, 1.5x) in the window its rank set changed is
 # slowed, not re-made: a throttled or bulk-loaded rank's records miss the window (test bed:
@@ -17,6 +17,11 @@ __all__ = ["StreamRebase", "LOST_RANK_SHIFT"]
 # re-based instead of alarming); a rank that vanishes or whose clock jumps leaves the others'
 # latency where it was
 LOST_RANK_SHIFT = math.log(1.5)
+# a stream whose rank set changed while its value stayed within this many times the small-shift
+# chart's reference value (min(cusum.deltas) / 2 baseline sigmas) of its level keeps its baseline:
+# a move that small does not drive that chart, so the make-up change needs no new warm-up (a
+# rank whose records stop, a host whose clock steps by more than a window)
+KEEP_SIGMAS = 1.0
 
 
 class StreamRebase:
@@ -62,6 +67,8 @@ class StreamRebase:
         lost = self.straddle.split(i_ok, lost_now, lost & self.lost_prev[i_ok],   # `rank_straddle`
                                    lambda: rank_masks(r.agg, wf.ranks)[ok], rref)
         self.lost_prev[i_ok] = lost_now & ~lost
+        if cfg.workload.rank_set_keep and lost.any():
+            lost = self._keep_level(i_ok, lost, np.log(r.lat[ok]), cov, rep_ok)
         self.rank_set_changed[:] = False
         self.rank_set_changed[i_ok] = ~first & ~same_ranks
         b_ok = r.bits[ok]
@@ -122,6 +129,43 @@ class StreamRebase:
                 ref[~mon] = part
         with np.errstate(invalid="ignore"):
             return np.abs(x - ref) >= LOST_RANK_SHIFT
+
+    def _keep_level(self, idx: np.ndarray, lost: np.ndarray, x: np.ndarray, cov: np.ndarray,
+                    rep: np.ndarray) -> np.ndarray:
+        """Of the rank-set changes ``lost`` among streams ``idx`` (values ``x``, log latency), those
+        whose value stays within `KEEP_SIGMAS` x the small-shift chart's reference value of their
+        level keep their baseline: the new rank set becomes the reference, no warm-up (counted in
+        ``n_rank_set_kept``). Returns the rank-set changes left to re-baseline."""
+        ref, scale = self._level(idx[lost])
+        k = 0.5 * float(min(self.config.cusum.deltas))
+        with np.errstate(invalid="ignore"):
+            held = np.abs(x[lost] - ref) <= KEEP_SIGMAS * k * np.maximum(scale, self.config.baseline.scale_floor)
+        keep = np.zeros(lost.size, bool)
+        keep[np.flatnonzero(lost)[held]] = True
+        if keep.any():
+            j = idx[keep]
+            self.coverage_ref[j] = cov[keep]
+            self.reporting_ref[j] = rep[keep]
+            self.n_rank_set_kept += int(keep.sum())
+        return lost & ~keep
+
+    def _level(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Level and sigma (log latency) of streams ``idx``: the monitored baseline, or the median
+        and MAD sigma of a warm-up with ``early_min`` samples (NaN where neither is known)."""
+        bank = self.banks[0]
+        ref, scale = np.full(idx.size, np.nan), np.full(idx.size, np.nan)
+        mon = ~bank.warming_up[idx]
+        ref[mon], scale[mon] = bank.baseline[0][idx[mon]], bank.baseline[1][idx[mon]]
+        if (~mon).any():
+            rows, counts = bank.warm_samples(idx[~mon])
+            enough = counts >= self.config.baseline.early_min
+            if enough.any():
+                med = np.nanmedian(rows[enough], axis=1)
+                mad = np.nanmedian(np.abs(rows[enough] - med[:, None]), axis=1)
+                part_ref, part_scale = np.full(counts.size, np.nan), np.full(counts.size, np.nan)
+                part_ref[enough], part_scale[enough] = med, 1.4826 * mad
+                ref[~mon], scale[~mon] = part_ref, part_scale
+        return ref, scale
 
     def _rebase_streams(self, idx: np.ndarray, new_bpr: np.ndarray, new_cov: np.ndarray) -> None:
         """New workload on ``idx``: remember the current baseline with its workload (sizes,

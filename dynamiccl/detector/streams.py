@@ -96,6 +96,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
         self.n_dropped_streams = 0
         self.n_rebased = 0
         self.n_restored = 0
+        self.n_rank_set_kept = 0                     # rank-set changes that kept the baseline
         self.n_warmup_splits = 0                     # warm-ups restarted from a later regime
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)

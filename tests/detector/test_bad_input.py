@@ -78,7 +78,7 @@ def test_vanishing_rank_is_not_a_change():
     for t in range(WARM, WARM + 120):
         out += det.process(job.window(t, gone))
     assert out == []
-    assert det.metrics.value("dynamiccl_detector_streams_rebaselined_total") > 0
+    assert det.metrics.value("dynamiccl_detector_rank_set_kept_total") > 0
 
 
 def test_internal_error_is_contained(monkeypatch):

@@ -48,6 +48,7 @@ ADDED_SINCE["fusion.onset_level"] = False         # an alarm judged on its level
 ADDED_SINCE["baseline.warmup_step"] = True        # a step inside a sparse stream's warm-up (`warmup_step.py`)
 ADDED_SINCE["baseline.paced_two_step"] = True     # a paced change on two backed steps (`paced_two_step.py`)
 ADDED_SINCE["workload.straddle_union"] = False    # a rank-set loss that is one straddling instance (`rank_straddle.py`)
+ADDED_SINCE["workload.rank_set_keep"] = True      # a rank-set change at the same level keeps the baseline (`stream_rebase.py`)
 ADDED_SINCE["fusion.preconfirm"] = False          # an alarm on two windows beyond the bar is confirmed (`preconfirm.py`)
 ADDED_SINCE["straggler.where_refresh_windows"] = 3   # a reported change's `where` judged again (`where_refresh.py`)
 ADDED_SINCE["incidents.post_recovery_hold"] = False  # one more window soon after a recovery (`post_recovery.py`)

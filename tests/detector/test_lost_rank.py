@@ -32,8 +32,38 @@ def test_slowdown_that_drops_a_rank_is_a_change():
 
 
 def test_vanished_rank_alone_is_no_change():
-    """The same rank vanishing with the latency unchanged re-baselines its streams (a
-    workload change), no regime change."""
+    """The same rank vanishing with the latency unchanged is no regime change, and its streams
+    keep their baselines (`stream_rebase.KEEP_SIGMAS`): monitored at once, no new warm-up."""
     det, out = _run(1.0)
     assert out == []
+    tab = det.table
+    assert tab.n_rank_set_kept > 0 and tab.n_rebased == 0
+    assert not tab.banks[0].warming_up[:tab.n].any()
+
+
+def test_vanished_rank_with_a_moved_level_is_rebaselined():
+    """A rank-set change that moves the stream's latency by more than the small-shift chart's
+    reference value (here 1.2x, 18 sigmas of the 1 % noise, under the 1.5x of a slowed rank) is a
+    new make-up: re-baselined (by the table; were it kept, the fusion stage's workload gate would
+    re-baseline it on its alarm), no regime change."""
+    det, out = _run(1.2)
+    assert [c for c in out if c.kind != "recovery"] == []
     assert det.table.n_rebased > 0
+
+
+def test_kept_rank_set_still_reports_a_later_slowdown():
+    """After a kept rank-set change the stream is monitored: a 2x slowdown 10 windows later is
+    reported within 3 windows (a re-baselined stream would be warming up for 60)."""
+    job = SyntheticJob(seed=4)
+    cross = {i: 2.0 for i, s in enumerate(job.streams) if 5 in [r for r, _ in s.ranks]}
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    out = []
+    for t in range(WARM + 25):
+        if t < WARM:
+            reg = None
+        else:
+            reg = Regime(mult=cross if t >= WARM + 10 else {}, missing_ranks=(4,))
+        out += det.process(job.window(t, reg))
+    deg = [c for c in out if c.kind != "recovery"]
+    assert det.table.n_rank_set_kept > 0
+    assert deg and deg[0].detected_s - (EPOCH + WARM + 10) <= 3.0, out

@@ -97,6 +97,8 @@ class MetricsCollector:
                 "dynamiccl_collector_feature_subscribers": m.feature_subscribers,
                 "dynamiccl_collector_feature_windows_dropped_total": m.feature_windows_dropped,
                 "dynamiccl_collector_records_unconfirmed_total": m.records_unconfirmed,
+                "dynamiccl_collector_clock_steps_total": m.clock_steps,
+                "dynamiccl_collector_clock_corrected_records_total": m.clock_corrected,
                 "dynamiccl_collector_last_window_end_timestamp_seconds": m.last_window_end_s,
                 "dynamiccl_collector_wait_lossy_folded_records_total": m.wait_lossy_folded,
             }

@@ -36,6 +36,7 @@ from dynamiccl.collector.processors.aggregate import (
     _counters,
     aggregate_window,
 )
+from dynamiccl.collector.processors.clock_align import ClockAlign
 from dynamiccl.collector.processors.wait_window import WaitWiring
 from dynamiccl.collector.processors.window_buffer import COLUMNS, Interner, _Window  # noqa: F401 (re-exported)
 from dynamiccl.collector.wire_format import TimingSource
@@ -85,6 +86,9 @@ class WindowAggregator:
         self._batches_since_wm = 0
         self._lock = threading.Lock()
         self._waits = WaitWiring()              # the waits' drops and close step (processors/wait_window.py)
+        self._align = ClockAlign(config.clock_align_s)   # host clock steps (processors/clock_align.py)
+        self._corrected_seen = 0
+        self._align_w = -1                      # window index of the last re-estimate
 
     @property
     def losses(self):
@@ -135,6 +139,8 @@ class WindowAggregator:
             m.drop("invalid", len(ev))
             return
         gcomm = self._gcomm_codes(job, ev["comm_hash"])
+        ev = self._align.correct(host, ev)
+        self._align.observe(host, gcomm, ev)
         for ch, name in batch.comm_names.items():
             if name:
                 self.comm_names[(job, int(ch))] = name
@@ -178,6 +184,9 @@ class WindowAggregator:
             for part_idx, w in zip(np.split(order, cuts), sw[np.r_[0, cuts]]):
                 self._append(int(w), cols, part_idx, len(part_idx))
         tmax = int(t.max())
+        if hi > self._align_w:                  # once per window of event time
+            self._align_w = hi
+            self._realign()
         if tmax > self._src_max.get(host, -1):
             self._src_max[host] = tmax
         self._src_seen[host] = self._last_arrival
@@ -336,6 +345,17 @@ class WindowAggregator:
             m.last_window_end_s = (w + 1) * self.config.window_s
         result.features.counters.update(_counters(m, n))
         self.next_consumer.consume(result)
+
+    def _realign(self) -> None:
+        """New host clock corrections (processors/clock_align.py), counted and logged."""
+        m = self.metrics
+        m.add("clock_corrected", self._align.corrected - self._corrected_seen)
+        self._corrected_seen = self._align.corrected
+        for h, step in self._align.update():
+            m.add("clock_steps", 1)
+            log.warning("host %s: clock stepped %+.3f s against its peers' collective finishes; its records' "
+                        "times are corrected (dynamiccl_collector_clock_steps_total)",
+                        self.hosts.values[h] if h < len(self.hosts.values) else h, step / 1e9)
 
     # -- code → string tables used by aggregate_window -------------------------------------------
     def gcomm_table(self, codes: np.ndarray) -> tuple[list[str], np.ndarray, list[str]]:
