@@ -1,7 +1,7 @@
 """Bad input on real records: each labelled test-bed corpus run replayed clean and with one fault
 injected (`dynamiccl.harness.bad_input`: a 30 s checkpoint pause, one host's clock stepping 5 s
-ahead or back, a rank whose records stop, 1 % absurd durations, one rank's records delivered
-twice), at the run's quietest point. The baseline is the same run replayed clean in the same
+ahead or back, a rank whose records stop, a rank whose records start late, 1 % absurd
+durations), at the run's quietest point. The baseline is the same run replayed clean in the same
 process.
 
 Per fault: the labelled changes reported within 5 s, as a share of those the clean replay reported

@@ -123,9 +123,12 @@ class WindowConfig:
     # later records' times are corrected by the step before windowing (processors/clock_align.py).
     # Smaller offsets move records by less than a window and are left; 0 turns the correction off.
     clock_align_s: float = 1.0
+    # A record whose duration is negative or longer than this (a broken timer or clock) counts as an
+    # untimed record, and is counted (dynamiccl_collector_durations_refused_total).
+    max_duration_s: float = 3600.0
 
     def validate(self) -> None:
-        _positive(self, "window_s", "max_wait_s", "idle_flush_s", "queue_max_records", "max_open_windows",
+        _positive(self, "window_s", "max_wait_s", "max_duration_s", "idle_flush_s", "queue_max_records", "max_open_windows",
                   "max_window_records", "max_buffered_records", "max_event_spread_s", "max_clock_ahead_s")
         for name in ("max_window_records", "max_buffered_records"):
             if not isinstance(getattr(self, name), numbers.Integral):

@@ -79,6 +79,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "(processors/clock_align.py)."),
     MetricSpec("dynamiccl_collector_clock_corrected_records_total", "counter",
                "Records whose times were moved by their host's clock correction."),
+    MetricSpec("dynamiccl_collector_durations_refused_total", "counter",
+               "Timed records whose duration was negative or over window.max_duration_s: kept as untimed records.",
+               ("reason",)),
     MetricSpec("dynamiccl_collector_connections_open", "gauge",
                "Plugin connections currently open."),
     MetricSpec("dynamiccl_plugin_connections_open", "gauge",
@@ -232,6 +235,7 @@ class SelfMetrics:
         self.records_unconfirmed = 0
         self.clock_steps = 0           # host clock steps corrected (processors/clock_align.py)
         self.clock_corrected = 0       # records whose times were moved by a correction
+        self.durations_refused = {"negative": 0, "too_long": 0}   # timed records kept as untimed
         self.series_dropped = 0
         self.peer_records = 0          # PEER records in closed peer windows (processors/peers.py)
         self.peer_series_dropped = 0   # peer rows beyond peers.top_k, not exported to Prometheus
@@ -257,6 +261,11 @@ class SelfMetrics:
         if n:
             with self._lock:
                 self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def durations_refused_add(self, negative: int, too_long: int) -> None:
+        with self._lock:
+            self.durations_refused["negative"] += negative
+            self.durations_refused["too_long"] += too_long
 
     def wait_outcomes(self, counts: dict[str, int]) -> None:
         if any(counts.values()):
@@ -327,6 +336,7 @@ class SelfMetrics:
                 "records_unconfirmed_total": self.records_unconfirmed,
                 "clock_steps_total": self.clock_steps,
                 "clock_corrected_records_total": self.clock_corrected,
+                "durations_refused_total": dict(self.durations_refused),
                 "inputs_authenticated": self.inputs_authenticated,
                 "wait_instances_total": dict(self.wait),
                 "wait_withheld_lossy_total": dict(self.wait_lossy),

@@ -10,8 +10,8 @@ two labelled onsets, so that neither neighbour's detection is at stake):
 * ``jump`` / ``jumpback``: one host's clock steps 5 s ahead / back (an NTP step), its
   records' durations unchanged;
 * ``vanish``: one rank's records stop (its node collector or plugin died), the job goes on;
-* ``absurd``: 1 % of the records get an absurd (+11 days) or negative duration;
-* ``dup``: every record of one rank is delivered twice.
+* ``join``: one rank's records start only then (its plugin attached late);
+* ``absurd``: 1 % of the records get an absurd (+11 days) or negative duration.
 
 A fault is handled when the perturbed replay reports the run's labelled changes within
 ``MATCH_S`` about as well as the clean one and raises no false alarm the clean one did not.
@@ -29,7 +29,7 @@ import polars as pl
 
 __all__ = ["FAULTS", "RunResult", "quiet_point", "inject", "replay_run"]
 
-FAULTS = ("pause", "jump", "jumpback", "vanish", "absurd", "dup")
+FAULTS = ("pause", "jump", "jumpback", "vanish", "join", "absurd")
 TIMES = ("enqueue_ns", "gpu_start_ns", "gpu_end_ns", "cpu_end_ns")
 PAUSE_S = 30.0
 STEP_S = 5.0
@@ -85,6 +85,8 @@ def inject(fault: str, df: pl.DataFrame, events: list[dict], at: float, seed: in
         df = _shift(df, after & rank, int((STEP_S if fault == "jump" else -STEP_S) * 1e9))
     elif fault == "vanish":
         df = df.filter(~(after & rank))
+    elif fault == "join":
+        df = df.filter(after | ~rank)
     elif fault == "absurd":
         rng = np.random.default_rng(seed)
         bad = pl.Series(rng.random(df.height) < ABSURD_SHARE)
@@ -92,8 +94,6 @@ def inject(fault: str, df: pl.DataFrame, events: list[dict], at: float, seed: in
         df = df.with_columns(pl.when(bad & up).then(pl.col("enqueue_ns") + int(1e15))
                              .when(bad).then(pl.col("enqueue_ns") - 1)
                              .otherwise(pl.col("cpu_end_ns")).alias("cpu_end_ns"))
-    elif fault == "dup":
-        df = pl.concat([df, df.filter(pl.col("rank") == _second_rank(df))])
     elif fault != "clean":
         raise ValueError(f"unknown fault {fault!r}; known: clean, {', '.join(FAULTS)}")
     return df.sort("enqueue_ns"), events

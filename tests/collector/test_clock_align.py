@@ -132,3 +132,22 @@ def test_the_aggregator_puts_a_stepped_hosts_records_back_with_its_peers():
     out0, m0 = _aggregate(0.0)
     assert m0.clock_steps == 0
     assert sum(abs(c - 3.0) > 1e-9 for c in _full_instances(out0)[18:]) >= 10
+
+
+def test_negative_and_absurd_durations_count_as_untimed_records():
+    """A broken timer's record (ends before it starts, or 11 days later) is kept as an untimed
+    record and counted: it moves neither the window's latencies nor its ranks' finish offsets."""
+    out = []
+    m = SelfMetrics()
+    agg = WindowAggregator(WindowConfig(window_s=1000.0), next_consumer=FuncConsumer(out.append), metrics=m,
+                           wall_clock=lambda: T0 / 1e9 + 1e6)
+    evs = [_records(np.arange(20), r) for r in range(3)]
+    evs[1]["cpu_end_ns"][3] = evs[1]["enqueue_ns"][3] + 10**15
+    evs[2]["cpu_end_ns"][4] = evs[2]["enqueue_ns"][4] - 1
+    for r, ev in enumerate(evs):
+        agg.consume(RecordBatch(ev, f"host{r}", "job", {0xABCD: "world"}))
+    agg.shutdown()
+    assert m.durations_refused == {"negative": 1, "too_long": 1}
+    keys = out[0].features.keys
+    assert int(keys["records"].sum()) == 60
+    assert abs(float(keys["lat_mean_s"][0]) - DUR / 1e9) < 1e-6

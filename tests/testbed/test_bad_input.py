@@ -48,7 +48,7 @@ def test_a_clock_step_moves_one_ranks_times_only():
         assert (moved["enqueue_ns"] >= int(T * 1e9)).all()
 
 
-def test_vanish_absurd_and_dup():
+def test_vanish_join_and_absurd():
     base = _frame()
     df, _ = bi.inject("vanish", base, EVENTS, T)
     assert df.filter((pl.col("rank") == 1) & (pl.col("enqueue_ns") >= int(T * 1e9))).height == 0
@@ -56,8 +56,9 @@ def test_vanish_absurd_and_dup():
     df, _ = bi.inject("absurd", _frame(4000), EVENTS, T, seed=3)
     d = df["cpu_end_ns"].cast(pl.Int64) - df["enqueue_ns"].cast(pl.Int64)
     assert 0 < int((d != 10**8).sum()) < 0.03 * df.height
-    df, _ = bi.inject("dup", base, EVENTS, T)
-    assert df.height == base.height + base.filter(pl.col("rank") == 1).height
+    df, _ = bi.inject("join", base, EVENTS, T)
+    assert df.filter((pl.col("rank") == 1) & (pl.col("enqueue_ns") < int(T * 1e9))).height == 0
+    assert df.filter(pl.col("rank") == 1).height > 0
     with pytest.raises(ValueError, match="unknown fault"):
         bi.inject("melt", base, EVENTS, T)
 

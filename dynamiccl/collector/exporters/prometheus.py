@@ -108,6 +108,7 @@ class MetricsCollector:
                 "dynamiccl_collector_connections_total": dict(m.connections_total),
                 "dynamiccl_collector_connections_refused_total": dict(m.refusals),
                 "dynamiccl_collector_wait_instances_total": dict(m.wait),
+                "dynamiccl_collector_durations_refused_total": dict(m.durations_refused),
                 "dynamiccl_collector_wait_withheld_lossy_total": dict(m.wait_lossy),
                 "dynamiccl_collector_wait_withheld_lossy_scope_total": dict(m.wait_lossy_scope),
                 "dynamiccl_collector_wait_lossy_records_total": dict(m.wait_lossy_cause),

@@ -175,6 +175,7 @@ class WindowAggregator:
         lo, hi = int(widx.min()), int(widx.max())
         cols = self._columns(ev, t, ts, gpu, gcomm, host, (t - lo * self._window_ns) if lo == hi
                              else (t - widx * self._window_ns))
+        self._refuse_durations(cols["dur"], ts, gpu)
         if lo == hi:
             self._append(lo, cols, None, len(t))
         else:
@@ -254,6 +255,20 @@ class WindowAggregator:
         return {"kc": kc, "seq": (ev["seq_number"] & _M40).view(np.int64), "dur": dur, "bytes": nb,
                 "rel": rel_ns * 1e-9, "rank": ev["rank"], "nranks": ev["nranks"], "nnodes": ev["nnodes"],
                 "tcv": ev["tuner_config_version"], "host": host, "bucket": bucket}
+
+    def _refuse_durations(self, dur: np.ndarray, ts: np.ndarray, gpu: np.ndarray) -> None:
+        """Timed records whose duration is negative (NaN by now) or over ``max_duration_s`` (a
+        broken clock or timer): kept as untimed records and counted (they would move a window's
+        mean, its ranks' finish offsets and its histogram by days)."""
+        timed = gpu | (ts == TimingSource.KERNEL_CPU)
+        neg = timed & np.isnan(dur)
+        with np.errstate(invalid="ignore"):
+            long_ = dur > self.config.max_duration_s
+        if long_.any():
+            dur[long_] = np.nan
+        n_neg, n_long = int(neg.sum()), int(long_.sum())
+        if n_neg or n_long:
+            self.metrics.durations_refused_add(n_neg, n_long)
 
     def _append(self, w: int, cols: dict[str, np.ndarray], idx: np.ndarray | None, m: int) -> None:
         """Append ``m`` records (rows ``idx`` of ``cols``, or all) to window ``w``, keeping the
