@@ -92,10 +92,15 @@ class SparseWarmupCusum:
         self.two_step.forget(idx)
 
     def _per_sample(self, i: int, now_s: float, window_s: float) -> float:
-        """Windows per sample of stream ``i`` (EWMA, rounded down to a power of 2, at least 1)."""
+        """Windows per sample of stream ``i`` (EWMA, rounded down to a power of 2, at least 1).
+        An interval over 1.5x the usual one is a pause (a checkpoint), not the stream's cadence,
+        and is not learnt (as `sparse.JobCadence`): a longer spacing lowers the threshold."""
         if np.isfinite(self.last[i]) and window_s > 0:
             w = max((now_s - self.last[i]) / window_s, 1.0)
-            self.spacing[i] = w if np.isnan(self.spacing[i]) else 0.9 * self.spacing[i] + 0.1 * w
+            if np.isnan(self.spacing[i]):
+                self.spacing[i] = w
+            elif w <= 1.5 * self.spacing[i]:
+                self.spacing[i] = 0.9 * self.spacing[i] + 0.1 * w
         self.last[i] = now_s
         sp = self.spacing[i]
         return 1.0 if not np.isfinite(sp) or sp < 1 else float(2 ** int(np.floor(np.log2(sp))))

@@ -5,8 +5,8 @@ The faults the detector must take without a regime change of their own (issue 17
 input"), each injected at the quietest point of the run (the middle of the longest span between
 two labelled onsets, so that neither neighbour's detection is at stake):
 
-* ``pause``: the whole job stops for 30 s (a checkpoint) and carries on; the labelled onsets
-  after it move with it;
+* ``pause``: the whole job stops for 30 s between two collectives (a checkpoint) and carries on;
+  the labelled onsets after it move with it;
 * ``jump`` / ``jumpback``: one host's clock steps 5 s ahead / back (an NTP step), its
   records' durations unchanged;
 * ``vanish``: one rank's records stop (its node collector or plugin died), the job goes on;
@@ -76,7 +76,10 @@ def inject(fault: str, df: pl.DataFrame, events: list[dict], at: float, seed: in
     rank = pl.col("rank") == _second_rank(df)
     events = [dict(e) for e in events]
     if fault == "pause":
-        df = _shift(df, after, int(PAUSE_S * 1e9))
+        # between collectives, as a checkpoint is: every rank of an instance started before it
+        # finishes it first (a rank waiting 30 s for its peers is a hang, not a pause)
+        first = pl.col("enqueue_ns").min().over("comm_hash", "seq_number")
+        df = _shift(df, first >= int(at * 1e9), int(PAUSE_S * 1e9))
         for e in events:
             if e["onset_wall"] >= at:
                 e["onset_wall"] += PAUSE_S

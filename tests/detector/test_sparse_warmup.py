@@ -52,6 +52,17 @@ def test_threshold_counts_the_samples_spacing():
     assert c.threshold(20, 2.0, 1e5 / 8) == pytest.approx(cusum_threshold_estimated(1.25e4, 1.0, 20, True, "winsorized"))
 
 
+def test_a_pause_is_not_the_streams_spacing():
+    """A 30-window gap (a checkpoint) between samples every 2 windows leaves the spacing at 2:
+    a longer spacing would lower the threshold (arl0 / spacing) for the samples after it."""
+    c = SparseWarmupCusum(4, deltas=(2.0,), min_samples=10)
+    rows = np.zeros((1, 60))
+    rows[0, :20] = np.random.default_rng(0).normal(0, 0.1, 20)
+    for now in (0.0, 2.0, 4.0, 6.0, 36.0, 38.0):
+        c.step(0, np.array([0]), np.array([0.0]), rows, np.array([20]), 0.004, 1e5, now_s=now, window_s=1.0)
+    assert c.spacing[0] == pytest.approx(2.0)
+
+
 def test_one_stalled_sample_is_not_a_change():
     """One 2.5x sample inside the first warm-up (a stall of the shared machine): the large-shift
     chart may alarm on it, the fusion stage's confirmation (the next sample) drops it."""

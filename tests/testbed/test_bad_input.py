@@ -14,7 +14,8 @@ def _frame(n=40, ranks=3):
     seq = np.repeat(np.arange(n), ranks)
     rank = np.tile(np.arange(ranks), n)
     enq = ((T - 10 + seq * 0.5) * 1e9).astype(np.uint64)
-    return pl.DataFrame({"rank": rank.astype(np.int32), "seq_number": seq.astype(np.uint64), "enqueue_ns": enq,
+    return pl.DataFrame({"rank": rank.astype(np.int32), "comm_hash": np.full(n * ranks, 7, np.uint64),
+                         "seq_number": seq.astype(np.uint64), "enqueue_ns": enq,
                          "gpu_start_ns": np.zeros(n * ranks, np.uint64), "gpu_end_ns": np.zeros(n * ranks, np.uint64),
                          "cpu_end_ns": enq + np.uint64(10**8), "host": [f"h{r}" for r in rank]})
 
