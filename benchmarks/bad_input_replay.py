@@ -78,9 +78,9 @@ def main(argv=None) -> int:
                 kept[f][0] += r.detected
                 kept[f][1] += clean.detected
                 extra[f] += max(0, r.false_alarms - clean.false_alarms)
-                new = [x for x in r.false if x not in clean.false]
+                new = [x for x in r.false if x not in clean.false] if r.false_alarms > clean.false_alarms else []
                 print(f"  {f:9s} {r.detected}/{r.changes} reported, {r.false_alarms} false alarms"
-                      + (f"; new: {new}" if new else ""), flush=True)
+                      + (f"; not in the clean replay: {new}" if new else ""), flush=True)
     share = {f: (k / c if c else 1.0) for f, (k, c) in kept.items()}
     ok = errors == 0 and all(share[f] >= KEEP_GOAL and extra[f] == 0 for f in faults)
     print(f"{len(runs)} runs of the {args.half} half, {time.perf_counter() - t_start:.0f} s; "
