@@ -4,7 +4,8 @@ A job's rank 7 is missing from two successive windows (30-31: a rank-set change,
 re-baselined) and back from window 32 on (a second rank-set change). With the rule the streams go
 on from their 30 samples of the full rank set; before it (the rule off) they started again from
 nothing twice, and sat at 1-2 samples at window 33 (on the test bed: a 4.3x throttle never
-reported, dev seed 22)."""
+reported, dev seed 22). These tests turn `workload.rank_set_keep` off: with it on, a rank-set change at
+the same level keeps the warm-up in place and nothing is stashed (last test)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +18,10 @@ from dynamiccl.detector.service import Detector
 from dynamiccl.harness.detector_testing import Regime, SyntheticJob
 
 
-def _feed(resume: bool, gone=range(30, 32), until: int = 34):
+def _feed(resume: bool, gone=range(30, 32), until: int = 34, keep: bool = False):
     cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False))
-    cfg = dataclasses.replace(cfg, baseline=dataclasses.replace(cfg.baseline, resume_warmup=resume))
+    cfg = dataclasses.replace(cfg, baseline=dataclasses.replace(cfg.baseline, resume_warmup=resume),
+                              workload=dataclasses.replace(cfg.workload, rank_set_keep=keep))
     det = Detector(cfg)
     job = SyntheticJob(seed=4, sigma=0.05)
     changes = []
@@ -62,3 +64,14 @@ def test_stash_is_not_resumed_over_a_fixed_baseline():
     tab.early.first[0] = False
     resume, _ = tab.warm_stash.take(tab, np.array([0]), np.array([1.0]), np.array([1.0]))
     assert resume == {} and 0 not in tab.warm_stash.saved
+
+
+def test_with_the_rank_set_kept_the_warmup_simply_goes_on():
+    """The default (`workload.rank_set_keep`): of the streams the flip touched, those whose value
+    stayed within a baseline sigma keep their warm-up (no stash, no restart); those the missing
+    rank moved further are re-baselined and resumed as above. No regime change either way."""
+    det, counts, changes = _feed(True, keep=True)
+    off, _, _ = _feed(True, keep=False)
+    assert det.table.n_rank_set_kept > 0
+    assert det.table.n_rebased < off.table.n_rebased
+    assert changes == []
