@@ -17,7 +17,8 @@ end) are shifted by the correction, durations unchanged. Two-host communicators 
 nor do send/recv (not synchronising) or untimed records.
 
 Cost: only instances with ``seq_number % SAMPLE == 0`` are remembered (the same instances on every
-rank), in a ring of ``CAPACITY`` entries; the estimate runs once per window of event time.
+rank), at most ``PENDING`` of them between two estimates, in a ring of ``CAPACITY`` entries; the
+estimate runs once per window of event time.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ __all__ = ["ClockAlign", "TIME_FIELDS"]
 TIME_FIELDS = ("enqueue_ns", "gpu_start_ns", "gpu_end_ns", "cpu_end_ns")
 SAMPLE = 8            # remember instances with seq_number % SAMPLE == 0 (a power of 2)
 _MASK = np.uint64(SAMPLE - 1)
-CAPACITY = 1 << 15    # remembered (instance, host) finishes
+CAPACITY = 1 << 14    # remembered (instance, host) finishes (32 bytes each)
+PENDING = 1 << 12     # sampled records waiting to be filed, the newest kept (128 bytes each)
 MIN_HOSTS = 3         # an instance's median finish needs this many hosts
 MIN_INSTANCES = 4     # a host's step needs its last this many instances beyond the threshold
 
@@ -77,7 +79,7 @@ class ClockAlign:
             # ev.take: a structured array's boolean index copies field by field (6x slower)
             self._pending.append((host, gcomm.take(idx), ev.take(idx)))
             self._pending_n += idx.size
-            while self._pending_n - len(self._pending[0][2]) >= CAPACITY:   # the ring keeps no more
+            while self._pending_n - len(self._pending[0][2]) >= PENDING:   # bounded: a flood keeps the newest
                 self._pending_n -= len(self._pending.popleft()[2])
 
     def _file(self) -> None:
