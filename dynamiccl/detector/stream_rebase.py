@@ -114,21 +114,9 @@ class StreamRebase:
 
     def _shifted(self, idx: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Streams ``idx`` whose value ``x`` (log latency) is >= `LOST_RANK_SHIFT` from their
-        level: the monitored baseline, or the median of a warm-up with ``early_min`` samples
-        (False where neither is known)."""
-        bank = self.banks[0]
-        ref = np.full(idx.size, np.nan)
-        mon = ~bank.warming_up[idx]
-        ref[mon] = bank.baseline[0][idx[mon]]
-        if (~mon).any():
-            rows, counts = bank.warm_samples(idx[~mon])
-            enough = counts >= self.config.baseline.early_min
-            if enough.any():
-                part = np.full(counts.size, np.nan)
-                part[enough] = np.nanmedian(rows[enough], axis=1)
-                ref[~mon] = part
+        level (`_level`; False where it is not known)."""
         with np.errstate(invalid="ignore"):
-            return np.abs(x - ref) >= LOST_RANK_SHIFT
+            return np.abs(x - self._level(idx)[0]) >= LOST_RANK_SHIFT
 
     def _keep_level(self, idx: np.ndarray, lost: np.ndarray, x: np.ndarray, cov: np.ndarray,
                     rep: np.ndarray) -> np.ndarray:
@@ -155,7 +143,8 @@ class StreamRebase:
         bank = self.banks[0]
         ref, scale = np.full(idx.size, np.nan), np.full(idx.size, np.nan)
         mon = ~bank.warming_up[idx]
-        ref[mon], scale[mon] = bank.baseline[0][idx[mon]], bank.baseline[1][idx[mon]]
+        med, sigma = bank.baseline
+        ref[mon], scale[mon] = med[idx[mon]], sigma[idx[mon]]
         if (~mon).any():
             rows, counts = bank.warm_samples(idx[~mon])
             enough = counts >= self.config.baseline.early_min
