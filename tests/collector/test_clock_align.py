@@ -66,11 +66,48 @@ def test_a_straggler_starts_late_but_finishes_with_its_peers():
     assert _feed(ca, 4, 12, step_ns=0, late_host=2) == []
 
 
-def test_a_step_below_the_threshold_and_two_hosts_are_left_alone():
+def test_a_step_below_the_threshold_is_left_alone():
     ca = ClockAlign(1.0)
     assert _feed(ca, 4, 12, step_ns=500_000_000) == []
     ca = ClockAlign(1.0)
-    assert _feed(ca, 2, 12) == []                    # which of two clocks moved is not known
+    assert _feed(ca, 2, 12, step_ns=500_000_000) == []
+
+
+def test_of_two_hosts_the_one_whose_timeline_jumped_is_corrected():
+    """Host 1 of a pair steps ahead, then (another run) back: its own interval between two
+    sampled instances jumps by the step, host 0's does not, so host 1 is corrected either way."""
+    for sign in (1, -1):
+        ca = ClockAlign(1.0)
+        (b, h, step), = _feed(ca, 2, 12, step_ns=sign * STEP)
+        assert h == 1 and abs(step - sign * STEP) < 1_000_000 and b == 3 + MIN_INSTANCES - 1
+        assert ca.offset_ns[0] == 0
+        a = ca.correct(1, _records([200], 1, shift_ns=sign * STEP))["cpu_end_ns"][0]
+        assert abs(int(a) - int(_records([200], 0)["cpu_end_ns"][0])) < 1_000_000
+
+
+def test_of_two_hosts_without_a_timeline_the_one_behind_is_moved_forward():
+    """A step before the pair has a usual interval (its first sampled instances): which clock
+    moved is not told, so the host behind (host 0, host 1 having stepped ahead) is moved forward,
+    which puts no record behind the windows."""
+    ca = ClockAlign(1.0)
+    (_, h, step), = _feed(ca, 2, 12, from_batch=1)
+    assert h == 0 and abs(step + STEP) < 1_000_000 and ca.offset_ns[1] == 0
+
+
+def test_a_host_with_many_peers_is_not_moved_by_its_pair():
+    """Host 1 steps ahead; host 0 shares a 4-host communicator with it and a 2-host one: the
+    4-host median corrects host 1, and host 0 is not moved by the pair."""
+    ca = ClockAlign(1.0)
+    moves = []
+    for b in range(12):
+        seqs = np.arange(b * SAMPLE, (b + 1) * SAMPLE)
+        for gc, hosts in ((0, range(4)), (1, range(2))):
+            for h in hosts:
+                ev = _records(seqs, h, shift_ns=STEP if (h == 1 and b >= 3) else 0)
+                ev = ca.correct(h, ev)
+                ca.observe(h, np.full(SAMPLE, gc, np.int64), ev)
+        moves += ca.update()
+    assert [h for h, _ in moves] == [1] and ca.offset_ns[0] == 0
 
 
 def test_one_host_with_many_ranks_and_reused_sequence_numbers_is_not_a_step():

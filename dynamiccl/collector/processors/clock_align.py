@@ -13,8 +13,18 @@ does not move its finish. An instance seen on at least ``MIN_HOSTS`` hosts gives
 finish minus the instance's median finish (after the host's current correction). When its last
 ``MIN_INSTANCES`` residuals are all more than ``threshold_s`` from zero on the same side, the
 host's correction moves by their median: its later records' times (enqueue, GPU start/end, CPU
-end) are shifted by the correction, durations unchanged. Two-host communicators give no estimate (which clock is wrong is not known),
-nor do send/recv (not synchronising) or untimed records.
+end) are shifted by the correction, durations unchanged. Send/recv (not synchronising) and
+untimed records give no estimate.
+
+Two hosts: a host seen only in two-host instances is compared with the *later* finish of each,
+so the host that falls behind trips. Which of the two clocks stepped is told by each host's own
+timeline: across the step, the host that stepped sees the interval between two consecutive
+sampled instances grow or shrink by the step, its partner sees the usual interval (the median of
+the pair's earlier intervals). That host's correction moves; when the timeline cannot tell (too
+few earlier intervals, or both as far from the usual), the host behind is moved forward, which
+runs the job's event time on and puts no record behind the windows. A host seen in an instance
+of ``MIN_HOSTS`` or more is judged on those only (its partner in a pair may be the host that
+stepped).
 
 Cost: only instances with ``seq_number % SAMPLE == 0`` are remembered (the same instances on every
 rank), at most ``PENDING`` of them between two estimates, in a ring of ``CAPACITY`` entries; the
@@ -119,14 +129,16 @@ class ClockAlign:
             return []
         m = min(self._n, CAPACITY)
         key, host, end = self._key[:m], self._host[:m], self._end[:m]
-        resid, rhost, rorder = _residuals(key, host, end, self._stamp[:m])
+        resid, rhost, rorder, rbig = _residuals(key, host, end, self._stamp[:m])
         if resid.size == 0:
             return []
         out = []
         order = np.lexsort((rorder, rhost))
-        rh, rr = rhost[order], resid[order]
+        rh, rr, rb = rhost[order], resid[order], rbig[order]
         cuts = np.flatnonzero(np.diff(rh)) + 1
-        for h_arr, r_arr in zip(np.split(rh, cuts), np.split(rr, cuts)):
+        for h_arr, r_arr, b_arr in zip(np.split(rh, cuts), np.split(rr, cuts), np.split(rb, cuts)):
+            if b_arr.any():
+                r_arr = r_arr[b_arr]          # judged by the median of many hosts where it has one
             recent = r_arr[-MIN_INSTANCES:]
             if recent.size < MIN_INSTANCES:
                 continue
@@ -134,6 +146,8 @@ class ClockAlign:
             step = int(np.median(recent))
             if np.all(recent > self.threshold_ns) or np.all(recent < -self.threshold_ns):
                 h = int(h_arr[0])
+                if not b_arr.any():
+                    h, step = _pair_mover(key, host, end, h, step, self.threshold_ns)
                 self.offset_ns[h] += step
                 self._host[:m][host == h] = -1       # its remembered finishes predate the correction
                 self.steps += 1
@@ -141,12 +155,50 @@ class ClockAlign:
         return out
 
 
+def _pair_mover(key, host, end, behind: int, step: int, threshold: int) -> tuple[int, int]:
+    """(host, step) to correct when ``behind`` trails its one partner by ``step`` (< 0) on its
+    recent pair instances: the partner, by ``-step``, when the partner's timeline jumped and
+    ``behind``'s did not (module doc); else ``behind`` itself. Runs only when a pair trips."""
+    first: dict[int, int] = {}
+    for i in np.flatnonzero(host == behind):
+        first.setdefault(int(key[i]), int(i))
+    other: dict[int, int] = {}
+    for i in np.flatnonzero((host >= 0) & (host != behind)):
+        if int(key[i]) in first:
+            other.setdefault(int(key[i]), int(i))
+    # one (communicator, collective) in sequence-number order: the order the job ran them in,
+    # whatever either clock did (time order would interleave a clock stepped back)
+    series: dict[int, list[int]] = {}
+    for k in first:
+        if k in other:
+            series.setdefault(k >> 40, []).append(k)
+    longest: list[int] = max(series.values(), key=lambda ks: len(ks), default=[])
+    keys = sorted(longest, key=lambda k: k & ((1 << 40) - 1))
+    if len(keys) < 4:
+        return behind, step
+    partner = int(host[other[keys[-1]]])
+    e_b = np.array([end[first[k]] for k in keys], np.int64)
+    e_p = np.array([end[other[k]] for k in keys], np.int64)
+    level = np.abs(e_b - e_p) <= threshold
+    before = np.flatnonzero(level[:-1] & ~level[1:])     # the last instance before the step
+    if before.size == 0 or before[-1] < 2:
+        return behind, step
+    j = int(before[-1])
+    usual = float(np.median(np.r_[np.diff(e_b[: j + 1]), np.diff(e_p[: j + 1])]))
+    jump_b = abs(float(e_b[j + 1] - e_b[j]) - usual)
+    jump_p = abs(float(e_p[j + 1] - e_p[j]) - usual)
+    if jump_p > 2 * jump_b and jump_p > threshold / 2:
+        return partner, -step
+    return behind, step
+
+
 def _residuals(key: np.ndarray, host: np.ndarray, end: np.ndarray, stamp: np.ndarray):
-    """Per remembered (instance, host) of an instance seen on >= MIN_HOSTS hosts: its finish minus
-    the instance's median finish, its host and its write stamp (age order)."""
-    none = (np.zeros(0, np.int64),) * 3
+    """Per remembered (instance, host) of an instance seen on two or more hosts: its finish minus
+    the instance's reference finish (the median of ``MIN_HOSTS`` or more hosts, the later of two),
+    its host, its write stamp (age order) and whether the reference is a median."""
+    none = (np.zeros(0, np.int64),) * 3 + (np.zeros(0, bool),)
     pos = np.flatnonzero(host >= 0)
-    if pos.size < MIN_HOSTS:
+    if pos.size < 2:
         return none
     # one finish per (instance, host), its earliest written: a host runs several ranks of an
     # instance (their finishes agree), and a re-created communicator may reuse sequence numbers
@@ -157,11 +209,13 @@ def _residuals(key: np.ndarray, host: np.ndarray, end: np.ndarray, stamp: np.nda
     k = key[order]
     starts = np.r_[0, np.flatnonzero(k[1:] != k[:-1]) + 1]
     sizes = np.diff(np.r_[starts, k.size])
-    big = sizes >= MIN_HOSTS
-    if not big.any():
+    seen = sizes >= 2
+    if not seen.any():
         return none
     e = end[order]
     lo, hi = starts + (sizes - 1) // 2, starts + sizes // 2     # the middle one(s) of each instance
-    med = np.repeat((e[lo] // 2 + e[hi] // 2), sizes)
-    sel = np.flatnonzero(np.repeat(big, sizes))
-    return e[sel] - med[sel], host[order][sel], stamp[order][sel]
+    ref = np.where(sizes == 2, e[hi], e[lo] // 2 + e[hi] // 2)  # of two: the later finish
+    ref = np.repeat(ref, sizes)
+    big = np.repeat(sizes >= MIN_HOSTS, sizes)
+    sel = np.flatnonzero(np.repeat(seen, sizes))
+    return e[sel] - ref[sel], host[order][sel], stamp[order][sel], big[sel]
