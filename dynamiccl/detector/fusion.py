@@ -90,6 +90,19 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
         self._rebased_at: dict[str, int] = {}
         self.steps = StepRule(config, table, self._next_id, self.counters)
         self._step_fresh: list = []
+        table.incident_level = self.incident_level
+
+    def incident_level(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(level, pre-change sigma) of streams ``idx`` in an open incident, NaN elsewhere."""
+        level, scale = np.full(idx.size, np.nan), np.full(idx.size, np.nan)
+        for n, i in enumerate(idx.tolist()):
+            inc = self.stream_incident.get(i)
+            if inc is None or inc.rank_of is not None:
+                continue
+            j = np.flatnonzero(inc.streams == i)
+            if j.size:
+                level[n], scale[n] = inc.level[j[0]], inc.base_scale[j[0]]
+        return level, scale
 
     def _next_id(self, job: str) -> str:
         n = self._n.get(job, 0) + 1

@@ -139,7 +139,16 @@ class StreamRebase:
 
     def _level(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Level and sigma (log latency) of streams ``idx``: the monitored baseline, or the median
-        and MAD sigma of a warm-up with ``early_min`` samples (NaN where neither is known)."""
+        and MAD sigma of a warm-up with ``early_min`` samples, or else the level of the open
+        incident the stream is in (its re-learning after the alarm has just begun) with its
+        pre-change sigma (NaN where none is known)."""
+        ref, scale = self._table_level(idx)
+        unknown = np.isnan(ref)
+        if unknown.any() and self.incident_level is not None:
+            ref[unknown], scale[unknown] = self.incident_level(idx[unknown])
+        return ref, scale
+
+    def _table_level(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         bank = self.banks[0]
         ref, scale = np.full(idx.size, np.nan), np.full(idx.size, np.nan)
         mon = ~bank.warming_up[idx]

@@ -97,6 +97,10 @@ class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
         self.n_rebased = 0
         self.n_restored = 0
         self.n_rank_set_kept = 0                     # rank-set changes that kept the baseline
+        # (level, baseline sigma) of streams in an open incident, NaN elsewhere: set by the
+        # fusion stage (`Fusion.incident_level`); a re-learning stream's level until its warm-up
+        # has ``early_min`` samples (`stream_rebase._level`)
+        self.incident_level = None
         self.n_warmup_splits = 0                     # warm-ups restarted from a later regime
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)

@@ -67,3 +67,30 @@ def test_kept_rank_set_still_reports_a_later_slowdown():
     deg = [c for c in out if c.kind != "recovery"]
     assert det.table.n_rank_set_kept > 0
     assert deg and deg[0].detected_s - (EPOCH + WARM + 10) <= 3.0, out
+
+
+def test_a_rank_lost_during_an_incident_keeps_the_incident():
+    """A 2x slowdown of the streams of rank 5 is reported; 4 windows later rank 5's records stop
+    (the latency stays where it is). The streams are re-learning after the alarm (fewer than
+    ``early_min`` samples): their level is the incident's, so the make-up change keeps them and
+    the incident. When the slowdown ends, it is reported as the incident's recovery; before, the
+    streams were re-baselined, the incident closed unreported, and the end of the slowdown came
+    out as a fall in latency (or not at all)."""
+    job = SyntheticJob(seed=4)
+    slow = {i: 2.0 for i, s in enumerate(job.streams) if 5 in [r for r, _ in s.ranks]}
+    det = Detector(DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)))
+    out, lost_at = [], None
+    for t in range(WARM + 60):
+        on = WARM <= t < WARM + 40
+        if lost_at is None and any(c.kind != "recovery" for c in out):
+            lost_at = t + 4
+        gone = (5,) if lost_at is not None and t >= lost_at else ()
+        reg = Regime(mult=slow if on else {}, missing_ranks=gone) if (on or gone) else None
+        out += det.process(job.window(t, reg))
+    assert lost_at is not None and lost_at < WARM + 10, out
+    deg = [c for c in out if c.kind != "recovery"]
+    rec = [c for c in out if c.kind == "recovery"]
+    assert len(deg) == 1 and deg[0].magnitude > 1.5, out
+    assert len(rec) == 1 and rec[0].recovers == deg[0].id, out
+    assert rec[0].detected_s - (EPOCH + WARM + 40) <= 3.0
+    assert det.table.n_rank_set_kept > 0
