@@ -42,13 +42,17 @@ def _feed(ca, hosts, n_batches, *, stepped=1, step_ns=STEP, from_batch=3, late_h
     return moves
 
 
+FAST = SAMPLE * MIN_INSTANCES     # instances per window: MIN_INSTANCES sampled ones each
+
+
 def test_a_host_stepping_ahead_is_corrected_after_a_few_instances():
     ca = ClockAlign(1.0)
-    moves = _feed(ca, 4, 12)
+    moves = _feed(ca, 4, 12, per=FAST)
     assert len(moves) == 1
     b, h, step = moves[0]
     assert h == 1 and abs(step - STEP) < 1_000_000
-    assert b == 3 + MIN_INSTANCES - 1          # its MIN_INSTANCES-th sampled instance after the step
+    assert b == 3                              # its MIN_INSTANCES sampled instances after the step
+    assert not ca._every.any()                 # a fast communicator stays sampled
     assert ca.offset_ns[1] == step and not ca.offset_ns[[0, 2, 3]].any()
     shifted = _records([200], 1, shift_ns=STEP)
     assert abs(int(ca.correct(1, shifted)["cpu_end_ns"][0]) - int(_records([200], 0)["cpu_end_ns"][0])) < 1_000_000
@@ -58,6 +62,16 @@ def test_a_host_stepping_back_is_corrected_too():
     ca = ClockAlign(1.0)
     (_, h, step), = _feed(ca, 3, 10, step_ns=-STEP)
     assert h == 1 and abs(step + STEP) < 1_000_000
+
+
+def test_a_slow_communicators_step_is_seen_after_a_few_of_its_instances():
+    """Two instances per window (a step-paced job): a sampled instance comes every fourth
+    window, so the step would be seen after 4 x 4 windows; with every instance of a communicator
+    that slow remembered, after MIN_INSTANCES instances (2 windows)."""
+    ca = ClockAlign(1.0)
+    (b, h, step), = _feed(ca, 4, 30, per=2, from_batch=8)
+    assert h == 1 and abs(step - STEP) < 1_000_000
+    assert b == 8 + MIN_INSTANCES // 2 - 1 and ca._every[0]
 
 
 def test_a_straggler_starts_late_but_finishes_with_its_peers():
@@ -78,8 +92,8 @@ def test_of_two_hosts_the_one_whose_timeline_jumped_is_corrected():
     sampled instances jumps by the step, host 0's does not, so host 1 is corrected either way."""
     for sign in (1, -1):
         ca = ClockAlign(1.0)
-        (b, h, step), = _feed(ca, 2, 12, step_ns=sign * STEP)
-        assert h == 1 and abs(step - sign * STEP) < 1_000_000 and b == 3 + MIN_INSTANCES - 1
+        (b, h, step), = _feed(ca, 2, 12, step_ns=sign * STEP, per=FAST)
+        assert h == 1 and abs(step - sign * STEP) < 1_000_000 and b == 3
         assert ca.offset_ns[0] == 0
         a = ca.correct(1, _records([200], 1, shift_ns=sign * STEP))["cpu_end_ns"][0]
         assert abs(int(a) - int(_records([200], 0)["cpu_end_ns"][0])) < 1_000_000
