@@ -95,13 +95,20 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
     def incident_level(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(level, pre-change sigma) of streams ``idx`` in an open incident, NaN elsewhere."""
         level, scale = np.full(idx.size, np.nan), np.full(idx.size, np.nan)
-        for n, i in enumerate(idx.tolist()):
-            inc = self.stream_incident.get(i)
-            if inc is None or inc.rank_of is not None:
-                continue
-            j = np.flatnonzero(inc.streams == i)
-            if j.size:
-                level[n], scale[n] = inc.level[j[0]], inc.base_scale[j[0]]
+        if not self.stream_incident or idx.size == 0:
+            return level, scale
+        held = np.fromiter(self.stream_incident, np.int64, len(self.stream_incident))
+        by_inc: dict[int, tuple[Incident, list[int]]] = {}
+        for n in np.flatnonzero(np.isin(idx, held)).tolist():
+            inc = self.stream_incident[int(idx[n])]
+            if inc.rank_of is None and inc.streams.size:
+                by_inc.setdefault(id(inc), (inc, []))[1].append(n)
+        for inc, rows in by_inc.values():
+            ns = np.asarray(rows, np.int64)
+            order = np.argsort(inc.streams)
+            j = order[np.minimum(np.searchsorted(inc.streams, idx[ns], sorter=order), inc.streams.size - 1)]
+            ok = inc.streams[j] == idx[ns]
+            level[ns[ok]], scale[ns[ok]] = inc.level[j[ok]], inc.base_scale[j[ok]]
         return level, scale
 
     def _next_id(self, job: str) -> str:

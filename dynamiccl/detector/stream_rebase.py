@@ -62,7 +62,8 @@ class StreamRebase:
         # ... in two successive windows with data: a step-paced job's instance straddling a
         # window's edge leaves one rank out of that window only (its streams were re-learning
         # for ever instead of being monitored)
-        lost &= ~self._shifted(i_ok, np.log(r.lat[ok]))   # a slowed rank, not a gone one
+        if lost.any():                                     # a slowed rank, not a gone one
+            lost[lost] = ~self._shifted(i_ok[lost], np.log(r.lat[ok][lost]))
         lost_now = lost.copy()
         lost = self.straddle.split(i_ok, lost_now, lost & self.lost_prev[i_ok],   # `rank_straddle`
                                    lambda: rank_masks(r.agg, wf.ranks)[ok], rref)
