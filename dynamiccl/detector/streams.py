@@ -25,6 +25,7 @@ One call per window, :meth:`StreamTable.update`, does everything vectorised:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,7 +101,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
         # (level, baseline sigma) of streams in an open incident, NaN elsewhere: set by the
         # fusion stage (`Fusion.incident_level`); a re-learning stream's level until its warm-up
         # has ``early_min`` samples (`stream_rebase._level`)
-        self.incident_level = None
+        self.incident_level: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
         self.n_warmup_splits = 0                     # warm-ups restarted from a later regime
         self.n_refined = 0                           # in-control windows learned by baselines
         self.pool = InstancePool(_GROW)

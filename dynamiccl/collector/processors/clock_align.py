@@ -117,10 +117,7 @@ class ClockAlign:
             return
         if ev.size > CAPACITY:
             hosts, gcomm, ev, ts = hosts[-CAPACITY:], gcomm[-CAPACITY:], ev[-CAPACITY:], ts[-CAPACITY:]
-        top = int(hosts.max())
-        if top >= self.offset_ns.size:
-            self.offset_ns = np.concatenate([self.offset_ns, np.zeros(max(top + 1, 2 * self.offset_ns.size)
-                                                                      - self.offset_ns.size, np.int64)])
+        self.offset_ns = _covering(self.offset_ns, int(hosts.max()))
         self._rates(gcomm, ev["seq_number"])
         end = np.where(ts == TimingSource.KERNEL_GPU, ev["gpu_end_ns"], ev["cpu_end_ns"]).view(np.int64)
         key = ((gcomm.astype(np.uint64) << np.uint64(44)) ^ (ev["func"].astype(np.uint64) << np.uint64(40))
@@ -134,10 +131,7 @@ class ClockAlign:
         """Communicators filed since the last estimate (one window of event time) with fewer than
         ``MIN_INSTANCES`` sampled instances have every instance remembered from now on; the
         others go back to the sample."""
-        top = int(gcomm.max())
-        if top >= self._every.size:
-            self._every = np.concatenate([self._every, np.zeros(max(top + 1, 2 * self._every.size)
-                                                                - self._every.size, bool)])
+        self._every = _covering(self._every, int(gcomm.max()))
         on = (seq & _MASK) == 0
         inst = np.unique((gcomm[on].astype(np.uint64) << np.uint64(40)) | (seq[on] & np.uint64((1 << 40) - 1)))
         n = np.bincount((inst >> np.uint64(40)).astype(np.int64), minlength=self._every.size)
@@ -177,6 +171,13 @@ class ClockAlign:
                 self.steps += 1
                 out.append((h, step))
         return out
+
+
+def _covering(a: np.ndarray, top: int) -> np.ndarray:
+    """``a`` grown with zeros (at least doubled) so that index ``top`` exists."""
+    if top < a.size:
+        return a
+    return np.concatenate([a, np.zeros(max(top + 1, 2 * a.size) - a.size, a.dtype)])
 
 
 def _pair_mover(key, host, end, behind: int, step: int, threshold: int) -> tuple[int, int]:
