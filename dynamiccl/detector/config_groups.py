@@ -258,6 +258,9 @@ class IncidentConfig(_Group):
                                              # (`dynamiccl.detector.post_recovery`; off: on the corpus's
                                              # evaluation half it lost a change within 5 s for the false
                                              # alarm it saved; docs/evaluation/2026-11-28-fa25b.md)
+    adopt_improvement: bool = True           # an improvement no open degradation explains is reported once and
+                                             # its level becomes the baseline: no `recovery` when the job
+                                             # slows again (`dynamiccl.detector.adopt_improvement`)
     transient_s: float = 10.0                # > 0: an incident of one report back within this of
                                              # its onset and half of it of its report is a transient,
                                              # closed without a `recovery` (10 s = twice the 5 s

@@ -82,6 +82,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
         self.counters["onset_level_holds"] = 0    # alarms held: level since onset below the bar (`onset_level`)
         self.counters["preconfirmed"] = 0         # alarms on two windows beyond the confirm bar (`preconfirm`)
         self.counters["post_recovery_holds"] = 0  # degradations soon after a recovery held a window (`post_recovery`)
+        self.counters["improvements_adopted"] = 0  # improvements that became the baseline (`adopt_improvement`)
         self.post_recovery = PostRecoveryHold(self)
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window

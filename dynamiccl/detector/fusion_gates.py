@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import onset_level
+from .adopt_improvement import adopt
 from .fusion_drain import drained
 from .preconfirm import preconfirmed
 from .incident import MAX_PENDING, RECHECK_LATENCY_SHARE, Alarms, Pending
@@ -66,8 +67,11 @@ class FusionGates:
         wait, stragglers = self._gate_wait(ws, a, big, stragglers)
         if wait is not None:
             return None, None
-        return self._create(ws, job, direction, a.idx, a.med, a.scale, a.level, a.onset_step, ae_score, ae_thr,
-                            stragglers)
+        inc, change = self._create(ws, job, direction, a.idx, a.med, a.scale, a.level, a.onset_step, ae_score,
+                                   ae_thr, stragglers)
+        if direction < 0 and self.config.incidents.adopt_improvement:
+            adopt(self, inc)      # a faster job's new normal (`adopt_improvement`)
+        return inc, change
 
     def _assemble(self, ws, job, direction, g) -> AlarmGroup:
         cfg, tab = self.config, self.table

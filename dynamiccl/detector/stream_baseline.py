@@ -47,6 +47,18 @@ class StreamBaselines:
             self.monitor_since[idx] = self.t
             self.rebase_warm[idx] = False
 
+    def adopt_level(self, idx, median, scale) -> None:
+        """Streams ``idx`` run at a new level (``median``) that becomes their baseline at once
+        (`dynamiccl.detector.adopt_improvement`); an open early alarm's pre-onset samples are of
+        the old level and are dropped, not resumed."""
+        idx = np.atleast_1d(np.asarray(idx, np.int64))
+        if idx.size == 0:
+            return
+        self.early.release(idx)
+        self._adopt(idx, median, scale, np.full(idx.size, self.config.baseline.warmup))
+        self.monitor_since[idx] = self.t
+        self.rebase_warm[idx] = False
+
     def adopt_previous(self, idx, median, scale) -> None:
         """Streams ``idx`` were re-baselined for a workload change while re-learning (e.g.
         during an incident): ``median``/``scale`` (the incident's pre-change baseline) become

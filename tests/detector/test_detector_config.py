@@ -52,6 +52,7 @@ ADDED_SINCE["workload.rank_set_keep"] = True      # a rank-set change at the sam
 ADDED_SINCE["fusion.preconfirm"] = False          # an alarm on two windows beyond the bar is confirmed (`preconfirm.py`)
 ADDED_SINCE["straggler.where_refresh_windows"] = 3   # a reported change's `where` judged again (`where_refresh.py`)
 ADDED_SINCE["incidents.post_recovery_hold"] = False  # one more window soon after a recovery (`post_recovery.py`)
+ADDED_SINCE["incidents.adopt_improvement"] = True   # an improvement becomes the baseline (`adopt_improvement.py`)
 
 
 def test_every_default_is_the_flat_configurations():

@@ -1,0 +1,44 @@
+"""Rule ``incidents.adopt_improvement``: a job faster than its baseline runs at its new normal.
+
+A degradation stays open until the job is back at its baseline; that end is its ``recovery``.
+An improvement that no open degradation explains is different: the baseline it is measured
+against was learnt in a slower regime (a throttle or competing traffic that predates the
+streams' warm-up, a rank set that changed during a degradation so the streams re-learnt its
+level) or the job really got faster (a better configuration). Kept open like a degradation,
+its "recovery" is the job slowing down again: every later throttle is then reported as a
+recovery and every release as an improvement, the reports inverted for the rest of the run.
+
+So an improvement is reported once, as a change of falling latency, and its level becomes its
+streams' baseline at once (no new warm-up: a slowdown right after it is a degradation against
+the faster level). It is closed like a transient: no ``recovery`` follows, the loop hands the
+retuner a `TransientEnd` (counter ``improvements_adopted``, exported as
+``dynamiccl_detector_alarms_suppressed_total{reason="improvements_adopted"}``). It is not kept among the closed
+incidents, so the gates that look back at a recovery (``recovery_tail``, ``recovery_drain``,
+flapping) never take a slowdown after it for that recovery's tail.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .events import TransientEnd
+
+__all__ = ["adopt"]
+
+
+def adopt(fusion, inc) -> None:
+    """Incident ``inc`` (an improvement just created) closed; its level is its streams' baseline."""
+    tab = fusion.table
+    level = np.where(np.isfinite(inc.level), inc.level, inc.base_med)
+    tab.adopt_level(inc.streams, level, inc.base_scale)
+    lst = fusion.active.get(inc.job, [])
+    if inc in lst:
+        lst.remove(inc)
+    if not lst:
+        fusion.active.pop(inc.job, None)
+    fusion._release(inc)
+    fusion.counters["improvements_adopted"] += 1
+    c = inc.change
+    fusion.ended.append(TransientEnd(
+        id=f"{c.id}.end", job_id=inc.job, ends=tuple(inc.ids), start_s=c.start_s, detected_s=c.detected_s,
+        magnitude=1.0, comms=tuple(c.comms), comm_names=tuple(c.comm_names), funcs=tuple(c.funcs),
+        size_buckets=tuple(c.size_buckets), ranks=tuple(c.ranks), hosts=tuple(c.hosts)))
