@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .events import TransientEnd
-
 __all__ = ["adopt"]
 
 
@@ -37,8 +35,4 @@ def adopt(fusion, inc) -> None:
         fusion.active.pop(inc.job, None)
     fusion._release(inc)
     fusion.counters["improvements_adopted"] += 1
-    c = inc.change
-    fusion.ended.append(TransientEnd(
-        id=f"{c.id}.end", job_id=inc.job, ends=tuple(inc.ids), start_s=c.start_s, detected_s=c.detected_s,
-        magnitude=1.0, comms=tuple(c.comms), comm_names=tuple(c.comm_names), funcs=tuple(c.funcs),
-        size_buckets=tuple(c.size_buckets), ranks=tuple(c.ranks), hosts=tuple(c.hosts)))
+    fusion.ended.append(inc.end(inc.change.start_s, inc.change.detected_s, 1.0))

@@ -83,6 +83,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
         self.counters["preconfirmed"] = 0         # alarms on two windows beyond the confirm bar (`preconfirm`)
         self.counters["post_recovery_holds"] = 0  # degradations soon after a recovery held a window (`post_recovery`)
         self.counters["improvements_adopted"] = 0  # improvements that became the baseline (`adopt_improvement`)
+        self.counters["incidents_dissolved"] = 0   # incidents whose streams all left them (re-baselined)
         self.post_recovery = PostRecoveryHold(self)
         # transients closed without a recovery (`TransientEnd`): the service ends their gauges
         # and hands them on; bounded, drained every window
@@ -325,6 +326,7 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
             old = lst.pop(0)
             self._release(old)
             self.counters["incidents_dropped"] += 1
+            self.ended.append(old.end(inc.change.detected_s, inc.change.detected_s, 1.0))   # no longer tracked
 
     def _release(self, inc: Incident) -> None:
         for i in inc.streams.tolist():

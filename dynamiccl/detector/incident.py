@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .events import RegimeChange
+from .events import RegimeChange, TransientEnd
 
 __all__ = ["Incident", "Alarms", "Pending", "new_group", "extend_group", "MAX_INCIDENTS_PER_JOB", "MAX_PENDING",
            "MAX_EVIDENCE_STREAMS", "MAX_SILENT", "RECHECK_LATENCY_SHARE"]
@@ -52,6 +52,15 @@ class Incident:
     @property
     def ids(self) -> list[str]:
         return [self.id] + ([self.flapping_id] if self.flapping_id else []) + self.step_ids
+
+    def end(self, start_s: float, detected_s: float, magnitude: float) -> TransientEnd:
+        """Its end without a ``recovery`` change (a transient, an adopted improvement, an incident
+        whose streams all left it): the loop hands it to the retuner, the service ends its gauges."""
+        c = self.change
+        return TransientEnd(
+            id=f"{c.id}.end", job_id=self.job, ends=tuple(self.ids), start_s=start_s, detected_s=detected_s,
+            magnitude=magnitude, comms=tuple(c.comms), comm_names=tuple(c.comm_names), funcs=tuple(c.funcs),
+            size_buckets=tuple(c.size_buckets), ranks=tuple(c.ranks), hosts=tuple(c.hosts))
 
     def add(self, idx, med, scale, level) -> None:
         new = ~np.isin(idx, self.streams)

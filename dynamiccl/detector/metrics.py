@@ -104,7 +104,7 @@ BY_NAME = {m.name: m for m in METRICS}
 
 SUPPRESS_REASONS = ("spikes_suppressed", "small_shifts", "alarms_absorbed", "alarms_merged",
                     "incidents_dropped", "pending_dropped", "workload_changes",
-                    "transients", "softer_releases", "improvements_adopted")
+                    "transients", "softer_releases", "improvements_adopted", "incidents_dissolved")
 
 
 def _base(name: str) -> str:

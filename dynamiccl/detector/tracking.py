@@ -19,7 +19,7 @@ import polars as pl
 
 from typing import TYPE_CHECKING
 
-from .events import RegimeChange, TransientEnd
+from .events import RegimeChange
 from .regime_spread import regime_scale
 from .softer_release import release_of_softer_step
 from .warmup_trim import trim_warmups
@@ -44,7 +44,12 @@ class Tracking:
     def _track(self, ws: WindowStreams, inc: Incident) -> RegimeChange | None:
         cfg, tab = self.config, self.table
         if inc.streams.size == 0:
+            # every stream left it (re-baselined for a rank-set or workload change): nothing is
+            # tracked any more, so its gauges and the retuner's choice for it end here
             self._close(inc, ws.t)
+            now_s = float(ws.window_start + self._window_s)
+            self.ended.append(inc.end(now_s, now_s, 1.0))
+            self.counters["incidents_dissolved"] += 1
             return None
         cur = tab.current(inc.streams)
         if inc.rank_of is not None:
@@ -231,10 +236,7 @@ class Tracking:
             # a transient (no regime of its own), or the release its softer step already reported
             inc.transient = transient
             self.counters["transients" if transient else "softer_releases"] += 1
-            self.ended.append(TransientEnd(
-                id=f"{base.id}.end", job_id=inc.job, ends=tuple(inc.ids), start_s=start_s, detected_s=closed_s,
-                magnitude=mag, comms=tuple(base.comms), comm_names=tuple(base.comm_names), funcs=tuple(base.funcs),
-                size_buckets=tuple(base.size_buckets), ranks=tuple(base.ranks), hosts=tuple(base.hosts)))
+            self.ended.append(inc.end(start_s, closed_s, mag))
             return None
         n = self._n.get(inc.job, 0) + 1
         self._n[inc.job] = n
