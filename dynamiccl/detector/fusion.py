@@ -127,6 +127,8 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
         ae = ae or {}
         out: list[RegimeChange] = []
         self._window_s = window_s
+        if ws.evicted is not None and ws.evicted.size:
+            self._forget_evicted(ws.evicted)
         if ws.rebased.size:
             self._forget_streams(ws.rebased)
             # a workload change moves the job's other streams (arrival coupling) only if
@@ -171,6 +173,19 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                 if j.size and np.isfinite(inc.base_scale[j[0]]) and inc.base_scale[j[0]] > 0:
                     self.table.adopt_previous([i], inc.base_med[j[0]], inc.base_scale[j[0]])
                 inc.drop(np.array([i]))
+        for p in self.pending:
+            keep = ~np.isin(p.idx, idx)
+            p.idx, p.med, p.scale, p.start = p.idx[keep], p.med[keep], p.scale[keep], p.start[keep]
+
+    def _forget_evicted(self, idx: np.ndarray) -> None:
+        """Streams unseen for ``streams.idle_s`` were forgotten (their slots go to new streams): they
+        leave their incidents and pending groups. An incident left with none (its job stopped) ends
+        at its next tracking (`Tracking._track`): its gauges and alert do not outlive the job."""
+        for i in idx.tolist():
+            self.stream_incident.pop(i, None)
+        for inc in (inc for incs in self.active.values() for inc in incs):
+            if np.isin(inc.streams, idx).any():
+                inc.drop(idx)
         for p in self.pending:
             keep = ~np.isin(p.idx, idx)
             p.idx, p.med, p.scale, p.start = p.idx[keep], p.med[keep], p.scale[keep], p.start[keep]

@@ -80,6 +80,7 @@ class StreamIndex:
         idle = np.flatnonzero(self.active & (self.last_seen < now - self.config.streams.idle_s))
         if idle.size == 0:
             return
+        self.last_evicted = idle
         self._prev_lookup = None
         keep = ~np.isin(self._hash_idx, idle)
         self._hash_sorted, self._hash_idx = self._hash_sorted[keep], self._hash_idx[keep]

@@ -69,6 +69,7 @@ class WindowStreams:
     invalid: dict[str, int] = field(default_factory=dict)
     resized: np.ndarray | None = None   # the rebased streams whose sizes or config changed (not
                                         # only their coverage): a workload change (None: all)
+    evicted: np.ndarray | None = None   # streams forgotten this window (unseen for ``streams.idle_s``)
 
 
 class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
@@ -118,6 +119,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
                                 two_step=b.paced_two_step,
                                 corroborate=cfg.fusion.corroborate)
         self.last_rebased = np.zeros(0, np.int64)
+        self.last_evicted = np.zeros(0, np.int64)
         self.arl0 = cfg.cusum.arl0
         self._set_thresholds()
 
@@ -161,6 +163,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
         self.t += 1
         t = self.t
         self.last_rebased = np.zeros(0, np.int64)
+        self.last_evicted = np.zeros(0, np.int64)
         H = self.config.streams.history
         self._window_s = float(wf.window_s) if wf.window_s and wf.window_s > 0 else 1.0
         self.window_starts[t % H] = wf.window_start
@@ -198,7 +201,7 @@ class StreamTable(StreamBaselines, StreamRebase, StreamRows, StreamIndex):
         if t % 64 == 63:
             self._evict(wf.window_start)
         return WindowStreams(t, wf.window_start, i_ok, x_valid, fired, direction, start, base_med,
-                             base_scale, self.last_rebased, r.invalid, resized)
+                             base_scale, self.last_rebased, r.invalid, resized, self.last_evicted)
 
     def _chart_input(self, i_ok, x_valid, inst, iref, rebase) -> np.ndarray:
         """The value each stream's banks see: its log latency, except that the median of a window

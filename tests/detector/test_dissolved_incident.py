@@ -55,3 +55,35 @@ def test_an_incident_dropped_over_the_per_job_bound_ends(monkeypatch):
     assert len(first) >= 2, [(c.kind, c.comms) for c in out]
     assert det.fusion.counters["incidents_dropped"] >= 1
     assert any(first[0].id in e.ends for e in ended), ended
+
+
+def test_a_job_that_stops_during_its_change_ends_it_when_its_streams_are_forgotten():
+    """Job a slows down (reported), then stops sending while job b goes on. Once a's streams are
+    forgotten (unseen for ``streams.idle_s``), the change ends: before, it stayed active (and its
+    alert firing) for as long as the detector ran, and its freed slots, taken by new streams, were
+    still counted in it."""
+    import polars as pl
+
+    from dynamiccl.collector.features import WindowFeatures
+
+    a, b = SyntheticJob(seed=4, job_id="a"), SyntheticJob(seed=5, job_id="b")
+    mine = [i for i, s in enumerate(a.streams) if 5 in [r for r, _ in s.ranks]]
+    cfg = DetectorConfig(autoencoder=AutoencoderConfig(enabled=False)).with_overrides({"streams.idle_s": 10.0})
+    det = Detector(cfg)
+    stop = WARM + 8
+    out, ended, active_at_stop = [], [], None
+    for t in range(stop + 100):
+        wb = b.window(t)
+        if t < stop:
+            wa = a.window(t, Regime(mult={i: 2.0 for i in mine}) if t >= WARM else None)
+            wb = WindowFeatures(wb.window_start, wb.window_s, pl.concat([wa.keys, wb.keys]),
+                                pl.concat([wa.ranks, wb.ranks]))
+        out += det.process(wb)
+        ended += det.ended
+        if t == stop:
+            active_at_stop = _active_sum(det)
+    first = [c for c in out if c.job_id == "a" and c.kind != "recovery"]
+    assert first, out
+    assert active_at_stop and active_at_stop > 0
+    assert any(first[0].id in e.ends for e in ended), ended
+    assert "a" not in det.fusion.active and _active_sum(det) == 0.0
