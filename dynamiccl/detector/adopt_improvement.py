@@ -28,11 +28,6 @@ def adopt(fusion, inc) -> None:
     tab = fusion.table
     level = np.where(np.isfinite(inc.level), inc.level, inc.base_med)
     tab.adopt_level(inc.streams, level, inc.base_scale)
-    lst = fusion.active.get(inc.job, [])
-    if inc in lst:
-        lst.remove(inc)
-    if not lst:
-        fusion.active.pop(inc.job, None)
-    fusion._release(inc)
+    fusion._deactivate(inc)             # not among the closed: no recovery to look back at
     fusion.counters["improvements_adopted"] += 1
     fusion.ended.append(inc.end(inc.change.start_s, inc.change.detected_s, 1.0))

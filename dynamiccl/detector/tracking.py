@@ -272,13 +272,17 @@ class Tracking:
         if self.config.baseline.trim_warmup:
             self.counters["warmups_trimmed"] += trim_warmups(tab, inc)
 
-    def _close(self, inc: Incident, step: int) -> None:
+    def _deactivate(self, inc: Incident) -> None:
+        """``inc`` is no longer active; its streams are free."""
         lst = self.active.get(inc.job, [])
         if inc in lst:
             lst.remove(inc)
         if not lst:
             self.active.pop(inc.job, None)
         self._release(inc)
+
+    def _close(self, inc: Incident, step: int) -> None:
+        self._deactivate(inc)
         inc.closed_step = step
         self.closed.setdefault(inc.job, deque(maxlen=MAX_CLOSED_PER_JOB)).append(inc)
 
