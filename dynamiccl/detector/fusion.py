@@ -173,6 +173,9 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
                 if j.size and np.isfinite(inc.base_scale[j[0]]) and inc.base_scale[j[0]] > 0:
                     self.table.adopt_previous([i], inc.base_med[j[0]], inc.base_scale[j[0]])
                 inc.drop(np.array([i]))
+        self._drop_pending(idx)
+
+    def _drop_pending(self, idx: np.ndarray) -> None:
         for p in self.pending:
             keep = ~np.isin(p.idx, idx)
             p.idx, p.med, p.scale, p.start = p.idx[keep], p.med[keep], p.scale[keep], p.start[keep]
@@ -180,15 +183,14 @@ class Fusion(FusionGates, RankTrigger, FusionQueries, Tracking):
     def _forget_evicted(self, idx: np.ndarray) -> None:
         """Streams unseen for ``streams.idle_s`` were forgotten (their slots go to new streams): they
         leave their incidents and pending groups. An incident left with none (its job stopped) ends
-        at its next tracking (`Tracking._track`): its gauges and alert do not outlive the job."""
+        at its next tracking (`Tracking._track`): its gauges and alert do not outlive the job. Not
+        `_forget_streams`: its hand-over of a pre-change baseline would write into the freed slot."""
         for i in idx.tolist():
             self.stream_incident.pop(i, None)
         for inc in (inc for incs in self.active.values() for inc in incs):
             if np.isin(inc.streams, idx).any():
                 inc.drop(idx)
-        for p in self.pending:
-            keep = ~np.isin(p.idx, idx)
-            p.idx, p.med, p.scale, p.start = p.idx[keep], p.med[keep], p.scale[keep], p.start[keep]
+        self._drop_pending(idx)
 
     def _confirm_pending(self, ws: WindowStreams) -> dict:
         groups: dict[tuple[str, int], dict] = {}
