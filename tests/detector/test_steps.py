@@ -63,6 +63,21 @@ def test_changes_ten_seconds_apart_are_each_reported(seed):
     assert det.fusion.counters["steps"] == 2
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_changes_ten_seconds_apart_at_defaults(seed):
+    """The same six changes at the defaults, once the streams are monitored (after their 60-window
+    warm-up): each within 3 s, in order. Inside the first warm-up only the early chart judges, and
+    its 1.5x bar does not see the 1.3x throttle (docs/evaluation/2026-11-29-session29.md)."""
+    off = 70
+    sched = [(12 + off, 1.5), (22 + off, 2.5), (32 + off, 1.8), (42 + off, 1.0), (52 + off, 1.3), (62 + off, 1.0)]
+    _, ch = _run(SyntheticJob(seed=seed), sched, 75 + off, DetectorConfig())
+    got = [(c.kind, round(c.detected_s - EPOCH)) for c in ch]
+    assert len(ch) == len(sched), got
+    for c, (t0, _) in zip(ch, sched):
+        assert 0 < c.detected_s - (EPOCH + t0) <= 3.0, got
+    assert [c.kind == "recovery" for c in ch] == [False, False, False, True, False, True], got
+
+
 def test_no_step_in_a_stationary_degraded_regime():
     """A throttle that stays put for 5 minutes is one change: its re-learnt streams do not
     report steps of their own noise."""
