@@ -198,6 +198,9 @@ typedef struct dccl_ctx {
   uint64_t chain_kch_type;       /* ncclProfileKernelCh when among them, else 0 */
   uint64_t chain_dummy_types;    /* DCCL_DUMMY_TYPES among them */
   uint64_t chain_op_types;       /* Coll | P2p among them */
+  _Atomic uintptr_t* chain_op;   /* chain->op, one load nearer for the chained Coll/P2p and KernelCh paths */
+  void (*chain_start)(void);     /* the chained plugin's startEvent (its table's version), likewise */
+  void* chain_ctx;               /* chain->ctx, likewise */
   /* written on the hot path */
   _Atomic uint64_t cursor __attribute__((aligned(64)));
   _Atomic uint64_t dropped_pool_full;
