@@ -108,7 +108,11 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   dccl_chain_t* c = aligned_alloc(64, (sizeof *c + 63) & ~(size_t)63);
   dccl_chain_entry_t* ring = malloc(sizeof(dccl_chain_entry_t) * DCCL_CHAIN_ENTRIES);
   _Atomic uintptr_t* op = calloc(ctx->pool_size, sizeof *op);
-  _Atomic uintptr_t* kch = calloc((size_t)ctx->pool_size * DCCL_MAX_CHANNELS, sizeof *kch);
+  /* Line-aligned: a slot's first 8 channels share one cache line (calloc's 16-byte alignment split them
+     over two, and the table is cold where each operation's KernelCh starts touch it). */
+  size_t kch_bytes = (size_t)ctx->pool_size * DCCL_MAX_CHANNELS * sizeof(uintptr_t);
+  _Atomic uintptr_t* kch = aligned_alloc(64, kch_bytes);
+  if (kch != NULL) memset((void*)kch, 0, kch_bytes);
   if (c == NULL || ring == NULL || op == NULL || kch == NULL) {
     DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: out of memory; communicator not chained");
     free(c);
