@@ -259,7 +259,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
      codes of startEvent, stopEvent and recordEventState: profiler.cc). */                        \
   static __attribute__((noinline)) ncclResult_t chain_op_start_v##V(dccl_ctx_t* ctx, void** eHandle,         \
                                                                      ncclProfilerEventDescr_v##V##_t* d) {  \
-    dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
+    dccl_start_v##V##_rest(ctx, eHandle, d); /* (_core's inline cases are other types) */                   \
     uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our Coll/P2p handle (ctx's own) */               \
     if (o == 0) {                                                                                            \
       CHAIN_START_FN(V, ctx)(ctx->chain_ctx, eHandle, d);                                                    \

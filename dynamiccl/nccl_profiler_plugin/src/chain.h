@@ -90,6 +90,8 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
 /* plugin.c: our own start per version (no chain), and the chained start (chain.c) */
 #define DCCL_DECLARE_START(V)                                                                               \
   ncclResult_t dccl_start_v##V##_core(void* context, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
+  /* the part of _core after its inline cases: Coll, P2p, CeColl and the proxy events */                     \
+  ncclResult_t dccl_start_v##V##_rest(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
   ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);
 DCCL_DECLARE_START(4)
