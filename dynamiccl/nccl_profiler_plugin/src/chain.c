@@ -245,20 +245,19 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
   /* An untracked parent (GroupApi, CollApi, ...) whose parent is NCCL's NULL or the chained plugin's own   \
      handle: ours is the dummy and needs no parent, theirs is the same descriptor, written straight to     \
      NCCL's eHandle; it goes to NCCL as it is unless it is NULL or looks like ours (chain_handle). */     \
-  static __attribute__((noinline)) ncclResult_t chain_dummy_start_v##V(dccl_ctx_t* ctx, void** eHandle,      \
-                                                                        ncclProfilerEventDescr_v##V##_t* d) { \
+  ncclResult_t dccl_start_v##V##_chain_dummy(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     void* ours;                                                                                              \
     start_dummy(ctx, &ours, (uint64_t)d->type);                                                              \
     CHAIN_START_FN(V, ctx)(ctx->chain_ctx, eHandle, d);                                                      \
-    *eHandle = chain_handle(ctx, ours, *eHandle);                                                            \
+    uint64_t t = (uint64_t)(uintptr_t)*eHandle;                                                              \
+    if (__builtin_expect(!chain_raw_ok(t), 0)) *eHandle = chain_handle(ctx, ours, (void*)t); /* else as is */ \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
   /* A Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (our start of these types    \
      reads no parent, so the descriptor goes to both plugins as it is): ours first, then theirs written     \
      straight into the entry kept beside our slot (zeroed first), as a tail call (NCCL ignores the result \
      codes of startEvent, stopEvent and recordEventState: profiler.cc). */                        \
-  static __attribute__((noinline)) ncclResult_t chain_op_start_v##V(dccl_ctx_t* ctx, void** eHandle,         \
-                                                                     ncclProfilerEventDescr_v##V##_t* d) {  \
+  ncclResult_t dccl_start_v##V##_chain_op(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     dccl_start_v##V##_rest(ctx, eHandle, d); /* (_core's inline cases are other types) */                   \
     uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our Coll/P2p handle (ctx's own) */               \
     if (o == 0) {                                                                                            \
@@ -285,18 +284,10 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     d->parentObj = parent;                                                                                  \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
-  /* Tail calls: no path pays another's register saves. */                                                  \
+  /* The starts dccl_start_vV_dispatch (chain.h) passes on. Tail calls: no path pays another's register     \
+     saves. */                                                                                               \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
-    uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
-    /* (chain_kch_type: KernelCh where the chained plugin gets it, else 0: the type test costs nothing) */  \
-    if (type == ctx->chain_kch_type && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
-        DCCL_H_CTX(p) == ctx->index)                                                                         \
-      return dccl_start_v##V##_chain_kch(ctx, eHandle, d);                                                   \
-    if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
-      /* (the masks: DCCL_DUMMY_TYPES and Coll | P2p, each of them only where forwarded) */                   \
-      if (type & ctx->chain_dummy_types) return chain_dummy_start_v##V(ctx, eHandle, d);                     \
-      if (type & ctx->chain_op_types) return chain_op_start_v##V(ctx, eHandle, d);                           \
-    }                                                                                                        \
+    uint64_t type = (uint64_t)d->type;                                                                       \
     if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
       return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
     if (type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                                \
@@ -357,10 +348,10 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
                        ctx->chain_kch == NULL, 0))
     return chain_kch_record_slow(h, eState, args);
   dccl_slot_t* s = &ctx->slots[i];
-  uint64_t o = h & ~(uint64_t)DCCL_H_CHAINED;
-  if (__builtin_expect(!handle_live(s, o), 0)) return chain_kch_record_slow(h, eState, args);
+  if (__builtin_expect(!handle_live(s, h), 0)) return chain_kch_record_slow(h, eState, args);
   uintptr_t t = atomic_load_explicit(&ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + DCCL_H_CH(h)], memory_order_acquire);
-  kch_stopped_live(ctx, s, o, args ? args->kernelCh.pTimer : 0);
+  /* (h with its chained bit: handle_live and kch_stopped_live read only its channel, slot and generation) */
+  kch_stopped_live(ctx, s, h, args ? args->kernelCh.pTimer : 0);
   if (t == 0) return ncclSuccess;
   ctx->chain_record((void*)t, eState, args);
   return ctx->chain_stop((void*)t);

@@ -93,7 +93,24 @@ ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, 
   /* the part of _core after its inline cases: Coll, P2p, CeColl and the proxy events */                     \
   ncclResult_t dccl_start_v##V##_rest(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
-  ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);
+  ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  ncclResult_t dccl_start_v##V##_chain_dummy(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  ncclResult_t dccl_start_v##V##_chain_op(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);  \
+  /* A chained communicator's start (dccl_start_vV_dispatch), inlined into each version's startEvent (plugin.c), one tail call to    \
+     its path: KernelCh (the most frequent; chain_kch_type is 0 unless the chained plugin gets KernelCh,     \
+     and _chain_kch passes a parent that is no kept Coll/P2p of ours on to _chain); an untracked parent or  \
+     a Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (tag 0: nothing to          \
+     translate; the masks are DCCL_DUMMY_TYPES and Coll | P2p where forwarded); any other in _chain. */     \
+  static inline __attribute__((always_inline)) ncclResult_t dccl_start_v##V##_dispatch(                       \
+      dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) {                                \
+    uint64_t type = (uint64_t)d->type;                                                                       \
+    if (type == ctx->chain_kch_type) return dccl_start_v##V##_chain_kch(ctx, eHandle, d);                    \
+    if (DCCL_H_TAG((uint64_t)(uintptr_t)d->parentObj) == 0) {                                                \
+      if (type & ctx->chain_dummy_types) return dccl_start_v##V##_chain_dummy(ctx, eHandle, d);              \
+      if (type & ctx->chain_op_types) return dccl_start_v##V##_chain_op(ctx, eHandle, d);                    \
+    }                                                                                                        \
+    return dccl_start_v##V##_chain(ctx, eHandle, d);                                                         \
+  }
 DCCL_DECLARE_START(4)
 DCCL_DECLARE_START(5)
 DCCL_DECLARE_START(6)

@@ -215,12 +215,8 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     if (eHandle == NULL) return ncclSuccess;                                                                 \
     *eHandle = NULL;                                                                                         \
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
-    if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0)) {                                        \
-      /* the most frequent chained start first (chain_kch_type: 0 unless the chained plugin gets KernelCh) */ \
-      if ((uint64_t)d->type == ((dccl_ctx_t*)context)->chain_kch_type)                                       \
-        return fn##_chain_kch((dccl_ctx_t*)context, eHandle, d);                                             \
-      return fn##_chain((dccl_ctx_t*)context, eHandle, d);                                                   \
-    }                                                                                                        \
+    if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0))                                          \
+      return fn##_dispatch((dccl_ctx_t*)context, eHandle, d); /* chain.h */                                       \
     return fn##_body(context, eHandle, d); /* inlined: no second jump on the most frequent starts */         \
   }                                                                                                          \
   ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) { return fn##_body(context, eHandle, d); } \
