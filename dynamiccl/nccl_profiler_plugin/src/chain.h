@@ -78,6 +78,10 @@ void dccl_chain_unload(void);
 extern _Atomic(dccl_chain_stop_fn) dccl_chain_raw_stop;
 extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
 
+/* An event that reaches neither plugin: its handle's slot, channel entry or ring entry moved on, or its
+   communicator is gone. */
+static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
+
 /* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
 /* a Coll/P2p of ours (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) */
@@ -87,21 +91,23 @@ ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, nccl
    state also forwards the chained plugin's stop (its stopEvent then does nothing) */
 ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
 
-/* plugin.c: our own start per version (no chain), and the chained start (chain.c) */
+/* plugin.c: our own start per version (no chain), and the chained starts (chain.c). A chained
+   communicator's start goes from startEvent (dccl_start_vV_dispatch, inlined there) to its path in one
+   tail call: KernelCh, the most frequent (chain_kch_type is 0 unless the chained plugin gets KernelCh;
+   _chain_kch passes a parent that is no kept Coll/P2p of this communicator on to _chain); an untracked
+   parent or a Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (tag 0: nothing
+   to translate; the masks are DCCL_DUMMY_TYPES and Coll | P2p where forwarded); any other to _chain. */
 #define DCCL_DECLARE_START(V)                                                                               \
   ncclResult_t dccl_start_v##V##_core(void* context, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
   /* the part of _core after its inline cases: Coll, P2p, CeColl and the proxy events */                     \
   ncclResult_t dccl_start_v##V##_rest(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
-  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
-  ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
-  ncclResult_t dccl_start_v##V##_chain_dummy(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
-  ncclResult_t dccl_start_v##V##_chain_op(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);  \
-  /* A chained communicator's start (dccl_start_vV_dispatch), inlined into each version's startEvent (plugin.c), one tail call to    \
-     its path: KernelCh (the most frequent; chain_kch_type is 0 unless the chained plugin gets KernelCh,     \
-     and _chain_kch passes a parent that is no kept Coll/P2p of ours on to _chain); an untracked parent or  \
-     a Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (tag 0: nothing to          \
-     translate; the masks are DCCL_DUMMY_TYPES and Coll | P2p where forwarded); any other in _chain. */     \
-  static inline __attribute__((always_inline)) ncclResult_t dccl_start_v##V##_dispatch(                       \
+  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle,                                \
+                                           ncclProfilerEventDescr_v##V##_t* d);                             \
+  ncclResult_t dccl_start_v##V##_chain_dummy(dccl_ctx_t* ctx, void** eHandle,                              \
+                                             ncclProfilerEventDescr_v##V##_t* d);                           \
+  ncclResult_t dccl_start_v##V##_chain_op(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  static inline __attribute__((always_inline)) ncclResult_t dccl_start_v##V##_dispatch(                     \
       dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) {                                \
     uint64_t type = (uint64_t)d->type;                                                                       \
     if (type == ctx->chain_kch_type) return dccl_start_v##V##_chain_kch(ctx, eHandle, d);                    \
