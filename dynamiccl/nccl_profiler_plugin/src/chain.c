@@ -197,8 +197,8 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
      decides afresh (nothing was written here before that). */                                             \
   ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
-    if (DCCL_H_ROUTE(p) != (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) || DCCL_H_CTX(p) != ctx->index)                \
-      return dccl_start_v##V##_chain(ctx, eHandle, d); /* not under a kept Coll/P2p of this communicator */ \
+    if (((uint32_t)p & DCCL_H_KEPT_OP_MASK) != ctx->chain_op_key) /* no kept Coll/P2p of this communicator */ \
+      return dccl_start_v##V##_chain(ctx, eHandle, d);                                                       \
     uint32_t i = DCCL_H_SLOT(p);                                                                             \
     uint64_t ch = d->kernelCh.channelId;                                                                     \
     if (__builtin_expect(i >= ctx->pool_size || ch >= DCCL_MAX_CHANNELS, 0))                                 \

@@ -78,6 +78,11 @@ void dccl_chain_unload(void);
 extern _Atomic(dccl_chain_stop_fn) dccl_chain_raw_stop;
 extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
 
+/* The bits of a handle that say it is a kept (chained) Coll/P2p handle of communicator `index`: route and
+   communicator index, compared in one test (ctx->chain_op_key, set at attach). */
+#define DCCL_H_KEPT_OP_MASK (3u | DCCL_H_CHAINED | ((DCCL_MAX_CTX - 1) << 8))
+#define DCCL_H_KEPT_OP_KEY(index) (DCCL_H_TAG_SLOT | DCCL_H_CHAINED | ((uint32_t)(index) << 8))
+
 /* An event that reaches neither plugin: its handle's slot, channel entry or ring entry moved on, or its
    communicator is gone. */
 static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }

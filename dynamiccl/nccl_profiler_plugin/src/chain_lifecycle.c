@@ -143,6 +143,7 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   ctx->chain_op_types = ctx->chain_types & (ncclProfileColl | ncclProfileP2p);
   ctx->chain_kch = kch;
   ctx->chain_op = op;
+  ctx->chain_op_key = DCCL_H_KEPT_OP_KEY(ctx->index);
   ctx->chain_ctx = c->ctx;
   /* startEvent sits at the same place in every version's table (its descriptor type differs) */
   ctx->chain_start = abi == 4 ? (void (*)(void))((const ncclProfiler_v4_t*)table)->startEvent
@@ -169,6 +170,7 @@ void dccl_chain_free(dccl_ctx_t* ctx) {
   ctx->chain = NULL;
   ctx->chain_types = ctx->chain_kch_type = ctx->chain_dummy_types = ctx->chain_op_types = 0;
   ctx->chain_kch = ctx->chain_op = NULL;
+  ctx->chain_op_key = 0;
   ctx->chain_start = NULL;
   ctx->chain_ctx = NULL;
   ctx->chain_stop = NULL;

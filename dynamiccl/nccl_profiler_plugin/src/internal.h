@@ -190,6 +190,9 @@ typedef struct dccl_ctx {
      period after its start. */
   struct dccl_reap_seen { uint64_t ctl, ns; }* reap;
   uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
+  /* chained: the route and communicator bits of a kept Coll/P2p handle of ours, DCCL_H_KEPT_OP_KEY (chain.h);
+     else 0, which no handle's bits under that mask equal (in the padding after `index`) */
+  uint32_t chain_op_key;
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
   uint64_t announced_conn;       /* sender: connection on which the COMM record was sent (registry lock) */
