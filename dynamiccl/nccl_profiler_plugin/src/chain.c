@@ -153,7 +153,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
 /* Our start with our parent, theirs with theirs. The descriptor is NCCL's per-call object, passed
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
    restored before returning (a copy of the whole descriptor per start would cost more than the rest),
-   except on the KernelCh path, where the chained start is a tail call (chain_kch_start). */
+   except on the KernelCh path, where the chained start is a tail call (dccl_start_vV_chain_kch). */
 /* The chained plugin's startEvent, cached in the context at attach (chain_lifecycle.c). */
 #define CHAIN_START_FN(V, ctx) ((ncclResult_t(*)(void*, void**, ncclProfilerEventDescr_v##V##_t*))(ctx)->chain_start)
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
@@ -191,10 +191,10 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     d->parentObj = tp;                                                                                       \
     return CHAIN_START_FN(V, ctx)(ctx->chain_ctx, (void**)kept, d);                                          \
   }                                                                                                          \
-  /* The usual KernelCh start under a kept Coll/P2p (the slot live, the channel in range, its aggregate   \
-     this generation's, the channel not started yet), as chain_kch_slow would do it but with no call      \
-     before the tail call, so with no register saves; any other case goes to chain_kch_slow, which         \
-     decides afresh (nothing was written here before that). */                                             \
+  /* The usual KernelCh start under a kept Coll/P2p (the slot live, the channel in range and not started  \
+     yet in this generation), as chain_kch_slow does it but with no call before the tail call (kagg_init  \
+     inline): 2 register saves instead of 4. Any other case goes to chain_kch_slow, which decides afresh  \
+     (only *eHandle was written before, and chain_kch_slow writes it on each of its paths). */             \
   ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
     if (((uint32_t)p & DCCL_H_KEPT_OP_MASK) != ctx->chain_op_key) /* no kept Coll/P2p of this communicator */ \

@@ -18,7 +18,10 @@
  *    parent) until the slot's next operation, and a handle of an earlier occupant never reaches the
  *    chained plugin (counted in chain_stale). A KernelCh's stop is forwarded at its KernelChStop
  *    state, which NCCL always calls right before it on the same thread (profiler.cc), so each
- *    channel's handle is decoded and checked once.
+ *    channel's handle is decoded and checked once. A KernelCh start and its KernelChStop state take
+ *    a path for the usual case (the operation live, the channel in range and new) with fewer tests
+ *    and register saves; any other case goes to the general path, which decides afresh (nothing was
+ *    written before it): chain.c dccl_start_vV_chain_kch, chain_kept.c dccl_chain_kch_record.
  *  - every other event (API events, KernelPhase, proxy events, and events we did not record): an
  *    entry of the communicator's chain ring holding both handles (ours, theirs), written with one
  *    atomic add and a seqlock stamp. An entry is reused after DCCL_CHAIN_ENTRIES later ring events
