@@ -1,5 +1,6 @@
 /* DynamICCL profiler plugin: DYNAMICCL_PROFILER_CHAIN, the event paths that forward every call to a
- * second profiler plugin (chain.h has the design; loading, init and finalize: chain_lifecycle.c).
+ * second profiler plugin (chain.h has the design; the KernelCh states and Coll/P2p stops of our kept
+ * handles: chain_kept.c; loading, init and finalize: chain_lifecycle.c).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -46,8 +47,6 @@ stale:
 
 /* ------------------------------------------------------------------------------------------ */
 /* The handles kept beside our slots (chain.h)                                                 */
-
-static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
 
 /* Our own chained Coll/P2p or KernelCh handle (tag 1 or 2 with DCCL_H_CHAINED)? */
 static inline int chain_is_kept(uint64_t h) {
@@ -139,7 +138,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     return NULL;
   }
   dccl_slot_t* s = &ctx->slots[i];
-  uintptr_t t = atomic_load_explicit(&ctx->chain->op[i], memory_order_acquire);
+  uintptr_t t = atomic_load_explicit(&ctx->chain_op[i], memory_order_acquire);
   uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
   if (((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(p)) { /* the slot's next operation: neither plugin's */
     kch_reject();
@@ -154,16 +153,17 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
 /* Our start with our parent, theirs with theirs. The descriptor is NCCL's per-call object, passed
    as non-const and used by nobody else during the call: its parentObj is swapped in place and
    restored before returning (a copy of the whole descriptor per start would cost more than the rest),
-   except on the KernelCh path, where the chained start is a tail call (chain_kch_start). */
+   except on the KernelCh path, where the chained start is a tail call (dccl_start_vV_chain_kch). */
+/* The chained plugin's startEvent, cached in the context at attach (chain_lifecycle.c). */
+#define CHAIN_START_FN(V, ctx) ((ncclResult_t(*)(void*, void**, ncclProfilerEventDescr_v##V##_t*))(ctx)->chain_start)
 #define DCCL_DEFINE_CHAIN_START(V)                                                                          \
   /* A KernelCh under a kept Coll/P2p that ours refused (counted): theirs alone. */                         \
   static __attribute__((noinline)) ncclResult_t chain_kch_alone_v##V(dccl_ctx_t* ctx, void** eHandle,        \
                                                                       ncclProfilerEventDescr_v##V##_t* d,    \
                                                                       void* tp) {                            \
     void *parent = d->parentObj, *theirs = NULL;                                                             \
-    const dccl_chain_t* c = ctx->chain;                                                                      \
     d->parentObj = tp;                                                                                       \
-    ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, &theirs, d);                                \
+    CHAIN_START_FN(V, ctx)(ctx->chain_ctx, &theirs, d);                                                      \
     d->parentObj = parent;                                                                                  \
     *eHandle = chain_handle(ctx, NULL, theirs);                                                              \
     return ncclSuccess;                                                                                     \
@@ -173,23 +173,54 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
      may leave its eHandle untouched). That entry is written and read only on the communicator's proxy       \
      thread (KernelCh start, KernelChStop state and stop all come from it), after our start stamped the     \
      channel entry's generation, so a reader that checks the stamp never takes an earlier occupant's. */  \
-  static __attribute__((noinline)) ncclResult_t chain_kch_start_v##V(dccl_ctx_t* ctx, void** eHandle,        \
-                                                                      ncclProfilerEventDescr_v##V##_t* d) { \
+  static __attribute__((noinline)) ncclResult_t chain_kch_slow_v##V(dccl_ctx_t* ctx, void** eHandle,         \
+                                                                     ncclProfilerEventDescr_v##V##_t* d) {  \
     uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
     uint8_t ch = d->kernelCh.channelId;                                                                      \
-    void* tp = chain_kch_begin(ctx, p, ch, d->kernelCh.pTimer, eHandle);                                     \
-    uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our KernelCh handle (slot of p, channel ch) */   \
+    void* ours = NULL;                                                                                       \
+    void* tp = chain_kch_begin(ctx, p, ch, d->kernelCh.pTimer, &ours);                                       \
+    uint64_t o = (uint64_t)(uintptr_t)ours; /* NULL or our KernelCh handle (slot of p, channel ch) */       \
     if (o == 0) return chain_kch_alone_v##V(ctx, eHandle, d, tp);                                            \
     _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)DCCL_H_SLOT(p) * DCCL_MAX_CHANNELS + ch];              \
     atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
     atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
-    const dccl_chain_t* c = ctx->chain;                                                                      \
     /* A tail call, parentObj left as theirs: NCCL's KernelCh descriptor is a local of                      \
        ncclProfilerStartKernelChEvent, built for this one call and dead after it (profiler.cc, every        \
        release with KernelCh), so no register is saved to restore it. */                                    \
     d->parentObj = tp;                                                                                       \
-    return ((const ncclProfiler_v##V##_t*)c->table)->startEvent(c->ctx, (void**)kept, d);                    \
+    return CHAIN_START_FN(V, ctx)(ctx->chain_ctx, (void**)kept, d);                                          \
+  }                                                                                                          \
+  /* The usual KernelCh start under a kept Coll/P2p (the slot live, the channel in range and not started  \
+     yet in this generation), as chain_kch_slow does it but with no call before the tail call (kagg_init  \
+     inline): 2 register saves instead of 4. Any other case goes to chain_kch_slow, which decides afresh  \
+     (only *eHandle was written before, and chain_kch_slow writes it on each of its paths). */             \
+  ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
+    uint64_t p = (uint64_t)(uintptr_t)d->parentObj;                                                          \
+    if (((uint32_t)p & DCCL_H_KEPT_OP_MASK) != ctx->chain_op_key) /* no kept Coll/P2p of this communicator */ \
+      return dccl_start_v##V##_chain(ctx, eHandle, d);                                                       \
+    uint32_t i = DCCL_H_SLOT(p);                                                                             \
+    uint64_t ch = d->kernelCh.channelId;                                                                     \
+    if (__builtin_expect(i >= ctx->pool_size || ch >= DCCL_MAX_CHANNELS, 0))                                 \
+      return chain_kch_slow_v##V(ctx, eHandle, d);                                                           \
+    /* our KernelCh handle (start_kch_in's), p's chained bit kept: written first, so that eHandle needs no \
+       register from here on (chain_kch_slow writes *eHandle on each of its paths) */                      \
+    *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | (ch << 2));                          \
+    dccl_slot_t* s = &ctx->slots[i];                                                                         \
+    /* their parent before our liveness check (chain_kch_begin's order) */                                  \
+    uintptr_t tp = atomic_load_explicit(&ctx->chain_op[i], memory_order_acquire);                            \
+    if (__builtin_expect(!handle_live(s, p), 0)) return chain_kch_slow_v##V(ctx, eHandle, d);                \
+    uint32_t g = (uint32_t)DCCL_H_GEN(p);                                                                    \
+    uint64_t bit = 1ull << ch;                                                                               \
+    if (__builtin_expect(s->kagg.gen != g, 0)) kagg_init(&s->kagg, g); /* the operation's first channel */ \
+    else if (__builtin_expect(s->kagg.started & bit, 0)) return chain_kch_slow_v##V(ctx, eHandle, d);        \
+    d->parentObj = (void*)tp; /* theirs gets its own parent (a tail call: chain_kch_slow says why the       \
+                                 descriptor is not restored) */                                             \
+    kch_begin(ctx, s, ch, bit, g, d->kernelCh.pTimer);                                                       \
+    _Atomic uintptr_t* kept = &ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + ch];                           \
+    atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
+    atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
+    return CHAIN_START_FN(V, ctx)(ctx->chain_ctx, (void**)kept, d);                                          \
   }                                                                                                          \
   /* Any other start; `dummy`: an untracked parent (ours is the dummy, whatever its parent). Called with \
      a constant `dummy`, so each caller gets its own copy. */                                                \
@@ -205,8 +236,7 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
       dccl_start_v##V##_core(ctx, &ours, d);                                                                 \
     }                                                                                                        \
     d->parentObj = pt;                                                                                      \
-    const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
-    t->startEvent(ctx->chain->ctx, &theirs, d);                                                             \
+    CHAIN_START_FN(V, ctx)(ctx->chain_ctx, &theirs, d);                                                      \
     d->parentObj = parent;                                                                                  \
     *eHandle = chain_handle(ctx, ours, theirs);                                                             \
     return ncclSuccess;                                                                                     \
@@ -214,33 +244,31 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
   /* An untracked parent (GroupApi, CollApi, ...) whose parent is NCCL's NULL or the chained plugin's own   \
      handle: ours is the dummy and needs no parent, theirs is the same descriptor, written straight to     \
      NCCL's eHandle; it goes to NCCL as it is unless it is NULL or looks like ours (chain_handle). */     \
-  static __attribute__((noinline)) ncclResult_t chain_dummy_start_v##V(dccl_ctx_t* ctx, void** eHandle,      \
-                                                                        ncclProfilerEventDescr_v##V##_t* d) { \
+  ncclResult_t dccl_start_v##V##_chain_dummy(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
     void* ours;                                                                                              \
     start_dummy(ctx, &ours, (uint64_t)d->type);                                                              \
-    ((const ncclProfiler_v##V##_t*)ctx->chain->table)->startEvent(ctx->chain->ctx, eHandle, d);              \
-    *eHandle = chain_handle(ctx, ours, *eHandle);                                                            \
+    CHAIN_START_FN(V, ctx)(ctx->chain_ctx, eHandle, d);                                                      \
+    uint64_t t = (uint64_t)(uintptr_t)*eHandle;                                                              \
+    if (__builtin_expect(!chain_raw_ok(t), 0)) *eHandle = chain_handle(ctx, ours, (void*)t); /* else as is */ \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
   /* A Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (our start of these types    \
      reads no parent, so the descriptor goes to both plugins as it is): ours first, then theirs written     \
      straight into the entry kept beside our slot (zeroed first), as a tail call (NCCL ignores the result \
      codes of startEvent, stopEvent and recordEventState: profiler.cc). */                        \
-  static __attribute__((noinline)) ncclResult_t chain_op_start_v##V(dccl_ctx_t* ctx, void** eHandle,         \
-                                                                     ncclProfilerEventDescr_v##V##_t* d) {  \
-    dccl_start_v##V##_core(ctx, eHandle, d);                                                                 \
-    const ncclProfiler_v##V##_t* t = ctx->chain->table;                                                     \
+  ncclResult_t dccl_start_v##V##_chain_op(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
+    dccl_start_v##V##_rest(ctx, eHandle, d); /* (_core's inline cases are other types) */                   \
     uint64_t o = (uint64_t)(uintptr_t)*eHandle; /* NULL or our Coll/P2p handle (ctx's own) */               \
     if (o == 0) {                                                                                            \
-      t->startEvent(ctx->chain->ctx, eHandle, d);                                                            \
+      CHAIN_START_FN(V, ctx)(ctx->chain_ctx, eHandle, d);                                                    \
       *eHandle = chain_handle(ctx, NULL, *eHandle);                                                          \
       return ncclSuccess;                                                                                   \
     }                                                                                                        \
-    _Atomic uintptr_t* kept = &ctx->chain->op[DCCL_H_SLOT(o)];                                               \
+    _Atomic uintptr_t* kept = &ctx->chain_op[DCCL_H_SLOT(o)];                                                \
     atomic_store_explicit(kept, 0, memory_order_relaxed);                                                    \
     atomic_thread_fence(memory_order_release); /* our stamp before their handle (chain_kept's order) */      \
     *eHandle = (void*)(uintptr_t)(o | DCCL_H_CHAINED);                                                       \
-    return t->startEvent(ctx->chain->ctx, (void**)kept, d);                                                  \
+    return CHAIN_START_FN(V, ctx)(ctx->chain_ctx, (void**)kept, d);                                          \
   }                                                                                                          \
   /* An event of a type NCCL would not give the chained plugin alone (dccl_chain_types): ours only, and   \
      its handle never chained. A chained parent of ours (a KernelCh's Coll/P2p, a KernelPhase's KernelCh)  \
@@ -255,18 +283,10 @@ static inline __attribute__((always_inline)) void* chain_kch_begin(dccl_ctx_t* c
     d->parentObj = parent;                                                                                  \
     return ncclSuccess;                                                                                     \
   }                                                                                                          \
-  /* Tail calls: no path pays another's register saves. */                                                  \
+  /* The starts dccl_start_vV_dispatch (chain.h) passes on. Tail calls: no path pays another's register     \
+     saves. */                                                                                               \
   ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) { \
-    uint64_t p = (uint64_t)(uintptr_t)d->parentObj, type = (uint64_t)d->type;                                \
-    /* (chain_kch_type: KernelCh where the chained plugin gets it, else 0: the type test costs nothing) */  \
-    if (type == ctx->chain_kch_type && DCCL_H_ROUTE(p) == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) &&              \
-        DCCL_H_CTX(p) == ctx->index)                                                                         \
-      return chain_kch_start_v##V(ctx, eHandle, d);                                                          \
-    if (DCCL_H_TAG(p) == 0) { /* NCCL's NULL or the chained plugin's own: nothing to translate */          \
-      /* (the masks: DCCL_DUMMY_TYPES and Coll | P2p, each of them only where forwarded) */                   \
-      if (type & ctx->chain_dummy_types) return chain_dummy_start_v##V(ctx, eHandle, d);                     \
-      if (type & ctx->chain_op_types) return chain_op_start_v##V(ctx, eHandle, d);                           \
-    }                                                                                                        \
+    uint64_t type = (uint64_t)d->type;                                                                       \
     if (__builtin_expect(!(ctx->chain_types & type), 0)) /* a type it would not get alone: ours only */       \
       return chain_ours_only_v##V(ctx, eHandle, d);                                                          \
     if (type & DCCL_DUMMY_TYPES) return chain_start_v##V(ctx, eHandle, d, 1);                                \
@@ -281,58 +301,6 @@ DCCL_DEFINE_CHAIN_START(7)
 static inline ncclResult_t chain_raw_stop(uint64_t h) {
   dccl_chain_stop_fn f = atomic_load_explicit(&dccl_chain_raw_stop, memory_order_relaxed);
   return f ? f((void*)(uintptr_t)h) : ncclSuccess;
-}
-
-/* KernelCh state of a chained KernelCh handle of ours. The kept handle is read first, as our
-   KernelChStop may complete the operation; it is forwarded while the channel entry's generation stamp
-   still names the handle's operation (implied while that operation is live: only its start stamped
-   the entry), else counted. NCCL stops a KernelCh only right after its KernelChStop state, on the same
-   thread and handle (profiler.cc, ncclProfilerStopKernelChEvent: recordEventState then stopEvent), so
-   the chained plugin gets its stop here, after its state: the stopEvent that follows finds nothing
-   left to do (dccl_stop_core), and the handle is decoded and checked once per channel, not twice. */
-ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args) {
-  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-  uint32_t i = DCCL_H_SLOT(h), ch = DCCL_H_CH(h);
-  int kstop = eState == ncclProfilerKernelChStop;
-  if (ctx == NULL || i >= ctx->pool_size || ctx->chain_kch == NULL) { /* gone, or its index reused unchained */
-    if (kstop) kch_reject();
-    chain_stale_count();
-    return ncclSuccess;
-  }
-  dccl_slot_t* s = &ctx->slots[i];
-  uintptr_t t = atomic_load_explicit(&ctx->chain_kch[(size_t)i * DCCL_MAX_CHANNELS + ch], memory_order_acquire);
-  uint64_t o = h & ~(uint64_t)DCCL_H_CHAINED;
-  if (kstop && handle_live(s, o)) {
-    kch_stopped_live(ctx, s, o, args ? args->kernelCh.pTimer : 0);
-  } else {
-    if (kstop) kch_reject(); /* ours finished or was reaped (theirs may still be due its state) */
-    if ((atomic_load_explicit(&s->kgen[ch], memory_order_relaxed) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) {
-      chain_stale_count(); /* the entry moved on to another operation: neither plugin's */
-      return ncclSuccess;
-    }
-  }
-  if (t == 0) return ncclSuccess;
-  if (!kstop) return ctx->chain_record((void*)t, eState, args);
-  ctx->chain_record((void*)t, eState, args);
-  return ctx->chain_stop((void*)t);
-}
-
-/* The stop of a chained Coll/P2p handle of ours: one decode for both plugins. The kept handle is read
-   before our stop, which may complete the operation (and free the slot for the next one); it is
-   forwarded while the slot's generation is still the handle's, finished or not (chain_kept). */
-ncclResult_t dccl_chain_op_stop(uint64_t h) {
-  dccl_ctx_t* ctx = atomic_load_explicit(&dccl_ctx_tab[DCCL_H_CTX(h)], memory_order_acquire);
-  uint32_t i = DCCL_H_SLOT(h);
-  if (ctx == NULL || ctx->chain == NULL || i >= ctx->pool_size) goto stale; /* gone, or its index reused */
-  dccl_slot_t* s = &ctx->slots[i];
-  uintptr_t t = atomic_load_explicit(&ctx->chain->op[i], memory_order_acquire);
-  uint64_t c = atomic_load_explicit(&s->ctl, memory_order_acquire);
-  if (((c >> 1) & DCCL_H_GEN_MASK) != DCCL_H_GEN(h)) goto stale; /* the slot's next operation: neither plugin's */
-  if (!(c & 1)) slot_mark(s, h, DCCL_DONE_STOPPED);               /* ours, while in flight */
-  return t ? ctx->chain_stop((void*)t) : ncclSuccess;
-stale:
-  chain_stale_count();
-  return ncclSuccess;
 }
 
 ncclResult_t dccl_chain_stop(uint64_t h) {

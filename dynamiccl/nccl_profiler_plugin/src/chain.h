@@ -18,7 +18,10 @@
  *    parent) until the slot's next operation, and a handle of an earlier occupant never reaches the
  *    chained plugin (counted in chain_stale). A KernelCh's stop is forwarded at its KernelChStop
  *    state, which NCCL always calls right before it on the same thread (profiler.cc), so each
- *    channel's handle is decoded and checked once.
+ *    channel's handle is decoded and checked once. A KernelCh start and its KernelChStop state take
+ *    a path for the usual case (the operation live, the channel in range and new) with fewer tests
+ *    and register saves; any other case goes to the general path, which decides afresh (nothing was
+ *    written before it): chain.c dccl_start_vV_chain_kch, chain_kept.c dccl_chain_kch_record.
  *  - every other event (API events, KernelPhase, proxy events, and events we did not record): an
  *    entry of the communicator's chain ring holding both handles (ours, theirs), written with one
  *    atomic add and a seqlock stamp. An entry is reused after DCCL_CHAIN_ENTRIES later ring events
@@ -78,6 +81,15 @@ void dccl_chain_unload(void);
 extern _Atomic(dccl_chain_stop_fn) dccl_chain_raw_stop;
 extern _Atomic(dccl_chain_record_fn) dccl_chain_raw_record;
 
+/* The bits of a handle that say it is a kept (chained) Coll/P2p handle of communicator `index`: route and
+   communicator index, compared in one test (ctx->chain_op_key, set at attach). */
+#define DCCL_H_KEPT_OP_MASK (3u | DCCL_H_CHAINED | ((DCCL_MAX_CTX - 1) << 8))
+#define DCCL_H_KEPT_OP_KEY(index) (DCCL_H_TAG_SLOT | DCCL_H_CHAINED | ((uint32_t)(index) << 8))
+
+/* An event that reaches neither plugin: its handle's slot, channel entry or ring entry moved on, or its
+   communicator is gone. */
+static inline void chain_stale_count(void) { atomic_fetch_add_explicit(&dccl_g.chain_stale, 1, memory_order_relaxed); }
+
 /* hot path: a chained handle (DCCL_H_CHAINED, or a ring handle) */
 ncclResult_t dccl_chain_stop(uint64_t h);
 /* a Coll/P2p of ours (DCCL_H_TAG_SLOT | DCCL_H_CHAINED) */
@@ -87,10 +99,32 @@ ncclResult_t dccl_chain_record(uint64_t h, ncclProfilerEventState_t eState, nccl
    state also forwards the chained plugin's stop (its stopEvent then does nothing) */
 ncclResult_t dccl_chain_kch_record(uint64_t h, ncclProfilerEventState_t eState, ncclProfilerEventStateArgs_v4_t* args);
 
-/* plugin.c: our own start per version (no chain), and the chained start (chain.c) */
+/* plugin.c: our own start per version (no chain), and the chained starts (chain.c). A chained
+   communicator's start goes from startEvent (dccl_start_vV_dispatch, inlined there) to its path in one
+   tail call: KernelCh, the most frequent (chain_kch_type is 0 unless the chained plugin gets KernelCh;
+   _chain_kch passes a parent that is no kept Coll/P2p of this communicator on to _chain); an untracked
+   parent or a Coll/P2p whose parent is NCCL's NULL or the chained plugin's own handle (tag 0: nothing
+   to translate; the masks are DCCL_DUMMY_TYPES and Coll | P2p where forwarded); any other to _chain. */
 #define DCCL_DECLARE_START(V)                                                                               \
   ncclResult_t dccl_start_v##V##_core(void* context, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);   \
-  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d);
+  /* the part of _core after its inline cases: Coll, P2p, CeColl and the proxy events */                     \
+  ncclResult_t dccl_start_v##V##_rest(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  ncclResult_t dccl_start_v##V##_chain(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  ncclResult_t dccl_start_v##V##_chain_kch(dccl_ctx_t* ctx, void** eHandle,                                \
+                                           ncclProfilerEventDescr_v##V##_t* d);                             \
+  ncclResult_t dccl_start_v##V##_chain_dummy(dccl_ctx_t* ctx, void** eHandle,                              \
+                                             ncclProfilerEventDescr_v##V##_t* d);                           \
+  ncclResult_t dccl_start_v##V##_chain_op(dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d); \
+  static inline __attribute__((always_inline)) ncclResult_t dccl_start_v##V##_dispatch(                     \
+      dccl_ctx_t* ctx, void** eHandle, ncclProfilerEventDescr_v##V##_t* d) {                                \
+    uint64_t type = (uint64_t)d->type;                                                                       \
+    if (type == ctx->chain_kch_type) return dccl_start_v##V##_chain_kch(ctx, eHandle, d);                    \
+    if (DCCL_H_TAG((uint64_t)(uintptr_t)d->parentObj) == 0) {                                                \
+      if (type & ctx->chain_dummy_types) return dccl_start_v##V##_chain_dummy(ctx, eHandle, d);              \
+      if (type & ctx->chain_op_types) return dccl_start_v##V##_chain_op(ctx, eHandle, d);                    \
+    }                                                                                                        \
+    return dccl_start_v##V##_chain(ctx, eHandle, d);                                                         \
+  }
 DCCL_DECLARE_START(4)
 DCCL_DECLARE_START(5)
 DCCL_DECLARE_START(6)

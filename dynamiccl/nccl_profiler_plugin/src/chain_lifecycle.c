@@ -108,7 +108,11 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   dccl_chain_t* c = aligned_alloc(64, (sizeof *c + 63) & ~(size_t)63);
   dccl_chain_entry_t* ring = malloc(sizeof(dccl_chain_entry_t) * DCCL_CHAIN_ENTRIES);
   _Atomic uintptr_t* op = calloc(ctx->pool_size, sizeof *op);
-  _Atomic uintptr_t* kch = calloc((size_t)ctx->pool_size * DCCL_MAX_CHANNELS, sizeof *kch);
+  /* Line-aligned: a slot's first 8 channels share one cache line (calloc's 16-byte alignment split them
+     over two, and the table is cold where each operation's KernelCh starts touch it). */
+  size_t kch_bytes = (size_t)ctx->pool_size * DCCL_MAX_CHANNELS * sizeof(uintptr_t);
+  _Atomic uintptr_t* kch = aligned_alloc(64, kch_bytes);
+  if (kch != NULL) memset((void*)kch, 0, kch_bytes);
   if (c == NULL || ring == NULL || op == NULL || kch == NULL) {
     DCCL_WARN("DynamICCL profiler: DYNAMICCL_PROFILER_CHAIN: out of memory; communicator not chained");
     free(c);
@@ -138,6 +142,12 @@ void dccl_chain_attach(dccl_ctx_t* ctx, int abi, uint64_t commId, const char* co
   ctx->chain_dummy_types = ctx->chain_types & DCCL_DUMMY_TYPES;
   ctx->chain_op_types = ctx->chain_types & (ncclProfileColl | ncclProfileP2p);
   ctx->chain_kch = kch;
+  ctx->chain_op = op;
+  ctx->chain_op_key = DCCL_H_KEPT_OP_KEY(ctx->index);
+  ctx->chain_ctx = c->ctx;
+  /* startEvent sits at the same place in every version's table (its descriptor type differs) */
+  ctx->chain_start = abi == 4 ? (void (*)(void))((const ncclProfiler_v4_t*)table)->startEvent
+                              : (void (*)(void))((const ncclProfiler_v5_t*)table)->startEvent;
   ctx->chain_stop = c->stop;
   ctx->chain_record = c->record;
 }
@@ -159,6 +169,12 @@ void dccl_chain_free(dccl_ctx_t* ctx) {
   free(ctx->chain);
   ctx->chain = NULL;
   ctx->chain_types = ctx->chain_kch_type = ctx->chain_dummy_types = ctx->chain_op_types = 0;
+  ctx->chain_kch = ctx->chain_op = NULL;
+  ctx->chain_op_key = 0;
+  ctx->chain_start = NULL;
+  ctx->chain_ctx = NULL;
+  ctx->chain_stop = NULL;
+  ctx->chain_record = NULL;
 }
 
 /* At the last finalize: no communicator refers to the library any more. It is not unloaded: a

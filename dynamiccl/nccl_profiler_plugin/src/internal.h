@@ -190,6 +190,9 @@ typedef struct dccl_ctx {
      period after its start. */
   struct dccl_reap_seen { uint64_t ctl, ns; }* reap;
   uint32_t index;                /* slot in dccl_ctx_tab (handles carry it) */
+  /* chained: the route and communicator bits of a kept Coll/P2p handle of ours, DCCL_H_KEPT_OP_KEY (chain.h);
+     else 0, which no handle's bits under that mask equal (in the padding after `index`) */
+  uint32_t chain_op_key;
   uint64_t dead_ms;              /* CLOCK_MONOTONIC ms of finalize; 0 while live (registry lock) */
   struct dccl_ctx* next;         /* registry list (under dccl_g.registry) */
   uint64_t announced_conn;       /* sender: connection on which the COMM record was sent (registry lock) */
@@ -198,6 +201,9 @@ typedef struct dccl_ctx {
   uint64_t chain_kch_type;       /* ncclProfileKernelCh when among them, else 0 */
   uint64_t chain_dummy_types;    /* DCCL_DUMMY_TYPES among them */
   uint64_t chain_op_types;       /* Coll | P2p among them */
+  _Atomic uintptr_t* chain_op;   /* chain->op, one load nearer for the chained Coll/P2p and KernelCh paths */
+  void (*chain_start)(void);     /* the chained plugin's startEvent (its table's version), likewise */
+  void* chain_ctx;               /* chain->ctx, likewise */
   /* written on the hot path */
   _Atomic uint64_t cursor __attribute__((aligned(64)));
   _Atomic uint64_t dropped_pool_full;

@@ -37,8 +37,7 @@ static inline void kch_reject(void) { atomic_fetch_add_explicit(&dccl_g.kch_drop
 
 /* The first KernelCh start of generation g on the slot (its proxy thread): the aggregate of an
    earlier generation is discarded (dccl_kagg_t). Out of line: once per operation. */
-static __attribute__((noinline)) void kagg_reset(dccl_slot_t* s, uint32_t g) {
-  dccl_kagg_t* a = &s->kagg;
+static inline __attribute__((always_inline)) void kagg_init(dccl_kagg_t* a, uint32_t g) {
   a->gen = g;
   a->stopped = 0;
   a->flags = 0;
@@ -48,12 +47,24 @@ static __attribute__((noinline)) void kagg_reset(dccl_slot_t* s, uint32_t g) {
   a->gmax = 0;
   a->sync_ns = 0;
 }
+static __attribute__((noinline)) void kagg_reset(dccl_slot_t* s, uint32_t g) { kagg_init(&s->kagg, g); }
 
 /* The order guard at a KernelCh start (internal.h): a start pTimer before the latest collective
    stop the communicator saw on this channel makes the operation suspect. One relaxed load. */
 static inline void kch_order(dccl_ctx_t* ctx, dccl_kagg_t* a, uint8_t ch, uint64_t pTimer) {
   uint64_t last = atomic_load_explicit(&ctx->last_stop[ch], memory_order_relaxed);
   if (__builtin_expect(pTimer != 0 && pTimer + DCCL_KCH_ORDER_SLACK_NS < last, 0)) a->flags |= DCCL_KCH_SUSPECT;
+}
+
+/* The channel's start once the checks passed (channel in range, s->kagg this generation g's, the channel
+   not started in it): what its stop and children check (started bit, start pTimer, order guard, the
+   channel's generation stamp, released last). Shared by our start and the chained one (chain.c). */
+static inline __attribute__((always_inline)) void kch_begin(dccl_ctx_t* ctx, dccl_slot_t* s, uint8_t ch, uint64_t bit,
+                                                            uint32_t g, uint64_t pTimer) {
+  s->kagg.started |= bit;
+  s->kstart[ch] = pTimer;
+  kch_order(ctx, &s->kagg, ch, pTimer);
+  atomic_store_explicit(&s->kgen[ch], g, memory_order_release);
 }
 
 /* A KernelCh start whose parent p names slot s of ctx (handle_live checked by the caller). */
@@ -71,10 +82,7 @@ static inline __attribute__((always_inline)) void start_kch_in(dccl_ctx_t* ctx, 
     kch_reject();
     return;
   }
-  a->started |= bit;
-  s->kstart[channelId] = pTimer;
-  kch_order(ctx, a, channelId, pTimer);
-  atomic_store_explicit(&s->kgen[channelId], g, memory_order_release);
+  kch_begin(ctx, s, channelId, bit, g, pTimer);
   *eHandle = (void*)(uintptr_t)((p & ~(uint64_t)3) | DCCL_H_TAG_KCH | ((uint64_t)channelId << 2)); /* (p never chained) */
 }
 

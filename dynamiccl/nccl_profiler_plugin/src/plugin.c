@@ -208,7 +208,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
    with our own parent handle and the chained plugin with its own (for the types NCCL would give the
    chained plugin alone, ctx->chain_types; the others take fn##_core alone). */
 #define DCCL_DEFINE_START(fn, descr_t, COLL_TAG, COLL_SYM, COLL_VARIANT, P2P_TAG, CE_CASE, PHASE_FAST, API_FAST)        \
-  static __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);     \
+  __attribute__((noinline)) ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d);            \
   static inline __attribute__((always_inline)) ncclResult_t fn##_body(void* context, void** eHandle,        \
                                                                       descr_t* d);                          \
   static ncclResult_t fn(void* context, void** eHandle, descr_t* d) {                                       \
@@ -216,7 +216,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
     *eHandle = NULL;                                                                                         \
     if (context == NULL || d == NULL) return ncclSuccess;                                                    \
     if (__builtin_expect(((dccl_ctx_t*)context)->chain != NULL, 0))                                          \
-      return fn##_chain((dccl_ctx_t*)context, eHandle, d);                                                   \
+      return fn##_dispatch((dccl_ctx_t*)context, eHandle, d); /* chain.h */                                       \
     return fn##_body(context, eHandle, d); /* inlined: no second jump on the most frequent starts */         \
   }                                                                                                          \
   ncclResult_t fn##_core(void* context, void** eHandle, descr_t* d) { return fn##_body(context, eHandle, d); } \
@@ -232,7 +232,7 @@ static inline __attribute__((always_inline)) void start_phase(void** eHandle, vo
       return fn##_rest((dccl_ctx_t*)context, eHandle, d); /* a tail call */                                  \
     return ncclSuccess;                                                                                      \
   }                                                                                                          \
-  static ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                              \
+  ncclResult_t fn##_rest(dccl_ctx_t* ctx, void** eHandle, descr_t* d) {                                     \
     switch ((uint64_t)d->type) {                                                                             \
       case ncclProfileColl:                                                                                  \
         start_coll(ctx, eHandle, d->coll.seqNumber, d->coll.func, d->coll.datatype, d->coll.count,           \
@@ -294,6 +294,10 @@ ncclResult_t dccl_stop_core(void* eHandle) {
   uint32_t route = DCCL_H_ROUTE(h);
   if (route != DCCL_H_TAG_SLOT) {
     if (route == DCCL_H_TAG_DUMMY) return ncclSuccess; /* an untracked parent or a KernelPhase */
+    if (DCCL_H_TAG(h) == 0) { /* NULL, or the chained plugin's own handle (never ours: handles.h) */
+      dccl_chain_stop_fn f = atomic_load_explicit(&dccl_chain_raw_stop, memory_order_relaxed);
+      return h != 0 && f != NULL ? f(eHandle) : ncclSuccess;
+    }
     if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event, or a chain ring entry (handles.h) */
       return DCCL_H_IS_NET(h) ? dccl_net_stop(h) : dccl_chain_stop(h);
     if (route == (DCCL_H_TAG_SLOT | DCCL_H_CHAINED)) return dccl_chain_op_stop(h);
@@ -335,6 +339,10 @@ ncclResult_t dccl_record_state_core(void* eHandle, ncclProfilerEventState_t eSta
   if (route == DCCL_H_TAG_DUMMY) { /* an untracked parent, or (with a KernelCh payload) an initial_sync phase */
     if ((h >> 2) != 0 && eState == ncclProfilerKernelPhaseStop) phase_stopped(h, args ? args->kernelCh.pTimer : 0);
     return ncclSuccess;
+  }
+  if (DCCL_H_TAG(h) == 0) { /* NULL, or the chained plugin's own handle (a GroupApi's state) */
+    dccl_chain_record_fn f = atomic_load_explicit(&dccl_chain_raw_record, memory_order_relaxed);
+    return h != 0 && f != NULL ? f(eHandle, eState, args) : ncclSuccess;
   }
   if (route == (DCCL_H_TAG_DUMMY | DCCL_H_CHAINED)) /* a proxy event's (ProxyStep: the most frequent opt-in state) */
     return DCCL_H_IS_NET(h) ? dccl_net_record(h, eState, args) : dccl_chain_record(h, eState, args);

@@ -12,6 +12,7 @@
 #include "../src/plugin.c"
 #include "../src/finish.c"
 #include "../src/chain.c"
+#include "../src/chain_kept.c"
 #include "../src/chain_lifecycle.c"
 #include "../src/net.c"
 #include "../src/ring.c"
