@@ -12,6 +12,13 @@ out). Per kind of change (``do``): the median of those differences over the chan
 and the share of changes whose window sits more than ``HIGH`` (1.35x) above the reference.
 Labels on time show no rise before 0 and the shift from window 0 on.
 
+A second table says what each labelled change (both directions) moved, still from the records
+alone: its collectives' latency (the scorer's effect label, :mod:`dynamiccl.harness.testbed.effect`)
+and the job's rate of collective instances (instances per second in the ``RATE_AFTER`` span after
+the onset against the ``RATE_BEFORE`` seconds before it, moved when more than ``RATE_MOVE`` either
+way). A change that moves the rate and not the latency (a throttle on the link a DDP-like step
+loads its batch over, before its all-reduces) is one a latency detector cannot see.
+
 ``python -m dynamiccl.harness.corpus_onsets [--half dev] [--corpus PATH]``; the last line is
 ``key=value`` pairs (per kind: the largest median rise before the onset and the median shift in
 window 0). Run it on the dev half while developing (the lead scores the evaluation half once).
@@ -25,12 +32,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-__all__ = ["onset_rows", "profile", "BEFORE", "AFTER", "REF", "HIGH", "main"]
+__all__ = ["onset_rows", "profile", "rate_shift", "visibility", "BEFORE", "AFTER", "REF", "HIGH", "main"]
 
 BEFORE, AFTER = 8, 6          # windows (1 s) before and from the onset
 REF = (-15.0, -8.0)           # the reference span, seconds from the onset
 MIN_REF = 5                   # records the reference needs
 HIGH = float(np.log(1.35))    # "above the run's level": more than 1.35x its reference
+RATE_BEFORE = 8.0             # seconds of instances before the onset
+RATE_AFTER = (0.5, 4.5)       # ... and after it (the first half second is the change settling)
+RATE_MOVE = float(np.log(1.25))
 
 
 def onset_rows(run_dir: Path) -> list[tuple[str, np.ndarray]]:
@@ -57,6 +67,34 @@ def onset_rows(run_dir: Path) -> list[tuple[str, np.ndarray]]:
             if w.size:
                 shifts[i] = np.median(w) - level
         out.append((e["do"], shifts))
+    return out
+
+
+def rate_shift(starts_s: np.ndarray, onset: float) -> float:
+    """log(rate before / rate after) of instances starting at ``starts_s`` around ``onset``
+    (positive: fewer instances a second after it); NaN when either span has none."""
+    before = np.count_nonzero((starts_s >= onset - RATE_BEFORE) & (starts_s < onset)) / RATE_BEFORE
+    lo, hi = RATE_AFTER
+    after = np.count_nonzero((starts_s >= onset + lo) & (starts_s < onset + hi)) / (hi - lo)
+    return float(np.log(before / after)) if before > 0 and after > 0 else float("nan")
+
+
+def visibility(run_dir: Path) -> list[dict]:
+    """One row per labelled change of one run: ``do``, ``latency`` (the effect label moved),
+    ``rate`` (the instance rate moved by more than ``RATE_MOVE``) and ``rate_shift``."""
+    from dynamiccl.harness.corpus import _relabel
+    from dynamiccl.harness.testbed.controller import TruthEvent
+    from dynamiccl.harness.testbed.effect import label_run
+    truth = json.loads((run_dir / "truth.json").read_text())
+    events = sorted((TruthEvent(**_relabel(e)) for e in truth["events"]), key=lambda e: e.onset_wall)
+    rec = pl.read_parquet(run_dir / "records", columns=["comm_hash", "seq_number", "enqueue_ns"])
+    starts = (rec.group_by("comm_hash", "seq_number").agg(pl.col("enqueue_ns").min())
+                 .get_column("enqueue_ns").to_numpy() / 1e9)
+    out = []
+    for e, eff in zip(events, label_run(events, run_dir / "records")):
+        shift = rate_shift(starts, e.onset_wall)
+        out.append({"do": e.do, "latency": bool(eff.effective), "rate": bool(abs(shift) > RATE_MOVE),
+                    "rate_shift": shift})
     return out
 
 
@@ -89,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         cells = " ".join(f"{k:+d}:{m:+.2f}/{h:.0%}" for k, m, h in zip(range(-BEFORE, AFTER), p["median"], p["high"]))
         print(f"{do} (n={p['n']}) window: median log shift / share above 1.35x: {cells}")
         keys.append(f"{do}_max_before={np.nanmax(p['median'][:BEFORE]):.3f} {do}_at_onset={p['median'][BEFORE]:.3f}")
+    vis = [v for _, d in corpus.load_runs(args.corpus, args.half) for v in visibility(Path(d))]
+    both = sum(v["latency"] and v["rate"] for v in vis)
+    lat = sum(v["latency"] and not v["rate"] for v in vis)
+    rate = sum(v["rate"] and not v["latency"] for v in vis)
+    print(f"{len(vis)} labelled changes: latency and rate moved {both}, latency only {lat}, rate only {rate}, "
+          f"neither {len(vis) - both - lat - rate}")
+    keys.append(f"changes={len(vis)} moved_both={both} latency_only={lat} rate_only={rate}")
     print(f"half={args.half} " + " ".join(keys))
     return 0
 

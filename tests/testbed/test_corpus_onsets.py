@@ -38,3 +38,11 @@ def test_a_change_on_time_moves_from_window_zero(tmp_path):
 def test_a_change_that_began_before_its_stamp_shows_before_zero(tmp_path):
     p = profile(onset_rows(_run(tmp_path, begins_at=37.0)))["throttle"]
     assert abs(p["median"][BEFORE - 3] - math.log(2)) < 0.05 and abs(p["median"][BEFORE - 4]) < 0.05
+
+
+def test_rate_shift_is_the_log_ratio_of_instances_per_second_around_the_onset():
+    from dynamiccl.harness.corpus_onsets import rate_shift
+    starts = np.r_[np.arange(0.0, 40.0, 0.1), np.arange(40.0, 60.0, 0.2)]   # 10/s, then 5/s from 40 s
+    assert abs(rate_shift(starts, 40.0) - math.log(2)) < 0.05
+    assert abs(rate_shift(starts, 20.0)) < 0.05                             # no change there
+    assert math.isnan(rate_shift(starts, 100.0))                            # no instance after it
