@@ -120,14 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", default=str(corpus.DEFAULT_CORPUS))
     ap.add_argument("--half", choices=("dev", "eval"), default="dev")
     args = ap.parse_args(argv)
-    rows = [r for _, d in corpus.load_runs(args.corpus, args.half) for r in onset_rows(Path(d))]
+    runs = [Path(d) for _, d in corpus.load_runs(args.corpus, args.half)]   # the archive unpacked once
+    rows = [r for d in runs for r in onset_rows(d)]
     prof = profile(rows)
     keys = []
     for do, p in prof.items():
         cells = " ".join(f"{k:+d}:{m:+.2f}/{h:.0%}" for k, m, h in zip(range(-BEFORE, AFTER), p["median"], p["high"]))
         print(f"{do} (n={p['n']}) window: median log shift / share above 1.35x: {cells}")
         keys.append(f"{do}_max_before={np.nanmax(p['median'][:BEFORE]):.3f} {do}_at_onset={p['median'][BEFORE]:.3f}")
-    vis = [v for _, d in corpus.load_runs(args.corpus, args.half) for v in visibility(Path(d))]
+    vis = [v for d in runs for v in visibility(d)]
     both = sum(v["latency"] and v["rate"] for v in vis)
     lat = sum(v["latency"] and not v["rate"] for v in vis)
     rate = sum(v["rate"] and not v["latency"] for v in vis)
